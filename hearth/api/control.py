@@ -1,0 +1,80 @@
+"""Models, health, tokenizer endpoints and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hearth.api.openai_chat import MessageIn, _Open, to_message
+from hearth.api.parsing import read_json, validate
+from hearth.backends.base import Backend, ModelCard
+from hearth.errors import BadRequest
+
+
+def _card(c: ModelCard) -> dict[str, Any]:
+    return {"id": c.id, "object": "model", "created": c.created, "owned_by": c.owned_by, "meta": c.meta}
+
+
+async def list_models(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    backend.resolve(None)  # 503 while loading
+    return JSONResponse({"object": "list", "data": [_card(c) for c in backend.models()]})
+
+
+async def get_model(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    model_id = backend.resolve(request.path_params["model"])
+    card = next(c for c in backend.models() if c.id == model_id)
+    return JSONResponse(_card(card))
+
+
+async def health(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    if backend.ready:
+        return JSONResponse({"status": "ok"})
+    error = getattr(backend, "load_error", None)
+    if error:
+        return JSONResponse({"status": "error", "error": error}, status_code=503)
+    return JSONResponse({"status": "loading"}, status_code=503)
+
+
+class TokenizeIn(_Open):
+    model: str | None = None
+    content: str | None = None
+    prompt: str | None = None  # vLLM's name for content
+    messages: list[MessageIn] | None = None
+    add_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeIn(_Open):
+    model: str | None = None
+    tokens: list[int] = Field(max_length=1_000_000)
+
+
+async def tokenize(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    body = validate(TokenizeIn, await read_json(request))
+    text = body.content if body.content is not None else body.prompt
+    if body.messages is not None:
+        if text is not None:
+            raise BadRequest("give either content or messages, not both")
+        tokens = backend.tokenize_chat(body.model, [to_message(m, i) for i, m in enumerate(body.messages)])
+    elif text is not None:
+        tokens = backend.tokenize(body.model, text, add_special=body.add_special)
+    else:
+        raise BadRequest("content (a string) or messages is required", param="content")
+    out: dict[str, Any] = {"tokens": tokens, "count": len(tokens)}
+    if body.with_pieces:
+        out["tokens"] = [{"id": t, "piece": p}
+                         for t, p in zip(tokens, backend.token_pieces(body.model, tokens), strict=True)]
+    return JSONResponse(out)
+
+
+async def detokenize(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    body = validate(DetokenizeIn, await read_json(request))
+    return JSONResponse({"content": backend.detokenize(body.model, body.tokens)})

@@ -1,0 +1,263 @@
+"""POST /v1/chat/completions: OpenAI's Chat Completions, streaming and not."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling_params, validate
+from hearth.api.sse import DONE, EventStreamResponse, sse_data, until_disconnect
+from hearth.backends.base import Backend
+from hearth.chat.types import (
+    ChatEvent,
+    ChatRequest,
+    Done,
+    Finish,
+    Message,
+    Started,
+    TextDelta,
+    Tool,
+    ToolCall,
+    Usage,
+    new_id,
+)
+from hearth.engine.types import TokenLogprob
+from hearth.errors import BadRequest
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")  # OpenAI clients send many fields we ignore
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+
+
+class FunctionCallIn(_Open):
+    name: str
+    arguments: str = ""
+
+
+class ToolCallIn(_Open):
+    id: str = Field(default_factory=lambda: new_id("call_"))
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class MessageIn(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDef(_Open):
+    name: str = Field(min_length=1, max_length=128)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolIn(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class ChatCompletionIn(_Open):
+    model: str | None = None
+    messages: list[MessageIn] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=16)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    repeat_penalty: float | None = None  # llama.cpp's name
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    ignore_eos: bool | None = None
+    tools: list[ToolIn] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    timeout: float | None = Field(default=None, gt=0)
+
+
+def text_of(content: str | list[ContentPart] | None, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for i, part in enumerate(content):
+        if part.type in ("text", "input_text", "output_text") and part.text is not None:
+            texts.append(part.text)
+        elif part.type in ("image_url", "input_image", "image", "input_audio", "file"):
+            raise BadRequest(f"{where}.content[{i}]: {part.type} input is not supported: this model has "
+                             "no vision or audio", param=f"{where}.content")
+        else:
+            raise BadRequest(f"{where}.content[{i}]: unsupported content part type {part.type!r}",
+                             param=f"{where}.content")
+    return "".join(texts)
+
+
+def to_message(m: MessageIn, i: int) -> Message:
+    where = f"messages[{i}]"
+    content = text_of(m.content, where)
+    if m.role == "tool":
+        if not m.tool_call_id:
+            raise BadRequest(f"{where}: a tool message needs tool_call_id", param=f"{where}.tool_call_id")
+        if content is None:
+            raise BadRequest(f"{where}: a tool message needs content", param=f"{where}.content")
+    elif m.role == "assistant":
+        if content is None and not m.tool_calls:
+            raise BadRequest(f"{where}: an assistant message needs content or tool_calls",
+                             param=f"{where}.content")
+    elif content is None:
+        raise BadRequest(f"{where}: a {m.role} message needs content", param=f"{where}.content")
+    if m.tool_calls and m.role != "assistant":
+        raise BadRequest(f"{where}: only assistant messages carry tool_calls", param=f"{where}.tool_calls")
+    calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []]
+    return Message(m.role, content, m.name, calls or None, m.tool_call_id, m.reasoning_content)
+
+
+def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise BadRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
+    sampling = sampling_params(
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty or body.repeat_penalty, seed=body.seed,
+        stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
+        max_tokens=body.max_completion_tokens or body.max_tokens, ignore_eos=body.ignore_eos,
+        logprobs=body.logprobs, top_logprobs=body.top_logprobs,
+    )
+    tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
+    return ChatRequest(
+        model=body.model or "", messages=[to_message(m, i) for i, m in enumerate(body.messages)],
+        sampling=sampling, n=body.n, tools=tools, tool_choice=body.tool_choice,
+        chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=body.timeout)
+
+
+# ---- output ------------------------------------------------------------------------------
+
+
+def logprob_entry(lp: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": lp.token_bytes.decode("utf-8", errors="replace"),
+        "logprob": lp.logprob,
+        "bytes": list(lp.token_bytes),
+        "top_logprobs": [{"token": b.decode("utf-8", errors="replace"), "logprob": v, "bytes": list(b)}
+                         for _, b, v in lp.top],
+    }
+
+
+def usage_dict(u: Usage) -> dict[str, Any]:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+class _Choice:
+    __slots__ = ("finish_reason", "logprobs", "text")
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []
+        self.finish_reason: str | None = None
+
+
+async def collect(events: AsyncIterator[ChatEvent], n: int) -> tuple[list[_Choice], Usage, str | None]:
+    choices = [_Choice() for _ in range(n)]
+    usage, error = Usage(), None
+    try:
+        async for ev in events:
+            if isinstance(ev, TextDelta):
+                choices[ev.index].text.append(ev.text)
+                choices[ev.index].logprobs.extend(logprob_entry(lp) for lp in ev.logprobs or [])
+            elif isinstance(ev, Finish):
+                choices[ev.index].finish_reason = ev.reason
+            elif isinstance(ev, Done):
+                usage, error = ev.usage, ev.error
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    return choices, usage, error
+
+
+async def chat_completions(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    body = validate(ChatCompletionIn, await read_json(request))
+    cid = new_id("chatcmpl-")
+    creq = to_chat_request(body, cid)
+    model = backend.resolve(creq.model)
+    events = await backend.chat(creq)
+    created = int(time.time())
+    want_logprobs = bool(body.logprobs)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return EventStreamResponse(stream_chunks(events, cid, model, created, body.n, want_logprobs,
+                                                 include_usage), headers={"x-hearth-request-id": cid})
+    choices, usage, error = await until_disconnect(request, lambda: collect(events, body.n))
+    return JSONResponse({
+        "id": cid, "object": "chat.completion", "created": created, "model": model,
+        "system_fingerprint": "hearth",
+        "choices": [{
+            "index": i,
+            "message": {"role": "assistant", "content": "".join(c.text), "refusal": None},
+            "logprobs": {"content": c.logprobs, "refusal": None} if want_logprobs else None,
+            "finish_reason": c.finish_reason or ("error" if error else "stop"),
+        } for i, c in enumerate(choices)],
+        "usage": usage_dict(usage),
+    })
+
+
+async def stream_chunks(events: AsyncIterator[ChatEvent], cid: str, model: str, created: int, n: int,
+                        want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+        obj: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                               "model": model, "system_fingerprint": "hearth", "choices": choices}
+        if include_usage:
+            obj["usage"] = usage
+        return sse_data(obj)
+
+    def choice(index: int, delta: dict[str, Any], finish: str | None = None,
+               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return {"index": index, "delta": delta,
+                "logprobs": {"content": logprobs, "refusal": None} if logprobs is not None else None,
+                "finish_reason": finish}
+
+    try:
+        async for ev in events:
+            if isinstance(ev, Started):
+                for i in range(n):
+                    yield chunk([choice(i, {"role": "assistant", "content": ""})])
+            elif isinstance(ev, TextDelta):
+                lps = [logprob_entry(lp) for lp in ev.logprobs or []] if want_logprobs else None
+                yield chunk([choice(ev.index, {"content": ev.text}, logprobs=lps)])
+            elif isinstance(ev, Finish):
+                yield chunk([choice(ev.index, {}, ev.reason)])
+            elif isinstance(ev, Done):
+                if ev.error:
+                    yield sse_data({"error": {"message": ev.error, "type": "server_error",
+                                              "param": None, "code": "generation_failed"}})
+                if include_usage:
+                    yield chunk([], usage_dict(ev.usage))
+        yield DONE
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]

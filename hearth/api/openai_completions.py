@@ -1,0 +1,208 @@
+"""POST /v1/completions: OpenAI's legacy Completions (a raw prompt, no chat template)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hearth.api.openai_chat import StreamOptions, _Open, usage_dict
+from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling_params, validate
+from hearth.api.sse import DONE, EventStreamResponse, sse_data, until_disconnect
+from hearth.backends.base import Backend
+from hearth.chat.types import ChatEvent, CompletionRequest, Done, Finish, TextDelta, Usage, new_id
+from hearth.engine.types import TokenLogprob
+from hearth.errors import BadRequest
+
+MAX_PROMPTS = 16
+
+
+class CompletionIn(_Open):
+    model: str | None = None
+    prompt: str | list[str] | list[int] | list[list[int]]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=16)
+    max_tokens: int | None = Field(default=16, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    repeat_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    ignore_eos: bool | None = None
+    timeout: float | None = Field(default=None, gt=0)
+
+
+def prompts_of(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise BadRequest("prompt must not be empty", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]  # type: ignore[arg-type]
+    return list(prompt)  # type: ignore[arg-type]
+
+
+def legacy_logprobs(lps: list[TokenLogprob], offset0: int) -> dict[str, Any]:
+    tokens, token_lps, tops, offsets = [], [], [], []
+    offset = offset0
+    for lp in lps:
+        text = lp.token_bytes.decode("utf-8", errors="replace")
+        tokens.append(text)
+        token_lps.append(lp.logprob)
+        tops.append({b.decode("utf-8", errors="replace"): v for _, b, v in lp.top})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+async def merge(streams: list[AsyncIterator[ChatEvent]]) -> AsyncIterator[tuple[int, ChatEvent]]:
+    """Interleave several event streams, tagging each event with its stream's index.
+    Closing the merged stream closes (and so cancels) every source."""
+    queue: asyncio.Queue[tuple[int, ChatEvent | None]] = asyncio.Queue()
+
+    async def pump(i: int, s: AsyncIterator[ChatEvent]) -> None:
+        try:
+            async for ev in s:
+                await queue.put((i, ev))
+        finally:
+            await s.aclose()  # type: ignore[attr-defined]
+            await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, ev = await queue.get()
+            if ev is None:
+                remaining -= 1
+            else:
+                yield i, ev
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def completions(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    body = validate(CompletionIn, await read_json(request))
+    if body.suffix:
+        raise BadRequest("suffix (fill-in-the-middle) is not supported", param="suffix")
+    if body.echo and body.logprobs is not None:
+        raise BadRequest("echo together with logprobs (prompt logprobs) is not supported", param="echo")
+    prompts = prompts_of(body.prompt)
+    if len(prompts) > MAX_PROMPTS:
+        raise BadRequest(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    sampling = sampling_params(
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty or body.repeat_penalty, seed=body.seed,
+        stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
+        max_tokens=body.max_tokens, ignore_eos=body.ignore_eos,
+        logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
+    cid = new_id("cmpl-")
+    model = backend.resolve(body.model)
+    streams: list[AsyncIterator[ChatEvent]] = []
+    try:
+        for i, p in enumerate(prompts):
+            streams.append(await backend.complete(CompletionRequest(
+                model, p, sampling, n=body.n, request_id=f"{cid}-{i}", timeout=body.timeout)))
+    except Exception:
+        for s in streams:
+            await s.aclose()  # type: ignore[attr-defined]
+        raise
+    echoes = [(p if isinstance(p, str) else backend.detokenize(model, p)) if body.echo else ""
+              for p in prompts]
+    created = int(time.time())
+    events = merge(streams)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return EventStreamResponse(stream_chunks(events, cid, model, created, body.n, echoes,
+                                                 body.logprobs is not None, include_usage))
+    return JSONResponse(await until_disconnect(
+        request, lambda: collect(events, cid, model, created, body.n, echoes, body.logprobs is not None)))
+
+
+async def collect(events: AsyncIterator[tuple[int, ChatEvent]], cid: str, model: str, created: int,
+                  n: int, echoes: list[str], want_logprobs: bool) -> dict[str, Any]:
+    k = len(echoes) * n
+    texts: list[list[str]] = [[echoes[i // n]] for i in range(k)]
+    lps: list[list[TokenLogprob]] = [[] for _ in range(k)]
+    reasons: list[str | None] = [None] * k
+    usage = Usage()
+    try:
+        async for p, ev in events:
+            if isinstance(ev, TextDelta):
+                texts[p * n + ev.index].append(ev.text)
+                lps[p * n + ev.index].extend(ev.logprobs or [])
+            elif isinstance(ev, Finish):
+                reasons[p * n + ev.index] = ev.reason
+            elif isinstance(ev, Done):
+                usage.prompt_tokens += ev.usage.prompt_tokens
+                usage.completion_tokens += ev.usage.completion_tokens
+                usage.cached_tokens += ev.usage.cached_tokens
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    return {
+        "id": cid, "object": "text_completion", "created": created, "model": model,
+        "system_fingerprint": "hearth",
+        "choices": [{"index": i, "text": "".join(texts[i]),
+                     "logprobs": legacy_logprobs(lps[i], len(echoes[i // n])) if want_logprobs else None,
+                     "finish_reason": reasons[i] or "stop"} for i in range(k)],
+        "usage": usage_dict(usage),
+    }
+
+
+async def stream_chunks(events: AsyncIterator[tuple[int, ChatEvent]], cid: str, model: str, created: int,
+                        n: int, echoes: list[str], want_logprobs: bool,
+                        include_usage: bool) -> AsyncIterator[bytes]:
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+        obj: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model,
+                               "system_fingerprint": "hearth", "choices": choices}
+        if include_usage:
+            obj["usage"] = usage
+        return sse_data(obj)
+
+    usage = Usage()
+    offsets = [len(echoes[i // n]) for i in range(len(echoes) * n)]
+    try:
+        for i, echo in enumerate(echoes):
+            if echo:
+                for j in range(n):
+                    yield chunk([{"index": i * n + j, "text": echo, "logprobs": None, "finish_reason": None}])
+        async for p, ev in events:
+            if isinstance(ev, TextDelta):
+                idx = p * n + ev.index
+                lp = legacy_logprobs(ev.logprobs or [], offsets[idx]) if want_logprobs else None
+                offsets[idx] += len(ev.text)
+                yield chunk([{"index": idx, "text": ev.text, "logprobs": lp, "finish_reason": None}])
+            elif isinstance(ev, Finish):
+                yield chunk([{"index": p * n + ev.index, "text": "", "logprobs": None,
+                              "finish_reason": ev.reason}])
+            elif isinstance(ev, Done):
+                usage.prompt_tokens += ev.usage.prompt_tokens
+                usage.completion_tokens += ev.usage.completion_tokens
+                usage.cached_tokens += ev.usage.cached_tokens
+                if ev.error:
+                    yield sse_data({"error": {"message": ev.error, "type": "server_error", "param": None,
+                                              "code": "generation_failed"}})
+        if include_usage:
+            yield chunk([], usage_dict(usage))
+        yield DONE
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]

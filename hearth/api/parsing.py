@@ -1,0 +1,71 @@
+"""Turning request bodies into typed values: JSON, pydantic validation, sampling params.
+
+Every failure here is a BadRequest naming the offending field, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from hearth.engine.types import SamplingParams
+from hearth.errors import BadRequest
+
+M = TypeVar("M", bound=BaseModel)
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise BadRequest(f"request body is larger than {MAX_BODY_BYTES} bytes")
+    if not body:
+        raise BadRequest("the request body is empty; expected a JSON object")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return data
+
+
+def validate(model: type[M], data: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-"))
+        raise BadRequest(f"{loc}: {err['msg']}" if loc else err["msg"], param=loc or None) from e
+
+
+def sampling_params(**kw: Any) -> SamplingParams:
+    """Build SamplingParams from request fields (None means: the default)."""
+    values = {k: v for k, v in kw.items() if v is not None}
+    try:
+        return SamplingParams(**values)
+    except ValueError as e:
+        param = str(e).split(" ", 1)[0]
+        raise BadRequest(str(e), param=param) from e
+
+
+def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    if bias is None:
+        return None
+    out: dict[int, float] = {}
+    for k, v in bias.items():
+        try:
+            out[int(k)] = float(v)
+        except (TypeError, ValueError) as e:
+            raise BadRequest(f"logit_bias keys must be token ids, got {k!r}", param="logit_bias") from e
+    return out
+
+
+def parse_stop(stop: str | list[str] | None) -> list[str] | None:
+    if stop is None:
+        return None
+    return [stop] if isinstance(stop, str) else list(stop)

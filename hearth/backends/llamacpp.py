@@ -1,0 +1,281 @@
+"""The model runner over llama-cpp-python's low-level (ctypes) API.
+
+One context with `n_seq_max` sequences in a unified KV cache of `n_seq_max * seq_ctx`
+cells, so every sequence can grow to `seq_ctx` tokens without ever running out of cells.
+The batch is our own `llama_batch` whose arrays are numpy buffers, so filling it is a few
+vectorised copies per step instead of a Python loop per token.
+
+Used only from the engine thread (a llama.cpp context is not thread-safe); `tokenize` and
+`token_bytes` only read the vocabulary and are safe from any thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as L
+import numpy as np
+from llama_cpp import _logger as llama_logger
+
+from hearth.engine.runner import BatchEntry
+from hearth.engine.types import SamplingParams
+
+log = logging.getLogger("hearth.llamacpp")
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def _init_backend(verbose: bool) -> None:
+    global _backend_ready
+    with _backend_lock:
+        llama_logger.set_verbose(verbose)
+        if not _backend_ready:
+            L.llama_backend_init()
+            _backend_ready = True
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    path: str
+    description: str
+    n_params: int
+    size_bytes: int
+    n_ctx_train: int
+    n_vocab: int
+    chat_template: str | None
+    bos_token: str
+    eos_token: str
+    add_bos: bool
+    architecture: str
+
+
+class LlamaCppRunner:
+    def __init__(self, model_path: str | Path, *, seq_ctx: int | None = None, n_seq_max: int = 4,
+                 n_batch: int = 512, n_threads: int | None = None, kv_unified: bool = True,
+                 verbose: bool = False) -> None:
+        _init_backend(verbose)
+        self.path = str(model_path)
+        if not Path(self.path).is_file():
+            raise FileNotFoundError(f"model file not found: {self.path}")
+        mparams = L.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        model = L.llama_model_load_from_file(self.path.encode(), mparams)
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {self.path}")
+        self.model = model
+        self.vocab = L.llama_model_get_vocab(model)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(L.llama_model_n_ctx_train(model))
+        self.seq_ctx = min(seq_ctx or self.n_ctx_train, self.n_ctx_train)
+        self.n_seq_max = n_seq_max
+        self.n_batch = max(n_batch, n_seq_max)
+
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = self.seq_ctx * n_seq_max
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = n_seq_max
+        threads = n_threads or max(1, (__import__("os").cpu_count() or 1))
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = kv_unified
+        cparams.no_perf = True
+        ctx = L.llama_init_from_model(model, cparams)
+        if not ctx:
+            L.llama_model_free(model)
+            raise RuntimeError("llama.cpp could not create a context (out of memory?)")
+        self.ctx = ctx
+        self.mem = L.llama_get_memory(ctx)
+        self.n_threads = threads
+        self.kv_unified = kv_unified
+
+        self._eog = np.array([bool(L.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)])
+        self.eog_tokens = [int(t) for t in np.flatnonzero(self._eog)]
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._alloc_batch(self.n_batch)
+        self.info = self._read_info()
+
+    # ---- vocabulary ---------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._render(token, special=False)
+            self._pieces[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> bytes:
+        """The token as written in a prompt (special tokens included)."""
+        return self._render(token, special=True)
+
+    def _render(self, token: int, *, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.token_text(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    # ---- decoding -------------------------------------------------------------------
+
+    def _alloc_batch(self, cap: int) -> None:
+        self._tok = np.zeros(cap, dtype=np.int32)
+        self._pos = np.zeros(cap, dtype=np.int32)
+        self._nseq = np.ones(cap, dtype=np.int32)
+        self._seq = np.zeros(cap, dtype=np.int32)
+        self._out = np.zeros(cap, dtype=np.int8)
+        # seq_id is an array of pointers, one per token, each to that token's one seq id
+        base = self._seq.ctypes.data
+        self._seq_ptrs = (ctypes.POINTER(L.llama_seq_id) * cap)(
+            *[ctypes.cast(base + 4 * i, ctypes.POINTER(L.llama_seq_id)) for i in range(cap)])
+        self._batch = L.llama_batch()
+        self._batch.token = self._tok.ctypes.data_as(ctypes.POINTER(L.llama_token))
+        self._batch.embd = ctypes.POINTER(ctypes.c_float)()
+        self._batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
+        self._batch.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self._batch.seq_id = self._seq_ptrs
+        self._batch.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+    def decode(self, entries: list[BatchEntry]) -> list[int]:
+        n = 0
+        out_idx: list[int] = []
+        for e in entries:
+            k = len(e.tokens)
+            if n + k > self.n_batch:
+                raise RuntimeError(f"batch of {n + k} tokens exceeds n_batch {self.n_batch}")
+            self._tok[n:n + k] = e.tokens
+            self._pos[n:n + k] = np.arange(e.pos0, e.pos0 + k, dtype=np.int32)
+            self._seq[n:n + k] = e.seq_id
+            self._out[n:n + k] = 0
+            if e.want_logits:
+                self._out[n + k - 1] = 1
+                out_idx.append(n + k - 1)
+            n += k
+        self._batch.n_tokens = n
+        rc = L.llama_decode(self.ctx, self._batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        return out_idx
+
+    def logits(self, logits_index: int) -> np.ndarray:
+        ptr = L.llama_get_logits_ith(self.ctx, logits_index)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def new_sampler(self, params: SamplingParams) -> NativeSampler:
+        return NativeSampler(self, params)
+
+    def kv_remove(self, seq_id: int, p0: int, p1: int) -> None:
+        if not L.llama_memory_seq_rm(self.mem, seq_id, p0, p1):
+            raise RuntimeError(f"could not remove positions [{p0}, {p1}) of sequence {seq_id}")
+
+    def kv_copy(self, src: int, dst: int, p0: int, p1: int) -> None:
+        L.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    # ---- metadata ---------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def _read_info(self) -> ModelInfo:
+        desc = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self.model, desc, len(desc))
+        bos = L.llama_vocab_bos(self.vocab)
+        eos = L.llama_vocab_eos(self.vocab)
+        return ModelInfo(
+            path=self.path,
+            description=desc.value.decode(errors="replace"),
+            n_params=int(L.llama_model_n_params(self.model)),
+            size_bytes=int(L.llama_model_size(self.model)),
+            n_ctx_train=self.n_ctx_train,
+            n_vocab=self.n_vocab,
+            chat_template=self.meta("tokenizer.chat_template"),
+            bos_token=self.token_text(bos).decode(errors="replace") if bos >= 0 else "",
+            eos_token=self.token_text(eos).decode(errors="replace") if eos >= 0 else "",
+            add_bos=bool(L.llama_vocab_get_add_bos(self.vocab)),
+            architecture=self.meta("general.architecture") or "unknown",
+        )
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            L.llama_model_free(self.model)
+            self.model = None
+
+
+class NativeSampler:
+    """A llama.cpp sampler chain for one sequence:
+    logit bias → penalties → top-k → top-p → min-p → temperature → seeded draw (or greedy)."""
+
+    def __init__(self, runner: LlamaCppRunner, params: SamplingParams) -> None:
+        self._runner = runner
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        self._chain = chain
+        bias = dict(params.logit_bias)
+        if params.ignore_eos:
+            for t in runner.eog_tokens:
+                bias[t] = float("-inf")
+        if bias:
+            arr = (L.llama_logit_bias * len(bias))()
+            for i, (tok, b) in enumerate(bias.items()):
+                if not 0 <= tok < runner.n_vocab:
+                    self.free()
+                    raise ValueError(f"logit_bias token {tok} is out of range [0, {runner.n_vocab})")
+                arr[i].token = tok
+                arr[i].bias = b
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(runner.n_vocab, len(bias), arr))
+        if (params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty):
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
+                runner.n_vocab, params.penalty_last_n, params.repetition_penalty,
+                params.frequency_penalty, params.presence_penalty))
+        if params.greedy:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+            return
+        if params.top_k > 0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(params.min_p, 1))
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(params.temperature))
+        seed = params.seed if params.seed is not None else L.LLAMA_DEFAULT_SEED
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def sample(self, logits_index: int) -> int:
+        return int(L.llama_sampler_sample(self._chain, self._runner.ctx, logits_index))
+
+    def free(self) -> None:
+        if self._chain is not None:
+            L.llama_sampler_free(self._chain)
+            self._chain = None

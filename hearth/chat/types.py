@@ -1,0 +1,130 @@
+"""Protocol-neutral requests and events: every API module parses into these and serializes
+from them, and every backend consumes and produces them."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from hearth.engine.types import SamplingParams, TokenLogprob
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+@dataclass(slots=True)
+class Tool:
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Message:
+    role: str
+    content: str | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning: str | None = None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    model: str
+    messages: list[Message]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    request_id: str = field(default_factory=lambda: new_id("req-"))
+    timeout: float | None = None  # wall-clock cap in seconds
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    """A raw prompt (text or token ids), no chat template (legacy /v1/completions)."""
+
+    model: str
+    prompt: str | list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1
+    request_id: str = field(default_factory=lambda: new_id("req-"))
+    timeout: float | None = None
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+# ---- events ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Started:
+    """First event of every stream: the prompt is tokenized and admitted to the queue."""
+
+    prompt_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class TextDelta:
+    index: int
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+    n_tokens: int = 0
+
+
+@dataclass(slots=True)
+class ReasoningDelta:
+    index: int
+    text: str
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A tool call for candidate `index`: announced once with id and name, then arguments."""
+
+    index: int
+    call_index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(slots=True)
+class Finish:
+    index: int
+    reason: str  # stop | length | tool_calls | cancelled | error
+    stop_reason: str | int | None = None
+
+
+@dataclass(slots=True)
+class Done:
+    """Last event: totals for the whole request."""
+
+    usage: Usage
+    error: str | None = None
+
+
+ChatEvent = Started | TextDelta | ReasoningDelta | ToolCallDelta | Finish | Done

@@ -1,0 +1,357 @@
+"""The engine: one thread that owns the runner and steps all requests together.
+
+    step = take new requests and aborts → apply aborts and deadlines → admit
+           → schedule one batch → decode once → sample, detokenize, finish → deliver
+
+Invariants:
+- only the engine thread touches the runner, the scheduler and the slots;
+- aborts are applied at the top of every step, before any decode, so a cancelled request
+  never gets another token after the step in which the abort arrived;
+- every path that ends a request goes through `_end`, which frees its slots and samplers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+
+from hearth.engine.detokenizer import Detokenizer, StopMatch
+from hearth.engine.kv import SlotTable
+from hearth.engine.runner import Runner
+from hearth.engine.sampler import token_logprob
+from hearth.engine.scheduler import Admission, Scheduler, Work
+from hearth.engine.sequence import ActiveRequest, Phase, Sequence, Sink
+from hearth.engine.types import (
+    ContextOverflow,
+    EngineRequest,
+    FinishReason,
+    RequestOutput,
+    SeqDelta,
+)
+
+log = logging.getLogger("hearth.engine")
+
+
+@dataclass(slots=True)
+class EngineStats:
+    steps: int = 0
+    prompt_tokens: int = 0  # prefilled (not counting reused prefix)
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    finished: int = 0
+    cancelled: int = 0
+
+
+class _Outputs:
+    """Deltas gathered during one step, one RequestOutput per request."""
+
+    def __init__(self) -> None:
+        self.by_request: dict[str, tuple[ActiveRequest, RequestOutput]] = {}
+
+    def delta(self, ar: ActiveRequest, index: int) -> SeqDelta:
+        _, out = self.by_request.setdefault(
+            ar.request_id,
+            (ar, RequestOutput(ar.request_id, [], len(ar.prompt), ar.cached_tokens)))
+        for d in out.deltas:
+            if d.index == index:
+                return d
+        d = SeqDelta(index)
+        out.deltas.append(d)
+        return d
+
+    def mark_finished(self, ar: ActiveRequest, error: str | None = None) -> None:
+        self.delta(ar, 0)  # make sure the request has an output
+        _, out = self.by_request[ar.request_id]
+        out.finished = True
+        out.error = error
+
+
+class Engine:
+    def __init__(self, runner: Runner, *, seq_ctx: int, token_budget: int | None = None,
+                 name: str = "hearth-engine") -> None:
+        self.runner = runner
+        self.seq_ctx = seq_ctx
+        self.slots = SlotTable(runner.n_seq_max)
+        self.scheduler = Scheduler(self.slots, token_budget or runner.n_batch)
+        self.stats = EngineStats()
+        self._cv = threading.Condition()
+        self._inbox: list[ActiveRequest] = []
+        self._aborts: dict[str, FinishReason] = {}
+        self._known: set[str] = set()  # request ids submitted and not yet ended
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    # ---- public, thread-safe API ------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel everything in flight and stop the thread."""
+        with self._cv:
+            for rid in self._known:
+                self._aborts.setdefault(rid, FinishReason.CANCELLED)
+            self._cv.notify()
+        deadline = time.monotonic() + timeout
+        while self._known and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.01)
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.scheduler.waiting) + len(self._inbox)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._known)
+
+    def validate(self, req: EngineRequest) -> None:
+        """Raise ValueError (ContextOverflow for size) if the request cannot run."""
+        if not req.prompt_tokens:
+            raise ValueError("the prompt is empty")
+        if not 1 <= req.n <= self.runner.n_seq_max:
+            raise ValueError(f"n must be between 1 and {self.runner.n_seq_max} (the server's --parallel)")
+        bad = [t for t in req.prompt_tokens if not 0 <= t < self.runner.n_vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
+        n_prompt = len(req.prompt_tokens)
+        if n_prompt >= self.seq_ctx:
+            raise ContextOverflow(n_prompt, self.seq_ctx)
+        mt = req.params.max_tokens
+        if mt is not None and n_prompt + mt > self.seq_ctx:
+            raise ContextOverflow(n_prompt, self.seq_ctx, mt)
+
+    def submit(self, req: EngineRequest, sink: Sink) -> None:
+        """Queue a request; `sink` is called from the engine thread with each RequestOutput."""
+        self.validate(req)
+        ar = ActiveRequest(req, sink, max_len=self.seq_ctx)
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the engine is stopping")
+            if req.request_id in self._known:
+                raise ValueError(f"request id {req.request_id!r} is already in flight")
+            self._known.add(req.request_id)
+            self._inbox.append(ar)
+            self._cv.notify()
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        """Stop a request at the start of the next step. Unknown or finished ids are ignored."""
+        with self._cv:
+            if request_id in self._known:
+                self._aborts.setdefault(request_id, reason)
+                self._cv.notify()
+
+    async def generate(self, req: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Submit and yield outputs until the request finishes. Leaving the iterator early
+        (aclose, cancellation, an exception in the consumer) aborts the request."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+
+        def sink(out: RequestOutput) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, out)
+
+        self.submit(req, sink)
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(req.request_id)
+
+    # ---- engine thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stopping or self._inbox or self._aborts or self.scheduler.has_work()):
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                new, self._inbox = self._inbox, []
+                aborts, self._aborts = self._aborts, {}
+            out = _Outputs()
+            try:
+                self._step(new, aborts, out)
+            except Exception:  # the loop must survive anything one step does
+                log.exception("engine step failed; failing the running requests")
+                self._fail_all("internal engine error", out)
+            finally:
+                self._deliver(out)
+
+    def _step(self, new: list[ActiveRequest], aborts: dict[str, FinishReason], out: _Outputs) -> None:
+        for ar in new:
+            self.scheduler.add(ar)
+        for rid, reason in aborts.items():
+            ar = self.scheduler.find(rid)
+            if ar is not None:
+                self._end(ar, reason, out)
+        self._expire(out)
+        for adm in self.scheduler.admit():
+            self._setup(adm, out)
+        work = self.scheduler.schedule()
+        if work:
+            self._run_batch(work, out)
+
+    def _expire(self, out: _Outputs) -> None:
+        now = time.monotonic()
+        for ar in [*self.scheduler.running, *self.scheduler.waiting]:
+            if ar.req.deadline is not None and now >= ar.req.deadline:
+                self._end(ar, FinishReason.LENGTH, out)
+
+    def _setup(self, adm: Admission, out: _Outputs) -> None:
+        ar = adm.ar
+        first = adm.slots[0]
+        self.runner.kv_remove(first.seq_id, adm.reuse, -1)
+        self.stats.cached_tokens += adm.reuse
+        params = ar.req.params
+        try:
+            for i, slot in enumerate(adm.slots):
+                p = params
+                if i and params.seed is not None:  # candidates must differ, reproducibly
+                    p = replace(params, seed=params.seed + i)
+                ar.seqs.append(Sequence(i, slot, self.runner.new_sampler(p), Detokenizer(list(params.stop))))
+        except Exception as e:
+            ar.seqs.extend(Sequence(i, s, _NullSampler(), Detokenizer())
+                           for i, s in enumerate(adm.slots) if i >= len(ar.seqs))
+            self._end(ar, FinishReason.ERROR, out, error=f"could not set up sampling: {e}")
+
+    def _run_batch(self, work: list[Work], out: _Outputs) -> None:
+        try:
+            logit_idx = self.runner.decode([w.entry for w in work])
+        except Exception as e:
+            log.error("decode failed: %s", e)
+            for ar in {id(w.ar): w.ar for w in work}.values():
+                for seq in ar.seqs:  # the KV state of these sequences is unknown now
+                    self.runner.kv_remove(seq.slot.seq_id, 0, -1)
+                    seq.slot.tokens.clear()
+                self._end(ar, FinishReason.ERROR, out, error=f"decode failed: {e}")
+            return
+        self.stats.steps += 1
+        idx = iter(logit_idx)
+        for w in work:
+            if w.ar.phase is Phase.DONE:
+                continue
+            if w.seq is None:
+                first = w.ar.seqs[0].slot
+                first.tokens.extend(w.entry.tokens)
+                w.ar.prefill_pos += len(w.entry.tokens)
+                self.stats.prompt_tokens += len(w.entry.tokens)
+                if w.entry.want_logits:
+                    self._start_decoding(w.ar, next(idx), out)
+            else:
+                assert w.seq.pending is not None
+                w.seq.slot.tokens.append(w.seq.pending)
+                w.seq.pending = None
+                self._advance(w.ar, w.seq, next(idx), out)
+
+    def _start_decoding(self, ar: ActiveRequest, logits_index: int, out: _Outputs) -> None:
+        first = ar.seqs[0].slot
+        for seq in ar.seqs[1:]:  # n > 1: the candidates share the prompt's KV
+            self.runner.kv_remove(seq.slot.seq_id, 0, -1)
+            self.runner.kv_copy(first.seq_id, seq.slot.seq_id, 0, -1)
+            seq.slot.tokens[:] = first.tokens
+        ar.phase = Phase.DECODE
+        for seq in ar.seqs:
+            self._advance(ar, seq, logits_index, out)
+
+    def _advance(self, ar: ActiveRequest, seq: Sequence, logits_index: int, out: _Outputs) -> None:
+        """Sample the next token of one candidate and decide whether it goes on."""
+        params = ar.req.params
+        token = seq.sampler.sample(logits_index)
+        seq.n_generated += 1
+        self.stats.generated_tokens += 1
+        delta = out.delta(ar, seq.index)
+        delta.token_ids.append(token)
+        if params.logprobs:
+            if delta.logprobs is None:
+                delta.logprobs = []
+            delta.logprobs.append(token_logprob(self.runner, logits_index, token, params.top_logprobs))
+
+        finish: FinishReason | None = None
+        if (not params.ignore_eos and self.runner.is_eog(token)) or token in params.stop_token_ids:
+            finish, delta.stop_reason = FinishReason.STOP, token
+            delta.text += seq.detok.flush()
+        else:
+            pushed = seq.detok.push(self.runner.token_bytes(token))
+            if isinstance(pushed, StopMatch):
+                finish, delta.stop_reason = FinishReason.STOP, pushed.stop
+                delta.text += pushed.text
+            else:
+                delta.text += pushed
+                at_max = params.max_tokens is not None and seq.n_generated >= params.max_tokens
+                if at_max or len(ar.prompt) + seq.n_generated >= ar.max_len:
+                    finish = FinishReason.LENGTH
+                    delta.text += seq.detok.flush()
+        if finish is None:
+            seq.pending = token
+            return
+        seq.finish = finish
+        delta.finish_reason = finish
+        if not ar.live_seqs():
+            self._end(ar, finish, out)
+
+    def _end(self, ar: ActiveRequest, reason: FinishReason, out: _Outputs, error: str | None = None) -> None:
+        """The one exit: finish every live candidate with `reason`, free slots and samplers."""
+        if ar.phase is Phase.DONE:
+            return
+        indices = [s.index for s in ar.seqs] or list(range(ar.req.n))
+        live = {s.index for s in ar.live_seqs()} if ar.seqs else set(indices)
+        for seq in ar.seqs:
+            if seq.finish is None:
+                seq.finish = reason
+                out.delta(ar, seq.index).text += seq.detok.flush()
+            seq.pending = None
+            seq.sampler.free()
+        for i in indices:
+            if i in live:
+                out.delta(ar, i).finish_reason = reason
+        self.scheduler.remove(ar)
+        out.mark_finished(ar, error)
+        self.stats.finished += 1
+        if reason is FinishReason.CANCELLED:
+            self.stats.cancelled += 1
+
+    def _deliver(self, out: _Outputs) -> None:
+        for ar, result in out.by_request.values():
+            if result.finished:
+                with self._cv:
+                    self._known.discard(ar.request_id)
+            try:
+                ar.sink(result)
+            except Exception:  # the consumer is gone (e.g. its event loop closed)
+                log.debug("sink for %s failed; aborting it", ar.request_id, exc_info=True)
+                if not result.finished:
+                    self.abort(ar.request_id)
+
+    def _fail_all(self, error: str, out: _Outputs) -> None:
+        for ar in [*self.scheduler.running, *self.scheduler.waiting]:
+            for seq in ar.seqs:
+                try:
+                    self.runner.kv_remove(seq.slot.seq_id, 0, -1)
+                except Exception:
+                    log.exception("could not clear sequence %d", seq.slot.seq_id)
+                seq.slot.tokens.clear()
+            self._end(ar, FinishReason.ERROR, out, error=error)
+
+
+class _NullSampler:
+    def sample(self, logits_index: int) -> int:
+        raise RuntimeError("no sampler")
+
+    def free(self) -> None:
+        pass

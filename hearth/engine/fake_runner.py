@@ -1,0 +1,107 @@
+"""A deterministic runner for unit tests: no model, same interface as the real one.
+
+Vocabulary: token ids 0..255 are the bytes 0..255; EOS is 256. The "model" predicts, for
+the token at position p, the byte `script[(p + 1) % len(script)]`, so the text a request
+generates is predictable from its prompt length alone. It also keeps its own copy of each
+sequence's KV and checks that every decode places tokens exactly where the KV ends, so a
+scheduling bug that would corrupt a real cache fails loudly here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hearth.engine.runner import BatchEntry
+from hearth.engine.types import SamplingParams
+
+EOS = 256
+
+
+@dataclass
+class FakeRunner:
+    n_seq_max: int = 4
+    n_batch: int = 64
+    script: bytes = b"The quick brown fox jumps over the lazy dog. "
+    eos_at: int | None = None  # predict EOS for position >= eos_at
+    step_delay: float = 0.0
+    n_ctx_train: int = 4096
+    n_vocab: int = 257
+    fail_decodes: int = 0  # the next N decode calls raise
+    calls: list[list[BatchEntry]] = field(default_factory=list)
+    kv: dict[int, list[int]] = field(default_factory=dict)
+    _last_logits: list[np.ndarray] = field(default_factory=list)
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        return list(text.encode())
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"" if token == EOS else bytes([token])
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOS
+
+    def predict(self, pos: int) -> int:
+        nxt = pos + 1
+        if self.eos_at is not None and nxt >= self.eos_at:
+            return EOS
+        return self.script[nxt % len(self.script)]
+
+    def decode(self, entries: list[BatchEntry]) -> list[int]:
+        if self.fail_decodes:
+            self.fail_decodes -= 1
+            raise RuntimeError("injected decode failure")
+        if sum(len(e.tokens) for e in entries) > self.n_batch:
+            raise RuntimeError("batch larger than n_batch")
+        self.calls.append(entries)
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        self._last_logits = []
+        for e in entries:
+            seq = self.kv.setdefault(e.seq_id, [])
+            if e.pos0 != len(seq):
+                raise AssertionError(f"seq {e.seq_id}: decode at {e.pos0} but KV holds {len(seq)} tokens")
+            seq.extend(e.tokens)
+            if e.want_logits:
+                logits = np.zeros(self.n_vocab, dtype=np.float32)
+                logits[self.predict(len(seq) - 1)] = 10.0
+                self._last_logits.append(logits)
+        return list(range(len(self._last_logits)))
+
+    def logits(self, logits_index: int) -> np.ndarray:
+        return self._last_logits[logits_index]
+
+    def new_sampler(self, params: SamplingParams) -> FakeSampler:
+        return FakeSampler(self, params)
+
+    def kv_remove(self, seq_id: int, p0: int, p1: int) -> None:
+        seq = self.kv.setdefault(seq_id, [])
+        if p1 < 0:
+            del seq[p0:]
+        else:
+            del seq[p0:p1]
+
+    def kv_copy(self, src: int, dst: int, p0: int, p1: int) -> None:
+        assert p0 == 0 and p1 == -1, "the engine copies whole sequences"
+        self.kv[dst] = list(self.kv.get(src, []))
+
+
+class FakeSampler:
+    """Greedy at temperature 0; otherwise a seeded random byte from a-z."""
+
+    def __init__(self, runner: FakeRunner, params: SamplingParams) -> None:
+        self.runner = runner
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        self.freed = False
+
+    def sample(self, logits_index: int) -> int:
+        logits = self.runner.logits(logits_index)
+        if self.params.greedy:
+            return int(np.argmax(logits))
+        return int(self.rng.integers(ord("a"), ord("z") + 1))
+
+    def free(self) -> None:
+        self.freed = True

@@ -1,0 +1,66 @@
+"""The model-runner interface the engine drives, and a batch entry.
+
+A runner owns the model, its context (KV cache) and native samplers. It is used only from
+the engine thread. `hearth.backends.llamacpp.LlamaCppRunner` is the real one;
+`hearth.engine.fake_runner.FakeRunner` is a deterministic stand-in for unit tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from hearth.engine.types import SamplingParams
+
+
+@dataclass(slots=True)
+class BatchEntry:
+    """Tokens of one sequence in one decode call, placed at positions pos0, pos0+1, ...
+
+    When `want_logits` is set, logits are computed for the entry's last token.
+    """
+
+    seq_id: int
+    tokens: list[int]
+    pos0: int
+    want_logits: bool
+
+
+class Sampler(Protocol):
+    def sample(self, logits_index: int) -> int:
+        """Sample from the logits at `logits_index` of the last decode, and accept the token."""
+        ...
+
+    def free(self) -> None: ...
+
+
+class Runner(Protocol):
+    n_vocab: int
+    n_ctx_train: int
+    n_seq_max: int  # sequence slots in the KV cache
+    n_batch: int  # most tokens one decode call takes
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a generated token contributes to the text (control tokens: b"")."""
+        ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def decode(self, entries: list[BatchEntry]) -> list[int]:
+        """Run one forward pass over all entries; return, per entry with want_logits (in order),
+        the index to pass to `Sampler.sample` / `logits`. Raises RuntimeError on failure."""
+        ...
+
+    def logits(self, logits_index: int) -> np.ndarray: ...
+
+    def new_sampler(self, params: SamplingParams) -> Sampler: ...
+
+    def kv_remove(self, seq_id: int, p0: int, p1: int) -> None:
+        """Drop positions [p0, p1) of a sequence (p1 = -1: to the end)."""
+        ...
+
+    def kv_copy(self, src: int, dst: int, p0: int, p1: int) -> None: ...

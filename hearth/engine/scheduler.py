@@ -1,0 +1,101 @@
+"""Admission and batch building: which tokens go into the next decode call.
+
+Pure bookkeeping (no runner calls), so it is unit-tested on its own. Policy:
+- FCFS admission while enough slots are free for all of a request's candidates;
+- every decoding sequence gets its one token first (decodes never starve behind prefill);
+- the rest of the per-step token budget goes to prompt chunks, oldest request first
+  (chunked prefill: a long prompt is spread over several steps, so running streams keep
+  flowing and aborts are seen between chunks).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from hearth.engine.kv import Slot, SlotTable
+from hearth.engine.runner import BatchEntry
+from hearth.engine.sequence import ActiveRequest, Phase, Sequence
+
+
+@dataclass(slots=True)
+class Work:
+    """One batch entry and whom it belongs to. `seq` is None for a prefill chunk."""
+
+    ar: ActiveRequest
+    seq: Sequence | None
+    entry: BatchEntry
+
+
+@dataclass(slots=True)
+class Admission:
+    ar: ActiveRequest
+    slots: list[Slot]
+    reuse: int  # prompt tokens already in the first slot's KV
+
+
+class Scheduler:
+    def __init__(self, slots: SlotTable, token_budget: int) -> None:
+        if token_budget < len(slots.slots):
+            raise ValueError("token budget must cover one decode token per slot")
+        self.slots = slots
+        self.token_budget = token_budget
+        self.waiting: deque[ActiveRequest] = deque()
+        self.running: list[ActiveRequest] = []
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, ar: ActiveRequest) -> None:
+        self.waiting.append(ar)
+
+    def find(self, request_id: str) -> ActiveRequest | None:
+        for ar in (*self.running, *self.waiting):
+            if ar.request_id == request_id:
+                return ar
+        return None
+
+    def remove(self, ar: ActiveRequest) -> None:
+        """Forget a request and free its slots (their tokens stay as prefix cache)."""
+        if ar in self.running:
+            self.running.remove(ar)
+            for seq in ar.seqs:
+                self.slots.release(seq.slot)
+        elif ar in self.waiting:
+            self.waiting.remove(ar)
+        ar.phase = Phase.DONE
+
+    def admit(self) -> list[Admission]:
+        admitted: list[Admission] = []
+        while self.waiting and self.waiting[0].req.n <= self.slots.n_free:
+            ar = self.waiting.popleft()
+            slots, reuse = self.slots.acquire(ar.prompt, ar.req.n)
+            ar.phase = Phase.PREFILL
+            ar.prefill_pos = reuse
+            ar.cached_tokens = reuse
+            self.running.append(ar)
+            admitted.append(Admission(ar, slots, reuse))
+        return admitted
+
+    def schedule(self) -> list[Work]:
+        work: list[Work] = []
+        budget = self.token_budget
+        for ar in self.running:
+            if ar.phase is not Phase.DECODE:
+                continue
+            for seq in ar.live_seqs():
+                assert seq.pending is not None
+                entry = BatchEntry(seq.slot.seq_id, [seq.pending], len(seq.slot.tokens), True)
+                work.append(Work(ar, seq, entry))
+                budget -= 1
+        for ar in self.running:
+            if budget <= 0:
+                break
+            if ar.phase is not Phase.PREFILL:
+                continue
+            first = ar.seqs[0].slot
+            chunk = ar.prompt[ar.prefill_pos: ar.prefill_pos + budget]
+            done = ar.prefill_pos + len(chunk) == len(ar.prompt)
+            work.append(Work(ar, None, BatchEntry(first.seq_id, chunk, ar.prefill_pos, done)))
+            budget -= len(chunk)
+        return work

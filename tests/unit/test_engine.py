@@ -1,0 +1,274 @@
+"""Engine scheduling, batching and cancellation against the fake runner."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from hearth.engine import Engine, EngineRequest, FinishReason, RequestOutput, SamplingParams
+from hearth.engine.fake_runner import FakeRunner
+from hearth.engine.types import ContextOverflow
+
+SCRIPT = FakeRunner.script
+
+
+def expected_text(prompt_len: int, n: int) -> str:
+    return "".join(chr(SCRIPT[(prompt_len + i) % len(SCRIPT)]) for i in range(n))
+
+
+def make(runner: FakeRunner | None = None, seq_ctx: int = 256, budget: int | None = None) -> Engine:
+    eng = Engine(runner or FakeRunner(), seq_ctx=seq_ctx, token_budget=budget)
+    eng.start()
+    return eng
+
+
+async def run(eng: Engine, req: EngineRequest) -> tuple[dict[int, str], dict[int, FinishReason], list[RequestOutput]]:
+    texts: dict[int, str] = {}
+    reasons: dict[int, FinishReason] = {}
+    outs = []
+    async for out in eng.generate(req):
+        outs.append(out)
+        for d in out.deltas:
+            texts[d.index] = texts.get(d.index, "") + d.text
+            if d.finish_reason:
+                reasons[d.index] = d.finish_reason
+    return texts, reasons, outs
+
+
+def req(rid: str, prompt: str = "hello", **kw: object) -> EngineRequest:
+    n = int(kw.pop("n", 1))  # type: ignore[call-overload]
+    params = SamplingParams(temperature=0.0, **kw)  # type: ignore[arg-type]
+    return EngineRequest(rid, list(prompt.encode()), params, n=n)
+
+
+async def test_greedy_generation_to_max_tokens() -> None:
+    eng = make()
+    try:
+        texts, reasons, outs = await run(eng, req("a", max_tokens=10))
+        assert texts[0] == expected_text(5, 10)
+        assert reasons[0] is FinishReason.LENGTH
+        assert outs[-1].finished and outs[-1].prompt_tokens == 5
+    finally:
+        eng.stop()
+
+
+async def test_eos_stops_with_stop_and_ignore_eos_goes_on() -> None:
+    eng = make(FakeRunner(eos_at=9))
+    try:
+        texts, reasons, _ = await run(eng, req("a", max_tokens=20))
+        # prompt at positions 0-4, text at 5-8, EOS predicted for position 9
+        assert texts[0] == expected_text(5, 4) and reasons[0] is FinishReason.STOP
+        texts, reasons, _ = await run(eng, req("b", max_tokens=6, ignore_eos=True))
+        assert reasons[0] is FinishReason.LENGTH and len(texts[0]) == 4  # EOS tokens add no text
+    finally:
+        eng.stop()
+
+
+async def test_stop_string_ends_the_sequence_and_is_not_emitted() -> None:
+    eng = make()
+    try:
+        # prompt of 5 bytes: generation starts at script[5] = "uick brown"
+        texts, reasons, outs = await run(eng, req("a", max_tokens=30, stop=["brown"]))
+        assert texts[0] == "uick " and reasons[0] is FinishReason.STOP
+        assert outs[-1].deltas[0].stop_reason == "brown"
+    finally:
+        eng.stop()
+
+
+async def test_default_max_tokens_is_the_rest_of_the_context() -> None:
+    eng = make(seq_ctx=20)
+    try:
+        texts, reasons, _ = await run(eng, req("a", prompt="x" * 8))
+        assert len(texts[0]) == 12 and reasons[0] is FinishReason.LENGTH
+    finally:
+        eng.stop()
+
+
+async def test_prompt_too_long_and_overlong_max_tokens_are_rejected_before_queueing() -> None:
+    eng = make(seq_ctx=16)
+    try:
+        with pytest.raises(ContextOverflow, match="16 tokens"):
+            eng.submit(req("a", prompt="x" * 16), lambda o: None)
+        with pytest.raises(ContextOverflow, match="requested 20 tokens"):
+            eng.submit(req("b", prompt="x" * 10, max_tokens=10), lambda o: None)
+        with pytest.raises(ValueError, match="n must be"):
+            eng.submit(req("c", n=9), lambda o: None)
+        assert eng.in_flight == 0
+    finally:
+        eng.stop()
+
+
+async def test_n_candidates_share_the_prompt_kv() -> None:
+    runner = FakeRunner()
+    eng = make(runner)
+    try:
+        texts, _reasons, _ = await run(eng, req("a", prompt="abcdefgh", max_tokens=4, n=3))
+        assert set(texts) == {0, 1, 2}
+        assert all(t == expected_text(8, 4) for t in texts.values())
+        prefill_tokens = sum(len(e.tokens) for call in runner.calls for e in call if len(e.tokens) > 1)
+        assert prefill_tokens == 8  # prompt prefilled once, not three times
+    finally:
+        eng.stop()
+
+
+async def test_concurrent_decodes_share_one_decode_call_per_step() -> None:
+    runner = FakeRunner(n_seq_max=4, step_delay=0.002)
+    eng = make(runner)
+    try:
+        results = await asyncio.gather(*(run(eng, req(f"r{i}", max_tokens=20)) for i in range(4)))
+        for texts, _reasons, _ in results:
+            assert texts[0] == expected_text(5, 20)
+        # some step decoded all four sequences together
+        assert max(sum(1 for e in call if len(e.tokens) == 1) for call in runner.calls) == 4
+    finally:
+        eng.stop()
+
+
+async def test_fifth_request_waits_for_a_free_slot_then_runs() -> None:
+    runner = FakeRunner(n_seq_max=4, step_delay=0.002)
+    eng = make(runner)
+    try:
+        tasks = [asyncio.create_task(run(eng, req(f"r{i}", max_tokens=15))) for i in range(5)]
+        await asyncio.sleep(0.01)
+        assert eng.running == 4 and eng.waiting == 1
+        results = await asyncio.gather(*tasks)
+        assert all(r[1][0] is FinishReason.LENGTH for r in results)
+        assert eng.slots.n_free == 4 and eng.in_flight == 0
+    finally:
+        eng.stop()
+
+
+async def test_long_prompt_is_prefilled_in_chunks_within_the_budget() -> None:
+    runner = FakeRunner(n_batch=16)
+    eng = make(runner, budget=16)
+    try:
+        texts, _, _ = await run(eng, req("a", prompt="p" * 50, max_tokens=3))
+        assert texts[0] == expected_text(50, 3)
+        chunks = [len(e.tokens) for call in runner.calls for e in call]
+        assert chunks[:4] == [16, 16, 16, 2]
+        assert all(sum(len(e.tokens) for e in call) <= 16 for call in runner.calls)
+    finally:
+        eng.stop()
+
+
+async def test_prefix_of_a_finished_request_is_reused() -> None:
+    runner = FakeRunner(n_seq_max=1)
+    eng = make(runner)
+    try:
+        await run(eng, req("a", prompt="0123456789", max_tokens=3))
+        runner.calls.clear()
+        _, _, outs = await run(eng, req("b", prompt="0123456789AB", max_tokens=3))
+        assert outs[0].cached_tokens == 10
+        assert len(runner.calls[0][0].tokens) == 2
+    finally:
+        eng.stop()
+
+
+async def test_closing_the_iterator_aborts_within_a_step() -> None:
+    runner = FakeRunner(step_delay=0.005)
+    eng = make(runner, seq_ctx=100000)
+    try:
+        agen = eng.generate(req("a", max_tokens=10000))
+        async for out in agen:
+            if sum(len(d.token_ids) for d in out.deltas) and len(runner.calls) > 5:
+                break
+        await agen.aclose()
+        steps_at_close = len(runner.calls)
+        await asyncio.sleep(0.1)
+        assert len(runner.calls) - steps_at_close <= 1
+        assert eng.in_flight == 0 and eng.slots.n_free == runner.n_seq_max
+        assert eng.stats.cancelled == 1
+    finally:
+        eng.stop()
+
+
+async def test_abort_while_waiting_ends_with_cancelled() -> None:
+    runner = FakeRunner(n_seq_max=1, step_delay=0.002)
+    eng = make(runner, seq_ctx=100000)
+    try:
+        hog = asyncio.create_task(run(eng, req("hog", max_tokens=50)))
+        waiter = asyncio.create_task(run(eng, req("w", max_tokens=50)))
+        await asyncio.sleep(0.01)
+        assert eng.waiting == 1
+        eng.abort("w")
+        _texts, reasons, outs = await waiter
+        assert reasons[0] is FinishReason.CANCELLED and outs[-1].finished
+        await hog
+    finally:
+        eng.stop()
+
+
+async def test_deadline_ends_generation_with_length() -> None:
+    runner = FakeRunner(step_delay=0.002)
+    eng = make(runner, seq_ctx=100000)
+    try:
+        r = req("a", max_tokens=90000)
+        r.deadline = time.monotonic() + 0.05
+        _, reasons, _ = await run(eng, r)
+        assert reasons[0] is FinishReason.LENGTH
+    finally:
+        eng.stop()
+
+
+async def test_decode_failure_fails_the_batch_and_the_engine_keeps_serving() -> None:
+    runner = FakeRunner(fail_decodes=1)
+    eng = make(runner)
+    try:
+        _, reasons, outs = await run(eng, req("a", max_tokens=5))
+        assert reasons[0] is FinishReason.ERROR and outs[-1].error
+        texts, reasons, _ = await run(eng, req("b", max_tokens=5))
+        assert reasons[0] is FinishReason.LENGTH and texts[0] == expected_text(5, 5)
+        assert eng.slots.n_free == runner.n_seq_max
+    finally:
+        eng.stop()
+
+
+async def test_logprobs_are_reported_per_token() -> None:
+    eng = make()
+    try:
+        _, _, outs = await run(eng, req("a", max_tokens=3, logprobs=True, top_logprobs=2))
+        lps = [lp for o in outs for d in o.deltas for lp in (d.logprobs or [])]
+        assert len(lps) == 3
+        assert all(lp.logprob <= 0 and len(lp.top) == 2 for lp in lps)
+        assert lps[0].top[0][0] == lps[0].token_id  # greedy: the sampled token is the most likely
+    finally:
+        eng.stop()
+
+
+def test_many_threads_submitting_and_aborting_leave_nothing_behind() -> None:
+    runner = FakeRunner(n_seq_max=4)
+    eng = make(runner, seq_ctx=100000)
+    done = threading.Event()
+    finished: list[str] = []
+    lock = threading.Lock()
+
+    def sink_for(rid: str):
+        def sink(out: RequestOutput) -> None:
+            if out.finished:
+                with lock:
+                    finished.append(rid)
+                    if len(finished) == 200:
+                        done.set()
+        return sink
+
+    def worker(base: int) -> None:
+        for i in range(50):
+            rid = f"{base}-{i}"
+            eng.submit(req(rid, max_tokens=1000), sink_for(rid))
+            eng.abort(rid)
+
+    try:
+        threads = [threading.Thread(target=worker, args=(b,)) for b in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert done.wait(10)
+        assert sorted(finished) == sorted(f"{b}-{i}" for b in range(4) for i in range(50))
+        time.sleep(0.05)
+        assert eng.in_flight == 0 and eng.slots.n_free == 4 and not eng.scheduler.has_work()
+    finally:
+        eng.stop()
