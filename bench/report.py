@@ -70,9 +70,7 @@ def markdown_table(result: Result) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for metric in metric_names({n: servers[n] for n in ok}):
         unit = next(servers[n]["metrics"][metric]["unit"] for n in ok if metric in servers[n]["metrics"])
-        hib = next(
-            servers[n]["metrics"][metric]["higher_is_better"] for n in ok if metric in servers[n]["metrics"]
-        )
+        hib = next(servers[n]["metrics"][metric]["higher_is_better"] for n in ok if metric in servers[n]["metrics"])
         label = f"{metric} ({unit}, {'higher' if hib else 'lower'} is better)"
         cells = [_fmt(servers[n]["metrics"].get(metric, {}).get("median")) for n in ok]
         ratio_cells = [_fmt(result["ratios"][p].get(metric, {}).get("ratio")) for p in peers]
@@ -88,6 +86,10 @@ def markdown_table(result: Result) -> str:
         f"Model `{Path(s['model']).name}`, threads {s['threads']}, parallel {s['parallel']}, "
         f"ctx/slot {s['ctx']}, max_tokens {s['max_tokens']}, runs {s['runs']}."
     )
+    for n in ok:
+        share = servers[n].get("cpu", {}).get("foreign_share", 0.0)
+        if share > 0.05:
+            lines.append(f"Warning: other processes used {share:.0%} of the CPU while {n} was measured.")
     for f in failed:
         lines.append(f"Not measured: {f}")
     return "\n".join(lines)
@@ -122,9 +124,7 @@ def plot(result: Result, path: Path) -> Path:
         xs = [j + i * width for j in range(len(conc))]
         bars = ax.bar(xs, vals, width=width, label=n, color=colors[i])
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
-    ax.set_xticks(
-        [j + width * (len(names) - 1) / 2 for j in range(len(conc))], [f"{c} streams" for c in conc]
-    )
+    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(conc))], [f"{c} streams" for c in conc])
     ax.set_title("Aggregate tok/s (higher better)", fontsize=9)
     if names:
         ax.legend(fontsize=7)

@@ -8,7 +8,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.cli import main  # noqa: E402
+from bench.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

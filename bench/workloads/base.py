@@ -25,6 +25,7 @@ class WorkloadContext:
     settings: Settings
     supports_ignore_eos: bool
     eog_token_ids: list[int]
+    model_id: str = "bench"
 
     def request(self, tag: str, max_tokens: int | None = None) -> RequestSpec:
         bias = None if self.supports_ignore_eos else {str(t): -100.0 for t in self.eog_token_ids}
@@ -33,6 +34,7 @@ class WorkloadContext:
             max_tokens=max_tokens or self.settings.max_tokens,
             ignore_eos=self.supports_ignore_eos,
             logit_bias=bias,
+            model=self.model_id,
         )
 
     async def send(self, tag: str, max_tokens: int | None = None) -> StreamResult:
@@ -53,9 +55,7 @@ class Workload(Protocol):
     async def run(self, ctx: WorkloadContext) -> WorkloadResult: ...
 
 
-def check_streams(
-    results: Sequence[StreamResult], expected_tokens: int, out: WorkloadResult
-) -> list[StreamResult]:
+def check_streams(results: Sequence[StreamResult], expected_tokens: int, out: WorkloadResult) -> list[StreamResult]:
     """Record errors and short generations; return the streams that produced tokens."""
     good: list[StreamResult] = []
     for r in results:
@@ -64,8 +64,7 @@ def check_streams(
             continue
         if r.n_tokens != expected_tokens:
             out.warnings.append(
-                f"stream generated {r.n_tokens} tokens, expected {expected_tokens} "
-                f"(finish_reason={r.finish_reason})"
+                f"stream generated {r.n_tokens} tokens, expected {expected_tokens} (finish_reason={r.finish_reason})"
             )
         if r.token_times:
             good.append(r)

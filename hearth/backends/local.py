@@ -165,13 +165,12 @@ class LocalBackend:
     def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]:
         m = self.model(model)
         self._check_tokens(m, tokens)
-        return [m.runner.token_bytes(t).decode("utf-8", errors="replace") for t in tokens]
+        return [m.runner.token_text(t).decode("utf-8", errors="replace") for t in tokens]
 
     def detokenize(self, model: str | None, tokens: list[int]) -> str:
         m = self.model(model)
         self._check_tokens(m, tokens)
-        data = b"".join(m.runner.token_bytes(t) for t in tokens)
-        return data.decode("utf-8", errors="replace")
+        return b"".join(m.runner.token_text(t) for t in tokens).decode("utf-8", errors="replace")
 
     @staticmethod
     def _check_tokens(m: LocalModel, tokens: list[int]) -> None:

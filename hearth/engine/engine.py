@@ -126,6 +126,9 @@ class Engine:
         bad = [t for t in req.prompt_tokens if not 0 <= t < self.runner.n_vocab]
         if bad:
             raise ValueError(f"token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
+        bad = [t for t in (*req.params.logit_bias, *req.params.stop_token_ids) if not 0 <= t < self.runner.n_vocab]
+        if bad:
+            raise ValueError(f"logit_bias / stop token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
         n_prompt = len(req.prompt_tokens)
         if n_prompt >= self.seq_ctx:
             raise ContextOverflow(n_prompt, self.seq_ctx)

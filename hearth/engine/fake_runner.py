@@ -40,6 +40,9 @@ class FakeRunner:
     def token_bytes(self, token: int) -> bytes:
         return b"" if token == EOS else bytes([token])
 
+    def token_text(self, token: int) -> bytes:
+        return b"</s>" if token == EOS else bytes([token])
+
     def is_eog(self, token: int) -> bool:
         return token == EOS
 

@@ -48,6 +48,10 @@ class Runner(Protocol):
         """The bytes a generated token contributes to the text (control tokens: b"")."""
         ...
 
+    def token_text(self, token: int) -> bytes:
+        """The token as it would be written in a prompt (special tokens spelled out)."""
+        ...
+
     def is_eog(self, token: int) -> bool: ...
 
     def decode(self, entries: list[BatchEntry]) -> list[int]:

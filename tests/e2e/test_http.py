@@ -1,0 +1,192 @@
+"""Raw HTTP and SSE against the real server: wire format, bad input, concurrency, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Server
+
+pytestmark = pytest.mark.slow
+
+
+def sse_events(lines: list[str]) -> list[Any]:
+    out: list[Any] = []
+    for line in lines:
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def chat_body(**kw: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "Tell me a story about a dragon."}], "temperature": 0, **kw}
+
+
+def wait_idle(server: Server, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.metric("hearth_running_sequences") == 0 and server.metric("hearth_waiting_requests") == 0:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the engine did not go idle")
+
+
+def test_health_and_tokenizer_round_trip(server: Server) -> None:
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    toks = httpx.post(f"{server.url}/tokenize", json={"content": "Hello world"}).json()
+    assert toks["count"] == len(toks["tokens"]) > 0
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": toks["tokens"]}).json()["content"]
+    assert text == "Hello world"
+    bad = httpx.post(f"{server.url}/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400 and "out of range" in bad.json()["error"]["message"]
+
+
+def test_sse_wire_format(server: Server) -> None:
+    with httpx.stream("POST", f"{server.base_url}/chat/completions", timeout=60,
+                      json=chat_body(stream=True, max_tokens=8, stream_options={"include_usage": True})) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(list(r.iter_lines()))
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finish) == 1 and finish[0]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+    assert all(c["usage"] is None for c in chunks[:-1])
+
+
+def test_legacy_completion_stream_wire_format(server: Server) -> None:
+    with httpx.stream("POST", f"{server.base_url}/completions", timeout=60,
+                      json={"prompt": "Once upon a time", "max_tokens": 5, "stream": True,
+                            "temperature": 0}) as r:
+        events = sse_events(list(r.iter_lines()))
+    assert events[-1] == "[DONE]"
+    assert events[0]["object"] == "text_completion"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+BAD_BODIES: list[tuple[str, bytes | dict[str, Any]]] = [
+    ("malformed json", b"{not json"),
+    ("not an object", b"[1, 2]"),
+    ("empty body", b""),
+    ("no messages", {"model": "default"}),
+    ("empty messages", {"messages": []}),
+    ("messages not a list", {"messages": "hi"}),
+    ("content wrong type", {"messages": [{"role": "user", "content": 5}]}),
+    ("unknown role", {"messages": [{"role": "wizard", "content": "hi"}]}),
+    ("user without content", {"messages": [{"role": "user"}]}),
+    ("tool without id", {"messages": [{"role": "tool", "content": "x"}]}),
+    ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+    ("negative max_tokens", chat_body(max_tokens=-3)),
+    ("max_tokens string", chat_body(max_tokens="lots")),
+    ("n zero", chat_body(n=0)),
+    ("n above slots", chat_body(n=9)),
+    ("top_logprobs too high", chat_body(logprobs=True, top_logprobs=50)),
+    ("top_logprobs without logprobs", chat_body(top_logprobs=2)),
+    ("top_p zero", chat_body(top_p=0)),
+    ("logit_bias bad key", chat_body(logit_bias={"abc": 1})),
+    ("logit_bias out of vocab", chat_body(logit_bias={"999999999": 1})),
+    ("stop empty string", chat_body(stop=[""])),
+    ("max_tokens over context", chat_body(max_tokens=100000)),
+    ("temperature nan", b'{"messages":[{"role":"user","content":"x"}],"temperature":NaN}'),
+]
+
+
+@pytest.mark.parametrize(("name", "body"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+def test_bad_input_gets_a_4xx_in_openai_envelope(server: Server, name: str, body: bytes | dict[str, Any]) -> None:
+    url = f"{server.base_url}/chat/completions"
+    r = (httpx.post(url, content=body, timeout=30) if isinstance(body, bytes)
+         else httpx.post(url, json=body, timeout=30))
+    assert 400 <= r.status_code < 500, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+
+
+def test_bad_input_leaves_the_engine_serving_with_no_slot_held(server: Server) -> None:
+    wait_idle(server)
+    r = httpx.post(f"{server.base_url}/chat/completions", json=chat_body(max_tokens=3), timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_unknown_endpoint_and_method(server: Server) -> None:
+    r = httpx.get(f"{server.base_url}/nope")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = httpx.get(f"{server.base_url}/chat/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+async def test_eight_streams_run_together_while_a_ninth_waits(server: Server) -> None:
+    wait_idle(server)
+    max_tokens = 48
+    waiting_seen: list[float] = []
+
+    async def stream(client: httpx.AsyncClient, i: int) -> tuple[int, str | None]:
+        body = chat_body(stream=True, max_tokens=max_tokens, ignore_eos=True,
+                         messages=[{"role": "user", "content": f"Count to {i + 10}."}])
+        n, finish = 0, None
+        async with client.stream("POST", f"{server.base_url}/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    c = json.loads(line[6:])
+                    for ch in c["choices"]:
+                        n += 1 if ch["delta"].get("content") else 0
+                        finish = ch["finish_reason"] or finish
+        return n, finish
+
+    async def watch(client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            text = (await client.get(f"{server.url}/metrics")).text
+            for line in text.splitlines():
+                if line.startswith("hearth_waiting_requests{"):
+                    waiting_seen.append(float(line.rsplit(" ", 1)[1]))
+            await asyncio.sleep(0.01)
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch(client, stop))
+        results = await asyncio.gather(*(stream(client, i) for i in range(9)))
+        stop.set()
+        await watcher
+    assert all(finish == "length" for _, finish in results)
+    assert all(n >= max_tokens - 2 for n, _ in results)  # a token may carry no visible text
+    assert 1.0 in waiting_seen  # the ninth request queued for a slot
+    wait_idle(server)
+
+
+def test_disconnect_mid_stream_stops_decoding(server: Server) -> None:
+    wait_idle(server)
+    before = server.metric("hearth_generated_tokens_total")
+    received = 0
+    with httpx.stream("POST", f"{server.base_url}/chat/completions", timeout=60,
+                      json=chat_body(stream=True, max_tokens=1500, ignore_eos=True)) as r:
+        for line in r.iter_lines():
+            if '"content":"' in line and '"role"' not in line:
+                received += 1
+                if received == 20:
+                    break
+    wait_idle(server, timeout=2)
+    after_stop = server.metric("hearth_generated_tokens_total")
+    time.sleep(0.3)
+    assert server.metric("hearth_generated_tokens_total") == after_stop  # nothing more is decoded
+    produced = after_stop - before
+    assert produced < 40, f"{produced} tokens generated for a client that read 20 and left"
+    assert server.metric("hearth_requests_cancelled_total") >= 1
+
+
+def test_disconnect_of_a_non_streaming_request_stops_decoding(server: Server) -> None:
+    wait_idle(server)
+    before = server.metric("hearth_generated_tokens_total")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.base_url}/chat/completions", timeout=0.5,
+                   json=chat_body(max_tokens=1500, ignore_eos=True))
+    wait_idle(server, timeout=2)
+    produced = server.metric("hearth_generated_tokens_total") - before
+    assert produced < 150, f"{produced} tokens generated after a 0.5 s client timeout"
