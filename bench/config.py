@@ -45,6 +45,9 @@ class Settings:
     out_dir: Path = RESULTS_DIR
     quick: bool = False
     wait_idle_s: float = 0.0
+    max_foreign_cpu: float = 0.10
+    retries: int = 3
+    retry_wait_s: float = 60.0
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)

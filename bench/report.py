@@ -87,9 +87,11 @@ def markdown_table(result: Result) -> str:
         f"ctx/slot {s['ctx']}, max_tokens {s['max_tokens']}, runs {s['runs']}."
     )
     for n in ok:
-        share = servers[n].get("cpu", {}).get("foreign_share", 0.0)
-        if share > 0.05:
-            lines.append(f"Warning: other processes used {share:.0%} of the CPU while {n} was measured.")
+        cont = servers[n].get("contention", {})
+        if cont.get("retries"):
+            lines.append(f"{n}: {cont['retries']} re-runs over {cont['rounds']} measurements (CPU used by others).")
+        if cont.get("contaminated_rounds"):
+            lines.append(f"Warning: {n}: {cont['contaminated_rounds']} measurements still shared the CPU with others.")
     for f in failed:
         lines.append(f"Not measured: {f}")
     return "\n".join(lines)

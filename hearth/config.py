@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,13 +10,18 @@ from pathlib import Path
 import platformdirs
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"HEARTH_{name}", default)
-
-
 def default_data_dir() -> Path:
     home = os.environ.get("HEARTH_HOME")
     return Path(home) if home else Path(platformdirs.user_data_dir("hearth"))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(slots=True)
@@ -27,9 +33,21 @@ class Settings:
     parallel: int = 4
     threads: int | None = None
     batch: int = 512
-    kv_unified: bool = True
+    kv_unified: bool = False
     data_dir: Path = field(default_factory=default_data_dir)
     log_level: str = "info"
+    log_format: str = "text"  # text | json
+    # admission and time caps
+    max_waiting: int = 64
+    max_wait: float = 60.0
+    request_timeout: float = 600.0  # default wall-clock cap per request, seconds
+    max_request_timeout: float = 3600.0  # the most a request may ask for
+    # access
+    api_keys: list[str] = field(default_factory=list)
+    admin_key: str | None = None
+    metrics_token: str | None = None
+    metrics_public: bool = False
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.parallel <= 256:
@@ -42,7 +60,20 @@ class Settings:
             raise ValueError("--threads must be at least 1")
         if not 0 < self.port < 65536:
             raise ValueError("--port must be in 1..65535")
+        if self.log_format not in ("text", "json"):
+            raise ValueError("--log-format must be text or json")
+        if self.max_waiting < 0 or self.max_wait <= 0:
+            raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
+        if not 0 < self.request_timeout <= self.max_request_timeout:
+            raise ValueError("--request-timeout must be > 0 and at most --max-request-timeout")
+        if any(not k.strip() for k in self.api_keys):
+            raise ValueError("API keys must not be empty")
+        if not is_loopback(self.host) and not self.api_keys and not self.insecure:
+            raise ValueError(f"refusing to bind {self.host} (not loopback) without an API key: give --api-key "
+                             "(or --api-key-file), or --insecure to serve it open")
 
 
-def env_default(name: str, default: str) -> str:
-    return _env(name, default) or default
+def read_key_file(path: str) -> list[str]:
+    """One key per line; blank lines and lines starting with # are skipped."""
+    lines = Path(path).read_text().splitlines()
+    return [s.strip() for s in lines if s.strip() and not s.strip().startswith("#")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -10,6 +11,7 @@ import httpx
 
 from bench.client import RequestSpec, StreamResult, stream_chat
 from bench.config import Settings
+from bench.cpu import CpuSnapshot, cpu_usage, wait_idle
 
 
 @dataclass
@@ -26,6 +28,8 @@ class WorkloadContext:
     supports_ignore_eos: bool
     eog_token_ids: list[int]
     model_id: str = "bench"
+    server_pid: int = 0
+    contention: dict[str, int] = field(default_factory=lambda: {"rounds": 0, "retries": 0, "contaminated_rounds": 0})
 
     def request(self, tag: str, max_tokens: int | None = None) -> RequestSpec:
         bias = None if self.supports_ignore_eos else {str(t): -100.0 for t in self.eog_token_ids}
@@ -39,6 +43,29 @@ class WorkloadContext:
 
     async def send(self, tag: str, max_tokens: int | None = None) -> StreamResult:
         return await stream_chat(self.client, self.base_url, self.request(tag, max_tokens))
+
+    async def round(self, tag: str, streams: int) -> tuple[list[StreamResult], dict[str, float]]:
+        """Start `streams` requests together and wait for all of them, on a machine kept to ourselves.
+
+        If other processes used more than `settings.max_foreign_cpu` of the CPU meanwhile (the
+        server's threads spin, so even a little contention wrecks the numbers), wait for the machine
+        to go idle and run the round again, up to `settings.retries` times. The returned CPU record
+        says how many attempts it took and whether the kept round is still contaminated.
+        """
+        s = self.settings
+        for attempt in range(s.retries + 1):
+            start = CpuSnapshot.take(self.server_pid)
+            results = list(await asyncio.gather(*(self.send(f"{tag}-a{attempt}-s{i}") for i in range(streams))))
+            usage = cpu_usage(start, CpuSnapshot.take(self.server_pid))
+            usage["attempt"] = attempt
+            usage["contaminated"] = usage["foreign_share"] > s.max_foreign_cpu
+            if not usage["contaminated"] or attempt == s.retries:
+                self.contention["rounds"] += 1
+                self.contention["retries"] += attempt
+                self.contention["contaminated_rounds"] += int(usage["contaminated"])
+                return results, usage
+            wait_idle(s.retry_wait_s)
+        raise AssertionError("unreachable")
 
 
 @dataclass

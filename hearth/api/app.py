@@ -1,4 +1,4 @@
-"""The ASGI application: routes, error handlers and the backend's lifecycle."""
+"""The ASGI application: routes, middleware, error handlers and the backend's lifecycle."""
 
 from __future__ import annotations
 
@@ -8,27 +8,33 @@ from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from hearth.api import control, openai_chat, openai_completions
+from hearth.api.auth import AuthMiddleware
 from hearth.api.errors import handle_hearth_error, handle_http_exception, handle_unexpected
 from hearth.api.sse import ClientGone
 from hearth.backends.local import LocalBackend
+from hearth.chat.cancel import CancelRegistry
+from hearth.config import Settings
 from hearth.errors import HearthError
-from hearth.observability import metrics
+from hearth.observability.logging import RequestIdMiddleware
+from hearth.observability.metrics import Metrics
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
     return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
 
 
-def create_app(backend: LocalBackend) -> Starlette:
-    registry = metrics.make_registry(backend)
+def create_app(backend: LocalBackend, settings: Settings | None = None) -> Starlette:
+    settings = settings or Settings()
+    metrics = Metrics(backend)
 
     async def metrics_endpoint(request: Request) -> Response:
-        return Response(metrics.render(registry), media_type="text/plain; version=0.0.4")
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -46,6 +52,7 @@ def create_app(backend: LocalBackend) -> Starlette:
         Route("/chat/completions", openai_chat.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai_completions.completions, methods=["POST"]),
         Route("/completions", openai_completions.completions, methods=["POST"]),
+        Route("/v1/cancel", control.cancel, methods=["POST"]),
         Route("/v1/models", control.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", control.get_model, methods=["GET"]),
         Route("/health", control.health, methods=["GET"]),
@@ -53,9 +60,14 @@ def create_app(backend: LocalBackend) -> Starlette:
         Route("/detokenize", control.detokenize, methods=["POST"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
+    endpoints = {r.path for r in routes if "{" not in r.path}
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[
+            Middleware(RequestIdMiddleware, count=metrics.requests, endpoints=endpoints),
+            Middleware(AuthMiddleware, settings=settings),
+        ],
         exception_handlers={
             HearthError: handle_hearth_error,
             HTTPException: handle_http_exception,
@@ -64,4 +76,7 @@ def create_app(backend: LocalBackend) -> Starlette:
         },
     )
     app.state.backend = backend
+    app.state.settings = settings
+    app.state.cancels = CancelRegistry()
+    app.state.metrics = metrics
     return app

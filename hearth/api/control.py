@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from hearth.api.openai_chat import MessageIn, _Open, to_message
 from hearth.api.parsing import read_json, validate
 from hearth.backends.base import Backend, ModelCard
+from hearth.chat.cancel import CancelRegistry
 from hearth.errors import BadRequest
 
 
@@ -78,3 +79,23 @@ async def detokenize(request: Request) -> Response:
     backend: Backend = request.app.state.backend
     body = validate(DetokenizeIn, await read_json(request))
     return JSONResponse({"content": backend.detokenize(body.model, body.tokens)})
+
+
+class CancelIn(_Open):
+    cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
+    session_id: str | None = Field(default=None, min_length=1, max_length=256)
+    completion_id: str | None = Field(default=None, min_length=1, max_length=256)
+    response_id: str | None = Field(default=None, min_length=1, max_length=256)
+    message_id: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+async def cancel(request: Request) -> Response:
+    """Stop in-flight runs. A cancel_id is matched alone (and remembered for 30 s if its run has
+    not registered yet); otherwise every run named by session or id is cancelled."""
+    body = validate(CancelIn, await read_json(request))
+    ids = [i for i in (body.completion_id, body.response_id, body.message_id) if i]
+    if body.cancel_id is None and body.session_id is None and not ids:
+        raise BadRequest("name what to cancel: cancel_id, session_id, completion_id, response_id or message_id")
+    registry: CancelRegistry = request.app.state.cancels
+    n = registry.cancel(cancel_id=body.cancel_id, session_id=body.session_id, ids=ids)
+    return JSONResponse({"cancelled": n})

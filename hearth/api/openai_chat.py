@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hearth.api import runs
 from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling_params, validate
-from hearth.api.sse import DONE, EventStreamResponse, sse_data, until_disconnect
-from hearth.backends.base import Backend
+from hearth.api.sse import DONE, sse_data
+from hearth.backends.base import Backend, EventStream
+from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
     ChatEvent,
     ChatRequest,
@@ -100,6 +102,8 @@ class ChatCompletionIn(_Open):
     tool_choice: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     timeout: float | None = Field(default=None, gt=0)
+    cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
+    cache_prompt: bool = True
 
 
 def text_of(content: str | list[ContentPart] | None, where: str) -> str | None:
@@ -153,7 +157,8 @@ def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
     return ChatRequest(
         model=body.model or "", messages=[to_message(m, i) for i, m in enumerate(body.messages)],
         sampling=sampling, n=body.n, tools=tools, tool_choice=body.tool_choice,
-        chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=body.timeout)
+        chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=body.timeout,
+        cache_prompt=body.cache_prompt)
 
 
 # ---- output ------------------------------------------------------------------------------
@@ -205,15 +210,21 @@ async def chat_completions(request: Request) -> Response:
     body = validate(ChatCompletionIn, await read_json(request))
     cid = new_id("chatcmpl-")
     creq = to_chat_request(body, cid)
+    creq.timeout = runs.time_cap(request, body.timeout)
     model = backend.resolve(creq.model)
-    events = await backend.chat(creq)
+
+    def open_stream(token: CancelToken) -> Awaitable[EventStream]:
+        creq.cancel = token
+        return backend.chat(creq)
+
+    gen = await runs.start(request, "chat", open_stream, cancel_id=body.cancel_id, ids=[cid])
+    events = gen.events
     created = int(time.time())
     want_logprobs = bool(body.logprobs)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EventStreamResponse(stream_chunks(events, cid, model, created, body.n, want_logprobs,
-                                                 include_usage), headers={"x-hearth-request-id": cid})
-    choices, usage, error = await until_disconnect(request, lambda: collect(events, body.n))
+        return gen.stream(stream_chunks(events, cid, model, created, body.n, want_logprobs, include_usage))
+    choices, usage, error = await gen.collect(request, lambda: collect(events, body.n))
     return JSONResponse({
         "id": cid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": "hearth",

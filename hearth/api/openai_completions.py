@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hearth.api import runs
 from hearth.api.openai_chat import StreamOptions, _Open, usage_dict
 from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling_params, validate
-from hearth.api.sse import DONE, EventStreamResponse, sse_data, until_disconnect
-from hearth.backends.base import Backend
+from hearth.api.sse import DONE, sse_data
+from hearth.backends.base import Backend, EventStream
+from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatEvent, CompletionRequest, Done, Finish, TextDelta, Usage, new_id
 from hearth.engine.types import TokenLogprob
 from hearth.errors import BadRequest
@@ -45,6 +48,8 @@ class CompletionIn(_Open):
     suffix: str | None = None
     ignore_eos: bool | None = None
     timeout: float | None = Field(default=None, gt=0)
+    cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
+    cache_prompt: bool = True
 
 
 def prompts_of(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -70,28 +75,31 @@ def legacy_logprobs(lps: list[TokenLogprob], offset0: int) -> dict[str, Any]:
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-async def merge(streams: list[AsyncIterator[ChatEvent]]) -> AsyncIterator[tuple[int, ChatEvent]]:
-    """Interleave several event streams, tagging each event with its stream's index.
-    Closing the merged stream closes (and so cancels) every source."""
+async def merge(streams: list[EventStream], n: int) -> AsyncIterator[ChatEvent]:
+    """Interleave the event streams of several prompts (n candidates each) into one, with
+    candidate `i` of prompt `p` renumbered `p * n + i`. Closing the merged stream closes (and
+    so cancels) every source."""
     queue: asyncio.Queue[tuple[int, ChatEvent | None]] = asyncio.Queue()
 
-    async def pump(i: int, s: AsyncIterator[ChatEvent]) -> None:
+    async def pump(i: int, s: EventStream) -> None:
         try:
             async for ev in s:
                 await queue.put((i, ev))
         finally:
-            await s.aclose()  # type: ignore[attr-defined]
+            await s.aclose()
             await queue.put((i, None))
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     try:
         remaining = len(tasks)
         while remaining:
-            i, ev = await queue.get()
+            p, ev = await queue.get()
             if ev is None:
                 remaining -= 1
+            elif isinstance(ev, TextDelta | Finish):
+                yield replace(ev, index=p * n + ev.index)
             else:
-                yield i, ev
+                yield ev
     finally:
         for t in tasks:
             t.cancel()
@@ -117,28 +125,36 @@ async def completions(request: Request) -> Response:
         logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
     cid = new_id("cmpl-")
     model = backend.resolve(body.model)
-    streams: list[AsyncIterator[ChatEvent]] = []
-    try:
-        for i, p in enumerate(prompts):
-            streams.append(await backend.complete(CompletionRequest(
-                model, p, sampling, n=body.n, request_id=f"{cid}-{i}", timeout=body.timeout)))
-    except Exception:
-        for s in streams:
-            await s.aclose()  # type: ignore[attr-defined]
-        raise
+    timeout = runs.time_cap(request, body.timeout)
+
+    async def open_stream(token: CancelToken) -> EventStream:
+        # One engine request per prompt, merged; all of them share the run's cancel token.
+        streams: list[EventStream] = []
+        try:
+            for i, p in enumerate(prompts):
+                streams.append(await backend.complete(CompletionRequest(
+                    model, p, sampling, n=body.n, request_id=f"{cid}-{i}", timeout=timeout, cancel=token,
+                    cache_prompt=body.cache_prompt)))
+        except BaseException:
+            for s in streams:
+                await s.aclose()
+            raise
+        return streams[0] if len(streams) == 1 else EventStream(merge(streams, body.n))
+
+    gen = await runs.start(request, "completions", open_stream, cancel_id=body.cancel_id, ids=[cid])
     echoes = [(p if isinstance(p, str) else backend.detokenize(model, p)) if body.echo else ""
               for p in prompts]
     created = int(time.time())
-    events = merge(streams)
+    events = gen.events
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EventStreamResponse(stream_chunks(events, cid, model, created, body.n, echoes,
-                                                 body.logprobs is not None, include_usage))
-    return JSONResponse(await until_disconnect(
+        return gen.stream(stream_chunks(events, cid, model, created, body.n, echoes,
+                                        body.logprobs is not None, include_usage))
+    return JSONResponse(await gen.collect(
         request, lambda: collect(events, cid, model, created, body.n, echoes, body.logprobs is not None)))
 
 
-async def collect(events: AsyncIterator[tuple[int, ChatEvent]], cid: str, model: str, created: int,
+async def collect(events: EventStream, cid: str, model: str, created: int,
                   n: int, echoes: list[str], want_logprobs: bool) -> dict[str, Any]:
     k = len(echoes) * n
     texts: list[list[str]] = [[echoes[i // n]] for i in range(k)]
@@ -146,18 +162,18 @@ async def collect(events: AsyncIterator[tuple[int, ChatEvent]], cid: str, model:
     reasons: list[str | None] = [None] * k
     usage = Usage()
     try:
-        async for p, ev in events:
+        async for ev in events:
             if isinstance(ev, TextDelta):
-                texts[p * n + ev.index].append(ev.text)
-                lps[p * n + ev.index].extend(ev.logprobs or [])
+                texts[ev.index].append(ev.text)
+                lps[ev.index].extend(ev.logprobs or [])
             elif isinstance(ev, Finish):
-                reasons[p * n + ev.index] = ev.reason
+                reasons[ev.index] = ev.reason
             elif isinstance(ev, Done):
                 usage.prompt_tokens += ev.usage.prompt_tokens
                 usage.completion_tokens += ev.usage.completion_tokens
                 usage.cached_tokens += ev.usage.cached_tokens
     finally:
-        await events.aclose()  # type: ignore[attr-defined]
+        await events.aclose()
     return {
         "id": cid, "object": "text_completion", "created": created, "model": model,
         "system_fingerprint": "hearth",
@@ -168,7 +184,7 @@ async def collect(events: AsyncIterator[tuple[int, ChatEvent]], cid: str, model:
     }
 
 
-async def stream_chunks(events: AsyncIterator[tuple[int, ChatEvent]], cid: str, model: str, created: int,
+async def stream_chunks(events: EventStream, cid: str, model: str, created: int,
                         n: int, echoes: list[str], want_logprobs: bool,
                         include_usage: bool) -> AsyncIterator[bytes]:
     def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
@@ -185,14 +201,14 @@ async def stream_chunks(events: AsyncIterator[tuple[int, ChatEvent]], cid: str, 
             if echo:
                 for j in range(n):
                     yield chunk([{"index": i * n + j, "text": echo, "logprobs": None, "finish_reason": None}])
-        async for p, ev in events:
+        async for ev in events:
             if isinstance(ev, TextDelta):
-                idx = p * n + ev.index
+                idx = ev.index
                 lp = legacy_logprobs(ev.logprobs or [], offsets[idx]) if want_logprobs else None
                 offsets[idx] += len(ev.text)
                 yield chunk([{"index": idx, "text": ev.text, "logprobs": lp, "finish_reason": None}])
             elif isinstance(ev, Finish):
-                yield chunk([{"index": p * n + ev.index, "text": "", "logprobs": None,
+                yield chunk([{"index": ev.index, "text": "", "logprobs": None,
                               "finish_reason": ev.reason}])
             elif isinstance(ev, Done):
                 usage.prompt_tokens += ev.usage.prompt_tokens
@@ -205,4 +221,4 @@ async def stream_chunks(events: AsyncIterator[tuple[int, ChatEvent]], cid: str, 
             yield chunk([], usage_dict(usage))
         yield DONE
     finally:
-        await events.aclose()  # type: ignore[attr-defined]
+        await events.aclose()

@@ -34,34 +34,49 @@ class ClientGone(Exception):
     """The client disconnected before the response was ready."""
 
 
-async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+OnDisconnect = Callable[[], None] | None
+
+
+async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope, on_disconnect: OnDisconnect) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            if on_disconnect is not None:
+                on_disconnect()
             scope.cancel()
             return
 
 
-async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -> T:
+async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]],
+                           on_disconnect: OnDisconnect = None) -> T:
     """Run `work()`; if the client disconnects first, cancel it and raise ClientGone."""
     result: list[T] = []
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_watch_disconnect, request.receive, tg.cancel_scope)
-        result.append(await work())
-        tg.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_disconnect, request.receive, tg.cancel_scope, on_disconnect)
+            result.append(await work())
+            tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:  # the task group wraps what work() raised: unwrap it
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
     if not result:
         raise ClientGone()
     return result[0]
 
 
 class EventStreamResponse:
-    """Streams `chunks` as text/event-stream; stops (and closes the iterator) on disconnect."""
+    """Streams `chunks` as text/event-stream; stops on disconnect. `close` always runs at the
+    end (even if `chunks` never started, when an async generator's own `finally` would not)."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, chunks: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> None:
+    def __init__(self, chunks: AsyncIterator[bytes], headers: dict[str, str] | None = None, *,
+                 close: Callable[[], Awaitable[None]] | None = None, on_disconnect: OnDisconnect = None) -> None:
         self.chunks = chunks
         self.headers = headers or {}
+        self.close = close
+        self.on_disconnect = on_disconnect
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
@@ -69,7 +84,7 @@ class EventStreamResponse:
         headers += [(k.lower().encode(), v.encode()) for k, v in self.headers.items()]
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
+                tg.start_soon(_watch_disconnect, receive, tg.cancel_scope, self.on_disconnect)
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
                 async for chunk in self.chunks:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -77,7 +92,12 @@ class EventStreamResponse:
                 tg.cancel_scope.cancel()
         except OSError:  # the socket went away mid-write
             pass
+        except BaseExceptionGroup as group:
+            if not all(isinstance(e, OSError) for e in group.exceptions):
+                raise
         finally:
             aclose = getattr(self.chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
+            if self.close is not None:
+                await self.close()

@@ -1,7 +1,8 @@
 """The model runner over llama-cpp-python's low-level (ctypes) API.
 
-One context with `n_seq_max` sequences in a unified KV cache of `n_seq_max * seq_ctx`
-cells, so every sequence can grow to `seq_ctx` tokens without ever running out of cells.
+One context with `n_seq_max` sequences and `n_seq_max * seq_ctx` KV cells, so every sequence
+can grow to `seq_ctx` tokens without ever running out of cells (one stream of `seq_ctx` cells
+per sequence by default; one shared buffer with kv_unified).
 The batch is our own `llama_batch` whose arrays are numpy buffers, so filling it is a few
 vectorised copies per step instead of a Python loop per token.
 
@@ -56,7 +57,7 @@ class ModelInfo:
 
 class LlamaCppRunner:
     def __init__(self, model_path: str | Path, *, seq_ctx: int | None = None, n_seq_max: int = 4,
-                 n_batch: int = 512, n_threads: int | None = None, kv_unified: bool = True,
+                 n_batch: int = 512, n_threads: int | None = None, kv_unified: bool = False,
                  verbose: bool = False) -> None:
         _init_backend(verbose)
         self.path = str(model_path)

@@ -8,7 +8,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from hearth.backends.base import ModelCard
+from hearth.backends.admission import AdmissionQueue
+from hearth.backends.base import EventStream, ModelCard
+from hearth.chat.cancel import CancelToken
 from hearth.chat.template import ChatTemplate
 from hearth.chat.types import (
     ChatEvent,
@@ -21,9 +23,9 @@ from hearth.chat.types import (
     TextDelta,
     Usage,
 )
-from hearth.engine import Engine, EngineRequest, SamplingParams
+from hearth.engine import Engine, EngineRequest
 from hearth.engine.runner import Runner
-from hearth.engine.types import ContextOverflow
+from hearth.engine.types import ContextOverflow, FinishReason
 from hearth.errors import BadRequest, ContextLimit, NotFound, Unavailable
 from hearth.models import DEFAULT_ALIASES, DEFAULT_MODEL_ID, ModelSpec
 
@@ -36,7 +38,12 @@ class EngineSettings:
     parallel: int = 4  # sequence slots decoded together
     threads: int | None = None
     batch: int = 512  # tokens per engine step (decode tokens + prefill chunks)
-    kv_unified: bool = True
+    # One KV stream per sequence (not one buffer shared by all): each sequence attends only to
+    # its own cells, which is faster, and where other traffic left its cells cannot change this
+    # sequence's logits, so temperature 0 is reproducible. Same memory either way.
+    kv_unified: bool = False
+    max_waiting: int = 64  # requests queued for a slot before new ones get 429
+    max_wait: float = 60.0  # seconds a request may queue before it gets 429
 
 
 @dataclass(slots=True)
@@ -47,6 +54,7 @@ class LocalModel:
     template: ChatTemplate
     tokenize_text: Callable[[str, bool], list[int]]
     card: ModelCard
+    admission: AdmissionQueue
     aliases: set[str] = field(default_factory=set)
 
 
@@ -113,7 +121,8 @@ class LocalBackend:
         aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path)}
         if spec.id == DEFAULT_MODEL_ID:
             aliases.update(DEFAULT_ALIASES)
-        return LocalModel(spec, runner, engine, template, tokenize_text, card, aliases)
+        admission = AdmissionQueue(runner.n_seq_max, self.settings.max_waiting, self.settings.max_wait)
+        return LocalModel(spec, runner, engine, template, tokenize_text, card, admission, aliases)
 
     async def stop(self) -> None:
         for m in self._models.values():
@@ -130,9 +139,10 @@ class LocalBackend:
         return [m.card for m in self._models.values()]
 
     def model(self, name: str | None) -> LocalModel:
+        if self.load_error:
+            raise Unavailable(f"the model failed to load: {self.load_error}", code="model_load_failed")
         if not self._ready:
-            raise Unavailable(self.load_error or "the model is still loading; retry shortly",
-                              code="model_loading")
+            raise Unavailable("the model is still loading; retry shortly", code="model_loading")
         if not name:
             return next(iter(self._models.values()))
         for m in self._models.values():
@@ -149,6 +159,10 @@ class LocalBackend:
 
     def engines(self) -> dict[str, Engine]:
         return {mid: m.engine for mid, m in self._models.items()}
+
+    def load(self) -> dict[str, tuple[int, int]]:
+        """Per model: (sequences running, requests waiting for a slot)."""
+        return {mid: (m.engine.running, m.admission.waiting + m.engine.waiting) for mid, m in self._models.items()}
 
     # ---- tokens -------------------------------------------------------------------------------
 
@@ -180,39 +194,79 @@ class LocalBackend:
 
     # ---- generation ---------------------------------------------------------------------------
 
-    async def chat(self, req: ChatRequest) -> AsyncIterator[ChatEvent]:
+    async def chat(self, req: ChatRequest) -> EventStream:
         m = self.model(req.model)
         text = self.render_chat(m, req)
         # The rendered template carries its own special tokens (BOS included, when it wants one).
         tokens = m.tokenize_text(text, False)
-        return self._generate(m, tokens, req.sampling, req.n, req.request_id, req.timeout)
+        return await self._generate(m, tokens, req)
 
-    async def complete(self, req: CompletionRequest) -> AsyncIterator[ChatEvent]:
+    async def complete(self, req: CompletionRequest) -> EventStream:
         m = self.model(req.model)
         if isinstance(req.prompt, str):
             tokens = m.tokenize_text(req.prompt, True)
         else:
             self._check_tokens(m, req.prompt)
             tokens = list(req.prompt)
-        return self._generate(m, tokens, req.sampling, req.n, req.request_id, req.timeout)
+        return await self._generate(m, tokens, req)
 
-    def _generate(self, m: LocalModel, tokens: list[int], sampling: SamplingParams, n: int,
-                  request_id: str, timeout: float | None) -> AsyncIterator[ChatEvent]:
-        deadline = time.monotonic() + timeout if timeout else None
-        ereq = EngineRequest(request_id, tokens, sampling, n=n, deadline=deadline)
+    async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest) -> EventStream:
+        """Validate (4xx now), wait for a slot (429 if none comes), then hand back the stream.
+        The wall-clock cap counts from arrival, so time spent queued is part of it."""
+        n, cancel = req.n, req.cancel
+        deadline = time.monotonic() + req.timeout if req.timeout else None
+        ereq = EngineRequest(req.request_id, tokens, req.sampling, n=n, deadline=deadline,
+                             cache_prompt=req.cache_prompt)
         try:
             m.engine.validate(ereq)
         except ContextOverflow as e:
-            raise ContextLimit(str(e), param="messages") from e
+            raise ContextLimit(str(e), param="messages" if isinstance(req, ChatRequest) else "prompt") from e
         except ValueError as e:
             raise BadRequest(str(e)) from e
-        return _events(m.engine, ereq)
+        if not await _admit(m.admission, n, cancel):
+            return EventStream(_cancelled_while_queued(len(tokens), n))
+        return EventStream(_events(m.engine, ereq, cancel), on_close=[lambda: m.admission.release(n)])
 
 
-async def _events(engine: Engine, ereq: EngineRequest) -> AsyncIterator[ChatEvent]:
+async def _admit(admission: AdmissionQueue, n: int, cancel: CancelToken | None) -> bool:
+    """Wait for `n` slots; False if the run was cancelled while it waited."""
+    if cancel is None:
+        await admission.acquire(n)
+        return True
+    if cancel.cancelled:
+        return False
+    loop = asyncio.get_running_loop()
+    acquiring = asyncio.ensure_future(admission.acquire(n))
+    cancel.on_cancel(lambda: loop.call_soon_threadsafe(acquiring.cancel))
+    try:
+        await acquiring
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if cancel.cancelled and not (task and task.cancelling()):
+            return False
+        raise
+    if cancel.cancelled:  # granted in the same instant it was cancelled
+        admission.release(n)
+        return False
+    return True
+
+
+async def _cancelled_while_queued(n_prompt: int, n: int) -> AsyncIterator[ChatEvent]:
+    yield Started(n_prompt)
+    for i in range(n):
+        yield Finish(i, FinishReason.CANCELLED.value)
+    yield Done(Usage(prompt_tokens=n_prompt))
+
+
+async def _events(engine: Engine, ereq: EngineRequest, cancel: CancelToken | None) -> AsyncIterator[ChatEvent]:
     usage = Usage(prompt_tokens=len(ereq.prompt_tokens))
     started = False
-    async for out in engine.generate(ereq):
+
+    def watch_cancel() -> None:
+        if cancel is not None:
+            cancel.on_cancel(lambda: engine.abort(ereq.request_id))
+
+    async for out in engine.generate(ereq, after_submit=watch_cancel):
         if not started:
             started = True
             usage.cached_tokens = out.cached_tokens

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from hearth.chat.cancel import CancelToken
 from hearth.engine.types import SamplingParams, TokenLogprob
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -51,6 +52,8 @@ class ChatRequest:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     request_id: str = field(default_factory=lambda: new_id("req-"))
     timeout: float | None = None  # wall-clock cap in seconds
+    cancel: CancelToken | None = None
+    cache_prompt: bool = True
 
 
 @dataclass(slots=True)
@@ -63,6 +66,8 @@ class CompletionRequest:
     n: int = 1
     request_id: str = field(default_factory=lambda: new_id("req-"))
     timeout: float | None = None
+    cancel: CancelToken | None = None
+    cache_prompt: bool = True
 
 
 @dataclass(slots=True)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import logging
-import sys
+import os
 from typing import Annotated
 
 import typer
@@ -42,8 +41,29 @@ def serve(
         envvar="HEARTH_BATCH", help="Tokens per engine step (prefill chunk budget).")] = 512,
     kv_unified: Annotated[bool, typer.Option(
         "--kv-unified/--no-kv-unified", envvar="HEARTH_KV_UNIFIED",
-        help="One KV buffer shared by all sequences.")] = True,
+        help="One KV buffer shared by all sequences (default: one per sequence).")] = False,
     log_level: Annotated[str, typer.Option(envvar="HEARTH_LOG_LEVEL")] = "info",
+    log_format: Annotated[str, typer.Option(envvar="HEARTH_LOG_FORMAT", help="text or json.")] = "text",
+    max_waiting: Annotated[int, typer.Option(
+        envvar="HEARTH_MAX_WAITING", help="Requests that may queue for a slot; more get 429.")] = 64,
+    max_wait: Annotated[float, typer.Option(
+        envvar="HEARTH_MAX_WAIT", help="Seconds a request may queue before it gets 429.")] = 60.0,
+    request_timeout: Annotated[float, typer.Option(
+        envvar="HEARTH_REQUEST_TIMEOUT", help="Default wall-clock cap per request, seconds.")] = 600.0,
+    max_request_timeout: Annotated[float, typer.Option(
+        envvar="HEARTH_MAX_REQUEST_TIMEOUT", help="Largest per-request `timeout` allowed.")] = 3600.0,
+    api_key: Annotated[list[str] | None, typer.Option(
+        "--api-key", help="Require this key (repeatable). Env: HEARTH_API_KEYS, comma-separated.")] = None,
+    api_key_file: Annotated[str | None, typer.Option(
+        envvar="HEARTH_API_KEY_FILE", help="File with one API key per line.")] = None,
+    admin_key: Annotated[str | None, typer.Option(
+        envvar="HEARTH_ADMIN_KEY", help="Key needed to delete sessions/snapshots and for /admin.")] = None,
+    metrics_token: Annotated[str | None, typer.Option(
+        envvar="HEARTH_METRICS_TOKEN", help="Bearer token that may read /metrics.")] = None,
+    metrics_public: Annotated[bool, typer.Option(
+        envvar="HEARTH_METRICS_PUBLIC", help="Serve /metrics without a key.")] = False,
+    insecure: Annotated[bool, typer.Option(
+        envvar="HEARTH_INSECURE", help="Allow a non-loopback bind without an API key.")] = False,
 ) -> None:
     """Serve one or more GGUF models over the OpenAI API.
 
@@ -53,28 +73,37 @@ def serve(
 
     from hearth.api.app import create_app
     from hearth.backends.local import EngineSettings, LocalBackend
-    from hearth.config import Settings
+    from hearth.config import Settings, read_key_file
     from hearth.models import resolve_model
+    from hearth.observability.logging import setup_logging
 
     try:
+        keys = list(api_key or []) + [k for k in os.environ.get("HEARTH_API_KEYS", "").split(",") if k.strip()]
+        if api_key_file:
+            keys += read_key_file(api_key_file)
         settings = Settings(models=model or ["default"], host=host, port=port, ctx=ctx, parallel=parallel,
-                            threads=threads, batch=batch, kv_unified=kv_unified, log_level=log_level)
+                            threads=threads, batch=batch, kv_unified=kv_unified, log_level=log_level,
+                            log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,
+                            request_timeout=request_timeout, max_request_timeout=max_request_timeout,
+                            api_keys=keys, admin_key=admin_key, metrics_token=metrics_token,
+                            metrics_public=metrics_public, insecure=insecure)
         specs = [resolve_model(m) for m in settings.models]
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     ids = [s.id for s in specs]
     if len(set(ids)) != len(ids):
         typer.echo(f"error: two models share an id: {ids}; name them with ID=PATH", err=True)
         raise typer.Exit(2)
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings.log_level, settings.log_format)
     backend = LocalBackend(specs, EngineSettings(ctx=settings.ctx, parallel=settings.parallel,
                                                  threads=settings.threads, batch=settings.batch,
-                                                 kv_unified=settings.kv_unified))
-    typer.echo(f"hearth {__version__}: serving {', '.join(ids)} on http://{host}:{port}", err=True)
-    uvicorn.run(create_app(backend), host=settings.host, port=settings.port,
-                log_level=settings.log_level.lower(), timeout_graceful_shutdown=5)
+                                                 kv_unified=settings.kv_unified, max_waiting=settings.max_waiting,
+                                                 max_wait=settings.max_wait))
+    auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key"
+    typer.echo(f"hearth {__version__}: serving {', '.join(ids)} on http://{host}:{port} ({auth})", err=True)
+    uvicorn.run(create_app(backend, settings), host=settings.host, port=settings.port,
+                log_level=settings.log_level.lower(), timeout_graceful_shutdown=5, log_config=None)
 
 
 if __name__ == "__main__":

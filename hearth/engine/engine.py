@@ -16,7 +16,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
 from hearth.engine.detokenizer import Detokenizer, StopMatch
@@ -156,9 +156,11 @@ class Engine:
                 self._aborts.setdefault(request_id, reason)
                 self._cv.notify()
 
-    async def generate(self, req: EngineRequest) -> AsyncIterator[RequestOutput]:
+    async def generate(self, req: EngineRequest,
+                       after_submit: Callable[[], None] | None = None) -> AsyncIterator[RequestOutput]:
         """Submit and yield outputs until the request finishes. Leaving the iterator early
-        (aclose, cancellation, an exception in the consumer) aborts the request."""
+        (aclose, cancellation, an exception in the consumer) aborts the request.
+        `after_submit` runs once the engine knows the request (abort() works from then on)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
@@ -166,6 +168,8 @@ class Engine:
             loop.call_soon_threadsafe(queue.put_nowait, out)
 
         self.submit(req, sink)
+        if after_submit is not None:
+            after_submit()
         finished = False
         try:
             while not finished:
@@ -214,7 +218,7 @@ class Engine:
         now = time.monotonic()
         for ar in [*self.scheduler.running, *self.scheduler.waiting]:
             if ar.req.deadline is not None and now >= ar.req.deadline:
-                self._end(ar, FinishReason.LENGTH, out)
+                self._end(ar, FinishReason.LENGTH, out, stop_reason="timeout")
 
     def _setup(self, adm: Admission, out: _Outputs) -> None:
         ar = adm.ar
@@ -266,7 +270,7 @@ class Engine:
         first = ar.seqs[0].slot
         for seq in ar.seqs[1:]:  # n > 1: the candidates share the prompt's KV
             self.runner.kv_remove(seq.slot.seq_id, 0, -1)
-            self.runner.kv_copy(first.seq_id, seq.slot.seq_id, 0, -1)
+            self.runner.kv_copy(first.seq_id, seq.slot.seq_id, -1, -1)
             seq.slot.tokens[:] = first.tokens
         ar.phase = Phase.DECODE
         for seq in ar.seqs:
@@ -308,7 +312,8 @@ class Engine:
         if not ar.live_seqs():
             self._end(ar, finish, out)
 
-    def _end(self, ar: ActiveRequest, reason: FinishReason, out: _Outputs, error: str | None = None) -> None:
+    def _end(self, ar: ActiveRequest, reason: FinishReason, out: _Outputs, error: str | None = None,
+             stop_reason: str | None = None) -> None:
         """The one exit: finish every live candidate with `reason`, free slots and samplers."""
         if ar.phase is Phase.DONE:
             return
@@ -322,7 +327,9 @@ class Engine:
             seq.sampler.free()
         for i in indices:
             if i in live:
-                out.delta(ar, i).finish_reason = reason
+                d = out.delta(ar, i)
+                d.finish_reason = reason
+                d.stop_reason = stop_reason
         self.scheduler.remove(ar)
         out.mark_finished(ar, error)
         self.stats.finished += 1

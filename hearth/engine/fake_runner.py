@@ -87,7 +87,7 @@ class FakeRunner:
             del seq[p0:p1]
 
     def kv_copy(self, src: int, dst: int, p0: int, p1: int) -> None:
-        assert p0 == 0 and p1 == -1, "the engine copies whole sequences"
+        assert p0 == -1 and p1 == -1, "the engine copies whole sequences"
         self.kv[dst] = list(self.kv.get(src, []))
 
 

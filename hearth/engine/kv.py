@@ -45,7 +45,7 @@ class SlotTable:
     def kv_tokens(self) -> int:
         return sum(len(s.tokens) for s in self.slots)
 
-    def acquire(self, prompt: list[int], n: int) -> tuple[list[Slot], int]:
+    def acquire(self, prompt: list[int], n: int, reuse_prefix: bool = True) -> tuple[list[Slot], int]:
         """Take `n` free slots for a prompt. The first is the free slot whose tokens share the
         longest prefix with the prompt (ties: least recently used); the others are the least
         recently used. Returns the slots and how many prompt tokens the first already holds
@@ -54,8 +54,11 @@ class SlotTable:
         free = [s for s in self.slots if not s.busy]
         if len(free) < n:
             raise RuntimeError("not enough free slots")
-        first = max(free, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
-        reuse = min(common_prefix_len(first.tokens, prompt), len(prompt) - 1)
+        if reuse_prefix:
+            first = max(free, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
+            reuse = min(common_prefix_len(first.tokens, prompt), len(prompt) - 1)
+        else:
+            first, reuse = min(free, key=lambda s: s.last_used), 0
         rest = sorted((s for s in free if s is not first), key=lambda s: s.last_used)[: n - 1]
         chosen = [first, *rest]
         for s in chosen:

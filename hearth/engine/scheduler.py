@@ -69,7 +69,7 @@ class Scheduler:
         admitted: list[Admission] = []
         while self.waiting and self.waiting[0].req.n <= self.slots.n_free:
             ar = self.waiting.popleft()
-            slots, reuse = self.slots.acquire(ar.prompt, ar.req.n)
+            slots, reuse = self.slots.acquire(ar.prompt, ar.req.n, ar.req.cache_prompt)
             ar.phase = Phase.PREFILL
             ar.prefill_pos = reuse
             ar.cached_tokens = reuse

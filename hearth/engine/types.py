@@ -82,6 +82,10 @@ class EngineRequest:
     params: SamplingParams
     n: int = 1
     deadline: float | None = None  # time.monotonic() after which generation stops ("length")
+    # Reuse a cached prefix of the prompt from a free slot. llama.cpp's kernels are not
+    # batch-invariant, so a prefix computed in another batch shape can change low-order bits
+    # of the logits; False recomputes the whole prompt, for bit-exact reproducibility.
+    cache_prompt: bool = True
 
 
 @dataclass(slots=True)

@@ -272,3 +272,17 @@ def test_many_threads_submitting_and_aborting_leave_nothing_behind() -> None:
         assert eng.in_flight == 0 and eng.slots.n_free == 4 and not eng.scheduler.has_work()
     finally:
         eng.stop()
+
+
+async def test_cache_prompt_false_recomputes_the_whole_prompt() -> None:
+    runner = FakeRunner(n_seq_max=1)
+    eng = make(runner)
+    try:
+        await run(eng, req("a", prompt="0123456789", max_tokens=3))
+        runner.calls.clear()
+        r = req("b", prompt="0123456789AB", max_tokens=3)
+        r.cache_prompt = False
+        _, _, outs = await run(eng, r)
+        assert outs[0].cached_tokens == 0 and len(runner.calls[0][0].tokens) == 12
+    finally:
+        eng.stop()

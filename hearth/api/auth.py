@@ -1,0 +1,88 @@
+"""API keys: `Authorization: Bearer KEY` or `x-api-key: KEY`, compared in constant time.
+
+- no keys configured: everything is open (the default bind is loopback);
+- keys configured: every endpoint but /health needs one of them;
+- an admin key, when configured, is needed to delete sessions and snapshots and for /admin;
+- /metrics needs the metrics token (or an API key) unless it was made public.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from hearth.config import Settings
+
+OPEN_PATHS = ("/health",)
+
+
+def presented_key(headers: dict[bytes, bytes]) -> str | None:
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    key = headers.get(b"x-api-key")
+    return key.decode("latin-1").strip() if key is not None else None
+
+
+def matches(key: str | None, allowed: list[str]) -> bool:
+    if key is None:
+        return False
+    found = False
+    for k in allowed:  # compare against every key: the time taken says nothing about which matched
+        found |= hmac.compare_digest(key.encode(), k.encode())
+    return found
+
+
+def error_body(path: str, status: int, message: str) -> bytes:
+    """The error in the envelope of the protocol the path belongs to."""
+    if path.startswith("/v1/messages"):
+        kind = "authentication_error" if status == 401 else "permission_error"
+        return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+    code = "invalid_api_key" if status == 401 else "insufficient_permissions"
+    return json.dumps({"error": {"message": message, "type": "authentication_error" if status == 401
+                                 else "permission_error", "param": None, "code": code}}).encode()
+
+
+class AuthMiddleware:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.keys = list(settings.api_keys)
+        self.admin_key = settings.admin_key
+        self.metrics_token = settings.metrics_token
+        self.metrics_public = settings.metrics_public
+
+    def _verdict(self, method: str, path: str, key: str | None) -> tuple[int, str] | None:
+        if path in OPEN_PATHS or method == "OPTIONS":
+            return None
+        if path == "/metrics":
+            if self.metrics_public:
+                return None
+            allowed = self.keys + ([self.metrics_token] if self.metrics_token else [])
+            if allowed and not matches(key, allowed):
+                return 401, "a valid metrics token or API key is required for /metrics"
+            return None
+        if self.keys and not matches(key, self.keys + ([self.admin_key] if self.admin_key else [])):
+            return 401, ("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None
+                         else "invalid API key")
+        needs_admin = path.startswith("/admin") or (
+            method == "DELETE" and path.startswith(("/v1/sessions", "/v1/snapshots")))
+        if needs_admin and self.admin_key and not matches(key, [self.admin_key]):
+            return 403, "this operation needs the admin key"
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        verdict = self._verdict(scope["method"], scope["path"], presented_key(headers))
+        if verdict is None:
+            await self.app(scope, receive, send)
+            return
+        status, message = verdict
+        extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), *extra]})
+        await send({"type": "http.response.body", "body": error_body(scope["path"], status, message)})

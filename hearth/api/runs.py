@@ -1,0 +1,72 @@
+"""The life of one generation request on the HTTP side, shared by every protocol:
+register it for /v1/cancel, wait for a slot while watching for the client to leave, time
+it for metrics, and undo all of that on every path."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from starlette.requests import Request
+
+from hearth.api.sse import EventStreamResponse, until_disconnect
+from hearth.backends.base import EventStream
+from hearth.chat.cancel import CancelRegistry, CancelToken, Run
+from hearth.errors import BadRequest
+from hearth.observability.metrics import Metrics, RequestTimer
+
+
+class Generation:
+    def __init__(self, run: Run, events: EventStream, timer: RequestTimer, registry: CancelRegistry) -> None:
+        self.run, self.events, self.timer, self._registry = run, events, timer, registry
+        events.observe(timer)
+        events.on_close(self._finish)
+
+    def _finish(self) -> None:
+        self._registry.close(self.run)
+        self.timer.done(self.run.token.reason)
+
+    def disconnected(self) -> None:
+        self.run.token.cancel("disconnect")
+
+    def stream(self, chunks: Any, headers: dict[str, str] | None = None) -> EventStreamResponse:
+        return EventStreamResponse(chunks, headers, close=self.events.aclose, on_disconnect=self.disconnected)
+
+    async def collect(self, request: Request, work: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            return await until_disconnect(request, work, self.disconnected)
+        finally:
+            await self.events.aclose()
+
+
+def time_cap(request: Request, asked: float | None) -> float:
+    """The wall-clock cap for a run: the server default, or the client's own up to the maximum."""
+    settings = request.app.state.settings
+    if asked is None:
+        return float(settings.request_timeout)
+    if asked > settings.max_request_timeout:
+        raise BadRequest(f"timeout may be at most {settings.max_request_timeout:g} seconds on this server",
+                         param="timeout")
+    return asked
+
+
+async def start(request: Request, endpoint: str, open_stream: Callable[[CancelToken], Awaitable[EventStream]], *,
+                cancel_id: str | None = None, session_id: str | None = None, ids: Iterable[str] = ()) -> Generation:
+    """Register the run, then call `open_stream(token)` (validation and the wait for a slot)
+    while watching for a disconnect; a client that leaves while queued leaves the queue."""
+    arrived = time.monotonic()
+    registry: CancelRegistry = request.app.state.cancels
+    metrics: Metrics = request.app.state.metrics
+    run = registry.open(cancel_id=cancel_id, session_id=session_id, ids=ids)
+    timer = metrics.timer(endpoint, arrived)
+    try:
+        events = await until_disconnect(request, lambda: open_stream(run.token),
+                                        lambda: run.token.cancel("disconnect"))
+    except BaseException:
+        registry.close(run)
+        if run.token.reason is not None:
+            metrics.cancellations.labels(run.token.reason).inc()
+        raise
+    timer.admitted_now()
+    return Generation(run, events, timer, registry)

@@ -1,0 +1,76 @@
+import asyncio
+
+import pytest
+
+from hearth.backends.admission import AdmissionQueue
+from hearth.errors import TooManyRequests
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_runs_up_to_slots_then_queues_fifo() -> None:
+    q = AdmissionQueue(2, max_waiting=4, max_wait=5)
+    await q.acquire()
+    await q.acquire()
+    order: list[int] = []
+
+    async def wait(i: int) -> None:
+        await q.acquire()
+        order.append(i)
+
+    tasks = [asyncio.create_task(wait(i)) for i in range(3)]
+    await settle()
+    assert q.waiting == 3
+    q.release()
+    q.release()
+    await settle()
+    assert order == [0, 1] and q.waiting == 1
+    q.release()
+    await asyncio.gather(*tasks)
+    assert order == [0, 1, 2] and q.in_use == 2
+
+
+async def test_full_queue_is_a_429_with_retry_after() -> None:
+    q = AdmissionQueue(1, max_waiting=1, max_wait=5)
+    await q.acquire()
+    waiter = asyncio.create_task(q.acquire())
+    await settle()
+    with pytest.raises(TooManyRequests) as e:
+        await q.acquire()
+    assert e.value.retry_after >= 1 and e.value.code == "queue_full"
+    waiter.cancel()
+
+
+async def test_wait_timeout_is_a_429_and_leaves_the_queue() -> None:
+    q = AdmissionQueue(1, max_waiting=4, max_wait=0.05)
+    await q.acquire()
+    with pytest.raises(TooManyRequests, match="no free slot"):
+        await q.acquire()
+    assert q.waiting == 0 and q.in_use == 1
+
+
+async def test_a_waiter_that_leaves_is_removed_at_once() -> None:
+    q = AdmissionQueue(1, max_waiting=4, max_wait=5)
+    await q.acquire()
+    t = asyncio.create_task(q.acquire())
+    await settle()
+    assert q.waiting == 1
+    t.cancel()
+    await settle()
+    assert q.waiting == 0
+    q.release()
+    assert q.in_use == 0
+
+
+async def test_multi_slot_requests() -> None:
+    q = AdmissionQueue(4, max_waiting=4, max_wait=5)
+    await q.acquire(3)
+    t = asyncio.create_task(q.acquire(2))
+    await settle()
+    assert q.waiting == 1
+    q.release(3)
+    await t
+    assert q.in_use == 2
