@@ -77,6 +77,9 @@ def create_app(backend: LocalBackend, settings: Settings | None = None) -> Starl
     )
     app.state.backend = backend
     app.state.settings = settings
-    app.state.cancels = CancelRegistry()
+    cancels = CancelRegistry()
+    metrics.runs_registered.set_function(lambda: len(cancels))
+    metrics.cancels_pending.set_function(lambda: cancels.pending)
+    app.state.cancels = cancels
     app.state.metrics = metrics
     return app

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -67,6 +67,10 @@ class Metrics:
                                ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.cancellations = Counter("hearth_cancellations", "Runs stopped early, by cause",
                                      ["cause"], registry=r)
+        self.runs_registered = Gauge("hearth_cancel_registry_runs", "Runs registered for /v1/cancel",
+                                     registry=r)
+        self.cancels_pending = Gauge("hearth_cancel_registry_pending", "Early cancel_ids waiting for their run",
+                                     registry=r)
         r.register(EngineCollector(backend))
 
     def render(self) -> bytes:

@@ -1,0 +1,98 @@
+"""API keys and admission control on a server started with keys and one slot."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Server, start_server, stop_server
+from tests.e2e.test_http import chat_body
+
+pytestmark = pytest.mark.slow
+
+KEY, OTHER_KEY, ADMIN, METRICS = "k-one", "k-two", "adm-key", "metrics-tok"
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("locked"), "--api-key", KEY, "--api-key", OTHER_KEY,
+                     "--admin-key", ADMIN, "--metrics-token", METRICS, "--parallel", "1",
+                     "--max-waiting", "1", "--max-wait", "1.5", "--ctx", "1024")
+    yield s
+    stop_server(s)
+
+
+def test_keys_are_required_except_for_health(locked: Server) -> None:
+    assert httpx.get(f"{locked.url}/health").status_code == 200
+    r = httpx.get(f"{locked.base_url}/models")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(f"{locked.base_url}/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert httpx.get(f"{locked.base_url}/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert httpx.get(f"{locked.base_url}/models", headers={"x-api-key": OTHER_KEY}).status_code == 200
+
+
+def test_anthropic_paths_get_anthropic_error_envelope(locked: Server) -> None:
+    r = httpx.post(f"{locked.base_url}/messages", json={})
+    assert r.status_code == 401
+    assert r.json()["type"] == "error" and r.json()["error"]["type"] == "authentication_error"
+
+
+def test_openai_sdk_with_a_key(locked: Server) -> None:
+    good = openai.OpenAI(base_url=locked.base_url, api_key=KEY, max_retries=0)
+    assert good.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}],
+                                        max_tokens=3).choices[0].message.content is not None
+    bad = openai.OpenAI(base_url=locked.base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_metrics_need_the_metrics_token_or_a_key(locked: Server) -> None:
+    assert httpx.get(f"{locked.url}/metrics").status_code == 401
+    assert httpx.get(f"{locked.url}/metrics", headers={"Authorization": f"Bearer {METRICS}"}).status_code == 200
+    assert httpx.get(f"{locked.url}/metrics", headers={"x-api-key": KEY}).status_code == 200
+
+
+def test_admin_paths_need_the_admin_key(locked: Server) -> None:
+    r = httpx.delete(f"{locked.base_url}/sessions/x", headers={"x-api-key": KEY})
+    assert r.status_code == 403
+    r = httpx.delete(f"{locked.base_url}/sessions/x", headers={"x-api-key": ADMIN})
+    assert r.status_code != 403  # past auth (the route itself may not exist yet)
+
+
+def test_full_queue_and_queue_timeout_are_429_with_retry_after(locked: Server) -> None:
+    auth = {"x-api-key": KEY}
+    results: dict[str, httpx.Response] = {}
+
+    def hold(name: str) -> None:
+        results[name] = httpx.post(f"{locked.base_url}/chat/completions", headers=auth, timeout=180,
+                                   json=chat_body(max_tokens=250, ignore_eos=True))
+
+    running = threading.Thread(target=hold, args=("running",))
+    running.start()
+    time.sleep(0.3)
+    waiting = threading.Thread(target=hold, args=("waiting",))
+    waiting.start()
+    time.sleep(0.3)
+    full = httpx.post(f"{locked.base_url}/chat/completions", headers=auth, json=chat_body(max_tokens=2), timeout=30)
+    assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+    assert int(full.headers["retry-after"]) >= 1
+    waiting.join(30)
+    running.join(60)
+    assert results["running"].status_code == 200
+    # the one-slot run takes longer than --max-wait 1.5 s, so the queued request times out
+    assert results["waiting"].status_code == 429, results["waiting"].text
+    assert results["waiting"].json()["error"]["code"] == "queue_timeout"
+
+
+def test_non_loopback_bind_without_a_key_refuses_to_start() -> None:
+    r = subprocess.run([sys.executable, "-m", "hearth.cli.main", "serve", "--host", "0.0.0.0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "refusing to bind 0.0.0.0" in r.stderr
