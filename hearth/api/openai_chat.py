@@ -142,6 +142,18 @@ def to_message(m: MessageIn, i: int) -> Message:
     return Message(m.role, content, m.name, calls or None, m.tool_call_id, m.reasoning_content)
 
 
+def _tool_choice(choice: str | dict[str, Any] | None) -> str | None:
+    if choice is None or isinstance(choice, str):
+        if choice not in (None, "none", "auto", "required"):
+            raise BadRequest("tool_choice must be none, auto, required or a function", param="tool_choice")
+        return choice
+    name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+    if not isinstance(name, str) or not name:
+        raise BadRequest('tool_choice object must be {"type": "function", "function": {"name": ...}}',
+                         param="tool_choice")
+    return name
+
+
 def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
     if body.top_logprobs is not None and not body.logprobs:
         raise BadRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
@@ -156,7 +168,7 @@ def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
     tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
     return ChatRequest(
         model=body.model or "", messages=[to_message(m, i) for i, m in enumerate(body.messages)],
-        sampling=sampling, n=body.n, tools=tools, tool_choice=body.tool_choice,
+        sampling=sampling, n=body.n, tools=tools, tool_choice=_tool_choice(body.tool_choice),
         chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=body.timeout,
         cache_prompt=body.cache_prompt)
 

@@ -42,13 +42,38 @@ def new_id(prefix: str) -> str:
 
 
 @dataclass(slots=True)
+class ResponseFormat:
+    """Structured output. "text" is free text; "json_object" any JSON object; "json_schema"
+    JSON that validates against `schema`. Enforced by grammar-constrained decoding."""
+
+    type: str = "text"  # text | json_object | json_schema
+    schema: dict[str, Any] | None = None
+    name: str | None = None
+    strict: bool = False
+
+
+@dataclass(slots=True)
+class ReasoningOptions:
+    """How the model may think. `enable` / `effort` reach the chat template (enable_thinking,
+    reasoning_effort); `budget` forces the end-of-thinking marker after that many tokens."""
+
+    enable: bool | None = None
+    effort: str | None = None  # low | medium | high
+    budget: int | None = None
+
+
+@dataclass(slots=True)
 class ChatRequest:
     model: str
     messages: list[Message]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n: int = 1
     tools: list[Tool] = field(default_factory=list)
-    tool_choice: str | dict[str, Any] | None = None
+    # "none" | "auto" | "required" | the name of one function to call; None means "auto"
+    tool_choice: str | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    reasoning: ReasoningOptions = field(default_factory=ReasoningOptions)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     request_id: str = field(default_factory=lambda: new_id("req-"))
     timeout: float | None = None  # wall-clock cap in seconds

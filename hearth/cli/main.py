@@ -103,7 +103,8 @@ def serve(
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key"
     typer.echo(f"hearth {__version__}: serving {', '.join(ids)} on http://{host}:{port} ({auth})", err=True)
     uvicorn.run(create_app(backend, settings), host=settings.host, port=settings.port,
-                log_level=settings.log_level.lower(), timeout_graceful_shutdown=5, log_config=None)
+                log_level=settings.log_level.lower(), timeout_graceful_shutdown=5, log_config=None,
+                access_log=False)
 
 
 if __name__ == "__main__":
