@@ -124,6 +124,12 @@ class LocalBackend:
         admission = AdmissionQueue(runner.n_seq_max, self.settings.max_waiting, self.settings.max_wait)
         return LocalModel(spec, runner, engine, template, tokenize_text, card, admission, aliases)
 
+    def cancel_all(self) -> None:
+        """Shutting down: end every run now, so each client gets its final event
+        (finish_reason "cancelled") instead of a connection cut mid-stream."""
+        for m in self._models.values():
+            m.engine.abort_all()
+
     async def stop(self) -> None:
         for m in self._models.values():
             await asyncio.to_thread(m.engine.stop)

@@ -102,9 +102,20 @@ def serve(
                                                  max_wait=settings.max_wait))
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key"
     typer.echo(f"hearth {__version__}: serving {', '.join(ids)} on http://{host}:{port} ({auth})", err=True)
-    uvicorn.run(create_app(backend, settings), host=settings.host, port=settings.port,
-                log_level=settings.log_level.lower(), timeout_graceful_shutdown=5, log_config=None,
-                access_log=False)
+    config = uvicorn.Config(create_app(backend, settings), host=settings.host, port=settings.port,
+                            log_level=settings.log_level.lower(), timeout_graceful_shutdown=5, log_config=None,
+                            access_log=False)
+    server = uvicorn.Server(config)
+    uvicorn_exit = server.handle_exit
+
+    def handle_exit(sig: int, frame: object) -> None:
+        # uvicorn waits for open connections before the app's shutdown runs: end the runs
+        # first, so streams close cleanly with their final events.
+        backend.cancel_all()
+        uvicorn_exit(sig, frame)  # type: ignore[arg-type]
+
+    server.handle_exit = handle_exit  # type: ignore[method-assign]
+    server.run()
 
 
 if __name__ == "__main__":

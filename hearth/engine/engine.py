@@ -90,12 +90,16 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Cancel everything in flight and stop the thread."""
+    def abort_all(self) -> None:
+        """Cancel every request in flight (at the next step); the engine keeps running."""
         with self._cv:
             for rid in self._known:
                 self._aborts.setdefault(rid, FinishReason.CANCELLED)
             self._cv.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel everything in flight and stop the thread."""
+        self.abort_all()
         deadline = time.monotonic() + timeout
         while self._known and time.monotonic() < deadline and self._thread.is_alive():
             time.sleep(0.01)

@@ -178,3 +178,23 @@ async def test_racing_cancels_and_disconnects_leave_nothing_behind(server: Serve
     assert counts["cancelled"] >= 40, counts
     assert server.metric("hearth_cancel_registry_runs") == 0
     assert server.metric("hearth_kv_slots_busy") == 0
+
+
+def test_shutdown_ends_open_streams_cleanly(tmp_path: Any) -> None:
+    from tests.conftest import start_server
+
+    s = start_server(tmp_path, "--parallel", "2", "--ctx", "1024")
+    try:
+        with httpx.stream("POST", f"{s.base_url}/chat/completions", timeout=60,
+                          json=chat_body(stream=True, max_tokens=900, ignore_eos=True)) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if '"content":"' in line and '"role"' not in line)
+            s.proc.terminate()
+            _, finish, done = read_stream(lines)
+        assert finish == "cancelled" and done
+        # uvicorn re-raises the signal once it has shut down cleanly
+        assert s.proc.wait(20) in (0, -15)
+        assert "Application shutdown complete" in s.log.read_text()
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
