@@ -20,9 +20,9 @@ from bench.config import DEFAULT_SERVERS, RESULTS_DIR, Settings, default_model
 from bench.cpu import CpuSnapshot, cpu_usage, wait_idle
 from bench.gguf_meta import read_metadata, stop_token_ids
 from bench.machine import machine_info
-from bench.report import compute_ratios, markdown_table, plot, write_json
+from bench.report import compute_ratios, markdown_table, output_prefix, plot, write_json
 from bench.servers import LAUNCHERS, RunningServer, ServerUnavailable, free_port
-from bench.workloads import WORKLOADS, WorkloadContext
+from bench.workloads import DEFAULT_WORKLOADS, WorkloadContext, select
 
 
 def _ints(text: str) -> list[int]:
@@ -57,7 +57,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="re-run a measurement when other processes used more than this share of the CPU (default 0.10)",
     )
     p.add_argument("--retries", type=int, default=3, help="re-runs allowed per contaminated measurement")
-    p.add_argument("--quick", action="store_true", help="smoke run: 1 run, 32 tokens, concurrency 1,4")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 run, 32 tokens, concurrency 1,4, 20 cancel runs")
+    p.add_argument(
+        "--workloads",
+        default=",".join(DEFAULT_WORKLOADS),
+        help="comma-separated: single (single_stream), concurrent, cancel (default: single,concurrent)",
+    )
+    p.add_argument(
+        "--kv-unified",
+        action="store_true",
+        help="one unified KV buffer (hearth --kv-unified, llama-server -kvu); default: one KV stream per sequence",
+    )
+    p.add_argument("--cancel-runs", type=int, default=None, help="cancel workload: runs per method and phase (200)")
+    p.add_argument(
+        "--cancel-prefill-runs",
+        type=int,
+        default=None,
+        help="cancel workload: prefill-phase runs (default: --cancel-runs)",
+    )
+    p.add_argument("--cancel-after-tokens", type=int, default=16, help="cancel workload: decode-phase trigger")
+    p.add_argument(
+        "--cancel-prompt-tokens", type=int, default=4000, help="cancel workload: prefill prompt (needs --ctx 8192)"
+    )
+    p.add_argument("--cancel-poll-ms", type=float, default=3.0, help="cancel workload: idle polling interval")
     return p.parse_args(argv)
 
 
@@ -68,6 +90,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     unknown = [s for s in servers if s not in LAUNCHERS]
     if unknown:
         raise SystemExit(f"unknown server(s): {', '.join(unknown)}; known: {', '.join(LAUNCHERS)}")
+    workloads = [w.name for w in select([x.strip() for x in args.workloads.split(",") if x.strip()])]
     return Settings(
         model=(args.model or default_model()).resolve(),
         servers=servers,
@@ -82,6 +105,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
         wait_idle_s=args.wait_idle,
         max_foreign_cpu=args.max_foreign_cpu,
         retries=args.retries,
+        kv_unified=args.kv_unified,
+        workloads=workloads,
+        cancel_runs=args.cancel_runs or (20 if quick else 200),
+        cancel_prefill_runs=args.cancel_prefill_runs or args.cancel_runs or (20 if quick else 200),
+        cancel_after_tokens=args.cancel_after_tokens,
+        cancel_prompt_tokens=args.cancel_prompt_tokens,
+        cancel_poll_ms=args.cancel_poll_ms,
     )
 
 
@@ -103,6 +133,11 @@ async def bench_server(name: str, settings: Settings, eog_ids: list[int]) -> dic
         _log(f"{name}: starting: {' '.join(launch.argv)}")
         async with RunningServer(name, launch, port, settings) as server:
             record["startup_s"] = server.startup_s
+            logged = server.kv_layout_from_log()
+            if logged is not None:  # what the server itself reports (llama-server logs it)
+                record["notes"]["kv_unified_logged"] = logged
+                if logged != settings.kv_unified:
+                    _log(f"{name}: WARNING: server logged kv_unified={logged}, asked {settings.kv_unified}")
             record["log"] = str(server.log_path)
             _log(f"{name}: ready in {server.startup_s:.1f}s")
             timeout = httpx.Timeout(settings.request_timeout_s, connect=10.0)
@@ -112,14 +147,21 @@ async def bench_server(name: str, settings: Settings, eog_ids: list[int]) -> dic
                 record["model_id"] = model_id
                 assert server.proc is not None
                 ctx = WorkloadContext(
-                    client, server.base_url, settings, launch.supports_ignore_eos, eog_ids, model_id, server.proc.pid
+                    client,
+                    server.base_url,
+                    settings,
+                    launch.supports_ignore_eos,
+                    eog_ids,
+                    model_id,
+                    server.proc.pid,
+                    server_name=name,
                 )
                 if settings.warmup:
                     warm = await ctx.send("warmup", max_tokens=8)
                     if warm.error:
                         raise ServerUnavailable(f"warmup request failed: {warm.error}")
                 cpu_start = CpuSnapshot.take(server.proc.pid)
-                for workload in WORKLOADS:
+                for workload in select(settings.workloads):
                     _log(f"{name}: workload {workload.name}")
                     res = await workload.run(ctx)
                     record["metrics"].update(res.metrics)
@@ -128,6 +170,8 @@ async def bench_server(name: str, settings: Settings, eog_ids: list[int]) -> dic
                         "errors": res.errors[:20],
                         "warnings": sorted(set(res.warnings))[:20],
                     }
+                    for w in sorted(set(res.warnings)):
+                        _log(f"{name}: {workload.name}: {w}")
                     if res.errors:
                         _log(f"{name}: {len(res.errors)} request errors, first: {res.errors[0][:200]}")
                 record["cpu"] = cpu_usage(cpu_start, CpuSnapshot.take(server.proc.pid))
@@ -163,6 +207,9 @@ async def run(settings: Settings, baseline: str) -> dict[str, Any]:
             "eog_token_ids": eog_ids,
         },
         "settings": settings.to_json(),
+        "kv_layout": "unified (one KV buffer for all sequences)"
+        if settings.kv_unified
+        else "per-sequence (one KV stream per sequence)",
         "baseline": baseline,
         "servers": {},
     }
@@ -174,7 +221,9 @@ async def run(settings: Settings, baseline: str) -> dict[str, Any]:
         _log("WARNING: " + msg)
     for name in settings.servers:
         result["servers"][name] = await bench_server(name, settings, eog_ids)
-    result["ratios"] = compute_ratios(result["servers"], baseline)
+        result["ratios"] = compute_ratios(result["servers"], baseline)
+        result["complete"] = name == settings.servers[-1]
+        write_json(result, settings.out_dir)  # partial results survive an interrupted run
     return result
 
 
@@ -191,8 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from(args)
     result = asyncio.run(run(settings, args.baseline))
     path, latest = write_json(result, settings.out_dir)
-    png = plot(result, path.with_suffix(".png"))
-    (settings.out_dir / "latest.png").write_bytes(png.read_bytes())
-    _log(f"wrote {path}, {latest}, {png}")
+    if output_prefix(result) == "bench":  # the plot shows throughput metrics only
+        png = plot(result, path.with_suffix(".png"))
+        (settings.out_dir / "latest.png").write_bytes(png.read_bytes())
+        _log(f"wrote {path}, {latest}, {png}")
+    else:
+        _log(f"wrote {path}, {latest}")
     print(markdown_table(result))
     return 0 if any(r["status"] == "ok" for r in result["servers"].values()) else 1

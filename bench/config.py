@@ -48,6 +48,18 @@ class Settings:
     max_foreign_cpu: float = 0.10
     retries: int = 3
     retry_wait_s: float = 60.0
+    # KV layout: False = one KV stream per sequence (Hearth's default, and llama-server's without
+    # -kvu); True = one unified buffer (hearth --kv-unified, llama-server -kvu).
+    kv_unified: bool = False
+    workloads: list[str] = field(default_factory=lambda: ["single_stream", "concurrent"])
+    # cancel workload (bench/workloads/cancel_latency.py)
+    cancel_runs: int = 200  # decode phase, per method
+    cancel_prefill_runs: int = 200  # prefill phase, per method
+    cancel_after_tokens: int = 16  # decode phase: cancel once this many content tokens arrived
+    cancel_prompt_tokens: int = 4000  # prefill phase prompt (capped to fit --ctx)
+    cancel_delay_ms: tuple[float, float] = (100.0, 300.0)  # prefill phase: cancel this long after sending
+    cancel_poll_ms: float = 3.0  # idle polling interval on /metrics
+    cancel_retry_wait_s: float = 10.0  # wait for an idle machine before re-running a contaminated cancel
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)

@@ -31,26 +31,35 @@ def compute_ratios(servers: dict[str, Result], baseline: str) -> dict[str, dict[
                 "higher_is_better": mine["higher_is_better"],
                 f"{baseline}_better": better,
             }
+            if mine.get("p99") and theirs.get("p99"):
+                per_metric[metric]["ratio_p99"] = round(mine["p99"] / theirs["p99"], 4)
         ratios[peer] = per_metric
     return ratios
+
+
+def output_prefix(result: Result) -> str:
+    """`bench` for throughput runs; `cancel` for cancel-only runs, so they do not replace latest.json."""
+    return "cancel" if result["settings"].get("workloads") == ["cancel"] else "bench"
 
 
 def write_json(result: Result, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = re.sub(r"[^0-9T]", "", result["timestamp"])[:15]
-    path = out_dir / f"bench-{stamp}.json"
+    prefix = output_prefix(result)
+    path = out_dir / f"{prefix}-{stamp}.json"
     text = json.dumps(result, indent=2, default=str)
     path.write_text(text)
-    latest = out_dir / "latest.json"
+    latest = out_dir / ("latest.json" if prefix == "bench" else f"latest-{prefix}.json")
     latest.write_text(text)
     return path, latest
 
 
-def metric_names(servers: dict[str, Result]) -> list[str]:
+def metric_names(servers: dict[str, Result], table: str | None = None) -> list[str]:
+    """Metric names in first-seen order; `table` picks those whose record has that `table` key."""
     names: list[str] = []
     for res in servers.values():
-        for name in res.get("metrics", {}):
-            if name not in names:
+        for name, rec in res.get("metrics", {}).items():
+            if name not in names and rec.get("table") == table:
                 names.append(name)
     return names
 
@@ -94,7 +103,59 @@ def markdown_table(result: Result) -> str:
             lines.append(f"Warning: {n}: {cont['contaminated_rounds']} measurements still shared the CPU with others.")
     for f in failed:
         lines.append(f"Not measured: {f}")
+    cancel = cancel_table(result)
+    if cancel:
+        lines += ["", cancel]
     return "\n".join(lines)
+
+
+def cancel_table(result: Result) -> str:
+    """One row per server, method and phase of the cancel workload; empty if it did not run."""
+    servers = {n: r for n, r in result["servers"].items() if r.get("status") == "ok"}
+    rows: list[str] = []
+    for n, res in servers.items():
+        m = res.get("metrics", {})
+        for key in ("cancel_decode", "cancel_prefill", "disconnect_decode", "disconnect_prefill"):
+            lat, tok = m.get(f"{key}_latency_ms"), m.get(f"{key}_tokens_after")
+            if not lat or not tok:
+                continue
+            method, phase = key.split("_")
+            ok_lat = "yes" if lat.get("target_met") else "no"
+            ok_tok = "yes" if tok.get("target_met") else "no"
+            rows.append(
+                f"| {n} | {method} | {phase} | {lat['n']} | {lat.get('contaminated', 0)} | "
+                f"{_fmt(lat['median'])} | {_fmt(lat['p99'])} | {_fmt(lat['max'])} | "
+                f"{_fmt(tok['mean'])} | {_fmt(tok['max'])} | {ok_lat} / {ok_tok} |"
+            )
+    if not rows:
+        return ""
+    s = result["settings"]
+    head = [
+        "| server | method | phase | runs | contaminated | latency p50 (ms) | p99 (ms) | max (ms) "
+        "| tokens after: mean | max | p99 < 50 ms / <= 1 token |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes = [
+        "",
+        f"Decode: trigger after {s['cancel_after_tokens']} tokens; prefill: ~{s['cancel_prompt_tokens']}-token "
+        f"prompt (capped to ctx {s['ctx']}), trigger {s['cancel_delay_ms'][0]:.0f}-{s['cancel_delay_ms'][1]:.0f} ms "
+        f"after sending; idle polled every {s['cancel_poll_ms']:g} ms.",
+    ]
+    for n, res in servers.items():
+        lp = res.get("workloads", {}).get("cancel", {}).get("raw", {}).get("long_prompt")
+        if lp:
+            notes.append(
+                f"{n}: prefill prompt {lp.get('prompt_tokens')} tokens, full-prefill TTFT {_fmt(lp.get('ttft_ms'))} ms."
+            )
+    base = result.get("baseline", "hearth")
+    for peer, per in result.get("ratios", {}).items():
+        for phase in ("decode", "prefill"):
+            r = per.get(f"disconnect_{phase}_latency_ms")
+            if r:
+                notes.append(
+                    f"{base}/{peer} disconnect {phase} latency: p50 {_fmt(r['ratio'])}, p99 {_fmt(r.get('ratio_p99'))}."
+                )
+    return "\n".join(head + rows + notes)
 
 
 def plot(result: Result, path: Path) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import socket
@@ -74,8 +75,10 @@ def hearth_launch(s: Settings, port: int) -> Launch:
         str(s.parallel),
         "--ctx",
         str(s.ctx),
+        # Explicit although --no-kv-unified is Hearth's default, so the command documents the layout.
+        "--kv-unified" if s.kv_unified else "--no-kv-unified",
     ]
-    return Launch(argv, supports_ignore_eos=True)
+    return Launch(argv, supports_ignore_eos=True, notes={"kv_unified": s.kv_unified})
 
 
 def llama_server_binary() -> Path | None:
@@ -111,10 +114,18 @@ def llama_server_launch(s: Settings, port: int) -> Launch:
         str(s.ctx * s.parallel),
     ]
     notes: dict[str, object] = {"ctx_total": s.ctx * s.parallel}
-    kvu = "--kv-unified" in help_text
-    if kvu:
+    # Without -kvu llama-server gives each of the -np slots its own KV stream of -c/-np cells (its
+    # help: unified is "enabled if number of slots is auto", and -np is always given here), which is
+    # Hearth's default layout. -kvu only with --kv-unified.
+    if s.kv_unified:
+        if "--kv-unified" not in help_text:
+            raise ServerUnavailable("--kv-unified asked but this llama-server has no -kvu option")
         argv.append("-kvu")
-    notes["kv_unified"] = kvu
+    notes["kv_unified"] = s.kv_unified
+    # /metrics (Prometheus) for the cancel workload; /slots is on by default. Costs nothing unless polled.
+    if "--metrics" in help_text:
+        argv.append("--metrics")
+        notes["metrics_endpoint"] = True
     version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=30)
     notes["version"] = (version.stdout + version.stderr).strip().splitlines()[-2:]
     return Launch(argv, supports_ignore_eos=True, notes=notes)
@@ -205,6 +216,11 @@ class RunningServer:
             raise
         self.startup_s = time.perf_counter() - t0
         return self
+
+    def kv_layout_from_log(self) -> bool | None:
+        """What the server itself logged about its KV layout (llama-server prints `kv_unified = 'false'`)."""
+        m = re.search(r"kv_unified = '(true|false)'", _log_tail(self.log_path, 200_000))
+        return None if m is None else m.group(1) == "true"
 
     async def __aexit__(self, *exc: object) -> None:
         self.stop()

@@ -22,10 +22,13 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def summarize(values: Sequence[float], unit: str, higher_is_better: bool) -> dict[str, object]:
-    """The record stored per metric: median, p90, and the raw samples."""
+    """The record stored per metric: median, p90, p99, mean, max, and the raw samples."""
     return {
         "median": median(values),
         "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "mean": statistics.fmean(values) if values else None,
+        "max": max(values) if values else None,
         "n": len(values),
         "unit": unit,
         "higher_is_better": higher_is_better,

@@ -34,6 +34,7 @@ class Settings:
     threads: int | None = None
     batch: int = 512
     kv_unified: bool = False
+    tool_parser: str = "auto"  # auto | hermes | llama3 | mistral | pythonic | json
     data_dir: Path = field(default_factory=default_data_dir)
     log_level: str = "info"
     log_format: str = "text"  # text | json
@@ -60,6 +61,10 @@ class Settings:
             raise ValueError("--threads must be at least 1")
         if not 0 < self.port < 65536:
             raise ValueError("--port must be in 1..65535")
+        from hearth.chat.tool_parsers import PARSERS
+
+        if self.tool_parser != "auto" and self.tool_parser not in PARSERS:
+            raise ValueError(f"--tool-parser must be auto or one of {', '.join(PARSERS)}")
         if self.log_format not in ("text", "json"):
             raise ValueError("--log-format must be text or json")
         if self.max_waiting < 0 or self.max_wait <= 0:

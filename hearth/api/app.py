@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hearth.api import control, openai_chat, openai_completions
+from hearth.api import anthropic, control, openai_chat, openai_completions, openai_responses
 from hearth.api.auth import AuthMiddleware
 from hearth.api.errors import handle_hearth_error, handle_http_exception, handle_unexpected
 from hearth.api.sse import ClientGone
@@ -52,6 +52,16 @@ def create_app(backend: LocalBackend, settings: Settings | None = None) -> Starl
         Route("/chat/completions", openai_chat.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai_completions.completions, methods=["POST"]),
         Route("/completions", openai_completions.completions, methods=["POST"]),
+        Route("/v1/messages", anthropic.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
+        # Anthropic's envelope for the other methods (405) and unknown /v1/messages/… paths (404).
+        Route("/v1/messages", anthropic.unrouted, methods=anthropic.ALL_METHODS),
+        Route("/v1/messages/{rest:path}", anthropic.unrouted, methods=anthropic.ALL_METHODS),
+        Route("/v1/responses", openai_responses.create_response, methods=["POST"]),
+        Route("/responses", openai_responses.create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", openai_responses.get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", openai_responses.delete_response, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", openai_responses.cancel_response, methods=["POST"]),
         Route("/v1/cancel", control.cancel, methods=["POST"]),
         Route("/v1/models", control.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", control.get_model, methods=["GET"]),

@@ -39,10 +39,12 @@ def error_body(path: str, status: int, message: str) -> bytes:
     """The error in the envelope of the protocol the path belongs to."""
     if path.startswith("/v1/messages"):
         kind = "authentication_error" if status == 401 else "permission_error"
-        return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+        return json.dumps({"type": "error", "error": {"type": kind, "message": message}},
+                          separators=(",", ":")).encode()
     code = "invalid_api_key" if status == 401 else "insufficient_permissions"
     return json.dumps({"error": {"message": message, "type": "authentication_error" if status == 401
-                                 else "permission_error", "param": None, "code": code}}).encode()
+                                 else "permission_error", "param": None, "code": code}},
+                      separators=(",", ":")).encode()
 
 
 class AuthMiddleware:
@@ -83,6 +85,8 @@ class AuthMiddleware:
             return
         status, message = verdict
         extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
+        body = error_body(scope["path"], status, message)
         await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), *extra]})
-        await send({"type": "http.response.body", "body": error_body(scope["path"], status, message)})
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()), *extra]})
+        await send({"type": "http.response.body", "body": body})

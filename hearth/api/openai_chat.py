@@ -21,10 +21,14 @@ from hearth.chat.types import (
     Done,
     Finish,
     Message,
+    ReasoningDelta,
+    ReasoningOptions,
+    ResponseFormat,
     Started,
     TextDelta,
     Tool,
     ToolCall,
+    ToolCallDelta,
     Usage,
     new_id,
 )
@@ -100,6 +104,11 @@ class ChatCompletionIn(_Open):
     ignore_eos: bool | None = None
     tools: list[ToolIn] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    reasoning_budget: int | None = Field(default=None, ge=0)  # thinking tokens before the answer is forced
+    grammar: str | None = Field(default=None, min_length=1)  # GBNF (llama.cpp's extension)
     chat_template_kwargs: dict[str, Any] | None = None
     timeout: float | None = Field(default=None, gt=0)
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
@@ -154,6 +163,29 @@ def _tool_choice(choice: str | dict[str, Any] | None) -> str | None:
     return name
 
 
+def parse_response_format(rf: dict[str, Any] | None) -> ResponseFormat | None:
+    """{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema", "strict"}};
+    llama.cpp's {"type": "json_object", "schema": {...}} is accepted too."""
+    if rf is None:
+        return None
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = rf.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise BadRequest("response_format.schema must be an object", param="response_format.schema")
+        return ResponseFormat("json_object", schema)
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+            raise BadRequest("response_format.json_schema must be an object with a schema",
+                             param="response_format.json_schema")
+        return ResponseFormat("json_schema", js.get("schema") or {"type": "object"}, js.get("name"),
+                              bool(js.get("strict")))
+    raise BadRequest("response_format.type must be text, json_object or json_schema", param="response_format.type")
+
+
 def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
     if body.top_logprobs is not None and not body.logprobs:
         raise BadRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
@@ -163,12 +195,14 @@ def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
         repetition_penalty=body.repetition_penalty or body.repeat_penalty, seed=body.seed,
         stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
         max_tokens=body.max_completion_tokens or body.max_tokens, ignore_eos=body.ignore_eos,
-        logprobs=body.logprobs, top_logprobs=body.top_logprobs,
+        logprobs=body.logprobs, top_logprobs=body.top_logprobs, grammar=body.grammar,
     )
     tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
     return ChatRequest(
         model=body.model or "", messages=[to_message(m, i) for i, m in enumerate(body.messages)],
         sampling=sampling, n=body.n, tools=tools, tool_choice=_tool_choice(body.tool_choice),
+        parallel_tool_calls=body.parallel_tool_calls, response_format=parse_response_format(body.response_format),
+        reasoning=ReasoningOptions(effort=body.reasoning_effort, budget=body.reasoning_budget),
         chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=body.timeout,
         cache_prompt=body.cache_prompt)
 
@@ -192,12 +226,29 @@ def usage_dict(u: Usage) -> dict[str, Any]:
 
 
 class _Choice:
-    __slots__ = ("finish_reason", "logprobs", "text")
+    __slots__ = ("finish_reason", "logprobs", "reasoning", "text", "tool_calls")
 
     def __init__(self) -> None:
         self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
         self.logprobs: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
+
+    def add_call(self, ev: ToolCallDelta) -> None:
+        call = self.tool_calls.setdefault(ev.call_index, {"id": ev.id, "type": "function",
+                                                          "function": {"name": ev.name, "arguments": ""}})
+        call["function"]["arguments"] += ev.arguments
+
+    def message(self) -> dict[str, Any]:
+        text = "".join(self.text)
+        msg: dict[str, Any] = {"role": "assistant", "content": text if text or not self.tool_calls else None,
+                               "refusal": None}
+        if self.reasoning:
+            msg["reasoning_content"] = "".join(self.reasoning)
+        if self.tool_calls:
+            msg["tool_calls"] = [self.tool_calls[k] for k in sorted(self.tool_calls)]
+        return msg
 
 
 async def collect(events: AsyncIterator[ChatEvent], n: int) -> tuple[list[_Choice], Usage, str | None]:
@@ -208,6 +259,10 @@ async def collect(events: AsyncIterator[ChatEvent], n: int) -> tuple[list[_Choic
             if isinstance(ev, TextDelta):
                 choices[ev.index].text.append(ev.text)
                 choices[ev.index].logprobs.extend(logprob_entry(lp) for lp in ev.logprobs or [])
+            elif isinstance(ev, ReasoningDelta):
+                choices[ev.index].reasoning.append(ev.text)
+            elif isinstance(ev, ToolCallDelta):
+                choices[ev.index].add_call(ev)
             elif isinstance(ev, Finish):
                 choices[ev.index].finish_reason = ev.reason
             elif isinstance(ev, Done):
@@ -242,7 +297,7 @@ async def chat_completions(request: Request) -> Response:
         "system_fingerprint": "hearth",
         "choices": [{
             "index": i,
-            "message": {"role": "assistant", "content": "".join(c.text), "refusal": None},
+            "message": c.message(),
             "logprobs": {"content": c.logprobs, "refusal": None} if want_logprobs else None,
             "finish_reason": c.finish_reason or ("error" if error else "stop"),
         } for i, c in enumerate(choices)],
@@ -272,7 +327,17 @@ async def stream_chunks(events: AsyncIterator[ChatEvent], cid: str, model: str, 
                     yield chunk([choice(i, {"role": "assistant", "content": ""})])
             elif isinstance(ev, TextDelta):
                 lps = [logprob_entry(lp) for lp in ev.logprobs or []] if want_logprobs else None
-                yield chunk([choice(ev.index, {"content": ev.text}, logprobs=lps)])
+                if ev.text or lps:
+                    yield chunk([choice(ev.index, {"content": ev.text}, logprobs=lps)])
+            elif isinstance(ev, ReasoningDelta):
+                yield chunk([choice(ev.index, {"reasoning_content": ev.text})])
+            elif isinstance(ev, ToolCallDelta):
+                call: dict[str, Any] = {"index": ev.call_index}
+                if ev.name is not None:  # the announcement
+                    call.update(id=ev.id, type="function", function={"name": ev.name, "arguments": ev.arguments})
+                else:
+                    call["function"] = {"arguments": ev.arguments}
+                yield chunk([choice(ev.index, {"tool_calls": [call]})])
             elif isinstance(ev, Finish):
                 yield chunk([choice(ev.index, {}, ev.reason)])
             elif isinstance(ev, Done):

@@ -116,6 +116,11 @@ async def completions(request: Request) -> Response:
     prompts = prompts_of(body.prompt)
     if len(prompts) > MAX_PROMPTS:
         raise BadRequest(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    parallel = request.app.state.settings.parallel
+    if len(prompts) * body.n > parallel:
+        # each prompt's candidates run at once; more than the slots could never all start
+        raise BadRequest(f"{len(prompts)} prompts x n={body.n} need {len(prompts) * body.n} slots; this server "
+                         f"runs {parallel} (--parallel)", param="prompt")
     sampling = sampling_params(
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,

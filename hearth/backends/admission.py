@@ -12,7 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from hearth.errors import TooManyRequests
+from hearth.errors import TooManyRequests, Unavailable
 
 
 @dataclass(eq=False, slots=True)
@@ -29,13 +29,26 @@ class AdmissionQueue:
         self.max_wait = max_wait
         self.in_use = 0
         self._waiters: deque[_Waiter] = deque()
+        self._closed: str | None = None
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
-    async def acquire(self, n: int = 1) -> float:
-        """Take `n` slots, waiting in line if needed; return the seconds spent waiting."""
+    def close(self, reason: str = "the server is shutting down") -> None:
+        """Refuse new requests and fail every waiting one with 503."""
+        self._closed = reason
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.future.done():
+                w.future.set_exception(Unavailable(reason, code="shutting_down"))
+
+    async def acquire(self, n: int = 1, max_wait: float | None = None) -> float:
+        """Take `n` slots, waiting in line if needed (at most `max_wait`, or the queue's own
+        limit if smaller); return the seconds spent waiting."""
+        if self._closed:
+            raise Unavailable(self._closed, code="shutting_down")
+        wait = self.max_wait if max_wait is None else min(self.max_wait, max_wait)
         if not self._waiters and self.in_use + n <= self.slots:
             self.in_use += n
             return 0.0
@@ -46,10 +59,10 @@ class AdmissionQueue:
         waiter = _Waiter(n, asyncio.get_running_loop().create_future())
         self._waiters.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), self.max_wait)
+            await asyncio.wait_for(asyncio.shield(waiter.future), wait)
         except TimeoutError:
             self._drop(waiter)
-            raise TooManyRequests(f"no free slot within {self.max_wait:g} s; retry later",
+            raise TooManyRequests(f"no free slot within {wait:g} s; retry later",
                                   retry_after=self._retry_after(), code="queue_timeout") from None
         except asyncio.CancelledError:
             self._drop(waiter)

@@ -188,6 +188,14 @@ class LlamaCppRunner:
     def new_sampler(self, params: SamplingParams) -> NativeSampler:
         return NativeSampler(self, params)
 
+    def check_grammar(self, grammar: str) -> None:
+        """Raise ValueError if llama.cpp cannot parse `grammar` (GBNF with a `root` rule).
+        Reads only the vocabulary, so it is safe outside the engine thread."""
+        smpl = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+        if not smpl:
+            raise ValueError("the grammar is not valid GBNF (llama.cpp could not parse it)")
+        L.llama_sampler_free(smpl)
+
     def kv_remove(self, seq_id: int, p0: int, p1: int) -> None:
         if not L.llama_memory_seq_rm(self.mem, seq_id, p0, p1):
             raise RuntimeError(f"could not remove positions [{p0}, {p1}) of sequence {seq_id}")
@@ -236,15 +244,25 @@ class LlamaCppRunner:
 
 
 class NativeSampler:
-    """A llama.cpp sampler chain for one sequence:
-    logit bias → penalties → top-k → top-p → min-p → temperature → seeded draw (or greedy)."""
+    """A llama.cpp sampler chain for one sequence: grammar → logit bias → penalties → top-k →
+    top-p → min-p → temperature → seeded draw (or greedy).
+
+    The grammar comes first so every later stage (greedy included) sees only tokens it allows
+    (it sets the others to -inf, and nothing later raises them again); once the grammar is
+    complete it allows only end-of-generation tokens, so ignore_eos does not apply to it."""
 
     def __init__(self, runner: LlamaCppRunner, params: SamplingParams) -> None:
         self._runner = runner
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         self._chain = chain
+        if params.grammar is not None:
+            grammar = L.llama_sampler_init_grammar(runner.vocab, params.grammar.encode(), b"root")
+            if not grammar:
+                self.free()
+                raise ValueError("the grammar is not valid GBNF")
+            L.llama_sampler_chain_add(chain, grammar)
         bias = dict(params.logit_bias)
-        if params.ignore_eos:
+        if params.ignore_eos and params.grammar is None:
             for t in runner.eog_tokens:
                 bias[t] = float("-inf")
         if bias:

@@ -6,12 +6,16 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hearth.backends.admission import AdmissionQueue
 from hearth.backends.base import EventStream, ModelCard
 from hearth.chat.cancel import CancelToken
+from hearth.chat.output import OutputParser
+from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs, think_markers
 from hearth.chat.template import ChatTemplate
+from hearth.chat.tool_parsers import PARSERS
+from hearth.chat.tools import OutputPlan, as_text_messages, knows_tools, plan_output, resolve_parser
 from hearth.chat.types import (
     ChatEvent,
     ChatRequest,
@@ -25,7 +29,8 @@ from hearth.chat.types import (
 )
 from hearth.engine import Engine, EngineRequest
 from hearth.engine.runner import Runner
-from hearth.engine.types import ContextOverflow, FinishReason
+from hearth.engine.thinking import ThinkBudget
+from hearth.engine.types import ContextOverflow, FinishReason, SamplingParams
 from hearth.errors import BadRequest, ContextLimit, NotFound, Unavailable
 from hearth.models import DEFAULT_ALIASES, DEFAULT_MODEL_ID, ModelSpec
 
@@ -44,6 +49,7 @@ class EngineSettings:
     kv_unified: bool = False
     max_waiting: int = 64  # requests queued for a slot before new ones get 429
     max_wait: float = 60.0  # seconds a request may queue before it gets 429
+    tool_parser: str = "auto"  # auto (from the chat template) or a name in hearth.chat.tool_parsers
 
 
 @dataclass(slots=True)
@@ -56,6 +62,9 @@ class LocalModel:
     card: ModelCard
     admission: AdmissionQueue
     aliases: set[str] = field(default_factory=set)
+    tool_parser: str = "hermes"
+    native_tools: bool = False  # the template renders tools (else Hearth describes them as text)
+    think: tuple[str, str] = ("<think>", "</think>")
 
 
 RunnerFactory = Callable[[ModelSpec, EngineSettings], tuple[Runner, ModelCard, ChatTemplate]]
@@ -122,12 +131,16 @@ class LocalBackend:
         if spec.id == DEFAULT_MODEL_ID:
             aliases.update(DEFAULT_ALIASES)
         admission = AdmissionQueue(runner.n_seq_max, self.settings.max_waiting, self.settings.max_wait)
-        return LocalModel(spec, runner, engine, template, tokenize_text, card, admission, aliases)
+        return LocalModel(spec, runner, engine, template, tokenize_text, card, admission, aliases,
+                          tool_parser=resolve_parser(self.settings.tool_parser, template),
+                          native_tools=knows_tools(template), think=think_markers(template.source))
 
     def cancel_all(self) -> None:
         """Shutting down: end every run now, so each client gets its final event
-        (finish_reason "cancelled") instead of a connection cut mid-stream."""
+        (finish_reason "cancelled") instead of a connection cut mid-stream; requests still
+        waiting for a slot get 503."""
         for m in self._models.values():
+            m.admission.close()
             m.engine.abort_all()
 
     async def stop(self) -> None:
@@ -173,7 +186,14 @@ class LocalBackend:
     # ---- tokens -------------------------------------------------------------------------------
 
     def render_chat(self, m: LocalModel, req: ChatRequest) -> str:
-        return m.template.render(req.messages, tools=req.tools or None, kwargs=req.chat_template_kwargs)
+        return self._render(m, req, plan_output(req, m.tool_parser))
+
+    @staticmethod
+    def _render(m: LocalModel, req: ChatRequest, plan: OutputPlan) -> str:
+        kwargs = template_kwargs(req)
+        if m.native_tools:
+            return m.template.render(req.messages, tools=plan.tools_in_prompt or None, kwargs=kwargs)
+        return m.template.render(as_text_messages(req.messages, plan.tools_in_prompt), kwargs=kwargs)
 
     def tokenize(self, model: str | None, text: str, *, add_special: bool = True) -> list[int]:
         return self.model(model).tokenize_text(text, add_special)
@@ -181,6 +201,11 @@ class LocalBackend:
     def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]:
         m = self.model(model)
         return m.tokenize_text(m.template.render(messages), False)
+
+    def tokenize_request(self, req: ChatRequest) -> list[int]:
+        """The prompt tokens `chat(req)` would generate from: same rendering, tools included."""
+        m = self.model(req.model)
+        return m.tokenize_text(self.render_chat(m, req), False)
 
     def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]:
         m = self.model(model)
@@ -202,10 +227,40 @@ class LocalBackend:
 
     async def chat(self, req: ChatRequest) -> EventStream:
         m = self.model(req.model)
-        text = self.render_chat(m, req)
+        plan = plan_output(req, m.tool_parser)
+        text = self._render(m, req, plan)
         # The rendered template carries its own special tokens (BOS included, when it wants one).
         tokens = m.tokenize_text(text, False)
-        return await self._generate(m, tokens, req)
+        params = self._constrain(m, req.sampling, plan.grammar, "tool_choice" if plan.parser else "response_format")
+        start, end = m.think
+        inside = opens_thinking(text, start)
+        think = None
+        if req.reasoning.budget is not None:
+            try:
+                think = ThinkBudget(req.reasoning.budget, m.tokenize_text(end, False), start.encode(), end.encode(),
+                                    starts_inside=inside)
+            except ValueError as e:
+                raise BadRequest(str(e), param="reasoning_budget") from e
+        # Under a grammar the output is JSON or a forced call, never thinking.
+        parsers = [OutputParser(i, None if params.grammar else ReasoningParser(start, end, inside=inside),
+                                PARSERS[plan.parser](req.tools) if plan.parser else None, req.parallel_tool_calls)
+                   for i in range(req.n)]
+        return await self._generate(m, tokens, req, params=params, think=think, parsers=parsers)
+
+    @staticmethod
+    def _constrain(m: LocalModel, sampling: SamplingParams, grammar: str | None, source: str) -> SamplingParams:
+        """Sampling with the plan's grammar, checked now so a bad one is a 400, not an error later."""
+        if grammar is not None and sampling.grammar is not None:
+            raise BadRequest("a grammar cannot be combined with response_format or a forced tool_choice",
+                             param="grammar")
+        params = replace(sampling, grammar=grammar) if grammar is not None else sampling
+        check = getattr(m.runner, "check_grammar", None)
+        if params.grammar is not None and check is not None:
+            try:
+                check(params.grammar)
+            except ValueError as e:
+                raise BadRequest(str(e), param="grammar" if sampling.grammar else source) from e
+        return params
 
     async def complete(self, req: CompletionRequest) -> EventStream:
         m = self.model(req.model)
@@ -216,33 +271,39 @@ class LocalBackend:
             tokens = list(req.prompt)
         return await self._generate(m, tokens, req)
 
-    async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest) -> EventStream:
+    async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest, *,
+                        params: SamplingParams | None = None, think: ThinkBudget | None = None,
+                        parsers: list[OutputParser] | None = None) -> EventStream:
         """Validate (4xx now), wait for a slot (429 if none comes), then hand back the stream.
         The wall-clock cap counts from arrival, so time spent queued is part of it."""
         n, cancel = req.n, req.cancel
         deadline = time.monotonic() + req.timeout if req.timeout else None
-        ereq = EngineRequest(req.request_id, tokens, req.sampling, n=n, deadline=deadline,
-                             cache_prompt=req.cache_prompt)
+        ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
+                             cache_prompt=req.cache_prompt, think=think)
         try:
             m.engine.validate(ereq)
         except ContextOverflow as e:
             raise ContextLimit(str(e), param="messages" if isinstance(req, ChatRequest) else "prompt") from e
         except ValueError as e:
             raise BadRequest(str(e)) from e
-        if not await _admit(m.admission, n, cancel):
+        if not await _admit(m.admission, n, cancel, req.timeout):
             return EventStream(_cancelled_while_queued(len(tokens), n))
-        return EventStream(_events(m.engine, ereq, cancel), on_close=[lambda: m.admission.release(n)])
+        events = _events(m.engine, ereq, cancel)
+        if parsers:
+            events = _parsed(events, parsers)
+        return EventStream(events, on_close=[lambda: m.admission.release(n)])
 
 
-async def _admit(admission: AdmissionQueue, n: int, cancel: CancelToken | None) -> bool:
-    """Wait for `n` slots; False if the run was cancelled while it waited."""
+async def _admit(admission: AdmissionQueue, n: int, cancel: CancelToken | None, timeout: float | None) -> bool:
+    """Wait for `n` slots (the request's own time cap bounds the wait too); False if the run
+    was cancelled while it waited."""
     if cancel is None:
-        await admission.acquire(n)
+        await admission.acquire(n, timeout)
         return True
     if cancel.cancelled:
         return False
     loop = asyncio.get_running_loop()
-    acquiring = asyncio.ensure_future(admission.acquire(n))
+    acquiring = asyncio.ensure_future(admission.acquire(n, timeout))
     cancel.on_cancel(lambda: loop.call_soon_threadsafe(acquiring.cancel))
     try:
         await acquiring
@@ -285,3 +346,19 @@ async def _events(engine: Engine, ereq: EngineRequest, cancel: CancelToken | Non
                 yield Finish(d.index, d.finish_reason.value, d.stop_reason)
         if out.finished:
             yield Done(usage, error=out.error)
+
+
+async def _parsed(events: AsyncIterator[ChatEvent], parsers: list[OutputParser]) -> AsyncIterator[ChatEvent]:
+    """Engine text → reasoning, tool calls and text, per candidate."""
+    try:
+        async for ev in events:
+            if isinstance(ev, TextDelta):
+                for out in parsers[ev.index].feed(ev.text, ev.logprobs, ev.n_tokens):
+                    yield out
+            elif isinstance(ev, Finish):
+                for out in parsers[ev.index].finish(ev.reason, ev.stop_reason):
+                    yield out
+            else:
+                yield ev
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]

@@ -129,6 +129,7 @@ class TextDelta:
 class ReasoningDelta:
     index: int
     text: str
+    n_tokens: int = 0
 
 
 @dataclass(slots=True)

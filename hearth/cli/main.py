@@ -42,6 +42,9 @@ def serve(
     kv_unified: Annotated[bool, typer.Option(
         "--kv-unified/--no-kv-unified", envvar="HEARTH_KV_UNIFIED",
         help="One KV buffer shared by all sequences (default: one per sequence).")] = False,
+    tool_parser: Annotated[str, typer.Option(
+        envvar="HEARTH_TOOL_PARSER",
+        help="Tool-call format: auto (from the chat template), hermes, llama3, mistral, pythonic, json.")] = "auto",
     log_level: Annotated[str, typer.Option(envvar="HEARTH_LOG_LEVEL")] = "info",
     log_format: Annotated[str, typer.Option(envvar="HEARTH_LOG_FORMAT", help="text or json.")] = "text",
     max_waiting: Annotated[int, typer.Option(
@@ -78,11 +81,13 @@ def serve(
     from hearth.observability.logging import setup_logging
 
     try:
-        keys = list(api_key or []) + [k for k in os.environ.get("HEARTH_API_KEYS", "").split(",") if k.strip()]
+        keys = [k.strip() for k in [*(api_key or []), *os.environ.get("HEARTH_API_KEYS", "").split(",")]
+                if k.strip()]
         if api_key_file:
             keys += read_key_file(api_key_file)
         settings = Settings(models=model or ["default"], host=host, port=port, ctx=ctx, parallel=parallel,
-                            threads=threads, batch=batch, kv_unified=kv_unified, log_level=log_level,
+                            threads=threads, batch=batch, kv_unified=kv_unified, tool_parser=tool_parser,
+                            log_level=log_level,
                             log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,
                             request_timeout=request_timeout, max_request_timeout=max_request_timeout,
                             api_keys=keys, admin_key=admin_key, metrics_token=metrics_token,
@@ -99,7 +104,7 @@ def serve(
     backend = LocalBackend(specs, EngineSettings(ctx=settings.ctx, parallel=settings.parallel,
                                                  threads=settings.threads, batch=settings.batch,
                                                  kv_unified=settings.kv_unified, max_waiting=settings.max_waiting,
-                                                 max_wait=settings.max_wait))
+                                                 max_wait=settings.max_wait, tool_parser=settings.tool_parser))
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key"
     typer.echo(f"hearth {__version__}: serving {', '.join(ids)} on http://{host}:{port} ({auth})", err=True)
     config = uvicorn.Config(create_app(backend, settings), host=settings.host, port=settings.port,

@@ -25,6 +25,7 @@ from hearth.engine.runner import Runner
 from hearth.engine.sampler import token_logprob
 from hearth.engine.scheduler import Admission, Scheduler, Work
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence, Sink
+from hearth.engine.thinking import ThinkTracker
 from hearth.engine.types import (
     ContextOverflow,
     EngineRequest,
@@ -235,7 +236,9 @@ class Engine:
                 p = params
                 if i and params.seed is not None:  # candidates must differ, reproducibly
                     p = replace(params, seed=params.seed + i)
-                ar.seqs.append(Sequence(i, slot, self.runner.new_sampler(p), Detokenizer(list(params.stop))))
+                think = ThinkTracker(ar.req.think) if ar.req.think is not None else None
+                ar.seqs.append(Sequence(i, slot, self.runner.new_sampler(p), Detokenizer(list(params.stop)),
+                                        think=think))
         except Exception as e:
             ar.seqs.extend(Sequence(i, s, _NullSampler(), Detokenizer())
                            for i, s in enumerate(adm.slots) if i >= len(ar.seqs))
@@ -283,7 +286,11 @@ class Engine:
     def _advance(self, ar: ActiveRequest, seq: Sequence, logits_index: int, out: _Outputs) -> None:
         """Sample the next token of one candidate and decide whether it goes on."""
         params = ar.req.params
-        token = seq.sampler.sample(logits_index)
+        forced = seq.think.forced() if seq.think is not None else None
+        # A forced token bypasses the sampler (grammars and thinking budgets do not mix).
+        token = forced if forced is not None else seq.sampler.sample(logits_index)
+        if seq.think is not None:
+            seq.think.observe(self.runner.token_text(token))
         seq.n_generated += 1
         self.stats.generated_tokens += 1
         delta = out.delta(ar, seq.index)
@@ -294,7 +301,9 @@ class Engine:
             delta.logprobs.append(token_logprob(self.runner, logits_index, token, params.top_logprobs))
 
         finish: FinishReason | None = None
-        if (not params.ignore_eos and self.runner.is_eog(token)) or token in params.stop_token_ids:
+        # A grammar allows only end-of-generation once complete, so EOS always ends it there.
+        eos_stops = not params.ignore_eos or params.grammar is not None
+        if (eos_stops and self.runner.is_eog(token)) or token in params.stop_token_ids:
             finish, delta.stop_reason = FinishReason.STOP, token
             delta.text += seq.detok.flush()
         else:

@@ -10,6 +10,7 @@ from enum import Enum
 from hearth.engine.detokenizer import Detokenizer
 from hearth.engine.kv import Slot
 from hearth.engine.runner import Sampler
+from hearth.engine.thinking import ThinkTracker
 from hearth.engine.types import EngineRequest, FinishReason, RequestOutput
 
 Sink = Callable[[RequestOutput], None]
@@ -31,6 +32,7 @@ class Sequence:
     n_generated: int = 0
     pending: int | None = None  # sampled, emitted, not yet in the KV cache
     finish: FinishReason | None = None
+    think: ThinkTracker | None = None
 
 
 @dataclass(slots=True)

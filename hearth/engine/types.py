@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from hearth.engine.thinking import ThinkBudget
+
 MAX_TOP_LOGPROBS = 20
 
 
@@ -86,6 +88,7 @@ class EngineRequest:
     # batch-invariant, so a prefix computed in another batch shape can change low-order bits
     # of the logits; False recomputes the whole prompt, for bit-exact reproducibility.
     cache_prompt: bool = True
+    think: ThinkBudget | None = None  # force the end of thinking after a token budget
 
 
 @dataclass(slots=True)

@@ -84,8 +84,8 @@ def test_full_queue_and_queue_timeout_are_429_with_retry_after(locked: Server) -
     full = httpx.post(f"{locked.base_url}/chat/completions", headers=auth, json=chat_body(max_tokens=2), timeout=30)
     assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
     assert int(full.headers["retry-after"]) >= 1
-    waiting.join(30)
-    running.join(60)
+    waiting.join(180)
+    running.join(180)
     assert results["running"].status_code == 200
     # the one-slot run takes longer than --max-wait 1.5 s, so the queued request times out
     assert results["waiting"].status_code == 429, results["waiting"].text

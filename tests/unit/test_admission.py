@@ -74,3 +74,20 @@ async def test_multi_slot_requests() -> None:
     q.release(3)
     await t
     assert q.in_use == 2
+
+
+async def test_a_shorter_per_request_wait_and_closing_the_queue() -> None:
+    from hearth.errors import Unavailable
+
+    q = AdmissionQueue(1, max_waiting=4, max_wait=30)
+    await q.acquire()
+    with pytest.raises(TooManyRequests, match=r"within 0\.05 s"):
+        await q.acquire(max_wait=0.05)
+    waiter = asyncio.create_task(q.acquire())
+    await settle()
+    q.close()
+    with pytest.raises(Unavailable):
+        await waiter
+    with pytest.raises(Unavailable, match="shutting down"):
+        await q.acquire()
+    assert q.waiting == 0

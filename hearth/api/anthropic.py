@@ -1,0 +1,346 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API, streaming and not.
+
+Every answer from these routes, errors included, is in Anthropic's shapes; the output side
+(content blocks, SSE) is in `anthropic_stream.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hearth.api import runs
+from hearth.api.anthropic_stream import collect, message_body, stop_reason, stream_events
+from hearth.api.parsing import read_json, sampling_params, validate
+from hearth.api.sse import ClientGone
+from hearth.backends.base import Backend, EventStream
+from hearth.chat.cancel import CancelToken
+from hearth.chat.types import ChatRequest, Message, ReasoningOptions, ResponseFormat, Tool, ToolCall, new_id
+from hearth.errors import BadRequest, HearthError, TooManyRequests
+
+log = logging.getLogger("hearth.api")
+
+# Text blocks of one message are joined with a newline: clients split paragraphs (or a
+# reminder and the question) into blocks, and gluing them together would merge words.
+BLOCK_JOINER = "\n"
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")  # cache_control, citations, service_tier, ...: accepted, ignored
+
+
+class BlockIn(_Open):
+    type: str
+    text: str | None = None
+    id: str | None = None  # tool_use
+    name: str | None = None
+    input: Any = None
+    tool_use_id: str | None = None  # tool_result
+    content: str | list[BlockIn] | None = None
+    is_error: bool = False
+    thinking: str | None = None  # thinking
+
+
+class MessageIn(_Open):
+    role: Literal["user", "assistant"]
+    content: str | list[BlockIn]
+
+
+class ToolIn(_Open):
+    type: str | None = None  # "custom" or absent; Anthropic's server tools carry versioned types
+    name: str = Field(min_length=1, max_length=128)
+    description: str = ""
+    input_schema: dict[str, Any] | None = None
+
+
+class ToolChoiceIn(_Open):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class ThinkingIn(_Open):
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
+    budget_tokens: int | None = Field(default=None, ge=1)
+
+
+class OutputFormatIn(_Open):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfigIn(_Open):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: OutputFormatIn | None = None
+
+
+class CountTokensIn(_Open):
+    model: str | None = None
+    messages: list[MessageIn] = Field(min_length=1)
+    system: str | list[BlockIn] | None = None
+    tools: list[ToolIn] | None = None
+    tool_choice: ToolChoiceIn | None = None
+    thinking: ThinkingIn | None = None
+    output_config: OutputConfigIn | None = None
+    session_id: str | None = None  # Hearth: not available yet (400)
+
+
+class MessagesIn(CountTokensIn):
+    max_tokens: int = Field(ge=1)
+    stream: bool = False
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    metadata: dict[str, Any] | None = None
+    timeout: float | None = Field(default=None, gt=0)  # Hearth: wall-clock cap in seconds
+    cancel_id: str | None = Field(default=None, min_length=1, max_length=256)  # Hearth
+    cache_prompt: bool = True  # Hearth
+
+
+# ---- request → ChatRequest ------------------------------------------------------------------
+
+
+def _no_vision(where: str, kind: str) -> BadRequest:
+    return BadRequest(f"{where}: {kind} input is not supported: this model has no vision", param=where)
+
+
+def _texts(blocks: list[BlockIn], where: str) -> str:
+    """The text of a list that may hold only text blocks (system, tool_result content)."""
+    parts = []
+    for i, b in enumerate(blocks):
+        at = f"{where}[{i}]"
+        if b.type in ("image", "document"):
+            raise _no_vision(at, b.type)
+        if b.type != "text" or b.text is None:
+            raise BadRequest(f"{at}: expected a text block, got {b.type!r}", param=at)
+        parts.append(b.text)
+    return BLOCK_JOINER.join(parts)
+
+
+def _tool_result(b: BlockIn, where: str) -> Message:
+    if not b.tool_use_id:
+        raise BadRequest(f"{where}: a tool_result block needs tool_use_id", param=f"{where}.tool_use_id")
+    content = b.content if isinstance(b.content, str) else _texts(b.content or [], f"{where}.content")
+    if b.is_error:  # the template has no error flag: say it in the text, so the model sees it
+        content = f"Error: {content}"
+    return Message("tool", content, tool_call_id=b.tool_use_id)
+
+
+def _user(blocks: list[BlockIn], where: str) -> list[Message]:
+    """A user turn: its text blocks become user messages and each tool_result a tool message,
+    in the order given."""
+    out: list[Message] = []
+    texts: list[str] = []
+
+    def flush() -> None:
+        if texts:
+            out.append(Message("user", BLOCK_JOINER.join(texts)))
+            texts.clear()
+
+    for i, b in enumerate(blocks):
+        at = f"{where}[{i}]"
+        if b.type == "text" and b.text is not None:
+            texts.append(b.text)
+        elif b.type == "tool_result":
+            flush()
+            out.append(_tool_result(b, at))
+        elif b.type in ("image", "document"):
+            raise _no_vision(at, b.type)
+        else:
+            raise BadRequest(f"{at}: a user message cannot hold a {b.type!r} block", param=at)
+    flush()
+    return out or [Message("user", "")]
+
+
+def _assistant(blocks: list[BlockIn], where: str) -> Message:
+    texts, thoughts, calls = [], [], []
+    for i, b in enumerate(blocks):
+        at = f"{where}[{i}]"
+        if b.type == "text" and b.text is not None:
+            texts.append(b.text)
+        elif b.type == "thinking":
+            thoughts.append(b.thinking or "")
+        elif b.type == "redacted_thinking":
+            continue  # encrypted by Anthropic: nothing a local model can read
+        elif b.type == "tool_use":
+            if not b.id or not b.name:
+                raise BadRequest(f"{at}: a tool_use block needs id and name", param=at)
+            if not isinstance(b.input, dict):
+                raise BadRequest(f"{at}.input: must be an object", param=f"{at}.input")
+            calls.append(ToolCall(b.id, b.name, json.dumps(b.input, ensure_ascii=False)))
+        else:
+            raise BadRequest(f"{at}: an assistant message cannot hold a {b.type!r} block", param=at)
+    return Message("assistant", BLOCK_JOINER.join(texts), tool_calls=calls or None,
+                   reasoning=BLOCK_JOINER.join(thoughts) or None)
+
+
+def to_messages(body: CountTokensIn) -> list[Message]:
+    out: list[Message] = []
+    if body.system is not None:
+        system = body.system if isinstance(body.system, str) else _texts(body.system, "system")
+        out.append(Message("system", system))
+    for i, m in enumerate(body.messages):
+        where = f"messages[{i}].content"
+        if isinstance(m.content, str):
+            out.append(Message(m.role, m.content))
+        elif m.role == "user":
+            out.extend(_user(m.content, where))
+        else:
+            out.append(_assistant(m.content, where))
+    return out
+
+
+def _tools(tools: list[ToolIn] | None) -> list[Tool]:
+    out = []
+    for i, t in enumerate(tools or []):
+        if t.type not in (None, "custom"):
+            raise BadRequest(f"tools[{i}]: server tools ({t.type}) are not supported; define a custom tool "
+                             "with input_schema", param=f"tools[{i}].type")
+        if t.input_schema is None:
+            raise BadRequest(f"tools[{i}]: input_schema is required", param=f"tools[{i}].input_schema")
+        out.append(Tool(t.name, t.description, t.input_schema))
+    return out
+
+
+def _tool_choice(choice: ToolChoiceIn | None, tools: list[Tool]) -> str | None:
+    if choice is None:
+        return None
+    if choice.type in ("any", "tool") and not tools:
+        raise BadRequest(f"tool_choice {choice.type!r} needs tools", param="tool_choice")
+    if choice.type == "tool":
+        if not choice.name:
+            raise BadRequest('tool_choice {"type": "tool"} needs a name', param="tool_choice.name")
+        if choice.name not in {t.name for t in tools}:
+            raise BadRequest(f"tool_choice names {choice.name!r}, which is not in tools", param="tool_choice.name")
+        return choice.name
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+
+
+def _reasoning(thinking: ThinkingIn | None, output: OutputConfigIn | None) -> ReasoningOptions:
+    # Anthropic's two highest efforts have no counterpart in the templates' low | medium | high.
+    effort = output.effort if output is not None else None
+    options = ReasoningOptions(effort={"xhigh": "high", "max": "high"}.get(effort or "", effort))
+    if thinking is None:
+        return options
+    if thinking.type == "disabled":
+        options.enable = False
+        return options
+    if thinking.type == "enabled" and thinking.budget_tokens is None:
+        raise BadRequest('thinking {"type": "enabled"} needs budget_tokens', param="thinking.budget_tokens")
+    options.enable, options.budget = True, thinking.budget_tokens
+    return options
+
+
+def _response_format(output: OutputConfigIn | None) -> ResponseFormat | None:
+    if output is None or output.format is None:
+        return None
+    return ResponseFormat("json_schema", output.format.schema_, strict=True)
+
+
+def to_chat_request(body: CountTokensIn, request_id: str) -> ChatRequest:
+    if body.session_id is not None:
+        raise BadRequest("sessions are not available yet on this server: send the whole conversation in "
+                         "messages and leave out session_id", param="session_id")
+    tools = _tools(body.tools)
+    creq = ChatRequest(model=body.model or "", messages=to_messages(body), tools=tools,
+                       tool_choice=_tool_choice(body.tool_choice, tools),
+                       reasoning=_reasoning(body.thinking, body.output_config),
+                       response_format=_response_format(body.output_config), request_id=request_id)
+    if body.tool_choice is not None and body.tool_choice.disable_parallel_tool_use:
+        creq.parallel_tool_calls = False
+    if isinstance(body, MessagesIn):
+        creq.sampling = sampling_params(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                                        stop=body.stop_sequences, max_tokens=body.max_tokens)
+        creq.cache_prompt = body.cache_prompt
+    return creq
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                503: "overloaded_error", 529: "overloaded_error"}
+
+
+def error_type(status: int) -> str:
+    return _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"type": "error", "error": {"type": error_type(status), "message": message}},
+                        status_code=status, headers=headers)
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def anthropic_errors(endpoint: Endpoint) -> Endpoint:
+    """Answer every failure of `endpoint` in Anthropic's error envelope, never OpenAI's."""
+
+    @functools.wraps(endpoint)
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except HearthError as e:
+            headers = {"Retry-After": str(e.retry_after)} if isinstance(e, TooManyRequests) else None
+            return error_response(e.status, e.message, headers)
+        except ClientGone:
+            raise
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.url.path)
+            return error_response(500, "internal server error")
+
+    return wrapped
+
+
+# ---- endpoints ----------------------------------------------------------------------------
+
+
+@anthropic_errors
+async def messages(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    body = validate(MessagesIn, await read_json(request))
+    msg_id = new_id("msg_")
+    creq = to_chat_request(body, msg_id)
+    creq.timeout = runs.time_cap(request, body.timeout)
+    model = backend.resolve(creq.model)
+    stops = creq.sampling.stop
+
+    def open_stream(token: CancelToken) -> Awaitable[EventStream]:
+        creq.cancel = token
+        return backend.chat(creq)
+
+    gen = await runs.start(request, "messages", open_stream, cancel_id=body.cancel_id, ids=[msg_id])
+    if body.stream:
+        return gen.stream(stream_events(gen.events, msg_id, model, stops))
+    out = await gen.collect(request, lambda: collect(gen.events))
+    if out.error:
+        return error_response(500, out.error)
+    return JSONResponse(message_body(msg_id, model, out.content, stop_reason(out.finish, stops), out.usage))
+
+
+@anthropic_errors
+async def count_tokens(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    body = validate(CountTokensIn, await read_json(request))
+    creq = to_chat_request(body, new_id("msg_"))
+    return JSONResponse({"input_tokens": len(backend.tokenize_request(creq))})
+
+
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+
+
+async def unrouted(request: Request) -> Response:
+    """Anthropic's envelope for a wrong method on the routes above, or an unknown /v1/messages/… path."""
+    if request.url.path in ("/v1/messages", "/v1/messages/count_tokens"):
+        return error_response(405, f"{request.method} is not allowed on {request.url.path}; use POST",
+                              {"Allow": "POST"})
+    return error_response(404, f"Unknown endpoint {request.method} {request.url.path}")

@@ -1,0 +1,204 @@
+"""OpenAI's Responses API: POST /v1/responses (streaming and not), and the stored responses
+behind GET / DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel.
+
+Input items → ChatRequest (responses_input), ChatEvents → response object and stream events
+(responses_stream), responses and their input items in SQLite (responses_store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+from pydantic import Field
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hearth.api import runs
+from hearth.api.openai_chat import _Open
+from hearth.api.parsing import parse_stop, read_json, sampling_params, validate
+from hearth.api.responses_input import (
+    check_metadata,
+    normalize_input,
+    to_messages,
+    to_reasoning,
+    to_response_format,
+    to_tool_choice,
+    to_tools,
+)
+from hearth.api.responses_store import ResponseStore, valid_id
+from hearth.api.responses_stream import ResponseAssembler, collect, sse_events
+from hearth.backends.base import Backend, EventStream
+from hearth.chat.cancel import CancelRegistry, CancelToken
+from hearth.chat.types import ChatRequest, Message, new_id
+from hearth.errors import BadRequest, NotFound
+
+CANCEL_SETTLE_SECONDS = 5.0  # how long POST .../cancel waits for the run to record its outcome
+
+
+class ResponsesIn(_Open):
+    model: str | None = None
+    input: str | list[Any]
+    instructions: str | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool = True
+    stream: bool = False
+    previous_response_id: str | None = None
+    background: bool = False
+    conversation: Any = None
+    # Hearth extensions
+    session_id: str | None = None
+    cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
+    timeout: float | None = Field(default=None, gt=0)
+    cache_prompt: bool = True
+    seed: int | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool | None = None
+
+
+def response_store(app: Starlette) -> ResponseStore:
+    store: ResponseStore | None = getattr(app.state, "responses", None)
+    if store is None:
+        store = app.state.responses = ResponseStore(app.state.settings.data_dir / "hearth.db")
+    return store
+
+
+def _history(body: ResponsesIn, store: ResponseStore) -> list[dict[str, Any]]:
+    if body.previous_response_id is None:
+        return []
+    items = store.chain(body.previous_response_id) if valid_id(body.previous_response_id) else None
+    if items is None:
+        raise NotFound(f"no stored response with id {body.previous_response_id!r}", param="previous_response_id")
+    return items
+
+
+def _check_unsupported(body: ResponsesIn) -> None:
+    if body.session_id is not None:
+        raise BadRequest("sessions are not available on this server yet; omit session_id", param="session_id")
+    if body.background:
+        raise BadRequest("background responses are not supported; use stream or a plain request",
+                         param="background")
+    if body.conversation is not None:
+        raise BadRequest("conversations are not supported; use previous_response_id", param="conversation")
+
+
+async def create_response(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    body = validate(ResponsesIn, await read_json(request))
+    _check_unsupported(body)
+    store = response_store(request.app)
+    items = normalize_input(body.input)
+    history = _history(body, store)
+    messages = [Message("system", body.instructions)] if body.instructions else []
+    messages += to_messages(history, "previous_response") + to_messages(items)
+    if not any(m.role != "system" for m in messages):
+        raise BadRequest("input is empty: give at least one message", param="input")
+    tools, tools_echo = to_tools(body.tools)
+    response_format, text_echo = to_response_format(body.text)
+    reasoning, reasoning_echo = to_reasoning(body.reasoning)
+    metadata = check_metadata(body.metadata)
+    sampling = sampling_params(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+                               seed=body.seed, stop=parse_stop(body.stop), max_tokens=body.max_output_tokens,
+                               ignore_eos=body.ignore_eos)
+    rid = new_id("resp_")
+    creq = ChatRequest(
+        model=body.model or "", messages=messages, sampling=sampling, tools=tools,
+        tool_choice=to_tool_choice(body.tool_choice, tools), parallel_tool_calls=body.parallel_tool_calls,
+        response_format=response_format, reasoning=reasoning, request_id=rid,
+        timeout=runs.time_cap(request, body.timeout), cache_prompt=body.cache_prompt)
+    model = backend.resolve(creq.model)
+
+    asm = ResponseAssembler({
+        "id": rid, "object": "response", "created_at": int(time.time()), "model": model,
+        "instructions": body.instructions, "metadata": metadata, "tools": tools_echo,
+        "tool_choice": body.tool_choice or "auto", "parallel_tool_calls": body.parallel_tool_calls,
+        "temperature": sampling.temperature, "top_p": sampling.top_p, "max_output_tokens": body.max_output_tokens,
+        "text": text_echo, "reasoning": reasoning_echo, "previous_response_id": body.previous_response_id,
+        "store": body.store, "background": False, "truncation": "disabled", "completed_at": None,
+    })
+
+    # Stored as in_progress before the wait for a slot, so GET and .../cancel see a queued run.
+    if body.store:
+        store.put(asm.response, items)
+
+    def save(response: dict[str, Any]) -> None:
+        if body.store:
+            store.update(response)
+
+    def open_stream(token: CancelToken) -> Awaitable[EventStream]:
+        creq.cancel = token
+        return backend.chat(creq)
+
+    try:
+        gen = await runs.start(request, "responses", open_stream, cancel_id=body.cancel_id, ids=[rid])
+    except BaseException:
+        if body.store:  # the client got an error, not a response: nothing to keep
+            store.delete(rid)
+        raise
+    if body.stream:
+        return gen.stream(sse_events(gen.events, asm, save))
+    try:
+        response = await gen.collect(request, lambda: collect(gen.events, asm))
+    finally:
+        asm.finish()  # no-op unless the client left
+        save(asm.response)
+    return JSONResponse(response)
+
+
+def _not_found(rid: str) -> NotFound:
+    return NotFound(f"no stored response with id {rid!r}", param="response_id")
+
+
+def _stored_id(request: Request) -> str:
+    """The path's response id, checked before it goes near the database."""
+    rid: str = request.path_params["response_id"]
+    if not valid_id(rid):
+        raise _not_found(rid)
+    return rid
+
+
+async def get_response(request: Request) -> Response:
+    rid = _stored_id(request)
+    stored = response_store(request.app).get(rid)
+    if stored is None:
+        raise _not_found(rid)
+    return JSONResponse(stored.response)
+
+
+async def delete_response(request: Request) -> Response:
+    rid = _stored_id(request)
+    if not response_store(request.app).delete(rid):
+        raise _not_found(rid)
+    return JSONResponse({"id": rid, "object": "response", "deleted": True})
+
+
+async def cancel_response(request: Request) -> Response:
+    """Cancel the in-flight run of a stored response and return the response as it ends (or as
+    it is, if it already ended or does not end within CANCEL_SETTLE_SECONDS)."""
+    rid = _stored_id(request)
+    store = response_store(request.app)
+    stored = store.get(rid)
+    if stored is None:
+        raise _not_found(rid)
+    registry: CancelRegistry = request.app.state.cancels
+    if registry.cancel(ids=[rid]):
+        deadline = time.monotonic() + CANCEL_SETTLE_SECONDS
+        while stored is not None and stored.response.get("status") == "in_progress" and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            stored = store.get(rid)
+        if stored is None:  # deleted meanwhile
+            raise _not_found(rid)
+    return JSONResponse(stored.response)

@@ -1,0 +1,89 @@
+"""Constrained output as GBNF grammars: JSON schemas (response_format) and forced tool calls.
+
+Schemas go through llama.cpp's own converter (vendored in llama-cpp-python), one converter per
+grammar so rule names never collide. A forced call's grammar writes exactly the wrapper its
+tool parser reads, with the tool name fixed and the arguments following the tool's schema.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hearth.chat.types import ResponseFormat, Tool
+from hearth.errors import BadRequest
+
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+# The formats a grammar can write, by parser: (wrapper rule, arguments key). Other parsers' calls
+# are forced in the plain JSON format ("json").
+_WRAPPERS: dict[str, tuple[str, str]] = {
+    "hermes": ('"<tool_call>\\n" call "\\n</tool_call>"', "arguments"),
+    "llama3": ("call", "parameters"),
+    "json": ("call", "arguments"),
+}
+_SEPARATORS = {"hermes": '"\\n"', "llama3": '";" " "?', "json": '"\\n"'}
+
+
+def forced_format(parser: str) -> str:
+    """The parser that reads calls forced by a grammar, for a model whose format is `parser`."""
+    return parser if parser in _WRAPPERS else "json"
+
+
+def _convert(schema: dict[str, Any], root: str, prop_order: list[str] | None = None) -> str:
+    try:
+        from llama_cpp.llama_grammar import SchemaConverter
+    except ImportError as e:  # pragma: no cover - llama-cpp-python is always installed with Hearth
+        raise BadRequest("structured output needs llama-cpp-python's grammar converter") from e
+    conv = SchemaConverter(prop_order={k: i for i, k in enumerate(prop_order or [])}, allow_fetch=False,
+                           dotall=False, raw_pattern=False)
+    try:
+        resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "input")
+        conv.visit(resolved, root)
+        return conv.format_grammar()
+    except BadRequest:
+        raise
+    except Exception as e:  # the converter raises bare exceptions on schemas it cannot handle
+        raise BadRequest(f"this JSON schema cannot be turned into a grammar: {e}",
+                         param="response_format") from e
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """GBNF whose `root` is JSON that validates against `schema`."""
+    if not isinstance(schema, dict):
+        raise BadRequest("a JSON schema must be an object", param="response_format")
+    return _convert(schema, "")  # the converter names the top rule "root" when given ""
+
+
+def response_format_grammar(rf: ResponseFormat | None) -> str | None:
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return schema_grammar(rf.schema or ANY_OBJECT)
+    if rf.type == "json_schema":
+        if rf.schema is None:
+            raise BadRequest("response_format json_schema needs a schema", param="response_format")
+        return schema_grammar(rf.schema)
+    raise BadRequest(f"unknown response_format type {rf.type!r}", param="response_format")
+
+
+def _parameters(tool: Tool) -> dict[str, Any]:
+    p = tool.parameters or ANY_OBJECT
+    return p if "type" in p or "properties" not in p else {**p, "type": "object"}
+
+
+def tool_call_grammar(tools: list[Tool], parser: str, parallel: bool) -> str:
+    """GBNF for one call to any of `tools` (with `parallel`, up to one per tool), written in
+    the format `parser` reads (see `forced_format`). The bound matters: a small model under a
+    grammar that allows endless calls keeps writing them until max_tokens."""
+    wrapper, args_key = _WRAPPERS[parser]
+    calls = [{"type": "object",
+              "properties": {"name": {"const": t.name}, args_key: _parameters(t)},
+              "required": ["name", args_key]} for t in tools]
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    rules = _convert(schema, "call", prop_order=["name", args_key])
+    if parallel and len(tools) > 1:
+        root = f"root ::= block ({_SEPARATORS[parser]} block){{0,{len(tools) - 1}}}\nblock ::= {wrapper}"
+    else:
+        root = f"root ::= {wrapper}"
+    return f"{rules}\n{root}\n"

@@ -1,0 +1,84 @@
+"""Hermes / Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number of
+times, with free text around. Also the generic format Hearth teaches tool-less templates."""
+
+from __future__ import annotations
+
+from hearth.chat.tool_parsers._text import TextOut
+from hearth.chat.tool_parsers.base import JsonCall, Part, ToolParser, split_at_marker
+from hearth.chat.types import Tool
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class HermesParser(ToolParser):
+    name = "hermes"
+
+    def __init__(self, tools: list[Tool]) -> None:
+        super().__init__(tools)
+        self._buf = ""
+        self._state = "text"  # text | call | raw | closing
+        self._call: JsonCall | None = None
+        self._out = TextOut()
+
+    def feed(self, text: str) -> list[Part]:
+        out: list[Part] = []
+        self._buf += text
+        self._run(out)
+        return out
+
+    def _run(self, out: list[Part]) -> None:
+        while True:
+            if self._state == "text":
+                safe, found, self._buf = split_at_marker(self._buf, OPEN)
+                self._out.text(out, safe)
+                if not found:
+                    return
+                self._state, self._call = "call", JsonCall(self.n_calls)
+            elif self._state == "call":
+                call = self._call
+                assert call is not None
+                out.extend(call.feed(self._buf))
+                self._buf = ""
+                if call.done:
+                    out.extend(call.finish_parts())
+                if call.failed:
+                    self._state, self._buf = "raw", call.text + call.rest
+                elif call.done:
+                    self._called()
+                    self._state, self._buf = "closing", call.rest
+                else:
+                    return
+            elif self._state == "raw":  # <tool_call> that holds no call: it is text, tags and all
+                i = self._buf.find(CLOSE)
+                if i < 0:
+                    return
+                self._out.text(out, OPEN + self._buf[:i + len(CLOSE)])
+                self._state, self._buf = "text", self._buf[i + len(CLOSE):]
+            else:  # closing
+                s = self._buf.lstrip()
+                if s.startswith(CLOSE):
+                    self._state, self._buf = "text", s[len(CLOSE):]
+                elif CLOSE.startswith(s):
+                    return
+                else:  # no closing tag: what follows is text
+                    self._state = "text"
+
+    def _called(self) -> None:
+        self.n_calls += 1
+        self._out.call()
+
+    def finish(self) -> list[Part]:
+        out: list[Part] = []
+        if self._state == "call":
+            assert self._call is not None
+            out.extend(self._call.finish_parts())
+            if self._call.failed:
+                self._out.text(out, OPEN + self._call.text)
+            elif self._call.announced:
+                self._called()
+        elif self._state == "raw":
+            self._out.text(out, OPEN + self._buf)
+        # In the text state the buffer holds at most an unfinished <tool_call>: dropped.
+        self._buf = ""
+        self._out.finish(out, self.n_calls)
+        return out

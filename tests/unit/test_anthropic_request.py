@@ -1,0 +1,190 @@
+"""Anthropic Messages request bodies → ChatRequest (no model, no server)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from hearth.api.anthropic import CountTokensIn, MessagesIn, error_type, to_chat_request
+from hearth.api.parsing import validate
+from hearth.chat.types import ChatRequest, Message, ToolCall
+from hearth.errors import BadRequest
+
+WEATHER = {"name": "get_weather", "description": "Weather for a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def parse(**body: Any) -> ChatRequest:
+    body.setdefault("max_tokens", 16)
+    body.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return to_chat_request(validate(MessagesIn, body), "msg_1")
+
+
+def bad(match: str, **body: Any) -> BadRequest:
+    with pytest.raises(BadRequest, match=match) as e:
+        parse(**body)
+    return e.value
+
+
+def test_plain_text_and_sampling() -> None:
+    r = parse(model="smollm2", max_tokens=7, temperature=0, top_p=0.5, top_k=3, stop_sequences=["\n\n"],
+              metadata={"user_id": "u"})
+    assert r.model == "smollm2" and r.request_id == "msg_1"
+    assert r.messages == [Message("user", "hi")]
+    s = r.sampling
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.stop) == (7, 0, 0.5, 3, ["\n\n"])
+
+
+def test_max_tokens_is_required() -> None:
+    with pytest.raises(BadRequest, match="max_tokens") as e:
+        to_chat_request(validate(MessagesIn, {"messages": [{"role": "user", "content": "hi"}]}), "m")
+    assert e.value.param == "max_tokens"
+
+
+def test_count_tokens_body_needs_no_max_tokens() -> None:
+    r = to_chat_request(validate(CountTokensIn, {"messages": [{"role": "user", "content": "hi"}]}), "m")
+    assert r.messages == [Message("user", "hi")]
+
+
+@pytest.mark.parametrize("system", ["Be brief.", [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]])
+def test_system_as_string_or_text_blocks(system: Any) -> None:
+    r = parse(system=system)
+    assert r.messages[0].role == "system"
+    assert r.messages[0].content in ("Be brief.", "Be\nbrief.")
+
+
+def test_text_blocks_with_cache_control_are_joined() -> None:
+    r = parse(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "one", "cache_control": {"type": "ephemeral"}}, {"type": "text", "text": "two"}]}])
+    assert r.messages == [Message("user", "one\ntwo")]
+
+
+@pytest.mark.parametrize("kind", ["image", "document"])
+def test_image_input_is_rejected(kind: str) -> None:
+    block = {"type": kind, "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+    e = bad("no vision", messages=[{"role": "user", "content": [{"type": "text", "text": "what?"}, block]}])
+    assert e.param == "messages[0].content[1]"
+
+
+def test_image_inside_a_tool_result_is_rejected() -> None:
+    block = {"type": "tool_result", "tool_use_id": "t1",
+             "content": [{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}
+    bad("no vision", messages=[{"role": "user", "content": [block]}])
+
+
+def test_tool_use_round_trip_history() -> None:
+    r = parse(tools=[WEATHER], messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "I should call the tool.", "signature": "sig"},
+            {"type": "redacted_thinking", "data": "opaque"},
+            {"type": "text", "text": "Let me check."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18C, sunny"},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
+             "content": [{"type": "text", "text": "timeout"}]},
+            {"type": "text", "text": "Thanks!"}]},
+    ])
+    user, assistant, tool1, tool2, thanks = r.messages
+    assert user == Message("user", "Weather in Paris?")
+    assert assistant.role == "assistant" and assistant.content == "Let me check."
+    assert assistant.reasoning == "I should call the tool."
+    assert assistant.tool_calls == [ToolCall("toolu_1", "get_weather", json.dumps({"city": "Paris"}))]
+    assert tool1 == Message("tool", "18C, sunny", tool_call_id="toolu_1")
+    assert tool2 == Message("tool", "Error: timeout", tool_call_id="toolu_2")
+    assert thanks == Message("user", "Thanks!")
+    assert r.tools[0].name == "get_weather" and r.tools[0].parameters == WEATHER["input_schema"]
+    assert r.tools[0].description == "Weather for a city"
+
+
+def test_tool_result_without_content_is_empty() -> None:
+    r = parse(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}])
+    assert r.messages == [Message("tool", "", tool_call_id="t")]
+
+
+@pytest.mark.parametrize(("messages", "match"), [
+    ([{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}], "cannot hold"),
+    ([{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}], "cannot hold"),
+    ([{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": [1]}]}],
+     "must be an object"),
+    ([{"role": "assistant", "content": [{"type": "tool_use", "name": "f", "input": {}}]}], "needs id and name"),
+    ([{"role": "user", "content": [{"type": "tool_result"}]}], "needs tool_use_id"),
+    ([{"role": "system", "content": "x"}], "messages.0.role"),
+    ([], "messages"),
+])
+def test_malformed_messages(messages: list[Any], match: str) -> None:
+    bad(match, messages=messages)
+
+
+@pytest.mark.parametrize(("choice", "want"), [
+    ({"type": "auto"}, "auto"), ({"type": "any"}, "required"), ({"type": "none"}, "none"),
+    ({"type": "tool", "name": "get_weather"}, "get_weather"),
+])
+def test_tool_choice(choice: dict[str, Any], want: str) -> None:
+    r = parse(tools=[WEATHER], tool_choice=choice)
+    assert r.tool_choice == want and r.parallel_tool_calls
+
+
+def test_disable_parallel_tool_use() -> None:
+    r = parse(tools=[WEATHER], tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+    assert r.parallel_tool_calls is False
+
+
+@pytest.mark.parametrize(("body", "match"), [
+    ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "not in tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "tool"}}, "needs a name"),
+    ({"tool_choice": {"type": "any"}}, "needs tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "sometimes"}}, "tool_choice"),
+    ({"tools": [{"name": "f"}]}, "input_schema is required"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tools"),
+])
+def test_bad_tools(body: dict[str, Any], match: str) -> None:
+    bad(match, **body)
+
+
+def test_thinking() -> None:
+    r = parse(max_tokens=64, thinking={"type": "enabled", "budget_tokens": 32})
+    assert (r.reasoning.enable, r.reasoning.budget) == (True, 32)
+    assert parse(thinking={"type": "disabled"}).reasoning.enable is False
+    assert parse().reasoning.enable is None
+    bad("budget_tokens", thinking={"type": "enabled"})
+
+
+def test_hearth_extensions() -> None:
+    body = validate(MessagesIn, {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                                 "cancel_id": "c1", "cache_prompt": False})
+    assert body.cancel_id == "c1"
+    assert to_chat_request(body, "m").cache_prompt is False
+
+
+def test_session_id_is_refused_until_sessions_exist() -> None:
+    e = bad("sessions are not available yet", session_id="s1")
+    assert e.param == "session_id"
+
+
+def test_out_of_range_sampling_is_a_bad_request() -> None:
+    bad("temperature", temperature=-1)
+
+
+@pytest.mark.parametrize(("status", "kind"), [
+    (400, "invalid_request_error"), (401, "authentication_error"), (403, "permission_error"),
+    (404, "not_found_error"), (409, "invalid_request_error"), (429, "rate_limit_error"), (500, "api_error"),
+    (503, "overloaded_error"), (529, "overloaded_error"),
+])
+def test_error_types(status: int, kind: str) -> None:
+    assert error_type(status) == kind
+
+
+def test_output_config_effort_and_json_schema_format() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    r = parse(output_config={"effort": "max", "format": {"type": "json_schema", "schema": schema}},
+              thinking={"type": "adaptive", "display": "summarized"})
+    assert (r.reasoning.enable, r.reasoning.effort, r.reasoning.budget) == (True, "high", None)
+    assert r.response_format is not None
+    assert (r.response_format.type, r.response_format.schema) == ("json_schema", schema)
+    assert parse(output_config={"effort": "low"}).reasoning.effort == "low"
+    assert parse().response_format is None
+    bad("output_config.format.type", output_config={"format": {"type": "xml", "schema": {}}})
