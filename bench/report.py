@@ -76,8 +76,9 @@ def markdown_table(result: Result) -> str:
     ok = [n for n, r in servers.items() if r.get("status") == "ok"]
     peers = list(result["ratios"])
     head = ["metric", *[f"{n} (median)" for n in ok], *[f"{baseline}/{p}" for p in peers]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for metric in metric_names({n: servers[n] for n in ok}):
+    names = metric_names({n: servers[n] for n in ok})
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] if names else []
+    for metric in names:
         unit = next(servers[n]["metrics"][metric]["unit"] for n in ok if metric in servers[n]["metrics"])
         hib = next(servers[n]["metrics"][metric]["higher_is_better"] for n in ok if metric in servers[n]["metrics"])
         label = f"{metric} ({unit}, {'higher' if hib else 'lower'} is better)"
