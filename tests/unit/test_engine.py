@@ -286,3 +286,53 @@ async def test_cache_prompt_false_recomputes_the_whole_prompt() -> None:
         assert outs[0].cached_tokens == 0 and len(runner.calls[0][0].tokens) == 12
     finally:
         eng.stop()
+
+
+def test_2000_cancels_racing_registration_leave_no_run_or_slot_behind() -> None:
+    """Cancels by cancel_id race the registration and submission of 2000 runs (some arrive
+    first and are stashed, some hit the run mid-flight): every run ends, the registry is empty,
+    no engine slot is held."""
+    from hearth.chat.cancel import CancelRegistry
+
+    runner = FakeRunner(n_seq_max=4)
+    eng = make(runner, seq_ctx=100000)
+    registry = CancelRegistry()
+    n = 2000
+    ended = threading.Semaphore(0)
+    reasons: dict[str, FinishReason] = {}
+    lock = threading.Lock()
+
+    def launcher() -> None:
+        for i in range(n):
+            rid = f"r{i}"
+            run = registry.open(cancel_id=f"c{i}")
+
+            def sink(out: RequestOutput, rid: str = rid, run: object = run) -> None:
+                if out.finished:
+                    with lock:
+                        reasons[rid] = out.deltas[0].finish_reason  # type: ignore[assignment]
+                    registry.close(run)  # type: ignore[arg-type]
+                    ended.release()
+
+            eng.submit(req(rid, max_tokens=5000), sink)
+            run.token.on_cancel(lambda rid=rid: eng.abort(rid))
+
+    def canceller() -> None:
+        for i in range(n):
+            registry.cancel(cancel_id=f"c{i}")
+
+    try:
+        threads = [threading.Thread(target=launcher), threading.Thread(target=canceller)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for _ in range(n):
+            assert ended.acquire(timeout=20)
+        assert len(reasons) == n
+        assert all(r is FinishReason.CANCELLED for r in reasons.values())
+        assert len(registry) == 0 and registry.pending == 0
+        time.sleep(0.05)
+        assert eng.in_flight == 0 and eng.slots.n_free == 4 and not eng.scheduler.has_work()
+    finally:
+        eng.stop()
