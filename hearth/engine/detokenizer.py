@@ -10,6 +10,7 @@ Two guarantees, both needed for streaming:
 from __future__ import annotations
 
 import codecs
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -42,7 +43,7 @@ class Detokenizer:
             out = self._held[: best[0]]
             self._held = ""
             return StopMatch(out, best[1])
-        keep = _longest_stop_prefix_suffix(self._held, self.stop)
+        keep = held_prefix(self._held, self.stop)
         cut = len(self._held) - keep
         out, self._held = self._held[:cut], self._held[cut:]
         return out
@@ -55,8 +56,9 @@ class Detokenizer:
         return out
 
 
-def _longest_stop_prefix_suffix(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+def held_prefix(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string (or
+    marker): the part a streaming parser must hold back until it knows more."""
     best = 0
     for s in stops:
         for k in range(min(len(s) - 1, len(text)), best, -1):

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from hearth.chat.types import Tool
+from hearth.engine.detokenizer import held_prefix
 
 
 @dataclass(slots=True)
@@ -45,17 +46,6 @@ class ToolParser(ABC):
     @abstractmethod
     def finish(self) -> list[Part]:
         """The output ended: resolve whatever is still held back."""
-
-
-def held_prefix(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of a marker."""
-    best = 0
-    for m in markers:
-        for k in range(min(len(m) - 1, len(text)), best, -1):
-            if text.endswith(m[:k]):
-                best = k
-                break
-    return best
 
 
 def split_at_marker(buf: str, marker: str) -> tuple[str, bool, str]:
