@@ -55,20 +55,11 @@ class WorkloadContext:
         to go idle and run the round again, up to `settings.retries` times. The returned CPU record
         says how many attempts it took and whether the kept round is still contaminated.
         """
-        s = self.settings
-        for attempt in range(s.retries + 1):
-            start = CpuSnapshot.take(self.server_pid)
-            results = list(await asyncio.gather(*(self.send(f"{tag}-a{attempt}-s{i}") for i in range(streams))))
-            usage = cpu_usage(start, CpuSnapshot.take(self.server_pid))
-            usage["attempt"] = attempt
-            usage["contaminated"] = usage["foreign_share"] > s.max_foreign_cpu
-            if not usage["contaminated"] or attempt == s.retries:
-                self.contention["rounds"] += 1
-                self.contention["retries"] += attempt
-                self.contention["contaminated_rounds"] += int(usage["contaminated"])
-                return results, usage
-            wait_idle(s.retry_wait_s)
-        raise AssertionError("unreachable")
+
+        async def attempt(n: int) -> list[StreamResult]:
+            return list(await asyncio.gather(*(self.send(f"{tag}-a{n}-s{i}") for i in range(streams))))
+
+        return await self.measure(attempt)
 
     async def measure(
         self, attempt_fn: Callable[[int], Awaitable[T]], wait_s: float | None = None

@@ -134,9 +134,6 @@ class LlamaCppRunner:
             n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
-    def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.token_text(t) for t in tokens).decode("utf-8", errors="replace")
-
     def is_eog(self, token: int) -> bool:
         return bool(self._eog[token])
 

@@ -39,9 +39,17 @@ class ToolParser(ABC):
     def __init__(self, tools: list[Tool]) -> None:
         self.tools = {t.name: t for t in tools}
         self.n_calls = 0
+        self._buf = ""  # text received and not yet resolved into parts
+
+    def feed(self, text: str) -> list[Part]:
+        out: list[Part] = []
+        self._buf += text
+        self._run(out)
+        return out
 
     @abstractmethod
-    def feed(self, text: str) -> list[Part]: ...
+    def _run(self, out: list[Part]) -> None:
+        """Turn as much of `self._buf` into parts as is safe now, holding back the rest."""
 
     @abstractmethod
     def finish(self) -> list[Part]:

@@ -15,16 +15,9 @@ class HermesParser(ToolParser):
 
     def __init__(self, tools: list[Tool]) -> None:
         super().__init__(tools)
-        self._buf = ""
         self._state = "text"  # text | call | raw | closing
         self._call: JsonCall | None = None
         self._out = TextOut()
-
-    def feed(self, text: str) -> list[Part]:
-        out: list[Part] = []
-        self._buf += text
-        self._run(out)
-        return out
 
     def _run(self, out: list[Part]) -> None:
         while True:

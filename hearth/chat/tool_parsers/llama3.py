@@ -16,15 +16,8 @@ class Llama3Parser(ToolParser):
 
     def __init__(self, tools: list[Tool]) -> None:
         super().__init__(tools)
-        self._buf = ""
         self._state = "start"  # start | call | between | text
         self._call: JsonCall | None = None
-
-    def feed(self, text: str) -> list[Part]:
-        out: list[Part] = []
-        self._buf += text
-        self._run(out)
-        return out
 
     def _run(self, out: list[Part]) -> None:
         while True:

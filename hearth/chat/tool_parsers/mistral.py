@@ -18,18 +18,11 @@ class MistralParser(ToolParser):
 
     def __init__(self, tools: list[Tool]) -> None:
         super().__init__(tools)
-        self._buf = ""
         self._state = "text"  # text | open | next | call | between | name
         self._in_array = False
         self._raw = ""  # what followed the marker, for when it turns out not to be calls
         self._call: JsonCall | None = None
         self._out = TextOut()
-
-    def feed(self, text: str) -> list[Part]:
-        out: list[Part] = []
-        self._buf += text
-        self._run(out)
-        return out
 
     def _as_text(self, out: list[Part]) -> None:
         self._out.text(out, MARKER + self._raw + self._buf)

@@ -26,23 +26,20 @@ class PythonicParser(ToolParser):
 
     def __init__(self, tools: list[Tool]) -> None:
         super().__init__(tools)
-        self._buf = ""
         self._in_block = False
         self._out = TextOut()
 
-    def feed(self, text: str) -> list[Part]:
-        out: list[Part] = []
-        self._buf += text
+    def _run(self, out: list[Part]) -> None:
         while True:
             if not self._in_block:
                 safe, found, self._buf = split_at_marker(self._buf, OPEN)
                 self._out.text(out, safe)
                 if not found:
-                    return out
+                    return
                 self._in_block = True
             i = self._buf.find(CLOSE)
             if i < 0:
-                return out
+                return
             self._block(out, self._buf[:i])
             self._in_block, self._buf = False, self._buf[i + len(CLOSE):]
 
