@@ -1,0 +1,88 @@
+"""What every CLI verb shares: connection options, one-line errors, rich output helpers."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+from hearth.cli.client import CLIError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+UrlOpt = Annotated[str | None, typer.Option(
+    "--url", envvar="HEARTH_URL", show_default=False,
+    help="Server URL. Env: HEARTH_URL. Default: http://127.0.0.1:8000.")]
+ApiKeyOpt = Annotated[str | None, typer.Option(
+    "--api-key", envvar="HEARTH_API_KEY", show_default=False,
+    help="API key, if the server needs one. Env: HEARTH_API_KEY.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+
+
+def console() -> Console:
+    # Built per call so it writes to whatever sys.stdout is now (CliRunner swaps it).
+    return Console(highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print `error: message` on stderr; return the Exit to raise."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return typer.Exit(code)
+
+
+def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn the errors a verb expects into one line on stderr and a non-zero exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except CLIError as e:
+            raise fail(str(e), e.code) from None
+        except OSError as e:
+            raise fail(f"{e.strerror or e}{': ' + str(e.filename) if e.filename else ''}") from None
+        except KeyboardInterrupt:
+            raise fail("interrupted", 130) from None
+
+    return wrapper
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def human_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {s:02d}s"
+    hours, m = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {m:02d}m"
+    return f"{hours // 24}d {hours % 24}h"
+
+
+def ago(timestamp: float | int | None) -> str:
+    if not timestamp:
+        return "-"
+    return human_duration(time.time() - float(timestamp)) + " ago"

@@ -1,0 +1,173 @@
+"""`hearth server start|stop|status|logs`: a background server in the data directory."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from hearth.cli.client import APIError, Client, CLIError
+from hearth.cli.common import ApiKeyOpt, JsonOpt, cli_errors, console, human_duration, print_json
+from hearth.cli.daemon import Daemon, ServeOptions
+
+app = typer.Typer(help="Run Hearth in the background: start, stop, status, logs.", no_args_is_help=True)
+
+DataDirOpt = Annotated[Path | None, typer.Option(
+    "--data-dir", envvar="HEARTH_HOME", show_default=False,
+    help="Data directory (pid file, lock, log, sessions). Env: HEARTH_HOME. Default: the user data dir.")]
+
+
+def start_server(daemon: Daemon, options: ServeOptions, timeout: float = 300.0) -> dict[str, Any]:
+    """Start a background server and wait for /health, with a spinner on stderr; what `hearth chat`
+    uses too when nothing answers."""
+    err = Console(stderr=True, highlight=False)
+    t0 = time.monotonic()
+    with err.status(f"starting hearth on port {options.port}…") as status:
+        def on_wait(state: str) -> None:
+            what = "loading the model" if state == "loading" else "waiting for the server"
+            status.update(f"{what}… {time.monotonic() - t0:.0f}s")
+
+        info = daemon.start(options, timeout=timeout, on_wait=on_wait)
+    return {"pid": info.pid, "url": info.url, "log": info.log, "seconds": round(time.monotonic() - t0, 1)}
+
+
+@app.command()
+@cli_errors
+def start(
+    model: Annotated[list[str] | None, typer.Option(
+        "--model", "-m", envvar="HEARTH_MODEL", help="GGUF path, ID=PATH or 'default'. Repeatable.")] = None,
+    host: Annotated[str, typer.Option(envvar="HEARTH_HOST", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="HEARTH_PORT")] = 8000,
+    ctx: Annotated[int | None, typer.Option(envvar="HEARTH_CTX", help="Tokens per sequence.")] = None,
+    parallel: Annotated[int | None, typer.Option(envvar="HEARTH_PARALLEL", help="KV slots.")] = None,
+    threads: Annotated[int | None, typer.Option(envvar="HEARTH_THREADS", help="CPU threads.")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="HEARTH_API_KEY", help="Require this API key.")] = None,
+    data_dir: DataDirOpt = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the model to load.")] = 300.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start a server in the background and wait until its model is loaded.
+
+    Only one background server runs per data directory (a lock file makes a second start fail).
+
+    Example: hearth server start --port 8000 --parallel 4
+    """
+    options = ServeOptions(models=model or [], host=host, port=port, ctx=ctx, parallel=parallel,
+                           threads=threads, api_key=api_key)
+    out = start_server(Daemon(data_dir), options, timeout)
+    if as_json:
+        print_json(out)
+    else:
+        console().print(f"hearth server started: pid {out['pid']}, {out['url']} (ready in {out['seconds']}s); "
+                        f"log: {out['log']}")
+
+
+@app.command()
+@cli_errors
+def stop(
+    data_dir: DataDirOpt = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait after SIGTERM before SIGKILL.")] = 30.0,
+) -> None:
+    """Stop the background server (SIGTERM: running generations end cleanly) and wait for it.
+
+    Example: hearth server stop
+    """
+    info = Daemon(data_dir).stop(timeout)
+    console().print(f"hearth server stopped (pid {info.pid}, {info.url})")
+
+
+def gather_status(daemon: Daemon, api_key: str | None) -> dict[str, Any]:
+    info = daemon.running()
+    if info is None:
+        return {"running": False, "data_dir": str(daemon.data_dir)}
+    out: dict[str, Any] = {"running": True, "pid": info.pid, "url": info.url, "data_dir": str(daemon.data_dir),
+                           "uptime_seconds": round(time.time() - info.started_at), "log": info.log}
+    with Client(info.url, api_key) as client:
+        out["health"] = client.health()
+        if out["health"] != "ok":
+            return out
+        for key, fetch in (("models", lambda: [m["id"] for m in client.get("/v1/models")["data"]]),
+                           ("parallel", lambda: client.get("/v1/models")["data"][0]["meta"].get("parallel")),
+                           ("sessions", lambda: len(client.get("/v1/sessions")["data"]))):
+            try:
+                out[key] = fetch()
+            except APIError as e:
+                out[key] = None if e.status == 404 else f"? ({e})"
+            except (CLIError, KeyError, IndexError, TypeError):
+                out[key] = None
+        try:
+            m = client.metrics()
+            out["slots_busy"] = int(m.get("hearth_kv_slots_busy", 0))
+            out["running_sequences"] = int(m.get("hearth_running_sequences", 0))
+            out["waiting_requests"] = int(m.get("hearth_waiting_requests", 0))
+        except CLIError:
+            out["slots_busy"] = None
+    return out
+
+
+@app.command()
+@cli_errors
+def status(data_dir: DataDirOpt = None, api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Show the background server: model, address, uptime, sessions and KV slots in use.
+    Exits 1 when no server runs.
+
+    Example: hearth server status --json
+    """
+    out = gather_status(Daemon(data_dir), api_key)
+    if as_json:
+        print_json(out)
+    elif not out["running"]:
+        console().print(f"hearth server: not running (data dir {out['data_dir']})")
+    else:
+        c = console()
+        slots = out.get("slots_busy")
+        parallel = out.get("parallel")
+        sessions = out.get("sessions")
+        c.print(f"hearth server: running, pid {out['pid']}, up {human_duration(out['uptime_seconds'])}")
+        c.print(f"  address   {out['url']}")
+        c.print(f"  health    {out['health']}")
+        c.print(f"  model     {', '.join(out.get('models') or []) or '-'}")
+        c.print(f"  slots     {'-' if slots is None else slots} busy of {parallel or '?'}"
+                f" ({out.get('running_sequences', 0)} running, {out.get('waiting_requests', 0)} waiting)")
+        c.print(f"  sessions  {'not supported by this server' if sessions is None else sessions}")
+        c.print(f"  data dir  {out['data_dir']}")
+        c.print(f"  log       {out['log']}")
+    if not out["running"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+@cli_errors
+def logs(
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines (Ctrl-C stops).")] = False,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines from the end to print first (0: all).")] = 50,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Print the background server's log file.
+
+    Example: hearth server logs -f
+    """
+    path = Daemon(data_dir).log_file
+    if not path.exists():
+        raise CLIError(f"no server log at {path} (start one with: hearth server start)")
+    with path.open("r", errors="replace") as f:
+        text = f.readlines()
+        sys.stdout.writelines(text[-lines:] if lines > 0 else text)
+        sys.stdout.flush()
+        if not follow:
+            return
+        try:
+            while True:
+                line = f.readline()
+                if line:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                else:
+                    time.sleep(0.25)
+        except KeyboardInterrupt:
+            return

@@ -1,0 +1,115 @@
+"""`hearth sessions ls|show|rm|history`: the conversations a server keeps (docs/sessions.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from hearth.cli.client import Client, seg
+from hearth.cli.common import ApiKeyOpt, JsonOpt, UrlOpt, ago, cli_errors, console, print_json
+
+app = typer.Typer(help="List, inspect and delete server sessions.", no_args_is_help=True)
+
+IdArg = Annotated[str, typer.Argument(help="Session id.", show_default=False)]
+
+ROLE_STYLES = {"system": "magenta", "user": "bold cyan", "assistant": "green", "tool": "yellow"}
+
+
+def sessions_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"Sessions ({len(rows)})")
+    for col in ("session", "model", "messages", "tokens", "residency", "busy", "last used"):
+        table.add_column(col, no_wrap=True, overflow="fold")
+    for s in rows:
+        table.add_row(str(s.get("session_id")), str(s.get("model", "-")), str(s.get("message_count", "-")),
+                      f"{s.get('current_pos', 0)} / {s.get('max_seq_len', '?')}", str(s.get("residency", "-")),
+                      "yes" if s.get("busy") else "", ago(s.get("last_used_at")))
+    return table
+
+
+def print_session(c: Console, s: dict[str, Any]) -> None:
+    for key in ("session_id", "model", "message_count", "current_pos", "max_seq_len", "residency", "busy"):
+        c.print(f"{key:<14}{s.get(key, '-')}")
+    c.print(f"{'created':<14}{ago(s.get('created_at'))}")
+    c.print(f"{'last used':<14}{ago(s.get('last_used_at'))}")
+
+
+def print_history(c: Console, messages: list[dict[str, Any]]) -> None:
+    """Messages numbered from 1, so `/rollback N` keeps exactly the first N shown."""
+    if not messages:
+        c.print("(no messages)")
+    for i, m in enumerate(messages, 1):
+        role = str(m.get("role", "?"))
+        c.print(Text(f"[{i}] {role}", style=ROLE_STYLES.get(role, "bold")))
+        if m.get("reasoning_content"):
+            c.print(Text(str(m["reasoning_content"]), style="dim"))
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        if content:
+            c.print(Text(str(content)))
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", {})
+            c.print(Text(f"→ {fn.get('name')}({fn.get('arguments')})", style="yellow"))
+
+
+@app.command("ls")
+@cli_errors
+def ls(url: UrlOpt = None, api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
+    """List sessions, most recently used first.
+
+    Example: hearth sessions ls --json
+    """
+    with Client(url, api_key) as client:
+        rows = client.get("/v1/sessions")["data"]
+    if as_json:
+        print_json(rows)
+    else:
+        console().print(sessions_table(rows))
+
+
+@app.command()
+@cli_errors
+def show(session_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Show one session: tokens in its KV, size limit, residency.
+
+    Example: hearth sessions show demo
+    """
+    with Client(url, api_key) as client:
+        s = client.get(f"/v1/sessions/{seg(session_id)}")
+    if as_json:
+        print_json(s)
+    else:
+        print_session(console(), s)
+
+
+@app.command()
+@cli_errors
+def rm(session_ids: Annotated[list[str], typer.Argument(help="Session ids.", show_default=False)],
+       url: UrlOpt = None, api_key: ApiKeyOpt = None) -> None:
+    """Delete sessions (transcript and KV). Snapshots of them stay.
+
+    Example: hearth sessions rm demo old-chat
+    """
+    with Client(url, api_key) as client:
+        for sid in session_ids:
+            client.delete(f"/v1/sessions/{seg(sid)}")
+            console().print(f"deleted session {sid}")
+
+
+@app.command()
+@cli_errors
+def history(session_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Print a session's transcript, numbered (reasoning dimmed).
+
+    Example: hearth sessions history demo
+    """
+    with Client(url, api_key) as client:
+        messages = client.get(f"/v1/sessions/{seg(session_id)}/history")["data"]
+    if as_json:
+        print_json(messages)
+    else:
+        print_history(console(), messages)
