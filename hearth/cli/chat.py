@@ -109,7 +109,8 @@ class Repl:
 
     def save(self, title: str) -> None:
         self._needs_sessions()
-        snap = self.client.post(f"/v1/sessions/{seg(self.session)}/save", {"title": title} if title else {})
+        with self.out.status("saving the session…"):
+            snap = self.client.post(f"/v1/sessions/{seg(self.session)}/save", {"title": title} if title else {})
         self.out.print(f"saved snapshot {snap.get('snapshot_id')}" + (f" ({title})" if title else ""))
 
     def load(self, snapshot_id: str) -> None:
@@ -117,7 +118,8 @@ class Repl:
         if not snapshot_id:
             raise CLIError("usage: /load SNAPSHOT_ID (see /snapshots)")
         name = new_session_name()
-        s = self.client.post(f"/v1/snapshots/{seg(snapshot_id)}/load", {"session_id": name})
+        with self.out.status(f"loading {snapshot_id}…"):
+            s = self.client.post(f"/v1/snapshots/{seg(snapshot_id)}/load", {"session_id": name})
         self.session = str(s.get("session_id", name))
         self.out.print(f"loaded {snapshot_id} into session {self.session} ({s.get('message_count', '?')} messages, "
                        f"{s.get('current_pos', '?')} tokens); /history shows it")
@@ -203,6 +205,8 @@ class Repl:
                     self.say(text)
             except CLIError as e:
                 self.out.print(Text(f"error: {e}", style="red"))
+            except KeyboardInterrupt:  # Ctrl-C during a slash command: drop it, stay
+                self.out.print(Text("[interrupted]", style="yellow"))
 
 
 def connect(url: str | None, api_key: str | None) -> Client:
@@ -236,16 +240,18 @@ def chat(
         "--session", "-s", help="Session to use or resume (default: a new generated name).")] = None,
     system: Annotated[str | None, typer.Option("--system", help="System message for the conversation.")] = None,
     url: Annotated[str | None, typer.Option(
-        "--url", help="Server URL. Env: HEARTH_URL. Default http://127.0.0.1:8000, where a server is started "
-        "in the background if none answers.", show_default=False)] = None,
+        "--url", help="Server URL (env HEARTH_URL, default http://127.0.0.1:8000, where a server is started "
+        "if none answers).", show_default=False)] = None,
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="HEARTH_API_KEY", help="API key, if the server needs one.", show_default=False)] = None,
     model: Annotated[str | None, typer.Option(help="Model id (default: the server's first).")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="Most tokens per reply.")] = None,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
 ) -> None:
-    """Chat with a model in the terminal. Replies stream; Ctrl-C stops one; Ctrl-D leaves.
-    Type /help inside for the slash commands.
+    """Chat with a model in the terminal, in a server session.
+
+    Replies stream; Ctrl-C stops one (the REPL stays), Ctrl-D leaves. Type /help inside for the
+    slash commands. Without --url, a server is started in the background if none answers.
 
     Example: hearth chat --session demo --system "Answer briefly."
     """

@@ -11,6 +11,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.status import Status
 
 from hearth.cli.client import CLIError
 
@@ -19,16 +20,21 @@ R = TypeVar("R")
 
 UrlOpt = Annotated[str | None, typer.Option(
     "--url", envvar="HEARTH_URL", show_default=False,
-    help="Server URL. Env: HEARTH_URL. Default: http://127.0.0.1:8000.")]
+    help="Server URL (default: http://127.0.0.1:8000).")]
 ApiKeyOpt = Annotated[str | None, typer.Option(
     "--api-key", envvar="HEARTH_API_KEY", show_default=False,
-    help="API key, if the server needs one. Env: HEARTH_API_KEY.")]
+    help="API key, if the server needs one.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
 
 def console() -> Console:
     # Built per call so it writes to whatever sys.stdout is now (CliRunner swaps it).
     return Console(highlight=False, soft_wrap=True)
+
+
+def spinner(text: str) -> Status:
+    """A spinner on stderr while slow work runs (silent when stderr is not a terminal)."""
+    return Console(stderr=True).status(text)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -42,8 +42,10 @@ def models(
         help="Also list this GGUF path (or ID=PATH), as `serve --model` takes it. Repeatable.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the local models (the embedded default and the GGUF files you name) with file size,
-    quantization and context length, read from the GGUF header: nothing is loaded.
+    """List the models available locally, with size, quantization and context length.
+
+    The embedded default and the GGUF files you name; the facts come from each GGUF header, so
+    nothing is loaded.
 
     Example: hearth models --model ~/models/qwen2.5-0.5b-instruct-q4_k_m.gguf
     """

@@ -18,7 +18,7 @@ app = typer.Typer(help="Run Hearth in the background: start, stop, status, logs.
 
 DataDirOpt = Annotated[Path | None, typer.Option(
     "--data-dir", envvar="HEARTH_HOME", show_default=False,
-    help="Data directory (pid file, lock, log, sessions). Env: HEARTH_HOME. Default: the user data dir.")]
+    help="Data directory: pid file, lock, log, sessions (default: the user data dir).")]
 
 
 def start_server(daemon: Daemon, options: ServeOptions, timeout: float = 300.0) -> dict[str, Any]:
@@ -114,6 +114,7 @@ def gather_status(daemon: Daemon, api_key: str | None) -> dict[str, Any]:
 @cli_errors
 def status(data_dir: DataDirOpt = None, api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
     """Show the background server: model, address, uptime, sessions and KV slots in use.
+
     Exits 1 when no server runs.
 
     Example: hearth server status --json

@@ -21,8 +21,11 @@ ROLE_STYLES = {"system": "magenta", "user": "bold cyan", "assistant": "green", "
 
 def sessions_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title=f"Sessions ({len(rows)})")
-    for col in ("session", "model", "messages", "tokens", "residency", "busy", "last used"):
-        table.add_column(col, no_wrap=True, overflow="fold")
+    # Ids must stay whole however narrow the terminal is: the other columns give way first.
+    widest = max([len(str(s.get("session_id"))) for s in rows] or [7])
+    table.add_column("session", min_width=min(widest, 40), overflow="fold")
+    for col in ("model", "messages", "tokens", "residency", "busy", "last used"):
+        table.add_column(col, overflow="fold")
     for s in rows:
         table.add_row(str(s.get("session_id")), str(s.get("model", "-")), str(s.get("message_count", "-")),
                       f"{s.get('current_pos', 0)} / {s.get('max_seq_len', '?')}", str(s.get("residency", "-")),

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hearth.cli.client import Client, CLIError, seg
-from hearth.cli.common import ApiKeyOpt, JsonOpt, UrlOpt, ago, cli_errors, console, human_bytes, print_json
+from hearth.cli.common import ApiKeyOpt, JsonOpt, UrlOpt, ago, cli_errors, console, human_bytes, print_json, spinner
 from hearth.cli.sessions import print_session
 
 app = typer.Typer(help="List, tag, load, export and import session snapshots.", no_args_is_help=True)
@@ -20,8 +20,9 @@ IdArg = Annotated[str, typer.Argument(help="Snapshot id (snap_…).", show_defau
 
 def snapshots_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title=f"Snapshots ({len(rows)})")
-    for col in ("snapshot", "title", "tags", "session", "tokens", "size", "created"):
-        table.add_column(col, no_wrap=col == "snapshot", overflow="fold")
+    table.add_column("snapshot", min_width=37 if rows else 8, overflow="fold")  # snap_ + 32 hex, kept whole
+    for col in ("title", "tags", "session", "tokens", "size", "created"):
+        table.add_column(col, overflow="fold")
     for s in rows:
         session = s.get("session") or {}
         table.add_row(str(s.get("snapshot_id")), str(s.get("title") or ""), ", ".join(s.get("tags") or []),
@@ -103,7 +104,7 @@ def load(
     body: dict[str, Any] = {"force": force}
     if session:
         body["session_id"] = session
-    with Client(url, api_key) as client:
+    with Client(url, api_key) as client, spinner(f"loading {snapshot_id}…"):
         s = client.post(f"/v1/snapshots/{seg(snapshot_id)}/load", body)
     if as_json:
         print_json(s)
@@ -159,7 +160,7 @@ def export(
     Example: hearth snapshots export snap_0f3a… -o chat.tar
     """
     dest = output or Path(f"{snapshot_id}.tar")
-    with Client(url, api_key) as client:
+    with Client(url, api_key) as client, spinner(f"exporting {snapshot_id}…"):
         n = client.download(f"/v1/snapshots/{seg(snapshot_id)}/archive", dest)
     console().print(f"exported {snapshot_id} to {dest} ({human_bytes(n)})")
 
@@ -175,7 +176,7 @@ def import_(
     Example: hearth snapshots import chat.tar
     """
     data = archive.read_bytes()
-    with Client(url, api_key) as client:
+    with Client(url, api_key) as client, spinner(f"importing {archive}…"):
         s = client.request("POST", "/v1/snapshots/import", content=data,
                            headers={"Content-Type": "application/x-tar"}).json()
     if as_json:

@@ -12,17 +12,18 @@ import httpx
 import pexpect
 import pytest
 
-from tests.cli.conftest import metric, run
+from tests.cli.conftest import metric, run, sessions_live
 from tests.conftest import Server, free_port
 
 pytestmark = pytest.mark.slow
 
 HEARTH = str(Path(sys.executable).parent / "hearth")
 PROMPT = "you> "
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def spawn(*args: str, env: dict[str, str] | None = None) -> pexpect.spawn:
-    child = pexpect.spawn(HEARTH, ["chat", *args], env={**os.environ, "TERM": "dumb", **(env or {})},
+    child = pexpect.spawn(HEARTH, ["chat", *args], env={**os.environ, **(env or {})},
                           encoding="utf-8", timeout=90, dimensions=(50, 200))
     child.logfile_read = sys.stdout  # shown by pytest on failure
     return child
@@ -32,7 +33,8 @@ def command(child: pexpect.spawn, line: str) -> str:
     """Send one line, return what was printed before the next prompt (without the echo)."""
     child.sendline(line)
     child.expect_exact(PROMPT)
-    return child.before.split("\n", 1)[1] if "\n" in child.before else ""
+    text = ANSI.sub("", child.before)
+    return text.split("\n", 1)[1] if "\n" in text else ""
 
 
 def stats(child: pexpect.spawn) -> dict[str, str]:
@@ -136,3 +138,56 @@ def test_explicit_url_that_nothing_answers_is_an_error() -> None:
     child.close()
     assert child.exitstatus == 1
     assert "error: no Hearth server answers" in child.before
+
+
+def test_repl_session_commands(cli_server: Server) -> None:
+    if not sessions_live(cli_server.url):
+        pytest.skip("this server does not implement /v1/sessions yet")
+    url = cli_server.url
+    child = spawn("--url", url, "--session", "cli-repl", "--max-tokens", "8", "--temperature", "0",
+                  "--system", "Answer briefly.")
+    child.expect_exact("session cli-repl (new)")
+    child.expect_exact(PROMPT)
+    command(child, "Say hi.")
+    command(child, "Name a color.")
+    history = httpx.get(f"{url}/v1/sessions/cli-repl/history", timeout=10).json()["data"]
+    assert [m["role"] for m in history] == ["system", "user", "assistant", "user", "assistant"]
+    assert history[0]["content"] == "Answer briefly."
+
+    assert "cli-repl" in command(child, "/sessions")
+    saved = re.search(r"saved snapshot (snap_[0-9a-f]{32}) \(checkpoint\)", command(child, "/save checkpoint"))
+    assert saved, "no snapshot id printed"
+    snap = saved[1]
+    assert httpx.get(f"{url}/v1/snapshots/{snap}", timeout=10).json()["title"] == "checkpoint"
+    assert snap in command(child, "/snapshots")
+
+    assert "now has 3 messages" in command(child, "/rollback 3")
+    history = httpx.get(f"{url}/v1/sessions/cli-repl/history", timeout=10).json()["data"]
+    assert [m["role"] for m in history] == ["system", "user", "assistant"]
+    shown = command(child, "/history")
+    assert "[3] assistant" in shown and "[4]" not in shown
+
+    loaded = re.search(r"loaded snap_\w+ into session (\S+) \((\d+) messages", command(child, f"/load {snap}"))
+    assert loaded and loaded[2] == "5"
+    assert httpx.get(f"{url}/v1/sessions/{loaded[1]}", timeout=10).json()["message_count"] == 5
+    command(child, "Say bye.")  # the turn goes to the loaded session
+    assert httpx.get(f"{url}/v1/sessions/{loaded[1]}", timeout=10).json()["message_count"] == 7
+
+    assert "applies from the next turn" in command(child, "/system Answer in French.")
+    command(child, "Say hi.")
+    history = httpx.get(f"{url}/v1/sessions/{loaded[1]}/history", timeout=10).json()["data"]
+    assert history[0] == {**history[0], "role": "system", "content": "Answer in French."}
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+    # the conversation outlives the REPL: resuming shows it
+    child = spawn("--url", url, "--session", "cli-repl")
+    child.expect(r"session cli-repl: resuming, 3 messages")
+    child.expect_exact(PROMPT)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    for sid in ("cli-repl", loaded[1]):
+        httpx.delete(f"{url}/v1/sessions/{sid}", timeout=10)
+    httpx.delete(f"{url}/v1/snapshots/{snap}", timeout=10)
