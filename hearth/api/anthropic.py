@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
 from hearth.api.anthropic_stream import collect, message_body, stop_reason, stream_events
-from hearth.api.parsing import read_json, sampling_params, validate
+from hearth.api.parsing import read_json, sampling_params, session_turn, validate
 from hearth.api.sse import ClientGone
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
@@ -89,11 +89,14 @@ class CountTokensIn(_Open):
     tool_choice: ToolChoiceIn | None = None
     thinking: ThinkingIn | None = None
     output_config: OutputConfigIn | None = None
-    session_id: str | None = None  # Hearth: not available yet (400)
+    session_id: str | None = None  # Hearth sessions (docs/sessions.md); count_tokens ignores it
 
 
 class MessagesIn(CountTokensIn):
     max_tokens: int = Field(ge=1)
+    replace_system: bool = False
+    discard_thinking: bool = False
+    session_wait: bool = True
     stream: bool = False
     stop_sequences: list[str] | None = None
     temperature: float | None = None
@@ -246,9 +249,6 @@ def _response_format(output: OutputConfigIn | None) -> ResponseFormat | None:
 
 
 def to_chat_request(body: CountTokensIn, request_id: str) -> ChatRequest:
-    if body.session_id is not None:
-        raise BadRequest("sessions are not available yet on this server: send the whole conversation in "
-                         "messages and leave out session_id", param="session_id")
     tools = _tools(body.tools)
     creq = ChatRequest(model=body.model or "", messages=to_messages(body), tools=tools,
                        tool_choice=_tool_choice(body.tool_choice, tools),
@@ -260,6 +260,7 @@ def to_chat_request(body: CountTokensIn, request_id: str) -> ChatRequest:
         creq.sampling = sampling_params(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                                         stop=body.stop_sequences, max_tokens=body.max_tokens)
         creq.cache_prompt = body.cache_prompt
+        creq.session = session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait)
     return creq
 
 
@@ -316,9 +317,10 @@ async def messages(request: Request) -> Response:
 
     def open_stream(token: CancelToken) -> Awaitable[EventStream]:
         creq.cancel = token
-        return backend.chat(creq)
+        return request.app.state.sessions.chat(creq)
 
-    gen = await runs.start(request, "messages", open_stream, cancel_id=body.cancel_id, ids=[msg_id])
+    gen = await runs.start(request, "messages", open_stream, cancel_id=body.cancel_id, session_id=body.session_id,
+                           ids=[msg_id])
     if body.stream:
         return gen.stream(stream_events(gen.events, msg_id, model, stops))
     out = await gen.collect(request, lambda: collect(gen.events))

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
-from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling_params, validate
+from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling_params, session_turn, validate
 from hearth.api.sse import DONE, sse_data
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
@@ -113,6 +113,11 @@ class ChatCompletionIn(_Open):
     timeout: float | None = Field(default=None, gt=0)
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     cache_prompt: bool = True
+    # Hearth sessions (docs/sessions.md): the messages are only the new ones
+    session_id: str | None = None
+    replace_system: bool = False
+    discard_thinking: bool = False
+    session_wait: bool = True
 
 
 def text_of(content: str | list[ContentPart] | None, where: str) -> str | None:
@@ -204,7 +209,8 @@ def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
         parallel_tool_calls=body.parallel_tool_calls, response_format=parse_response_format(body.response_format),
         reasoning=ReasoningOptions(effort=body.reasoning_effort, budget=body.reasoning_budget),
         chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=body.timeout,
-        cache_prompt=body.cache_prompt)
+        cache_prompt=body.cache_prompt, session=session_turn(body.session_id, body.replace_system,
+                                                             body.discard_thinking, body.session_wait))
 
 
 # ---- output ------------------------------------------------------------------------------
@@ -282,9 +288,10 @@ async def chat_completions(request: Request) -> Response:
 
     def open_stream(token: CancelToken) -> Awaitable[EventStream]:
         creq.cancel = token
-        return backend.chat(creq)
+        return request.app.state.sessions.chat(creq)
 
-    gen = await runs.start(request, "chat", open_stream, cancel_id=body.cancel_id, ids=[cid])
+    gen = await runs.start(request, "chat", open_stream, cancel_id=body.cancel_id, session_id=body.session_id,
+                           ids=[cid])
     events = gen.events
     created = int(time.time())
     want_logprobs = bool(body.logprobs)

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
 from hearth.api.openai_chat import _Open
-from hearth.api.parsing import parse_stop, read_json, sampling_params, validate
+from hearth.api.parsing import parse_stop, read_json, sampling_params, session_turn, validate
 from hearth.api.responses_input import (
     check_metadata,
     normalize_input,
@@ -58,7 +58,10 @@ class ResponsesIn(_Open):
     background: bool = False
     conversation: Any = None
     # Hearth extensions
-    session_id: str | None = None
+    session_id: str | None = None  # docs/sessions.md: input holds only the new items
+    replace_system: bool = False
+    discard_thinking: bool = False
+    session_wait: bool = True
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     timeout: float | None = Field(default=None, gt=0)
     cache_prompt: bool = True
@@ -86,8 +89,9 @@ def _history(body: ResponsesIn, store: ResponseStore) -> list[dict[str, Any]]:
 
 
 def _check_unsupported(body: ResponsesIn) -> None:
-    if body.session_id is not None:
-        raise BadRequest("sessions are not available on this server yet; omit session_id", param="session_id")
+    if body.session_id is not None and body.previous_response_id is not None:
+        raise BadRequest("give session_id or previous_response_id, not both: each carries the conversation",
+                         param="session_id")
     if body.background:
         raise BadRequest("background responses are not supported; use stream or a plain request",
                          param="background")
@@ -118,7 +122,8 @@ async def create_response(request: Request) -> Response:
         model=body.model or "", messages=messages, sampling=sampling, tools=tools,
         tool_choice=to_tool_choice(body.tool_choice, tools), parallel_tool_calls=body.parallel_tool_calls,
         response_format=response_format, reasoning=reasoning, request_id=rid,
-        timeout=runs.time_cap(request, body.timeout), cache_prompt=body.cache_prompt)
+        timeout=runs.time_cap(request, body.timeout), cache_prompt=body.cache_prompt,
+        session=session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait))
     model = backend.resolve(creq.model)
 
     asm = ResponseAssembler({
@@ -140,10 +145,11 @@ async def create_response(request: Request) -> Response:
 
     def open_stream(token: CancelToken) -> Awaitable[EventStream]:
         creq.cancel = token
-        return backend.chat(creq)
+        return request.app.state.sessions.chat(creq)
 
     try:
-        gen = await runs.start(request, "responses", open_stream, cancel_id=body.cancel_id, ids=[rid])
+        gen = await runs.start(request, "responses", open_stream, cancel_id=body.cancel_id,
+                               session_id=body.session_id, ids=[rid])
     except BaseException:
         if body.store:  # the client got an error, not a response: nothing to keep
             store.delete(rid)

@@ -11,8 +11,10 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
+from hearth.chat.types import SessionTurn
 from hearth.engine.types import SamplingParams
 from hearth.errors import BadRequest
+from hearth.sessions.ids import check_session_id
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -69,3 +71,11 @@ def parse_stop(stop: str | list[str] | None) -> list[str] | None:
     if stop is None:
         return None
     return [stop] if isinstance(stop, str) else list(stop)
+
+
+def session_turn(session_id: str | None, replace_system: bool = False, discard_thinking: bool = False,
+                 wait: bool = True) -> SessionTurn | None:
+    """The Hearth session fields every chat protocol accepts (docs/sessions.md)."""
+    if session_id is None:
+        return None
+    return SessionTurn(check_session_id(session_id), replace_system, discard_thinking, wait)

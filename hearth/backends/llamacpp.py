@@ -101,6 +101,8 @@ class LlamaCppRunner:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._alloc_batch(self.n_batch)
         self.info = self._read_info()
+        self._state_header: int | None = None
+        self._state_header_len()  # measured now, while every sequence is empty
 
     # ---- vocabulary ---------------------------------------------------------------
 
@@ -199,6 +201,70 @@ class LlamaCppRunner:
 
     def kv_copy(self, src: int, dst: int, p0: int, p1: int) -> None:
         L.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def _state_bytes(self, seq_id: int) -> bytes:
+        size = L.llama_state_seq_get_size(self.ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        n = L.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
+        if n != size:
+            raise RuntimeError(f"could not read the state of sequence {seq_id} ({n} of {size} bytes)")
+        return bytes(buf)
+
+    def _state_header_len(self) -> int:
+        """Bytes llama.cpp writes before the stream count (a magic and version in this build),
+        measured once on the state of an empty sequence: header, u32 n_stream, n_stream zeros."""
+        if self._state_header is None:
+            n_stream = 1 if self.kv_unified else self.n_seq_max
+            free = next((s for s in range(self.n_seq_max)
+                         if L.llama_memory_seq_pos_max(self.mem, s) < 0), None)
+            if free is None:
+                raise RuntimeError("no empty sequence to measure the state header on")
+            empty = self._state_bytes(free)
+            h = len(empty) - 4 - 4 * n_stream
+            if h < 0 or int.from_bytes(empty[h:h + 4], "little") != n_stream or any(empty[h + 4:]):
+                raise RuntimeError("unexpected layout of llama.cpp's sequence state")
+            self._state_header = h
+        return self._state_header
+
+    def state_get(self, seq_id: int) -> bytes:
+        """The KV state of one sequence, in a form that does not depend on --parallel.
+
+        llama.cpp writes a short header, a u32 stream count, then one block per KV stream
+        (cell count, cell positions, each layer's K and V rows; an empty stream is a zero cell
+        count). With one stream per sequence only this sequence's stream is non-empty, so the
+        bytes are normalized to a single-stream state; `state_set` pads the empty streams back,
+        so a snapshot loads into a server with any number of slots."""
+        h = self._state_header_len()
+        data = self._state_bytes(seq_id)
+        if self.kv_unified:
+            return data
+        before, after = 4 * seq_id, 4 * (self.n_seq_max - 1 - seq_id)
+        block = data[h + 4 + before: len(data) - after]
+        if (int.from_bytes(data[h:h + 4], "little") != self.n_seq_max or any(data[h + 4: h + 4 + before])
+                or any(data[len(data) - after:]) or len(block) < 4):
+            raise RuntimeError("unexpected layout of llama.cpp's sequence state")
+        return data[:h] + (1).to_bytes(4, "little") + block
+
+    def state_set(self, seq_id: int, data: bytes) -> None:
+        """Replace the KV of `seq_id` with `state_get` bytes; ValueError if llama.cpp rejects
+        them (another model, KV type or layout), in which case the sequence is left empty."""
+        h = self._state_header_len()
+        if len(data) < h + 8 or int.from_bytes(data[h:h + 4], "little") != 1:
+            raise ValueError("not a single-stream sequence state")
+        if not self.kv_unified:  # llama.cpp reads a non-empty block into the sequence's own stream
+            data = data[:h] + self.n_seq_max.to_bytes(4, "little") + data[h + 4:] + bytes(4 * (self.n_seq_max - 1))
+        L.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if L.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id) == 0:
+            L.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
+            raise ValueError("llama.cpp rejected the saved KV state (different model or KV layout)")
+
+    @property
+    def fingerprint(self) -> dict[str, object]:
+        """What saved KV state depends on: restoring needs the same model file and KV layout."""
+        return {"model_size": self.info.size_bytes, "n_params": self.info.n_params,
+                "arch": self.info.architecture, "n_vocab": self.n_vocab, "kv_unified": self.kv_unified,
+                "llama_cpp_python": L.__version__}
 
     # ---- metadata ---------------------------------------------------------------------
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from hearth.backends.admission import AdmissionQueue
 from hearth.backends.base import EventStream, ModelCard
@@ -29,6 +31,7 @@ from hearth.chat.types import (
 )
 from hearth.engine import Engine, EngineRequest
 from hearth.engine.runner import Runner
+from hearth.engine.swap import SwapStore
 from hearth.engine.thinking import ThinkBudget
 from hearth.engine.types import ContextOverflow, FinishReason, SamplingParams
 from hearth.errors import BadRequest, ContextLimit, NotFound, Unavailable
@@ -50,6 +53,8 @@ class EngineSettings:
     max_waiting: int = 64  # requests queued for a slot before new ones get 429
     max_wait: float = 60.0  # seconds a request may queue before it gets 429
     tool_parser: str = "auto"  # auto (from the chat template) or a name in hearth.chat.tool_parsers
+    kv_dir: Path | None = None  # where swapped session KV spills (per model); None: RAM only
+    session_ram_mb: int = 2048  # host RAM for swapped-out session KV before it spills to disk
 
 
 @dataclass(slots=True)
@@ -120,7 +125,10 @@ class LocalBackend:
     def _load(self, spec: ModelSpec) -> LocalModel:
         runner, card, template = self._factory(spec, self.settings)
         seq_ctx = int(card.meta.get("n_ctx") or runner.n_ctx_train)
-        engine = Engine(runner, seq_ctx=seq_ctx, token_budget=self.settings.batch,
+        kv_dir = self.settings.kv_dir
+        swap = SwapStore(kv_dir / re.sub(r"[^A-Za-z0-9._-]", "_", spec.id) if kv_dir else None,
+                         self.settings.session_ram_mb << 20, runner.fingerprint)
+        engine = Engine(runner, seq_ctx=seq_ctx, token_budget=self.settings.batch, swap=swap,
                         name=f"engine-{spec.id}")
         engine.start()
 
@@ -145,6 +153,16 @@ class LocalBackend:
 
     async def stop(self) -> None:
         for m in self._models.values():
+            m.engine.abort_all()
+            deadline = time.monotonic() + 10
+            while m.engine.in_flight and time.monotonic() < deadline:  # running sessions end first
+                await asyncio.sleep(0.01)
+            if m.engine.swap.dir is not None:  # sessions' KV survives a graceful restart
+                try:
+                    n = await asyncio.wrap_future(m.engine.call(m.engine.spill_all))
+                    log.info("wrote the KV of %d resident session(s) of %s to disk", n, m.spec.id)
+                except Exception:
+                    log.exception("could not write session KV to disk")
             await asyncio.to_thread(m.engine.stop)
             close = getattr(m.runner, "close", None)
             if close is not None:
@@ -278,8 +296,10 @@ class LocalBackend:
         The wall-clock cap counts from arrival, so time spent queued is part of it."""
         n, cancel = req.n, req.cancel
         deadline = time.monotonic() + req.timeout if req.timeout else None
+        owner = req.kv_owner if isinstance(req, ChatRequest) else None
+        max_len = req.max_len if isinstance(req, ChatRequest) else None
         ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
-                             cache_prompt=req.cache_prompt, think=think)
+                             cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len)
         try:
             m.engine.validate(ereq)
         except ContextOverflow as e:

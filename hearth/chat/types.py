@@ -63,6 +63,16 @@ class ReasoningOptions:
 
 
 @dataclass(slots=True)
+class SessionTurn:
+    """A turn in a server-side session (the request carries only the new messages)."""
+
+    session_id: str
+    replace_system: bool = False  # a different leading system message replaces the stored one
+    discard_thinking: bool = False  # keep the reply's reasoning out of the stored transcript
+    wait: bool = True  # wait for a running turn of the same session (else 409 session_busy)
+
+
+@dataclass(slots=True)
 class ChatRequest:
     model: str
     messages: list[Message]
@@ -79,6 +89,10 @@ class ChatRequest:
     timeout: float | None = None  # wall-clock cap in seconds
     cancel: CancelToken | None = None
     cache_prompt: bool = True
+    session: SessionTurn | None = None
+    # Set by the session manager for the backend: whose KV this continues, and its length cap.
+    kv_owner: str | None = None
+    max_len: int | None = None
 
 
 @dataclass(slots=True)

@@ -17,14 +17,17 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from typing import Any
 
 from hearth.engine.detokenizer import Detokenizer, StopMatch
-from hearth.engine.kv import SlotTable
+from hearth.engine.kv import Placement, Slot, SlotTable, common_prefix_len
 from hearth.engine.runner import Runner
 from hearth.engine.sampler import token_logprob
 from hearth.engine.scheduler import Admission, Scheduler, Work
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence, Sink
+from hearth.engine.swap import SwapStore
 from hearth.engine.thinking import ThinkTracker
 from hearth.engine.types import (
     ContextOverflow,
@@ -73,15 +76,18 @@ class _Outputs:
 
 class Engine:
     def __init__(self, runner: Runner, *, seq_ctx: int, token_budget: int | None = None,
-                 name: str = "hearth-engine") -> None:
+                 swap: SwapStore | None = None, name: str = "hearth-engine") -> None:
         self.runner = runner
         self.seq_ctx = seq_ctx
         self.slots = SlotTable(runner.n_seq_max)
+        # Session KV that left its slot. Without a directory it lives in RAM only.
+        self.swap = swap if swap is not None else SwapStore(None, 1 << 62, {})
         self.scheduler = Scheduler(self.slots, token_budget or runner.n_batch)
         self.stats = EngineStats()
         self._cv = threading.Condition()
         self._inbox: list[ActiveRequest] = []
         self._aborts: dict[str, FinishReason] = {}
+        self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
         self._known: set[str] = set()  # request ids submitted and not yet ended
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -106,7 +112,10 @@ class Engine:
             time.sleep(0.01)
         with self._cv:
             self._stopping = True
+            calls, self._calls = self._calls, []
             self._cv.notify()
+        for _, fut in calls:
+            fut.cancel()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -135,16 +144,20 @@ class Engine:
         if bad:
             raise ValueError(f"logit_bias / stop token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
         n_prompt = len(req.prompt_tokens)
-        if n_prompt >= self.seq_ctx:
-            raise ContextOverflow(n_prompt, self.seq_ctx)
+        limit = self._max_len(req)
+        if n_prompt >= limit:
+            raise ContextOverflow(n_prompt, limit)
         mt = req.params.max_tokens
-        if mt is not None and n_prompt + mt > self.seq_ctx:
-            raise ContextOverflow(n_prompt, self.seq_ctx, mt)
+        if mt is not None and n_prompt + mt > limit:
+            raise ContextOverflow(n_prompt, limit, mt)
+
+    def _max_len(self, req: EngineRequest) -> int:
+        return min(self.seq_ctx, req.max_len) if req.max_len else self.seq_ctx
 
     def submit(self, req: EngineRequest, sink: Sink) -> None:
         """Queue a request; `sink` is called from the engine thread with each RequestOutput."""
         self.validate(req)
-        ar = ActiveRequest(req, sink, max_len=self.seq_ctx)
+        ar = ActiveRequest(req, sink, max_len=self._max_len(req))
         with self._cv:
             if self._stopping:
                 raise RuntimeError("the engine is stopping")
@@ -185,17 +198,93 @@ class Engine:
             if not finished:
                 self.abort(req.request_id)
 
+    # ---- session KV (run on the engine thread, between steps) ----------------------------
+
+    def call(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run `fn` on the engine thread before the next step; its result or exception
+        lands in the returned future. Only the engine thread touches the runner."""
+        fut: Future[Any] = Future()
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the engine is stopping")
+            self._calls.append((fn, fut))
+            self._cv.notify()
+        return fut
+
+    def kv_where(self, owner: str) -> tuple[str, int]:
+        """(residency, tokens) of a session's KV: resident, host, disk or none. A racy read
+        from any thread, good enough for reporting."""
+        slot = self.slots.owned_by(owner)
+        if slot is not None:
+            return "resident", len(slot.tokens)
+        where = self.swap.where(owner)
+        tokens = self.swap.tokens(owner) if where else None
+        return (where or "none"), len(tokens or ())
+
+    def export_kv(self, owner: str) -> tuple[list[int], bytes] | None:
+        """Engine thread: a copy of a session's tokens and KV bytes, wherever they are."""
+        slot = self.slots.owned_by(owner)
+        if slot is not None:
+            if slot.busy:
+                raise RuntimeError(f"session {owner!r} is running")
+            if not slot.tokens:
+                return None
+            return list(slot.tokens), self.runner.state_get(slot.seq_id)
+        return self.swap.peek(owner)
+
+    def drop_kv(self, owner: str) -> None:
+        """Engine thread: forget a session's KV (its slot becomes an ordinary free slot)."""
+        slot = self.slots.owned_by(owner)
+        if slot is not None:
+            if slot.busy:
+                raise RuntimeError(f"session {owner!r} is running")
+            self.runner.kv_remove(slot.seq_id, 0, -1)
+            slot.tokens.clear()
+            slot.owner = None
+        self.swap.drop(owner)
+
+    def import_kv(self, owner: str, tokens: list[int], data: bytes) -> None:
+        """Engine thread: make `tokens`/`data` the session's KV (swapped in on its next turn)."""
+        self.drop_kv(owner)
+        self.swap.put(owner, tokens, data)
+
+    def spill_all(self) -> int:
+        """Engine thread: move every idle session's KV out of its slot and write all swapped
+        KV to disk (graceful shutdown). Returns how many sessions were written."""
+        n = 0
+        for slot in self.slots.slots:
+            if slot.owner is not None and not slot.busy:
+                self._swap_out(slot, slot.owner)
+                n += 1
+        self.swap.flush()
+        return n
+
+    def _swap_out(self, slot: Slot, owner: str) -> None:
+        if slot.tokens:
+            self.swap.put(owner, list(slot.tokens), self.runner.state_get(slot.seq_id))
+        self.runner.kv_remove(slot.seq_id, 0, -1)
+        slot.tokens.clear()
+        slot.owner = None
+
     # ---- engine thread ------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not (self._stopping or self._inbox or self._aborts or self.scheduler.has_work()):
+                while not (self._stopping or self._inbox or self._aborts or self._calls
+                           or self.scheduler.has_work()):
                     self._cv.wait()
                 if self._stopping:
                     break
                 new, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, {}
+                calls, self._calls = self._calls, []
+            for fn, fut in calls:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as e:
+                        fut.set_exception(e)
             out = _Outputs()
             try:
                 self._step(new, aborts, out)
@@ -226,13 +315,27 @@ class Engine:
                 self._end(ar, FinishReason.LENGTH, out, stop_reason="timeout")
 
     def _setup(self, adm: Admission, out: _Outputs) -> None:
-        ar = adm.ar
-        first = adm.slots[0]
-        self.runner.kv_remove(first.seq_id, adm.reuse, -1)
-        self.stats.cached_tokens += adm.reuse
+        ar, placement = adm.ar, adm.placement
+        first = placement.slots[0]
+        try:
+            reuse = self._place(ar, placement)
+        except Exception as e:
+            log.exception("could not place %s", ar.request_id)
+            for slot in placement.slots:
+                self.runner.kv_remove(slot.seq_id, 0, -1)
+                slot.tokens.clear()
+                if slot.owner != ar.req.owner:
+                    slot.owner = None
+            ar.seqs.extend(Sequence(i, s, _NullSampler(), Detokenizer()) for i, s in enumerate(placement.slots))
+            self._end(ar, FinishReason.ERROR, out, error=f"could not prepare the KV cache: {e}")
+            return
+        self.runner.kv_remove(first.seq_id, reuse, -1)
+        del first.tokens[reuse:]
+        ar.prefill_pos = ar.cached_tokens = reuse
+        self.stats.cached_tokens += reuse
         params = ar.req.params
         try:
-            for i, slot in enumerate(adm.slots):
+            for i, slot in enumerate(placement.slots):
                 p = params
                 if i and params.seed is not None:  # candidates must differ, reproducibly
                     p = replace(params, seed=params.seed + i)
@@ -241,8 +344,55 @@ class Engine:
                                         think=think))
         except Exception as e:
             ar.seqs.extend(Sequence(i, s, _NullSampler(), Detokenizer())
-                           for i, s in enumerate(adm.slots) if i >= len(ar.seqs))
+                           for i, s in enumerate(placement.slots) if i >= len(ar.seqs))
             self._end(ar, FinishReason.ERROR, out, error=f"could not set up sampling: {e}")
+
+    def _place(self, ar: ActiveRequest, placement: Placement) -> int:
+        """Make the first slot hold the longest usable prefix of the prompt; return its length.
+
+        Evicted sessions are swapped out first. A session's own KV is used in place
+        (resident) or swapped back in; otherwise the longest prefix among the slot itself,
+        idle sessions' slots (copied) and swapped states in RAM (restored) is used."""
+        owner, prompt = ar.req.owner, ar.prompt
+        for slot, old in placement.evict:
+            self._swap_out(slot, old)
+        first = placement.slots[0]
+        first.owner = owner
+        limit = len(prompt) - 1
+        if placement.resident:
+            return placement.reuse
+        if owner is not None and (got := self.swap.take(owner)) is not None:
+            tokens, data = got
+            try:
+                self.runner.state_set(first.seq_id, data)
+                first.tokens[:] = tokens
+                return min(common_prefix_len(tokens, prompt), limit)
+            except ValueError as e:  # incompatible state: re-prefill from the transcript
+                log.warning("could not restore the KV of session %s: %s", owner, e)
+                first.tokens.clear()
+        if not ar.req.cache_prompt:
+            self.runner.kv_remove(first.seq_id, 0, -1)
+            first.tokens.clear()
+            return 0
+        best = min(common_prefix_len(first.tokens, prompt), limit)
+        source: Slot | str | None = None
+        for slot in self.slots.slots:
+            if slot.owner is not None and not slot.busy and slot is not first:
+                n = min(common_prefix_len(slot.tokens, prompt), limit)
+                if n > best:
+                    best, source = n, slot
+        for other, tokens in self.swap.prefix_candidates():
+            n = min(common_prefix_len(tokens, prompt), limit)
+            if n > best:
+                best, source = n, other
+        if isinstance(source, Slot):  # llama.cpp copies whole streams between sequences
+            self.runner.kv_remove(first.seq_id, 0, -1)
+            self.runner.kv_copy(source.seq_id, first.seq_id, -1, -1)
+            first.tokens[:] = source.tokens
+        elif isinstance(source, str) and (got := self.swap.peek(source)) is not None:
+            self.runner.state_set(first.seq_id, got[1])
+            first.tokens[:] = got[0]
+        return min(common_prefix_len(first.tokens, prompt), limit)
 
     def _run_batch(self, work: list[Work], out: _Outputs) -> None:
         try:

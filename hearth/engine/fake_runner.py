@@ -90,6 +90,19 @@ class FakeRunner:
         assert p0 == -1 and p1 == -1, "the engine copies whole sequences"
         self.kv[dst] = list(self.kv.get(src, []))
 
+    @property
+    def fingerprint(self) -> dict[str, object]:
+        return {"fake": 1}
+
+    def state_get(self, seq_id: int) -> bytes:
+        return b"FAKE" + np.asarray(self.kv.get(seq_id, []), dtype="<i4").tobytes()
+
+    def state_set(self, seq_id: int, data: bytes) -> None:
+        self.kv[seq_id] = []
+        if not data.startswith(b"FAKE"):
+            raise ValueError("not a fake state")
+        self.kv[seq_id] = np.frombuffer(data[4:], dtype="<i4").tolist()
+
 
 class FakeSampler:
     """Greedy at temperature 0; otherwise a seeded random byte from a-z."""

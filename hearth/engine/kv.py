@@ -18,6 +18,19 @@ class Slot:
     tokens: list[int] = field(default_factory=list)
     busy: bool = False
     last_used: int = 0
+    owner: str | None = None  # the session whose KV this is (kept between its turns)
+
+
+@dataclass(slots=True)
+class Placement:
+    """Where a request runs. `evict` lists slots whose idle session must be swapped out
+    before the slot is reused (their `tokens` are still intact); `resident` says the first
+    slot already holds the owner's own KV."""
+
+    slots: list[Slot]
+    reuse: int
+    evict: list[tuple[Slot, str]] = field(default_factory=list)
+    resident: bool = False
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -45,29 +58,50 @@ class SlotTable:
     def kv_tokens(self) -> int:
         return sum(len(s.tokens) for s in self.slots)
 
-    def acquire(self, prompt: list[int], n: int, reuse_prefix: bool = True) -> tuple[list[Slot], int]:
-        """Take `n` free slots for a prompt. The first is the free slot whose tokens share the
-        longest prefix with the prompt (ties: least recently used); the others are the least
-        recently used. Returns the slots and how many prompt tokens the first already holds
-        (always at most len(prompt) - 1, so the last prompt token is decoded for its logits).
-        The caller must trim the KV of each slot to what the slot's `tokens` then say."""
+    def owned_by(self, owner: str) -> Slot | None:
+        return next((s for s in self.slots if s.owner == owner), None)
+
+    def acquire(self, prompt: list[int], n: int, reuse_prefix: bool = True, owner: str | None = None) -> Placement:
+        """Take `n` free slots for a prompt.
+
+        The first slot is the owner's own (its session KV is resident), else the unowned free
+        slot whose tokens share the longest prefix with the prompt (ties: least recently
+        used), else the least recently used idle session's slot (to be swapped out). The
+        other candidates take unowned slots first, then idle sessions' slots. `reuse` is how
+        many prompt tokens the first slot already holds (at most len(prompt) - 1, so the last
+        prompt token is decoded for its logits). The caller swaps out `evict`, then trims each
+        slot's KV to what its `tokens` say."""
         free = [s for s in self.slots if not s.busy]
         if len(free) < n:
             raise RuntimeError("not enough free slots")
-        if reuse_prefix:
-            first = max(free, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
-            reuse = min(common_prefix_len(first.tokens, prompt), len(prompt) - 1)
+        mine = self.owned_by(owner) if owner is not None else None
+        if mine is not None and mine.busy:
+            raise RuntimeError(f"session {owner!r} already has a running request")
+        unowned = [s for s in free if s.owner is None]
+        sessions = sorted((s for s in free if s.owner is not None and s is not mine), key=lambda s: s.last_used)
+        if mine is not None:
+            first = mine
+        elif unowned and reuse_prefix:
+            first = max(unowned, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
+        elif unowned:
+            first = min(unowned, key=lambda s: s.last_used)
         else:
-            first, reuse = min(free, key=lambda s: s.last_used), 0
-        rest = sorted((s for s in free if s is not first), key=lambda s: s.last_used)[: n - 1]
-        chosen = [first, *rest]
+            first = sessions[0]
+        others = sorted((s for s in unowned if s is not first), key=lambda s: s.last_used)
+        others += [s for s in sessions if s is not first]
+        chosen = [first, *others[: n - 1]]
+        evict = [(s, s.owner) for s in chosen if s.owner is not None and s is not mine]
+        reuse = 0
+        if not evict or evict[0][0] is not first:
+            keep = common_prefix_len(first.tokens, prompt) if (reuse_prefix or mine is not None) else 0
+            reuse = min(keep, len(prompt) - 1)
         for s in chosen:
             s.busy = True
             s.last_used = next(self._clock)
-        del first.tokens[reuse:]
-        for s in rest:
-            s.tokens.clear()
-        return chosen, reuse
+        for s in chosen[1:]:
+            if s.owner is None:
+                s.tokens.clear()
+        return Placement(chosen, reuse, evict, resident=mine is not None)
 
     def release(self, slot: Slot) -> None:
         slot.busy = False

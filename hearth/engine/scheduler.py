@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from hearth.engine.kv import Slot, SlotTable
+from hearth.engine.kv import Placement, SlotTable
 from hearth.engine.runner import BatchEntry
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence
 
@@ -30,8 +30,7 @@ class Work:
 @dataclass(slots=True)
 class Admission:
     ar: ActiveRequest
-    slots: list[Slot]
-    reuse: int  # prompt tokens already in the first slot's KV
+    placement: Placement
 
 
 class Scheduler:
@@ -68,13 +67,17 @@ class Scheduler:
     def admit(self) -> list[Admission]:
         admitted: list[Admission] = []
         while self.waiting and self.waiting[0].req.n <= self.slots.n_free:
+            owner = self.waiting[0].req.owner
+            mine = self.slots.owned_by(owner) if owner is not None else None
+            if mine is not None and mine.busy:  # one request per session at a time
+                break
             ar = self.waiting.popleft()
-            slots, reuse = self.slots.acquire(ar.prompt, ar.req.n, ar.req.cache_prompt)
+            placement = self.slots.acquire(ar.prompt, ar.req.n, ar.req.cache_prompt, ar.req.owner)
             ar.phase = Phase.PREFILL
-            ar.prefill_pos = reuse
-            ar.cached_tokens = reuse
+            ar.prefill_pos = placement.reuse  # the engine may raise it (swap-in, prefix copy)
+            ar.cached_tokens = placement.reuse
             self.running.append(ar)
-            admitted.append(Admission(ar, slots, reuse))
+            admitted.append(Admission(ar, placement))
         return admitted
 
     def schedule(self) -> list[Work]:

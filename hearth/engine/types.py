@@ -89,6 +89,10 @@ class EngineRequest:
     # of the logits; False recomputes the whole prompt, for bit-exact reproducibility.
     cache_prompt: bool = True
     think: ThinkBudget | None = None  # force the end of thinking after a token budget
+    # The session whose KV this request continues: its slot (or swapped state) is reused and
+    # kept for its next turn. None: a stateless request (it may still reuse a cached prefix).
+    owner: str | None = None
+    max_len: int | None = None  # prompt + generated tokens cap below the context (a session's max_seq_len)
 
 
 @dataclass(slots=True)

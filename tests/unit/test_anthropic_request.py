@@ -160,8 +160,12 @@ def test_hearth_extensions() -> None:
     assert to_chat_request(body, "m").cache_prompt is False
 
 
-def test_session_id_is_refused_until_sessions_exist() -> None:
-    e = bad("sessions are not available yet", session_id="s1")
+def test_session_fields_become_a_session_turn() -> None:
+    body = validate(MessagesIn, {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                                 "session_id": "s1", "replace_system": True, "session_wait": False})
+    turn = to_chat_request(body, "m").session
+    assert turn is not None and (turn.session_id, turn.replace_system, turn.wait) == ("s1", True, False)
+    e = bad("session ids", session_id="../etc")
     assert e.param == "session_id"
 
 

@@ -1,0 +1,109 @@
+"""/v1/snapshots: list, inspect, edit metadata, delete, load, archive, import (docs/sessions.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from hearth.api.parsing import read_json, validate
+from hearth.errors import BadRequest
+from hearth.sessions.ids import check_snapshot_id
+from hearth.sessions.manager import SessionManager
+
+MAX_ARCHIVE_BYTES = 64 << 30
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PatchIn(_Strict):
+    title: str | None = Field(default=None, max_length=200)
+    description: str | None = Field(default=None, max_length=4000)
+    tags: list[str] | None = Field(default=None, max_length=32)
+
+
+class LoadIn(_Strict):
+    session_id: str | None = None
+    force: bool = False
+
+
+def snapshot_json(manifest: dict[str, Any]) -> dict[str, Any]:
+    files = manifest.get("files") or {}
+    return {"object": "snapshot", "snapshot_id": manifest.get("id"), "created_at": manifest.get("created_at"),
+            "title": manifest.get("title", ""), "description": manifest.get("description", ""),
+            "tags": manifest.get("tags", []), "model": manifest.get("model"), "engine": manifest.get("engine"),
+            "session": manifest.get("session"), "format_version": manifest.get("format_version"),
+            "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict))}
+
+
+def _sessions(request: Request) -> SessionManager:
+    return request.app.state.sessions  # type: ignore[no-any-return]
+
+
+def _id(request: Request) -> str:
+    return check_snapshot_id(request.path_params["snapshot_id"])
+
+
+async def list_snapshots(request: Request) -> Response:
+    data = await run_in_threadpool(_sessions(request).snapshots.list)
+    return JSONResponse({"object": "list", "data": [snapshot_json(m) for m in data]})
+
+
+async def get_snapshot(request: Request) -> Response:
+    return JSONResponse(snapshot_json(_sessions(request).snapshots.get(_id(request))))
+
+
+async def patch_snapshot(request: Request) -> Response:
+    body = validate(PatchIn, await read_json(request))
+    manifest = _sessions(request).snapshots.update(_id(request), title=body.title, description=body.description,
+                                                   tags=body.tags)
+    return JSONResponse(snapshot_json(manifest))
+
+
+async def delete_snapshot(request: Request) -> Response:
+    snap = _id(request)
+    await run_in_threadpool(_sessions(request).snapshots.delete, snap)
+    return JSONResponse({"snapshot_id": snap, "object": "snapshot.deleted", "deleted": True})
+
+
+async def load_snapshot(request: Request) -> Response:
+    body = validate(LoadIn, await read_json(request) if await request.body() else {})
+    info = await _sessions(request).load(_id(request), body.session_id, body.force)
+    return JSONResponse(info, status_code=201)
+
+
+async def archive(request: Request) -> Response:
+    snap = _id(request)
+    chunks = _sessions(request).snapshots.archive(snap)
+    return StreamingResponse(iterate_in_threadpool(chunks), media_type="application/x-tar",
+                             headers={"Content-Disposition": f'attachment; filename="{snap}.tar"'})
+
+
+async def import_snapshot(request: Request) -> Response:
+    """The archive is spooled to a temporary file (never held whole in memory), then unpacked
+    and verified; it becomes visible only if every check passes."""
+    store = _sessions(request).snapshots
+    spool = store.root / f".import-{uuid.uuid4().hex}"
+    size = 0
+    try:
+        with spool.open("wb") as f:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_ARCHIVE_BYTES:
+                    raise BadRequest(f"the archive is larger than {MAX_ARCHIVE_BYTES} bytes")
+                f.write(chunk)
+        if size == 0:
+            raise BadRequest("the request body is empty; send the archive from GET /v1/snapshots/{id}/archive")
+        manifest = await run_in_threadpool(store.import_archive, spool)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(spool)
+    return JSONResponse(snapshot_json(manifest), status_code=201)

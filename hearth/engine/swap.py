@@ -1,0 +1,241 @@
+"""Swapped-out sequence state: session KV that left its slot, in host RAM, then on disk.
+
+An entry is one session's KV as llama.cpp's seq-state bytes plus the exact token ids they
+hold. `put` keeps it in RAM; past the RAM budget the least recently used entries are written
+to `<dir>/<owner>.kv` by a background thread (the engine thread never waits on disk writes)
+and dropped from RAM once the file is in place. `take` hands an entry back (from RAM, or read
+from disk) and forgets it: the slot it goes into is now where it lives.
+
+File format (no pickle): b"HKV1", u32 LE header length, a JSON header {fingerprint,
+n_tokens, kv_bytes, sha256}, the token ids (int32 LE), then the KV bytes. Written to a
+temporary name and renamed, so a crash never leaves a half file under the real name. A file
+whose fingerprint differs from the running model's, or whose checksum fails, is ignored and
+deleted (the session's next turn re-prefills from its transcript).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import struct
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("hearth.swap")
+
+MAGIC = b"HKV1"
+OWNER_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def check_owner(owner: str) -> None:
+    if not OWNER_RE.match(owner) or set(owner) == {"."}:
+        raise ValueError(f"invalid session id {owner!r}")
+
+
+@dataclass(slots=True)
+class _Entry:
+    tokens: list[int]
+    data: bytes | None  # None: only on disk
+    n_bytes: int
+
+
+def write_kv_file(path: Path, tokens: list[int], data: bytes, fingerprint: dict[str, Any]) -> None:
+    header = json.dumps({"fingerprint": fingerprint, "n_tokens": len(tokens), "kv_bytes": len(data),
+                         "sha256": hashlib.sha256(data).hexdigest()}).encode()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with tmp.open("wb") as f:
+        f.write(MAGIC + struct.pack("<I", len(header)) + header)
+        f.write(np.asarray(tokens, dtype="<i4").tobytes())
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def read_kv_file(path: Path, fingerprint: dict[str, Any], *, with_data: bool = True
+                 ) -> tuple[list[int], bytes | None]:
+    """Tokens and KV bytes of a file; ValueError if it is malformed, corrupt or incompatible."""
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) != 8 or head[:4] != MAGIC:
+            raise ValueError("not a Hearth KV file")
+        (hlen,) = struct.unpack("<I", head[4:])
+        if hlen > 1 << 20:
+            raise ValueError("KV file header too large")
+        try:
+            header = json.loads(f.read(hlen))
+            n_tokens, kv_bytes, digest = int(header["n_tokens"]), int(header["kv_bytes"]), str(header["sha256"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"bad KV file header: {e}") from e
+        if header.get("fingerprint") != fingerprint:
+            raise ValueError("KV file was written by another model or KV layout")
+        raw = f.read(4 * n_tokens)
+        if len(raw) != 4 * n_tokens:
+            raise ValueError("KV file is truncated")
+        tokens = np.frombuffer(raw, dtype="<i4").tolist()
+        if not with_data:
+            return tokens, None
+        data = f.read(kv_bytes + 1)
+        if len(data) != kv_bytes or hashlib.sha256(data).hexdigest() != digest:
+            raise ValueError("KV file checksum mismatch")
+        return tokens, data
+
+
+class SwapStore:
+    def __init__(self, directory: Path | None, ram_budget: int, fingerprint: dict[str, Any]) -> None:
+        self.dir = directory
+        self.ram_budget = ram_budget
+        self.fingerprint = fingerprint
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        self._writer: threading.Thread | None = None
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._scan()
+
+    def _scan(self) -> None:
+        assert self.dir is not None
+        for stale in self.dir.glob(".*.tmp"):
+            stale.unlink(missing_ok=True)
+        for path in sorted(self.dir.glob("*.kv"), key=lambda p: p.stat().st_mtime):
+            owner = path.name[:-3]
+            try:
+                check_owner(owner)
+                tokens, _ = read_kv_file(path, self.fingerprint, with_data=False)
+            except (ValueError, OSError) as e:
+                log.warning("ignoring %s: %s", path.name, e)
+                path.unlink(missing_ok=True)
+                continue
+            self._entries[owner] = _Entry(tokens, None, path.stat().st_size)
+
+    def _path(self, owner: str) -> Path:
+        check_owner(owner)
+        assert self.dir is not None
+        return self.dir / f"{owner}.kv"
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def where(self, owner: str) -> str | None:
+        with self._lock:
+            e = self._entries.get(owner)
+            return None if e is None else ("host" if e.data is not None else "disk")
+
+    def tokens(self, owner: str) -> list[int] | None:
+        with self._lock:
+            e = self._entries.get(owner)
+            return list(e.tokens) if e is not None else None
+
+    def ram_bytes(self) -> int:
+        with self._lock:
+            return sum(e.n_bytes for e in self._entries.values() if e.data is not None)
+
+    def prefix_candidates(self) -> list[tuple[str, list[int]]]:
+        """Entries in RAM (cheap to copy from) with their tokens, for prefix reuse."""
+        with self._lock:
+            return [(o, e.tokens) for o, e in self._entries.items() if e.data is not None]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    # ---- changes -----------------------------------------------------------------------------
+
+    def put(self, owner: str, tokens: list[int], data: bytes) -> None:
+        check_owner(owner)
+        with self._lock:
+            self._entries.pop(owner, None)
+            self._entries[owner] = _Entry(list(tokens), data, len(data))
+            self._over_budget()
+
+    def peek(self, owner: str) -> tuple[list[int], bytes] | None:
+        """The entry without removing it (read from disk if needed); None if absent or unreadable."""
+        with self._lock:
+            e = self._entries.get(owner)
+            if e is None:
+                return None
+            if e.data is not None:
+                return list(e.tokens), e.data
+        try:
+            tokens, data = read_kv_file(self._path(owner), self.fingerprint)
+        except (ValueError, OSError) as err:
+            log.warning("dropping swapped KV of %s: %s", owner, err)
+            self.drop(owner)
+            return None
+        assert data is not None
+        return tokens, data
+
+    def take(self, owner: str) -> tuple[list[int], bytes] | None:
+        got = self.peek(owner)
+        self.drop(owner)
+        return got
+
+    def drop(self, owner: str) -> None:
+        with self._lock:
+            self._entries.pop(owner, None)
+        if self.dir is not None:
+            self._path(owner).unlink(missing_ok=True)
+
+    def flush(self) -> None:
+        """Write every RAM entry to disk now (graceful shutdown)."""
+        if self.dir is None:
+            return
+        with self._lock:
+            todo = [(o, e) for o, e in self._entries.items() if e.data is not None]
+        for owner, e in todo:
+            assert e.data is not None
+            write_kv_file(self._path(owner), e.tokens, e.data, self.fingerprint)
+            with self._lock:
+                if self._entries.get(owner) is e:
+                    e.data = None
+
+    # ---- spilling past the RAM budget ----------------------------------------------------------
+
+    def _over_budget(self) -> None:
+        """Called with the lock held: start the writer if RAM use is over budget (it runs
+        until RAM use is back under budget, then ends)."""
+        used = sum(e.n_bytes for e in self._entries.values() if e.data is not None)
+        if used <= self.ram_budget:
+            return
+        if self.dir is None:  # nowhere to spill: forget the oldest (they will be re-prefilled)
+            for owner in list(self._entries):
+                if used <= self.ram_budget:
+                    break
+                used -= self._entries.pop(owner).n_bytes
+            return
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._spill, name="hearth-kv-spill", daemon=True)
+            self._writer.start()
+
+    def _spill(self) -> None:
+        while True:
+            with self._lock:
+                used = sum(e.n_bytes for e in self._entries.values() if e.data is not None)
+                victim = next(((o, e) for o, e in self._entries.items() if e.data is not None), None)
+                if used <= self.ram_budget or victim is None:
+                    self._writer = None  # under the lock, so the next put starts a new writer
+                    return
+                owner, e = victim
+                tokens, data = e.tokens, e.data
+            assert data is not None
+            try:
+                write_kv_file(self._path(owner), tokens, data, self.fingerprint)
+            except OSError as err:
+                log.error("could not spill KV of %s to disk: %s; dropping it", owner, err)
+                with self._lock:
+                    if self._entries.get(owner) is e:
+                        del self._entries[owner]
+                continue
+            with self._lock:
+                if self._entries.get(owner) is e:
+                    e.data = None  # now only on disk
+                    continue
+            # taken or replaced while it was written: the file is stale unless replaced by a newer put
+            with self._lock:
+                if owner not in self._entries:
+                    self._path(owner).unlink(missing_ok=True)

@@ -1,0 +1,307 @@
+"""Snapshots on disk (format version 1, DESIGN.md): immutable copies of a session.
+
+    <root>/<snapshot_id>/manifest.json    metadata, model and engine identity, file checksums
+                         transcript.json  the session's messages
+                         tokens.bin       the KV token ids (int32 LE)
+                         kv.bin           llama.cpp seq-state bytes
+
+Every snapshot is written into `<root>/.tmp-<random>/` and renamed into place, so a crash
+mid-save never leaves a visible half snapshot (leftover temporaries are removed at start).
+Metadata edits rewrite manifest.json through a temporary file and `os.replace`. Ids are
+validated before any path is built. Nothing read is unpickled: JSON and raw bytes only.
+Archives are plain tar streams of the four files under `<snapshot_id>/`; an import is
+unpacked member by member (regular files with the four expected names only) into a
+temporary directory and verified before it is renamed into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from hearth.chat.types import Message
+from hearth.errors import BadRequest, Conflict, HearthError, NotFound
+from hearth.sessions.ids import SNAPSHOT_ID, check_snapshot_id, new_snapshot_id
+from hearth.sessions.transcript import message_from_json, message_to_json
+
+FORMAT_VERSION = 1
+DATA_FILES = ("transcript.json", "tokens.bin", "kv.bin")
+ALL_FILES = ("manifest.json", *DATA_FILES)
+MAX_META_BYTES = 64 << 20  # manifest / transcript
+CHUNK = 1 << 20
+
+
+class SnapshotCorrupt(HearthError):
+    status = 422
+    code = "snapshot_corrupt"
+    type = "invalid_request_error"
+
+
+@dataclass(slots=True)
+class SnapshotData:
+    manifest: dict[str, Any]
+    messages: list[Message]
+    tokens: list[int]
+    kv: bytes
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write(path: Path, data: bytes) -> None:
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_meta(title: Any, description: Any, tags: Any) -> None:
+    if title is not None and (not isinstance(title, str) or len(title) > 200):
+        raise BadRequest("title must be a string of at most 200 characters", param="title")
+    if description is not None and (not isinstance(description, str) or len(description) > 4000):
+        raise BadRequest("description must be a string of at most 4000 characters", param="description")
+    if tags is not None and (not isinstance(tags, list) or len(tags) > 32
+                             or not all(isinstance(t, str) and 0 < len(t) <= 64 for t in tags)):
+        raise BadRequest("tags must be a list of at most 32 strings of 1-64 characters", param="tags")
+
+
+class SnapshotStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        for leftover in root.glob(".tmp-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        for leftover in root.glob(".import-*"):
+            leftover.unlink(missing_ok=True)
+
+    def _dir(self, snap_id: str) -> Path:
+        return self.root / check_snapshot_id(snap_id)
+
+    # ---- write ----------------------------------------------------------------------------
+
+    def create(self, *, model: dict[str, Any], engine: dict[str, Any], session: dict[str, Any],
+               messages: list[Message], tokens: list[int], kv: bytes, title: str | None = None,
+               description: str | None = None, tags: list[str] | None = None) -> dict[str, Any]:
+        check_meta(title, description, tags)
+        snap_id = new_snapshot_id()
+        tmp = self.root / f".tmp-{uuid.uuid4().hex}"
+        tmp.mkdir()
+        try:
+            blobs = {
+                "transcript.json": json.dumps([message_to_json(m) for m in messages]).encode(),
+                "tokens.bin": np.asarray(tokens, dtype="<i4").tobytes(),
+                "kv.bin": kv,
+            }
+            files = {}
+            for name, data in blobs.items():
+                _write(tmp / name, data)
+                files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            manifest = {
+                "id": snap_id, "format_version": FORMAT_VERSION, "created_at": int(time.time()),
+                "model": model, "engine": engine, "session": session,
+                "title": title or "", "description": description or "", "tags": tags or [], "files": files,
+            }
+            _write(tmp / "manifest.json", json.dumps(manifest, indent=1).encode())
+            _fsync_dir(tmp)
+            os.rename(tmp, self.root / snap_id)
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return manifest
+
+    def update(self, snap_id: str, *, title: str | None = None, description: str | None = None,
+               tags: list[str] | None = None) -> dict[str, Any]:
+        check_meta(title, description, tags)
+        manifest = self.get(snap_id)
+        for key, value in (("title", title), ("description", description), ("tags", tags)):
+            if value is not None:
+                manifest[key] = value
+        d = self._dir(snap_id)
+        tmp = d / f".manifest.{uuid.uuid4().hex}.tmp"
+        _write(tmp, json.dumps(manifest, indent=1).encode())
+        os.replace(tmp, d / "manifest.json")
+        return manifest
+
+    def delete(self, snap_id: str) -> None:
+        d = self._dir(snap_id)
+        if not (d / "manifest.json").is_file():
+            raise NotFound(f"snapshot {snap_id} not found", param="snapshot_id", code="snapshot_not_found")
+        # Rename first so a crash mid-delete leaves a temporary (cleaned at start), not a half snapshot.
+        doomed = self.root / f".tmp-{uuid.uuid4().hex}"
+        os.rename(d, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    # ---- read ------------------------------------------------------------------------------
+
+    def get(self, snap_id: str) -> dict[str, Any]:
+        path = self._dir(snap_id) / "manifest.json"
+        if not path.is_file():
+            raise NotFound(f"snapshot {snap_id} not found", param="snapshot_id", code="snapshot_not_found")
+        try:
+            manifest = json.loads(path.read_bytes())
+            if not isinstance(manifest, dict) or manifest.get("id") != snap_id:
+                raise ValueError("manifest id does not match its directory")
+        except ValueError as e:
+            raise SnapshotCorrupt(f"snapshot {snap_id} has an unreadable manifest: {e}") from e
+        return manifest
+
+    def list(self) -> list[dict[str, Any]]:
+        out = []
+        for d in self.root.iterdir():
+            if SNAPSHOT_ID.fullmatch(d.name):
+                try:
+                    out.append(self.get(d.name))
+                except HearthError:
+                    continue
+        return sorted(out, key=lambda m: m.get("created_at", 0), reverse=True)
+
+    def read(self, snap_id: str, model: dict[str, Any], engine: dict[str, Any]) -> SnapshotData:
+        """The snapshot's contents, after checking it fits this server (409) and its
+        checksums (422)."""
+        manifest = self.get(snap_id)
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise Conflict(f"snapshot format {manifest.get('format_version')} is not supported "
+                           f"(this server reads version {FORMAT_VERSION})", code="snapshot_incompatible")
+        theirs = manifest.get("model") or {}
+        if theirs.get("sha256") != model.get("sha256"):
+            raise Conflict(f"snapshot {snap_id} was made with model {theirs.get('id')!r} "
+                           f"(sha256 {str(theirs.get('sha256'))[:12]}…), not the one this server runs "
+                           f"({model.get('id')!r}, {str(model.get('sha256'))[:12]}…)", code="snapshot_incompatible")
+        if manifest.get("engine") != engine:
+            raise Conflict(f"snapshot {snap_id} was made by another engine build or KV layout "
+                           f"({manifest.get('engine')} vs {engine})", code="snapshot_incompatible")
+        d = self._dir(snap_id)
+        blobs = self._verified(d, manifest)
+        try:
+            raw = json.loads(blobs["transcript.json"])
+            if not isinstance(raw, list):
+                raise ValueError("the transcript is not a list")
+            messages = [message_from_json(m) for m in raw]
+        except ValueError as e:
+            raise SnapshotCorrupt(f"snapshot {snap_id} has a malformed transcript: {e}") from e
+        if len(blobs["tokens.bin"]) % 4:
+            raise SnapshotCorrupt(f"snapshot {snap_id} has a malformed tokens.bin")
+        tokens = np.frombuffer(blobs["tokens.bin"], dtype="<i4").tolist()
+        return SnapshotData(manifest, messages, tokens, blobs["kv.bin"])
+
+    @staticmethod
+    def _verified(d: Path, manifest: dict[str, Any]) -> dict[str, bytes]:
+        files = manifest.get("files")
+        if not isinstance(files, dict) or set(files) != set(DATA_FILES):
+            raise SnapshotCorrupt("the manifest does not list the snapshot's files")
+        out = {}
+        for name in DATA_FILES:
+            try:
+                data = (d / name).read_bytes()
+            except OSError as e:
+                raise SnapshotCorrupt(f"{name} is missing: {e}") from e
+            meta = files[name]
+            if (not isinstance(meta, dict) or len(data) != meta.get("bytes")
+                    or hashlib.sha256(data).hexdigest() != meta.get("sha256")):
+                raise SnapshotCorrupt(f"{name} does not match its checksum: the snapshot is corrupt")
+            out[name] = data
+        return out
+
+    # ---- archives ----------------------------------------------------------------------------
+
+    def archive(self, snap_id: str) -> Iterator[bytes]:
+        """A tar stream of the snapshot, generated file by file (no temporary archive)."""
+        self.get(snap_id)
+        d = self._dir(snap_id)
+        sizes = {name: (d / name).stat().st_size for name in ALL_FILES}
+
+        def stream() -> Iterator[bytes]:
+            for name in ALL_FILES:
+                info = tarfile.TarInfo(f"{snap_id}/{name}")
+                info.size, info.mode, info.mtime = sizes[name], 0o644, int(time.time())
+                yield info.tobuf(format=tarfile.PAX_FORMAT)
+                sent = 0
+                with (d / name).open("rb") as f:
+                    while sent < info.size and (block := f.read(min(CHUNK, info.size - sent))):
+                        sent += len(block)
+                        yield block
+                if sent != info.size:
+                    raise OSError(f"{name} changed size while it was archived")
+                if info.size % tarfile.BLOCKSIZE:
+                    yield b"\0" * (tarfile.BLOCKSIZE - info.size % tarfile.BLOCKSIZE)
+            yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
+        return stream()
+
+    def import_archive(self, archive: Path) -> dict[str, Any]:
+        """Unpack and verify an archive (a file on disk); it becomes visible only when whole."""
+        tmp = self.root / f".tmp-{uuid.uuid4().hex}"
+        tmp.mkdir()
+        try:
+            snap_id = self._unpack(archive, tmp)
+            manifest = json.loads((tmp / "manifest.json").read_bytes())
+            if not isinstance(manifest, dict) or manifest.get("id") != snap_id:
+                raise SnapshotCorrupt("the archive's manifest does not name its snapshot")
+            if manifest.get("format_version") != FORMAT_VERSION:
+                raise SnapshotCorrupt(f"unsupported snapshot format {manifest.get('format_version')}")
+            self._verified(tmp, manifest)
+            dest = self.root / snap_id
+            if dest.exists():
+                raise Conflict(f"snapshot {snap_id} already exists here", code="snapshot_exists")
+            _fsync_dir(tmp)
+            os.rename(tmp, dest)
+            _fsync_dir(self.root)
+            return manifest
+        except ValueError as e:  # json
+            raise SnapshotCorrupt(f"the archive's manifest is not valid JSON: {e}") from e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    @staticmethod
+    def _unpack(archive: Path, dest: Path) -> str:
+        snap_id: str | None = None
+        seen: set[str] = set()
+        try:
+            with tarfile.open(archive, mode="r:") as tar:
+                for member in tar:
+                    parts = member.name.split("/")
+                    if (not member.isfile() or len(parts) != 2 or parts[1] not in ALL_FILES
+                            or not SNAPSHOT_ID.fullmatch(parts[0]) or parts[1] in seen
+                            or (snap_id is not None and parts[0] != snap_id)):
+                        raise SnapshotCorrupt(f"unexpected archive member {member.name!r}: a snapshot archive "
+                                              "holds only <snapshot_id>/{" + ",".join(ALL_FILES) + "}")
+                    if parts[1] != "kv.bin" and member.size > MAX_META_BYTES:
+                        raise SnapshotCorrupt(f"{member.name} is too large")
+                    snap_id = parts[0]
+                    seen.add(parts[1])
+                    src: IO[bytes] | None = tar.extractfile(member)
+                    assert src is not None
+                    with (dest / parts[1]).open("wb") as out:
+                        shutil.copyfileobj(src, out, CHUNK)
+                        out.flush()
+                        os.fsync(out.fileno())
+        except tarfile.TarError as e:
+            raise SnapshotCorrupt(f"not a readable tar archive: {e}") from e
+        if snap_id is None or seen != set(ALL_FILES):
+            raise SnapshotCorrupt(f"the archive lacks {sorted(set(ALL_FILES) - seen)}")
+        return snap_id

@@ -1,0 +1,368 @@
+"""Sessions end to end: the real server and model, driven through the openai and anthropic
+SDKs and raw HTTP. Continuations are compared at temperature 0 against the same
+conversation run without the event under test (swap, snapshot, archive, restart)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Server, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant who answers briefly."}
+Q1 = {"role": "user", "content": "Name three colors of the rainbow."}
+Q2 = {"role": "user", "content": "Now name three animals that live on a farm."}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """4 slots, so 12 sessions must share them."""
+    s = start_server(tmp_path_factory.mktemp("sessions"), "--parallel", "4", "--ctx", "2048")
+    yield s
+    stop_server(s)
+
+
+def client(s: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=s.base_url, api_key="none", timeout=120, max_retries=0)
+
+
+def turn(s: Server, sid: str, messages: list[dict[str, Any]], max_tokens: int = 24, **extra: Any) -> Any:
+    return client(s).chat.completions.create(
+        model="default", messages=messages, temperature=0, max_tokens=max_tokens,  # type: ignore[arg-type]
+        extra_body={"session_id": sid, **extra})
+
+
+def info(s: Server, sid: str) -> dict[str, Any]:
+    r = httpx.get(f"{s.base_url}/sessions/{sid}", timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def history(s: Server, sid: str) -> list[dict[str, Any]]:
+    return httpx.get(f"{s.base_url}/sessions/{sid}/history", timeout=10).json()["data"]  # type: ignore[no-any-return]
+
+
+def two_turns(s: Server, sid: str) -> tuple[Any, Any]:
+    # The first turn recomputes everything (no prefix borrowed from another session), so two
+    # sessions with the same messages hold bit-identical KV.
+    first = turn(s, sid, [SYSTEM, Q1], cache_prompt=False)
+    return first, turn(s, sid, [Q2])
+
+
+def text(r: Any) -> str:
+    return r.choices[0].message.content  # type: ignore[no-any-return]
+
+
+# ---- turns ------------------------------------------------------------------------------------
+
+
+def test_a_turn_prefills_only_its_new_tokens_and_the_transcript_grows(srv: Server) -> None:
+    first, second = two_turns(srv, "grow")
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    kv_after_first = first.usage.prompt_tokens + first.usage.completion_tokens - 1
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens, "the first turn's prompt must come from the KV"
+    assert cached <= kv_after_first
+    new_tokens = second.usage.prompt_tokens - cached
+    assert new_tokens < 40, f"only the new user message should be prefilled, got {new_tokens} tokens"
+    h = history(srv, "grow")
+    assert [m["role"] for m in h] == ["system", "user", "assistant", "user", "assistant"]
+    assert h[2]["content"] == text(first) and h[4]["content"] == text(second)
+    i = info(srv, "grow")
+    assert i["message_count"] == 5 and i["residency"] == "resident"
+    assert i["current_pos"] == second.usage.prompt_tokens + second.usage.completion_tokens - 1
+
+
+def test_a_repeated_system_message_is_not_duplicated_and_a_different_one_needs_replace(srv: Server) -> None:
+    turn(srv, "sys", [SYSTEM, Q1], max_tokens=4)
+    turn(srv, "sys", [SYSTEM, Q2], max_tokens=4)
+    assert [m["role"] for m in history(srv, "sys")].count("system") == 1
+    with pytest.raises(openai.ConflictError) as e:
+        turn(srv, "sys", [{"role": "system", "content": "Be rude."}, Q1], max_tokens=4)
+    assert e.value.body["code"] == "system_mismatch"  # type: ignore[index]
+    turn(srv, "sys", [{"role": "system", "content": "Be rude."}, Q1], max_tokens=4, replace_system=True)
+    h = history(srv, "sys")
+    assert h[0] == {"role": "system", "content": "Be rude."} and len(h) == 7
+
+
+def test_twelve_sessions_on_four_slots_all_keep_their_kv(srv: Server) -> None:
+    firsts = {}
+    for i in range(12):
+        firsts[i] = turn(srv, f"many{i}", [{"role": "user", "content": f"Session {i}: say hello to {i} friends."}],
+                         max_tokens=8)
+    where = [info(srv, f"many{i}")["residency"] for i in range(12)]
+    assert where.count("resident") <= 4 and where.count("host") >= 8, where
+    for i in range(12):
+        r = turn(srv, f"many{i}", [{"role": "user", "content": "Again."}], max_tokens=4)
+        assert r.usage.prompt_tokens_details.cached_tokens >= firsts[i].usage.prompt_tokens, f"session {i}"
+
+
+def test_continuation_after_swap_out_equals_the_one_without(srv: Server) -> None:
+    _, ref = two_turns(srv, "ref-swap")
+    turn(srv, "swapped", [SYSTEM, Q1], cache_prompt=False)
+    for i in range(5):  # more sessions than slots push "swapped" out to host RAM
+        turn(srv, f"pusher{i}", [{"role": "user", "content": f"Count to {i}."}], max_tokens=4)
+    assert info(srv, "swapped")["residency"] == "host"
+    got = turn(srv, "swapped", [Q2])
+    assert text(got) == text(ref)
+    assert got.usage.prompt_tokens_details.cached_tokens == ref.usage.prompt_tokens_details.cached_tokens
+
+
+def test_streamed_session_turn_equals_the_non_streamed_one(srv: Server) -> None:
+    _, ref = two_turns(srv, "ref-stream")
+    turn(srv, "streamed", [SYSTEM, Q1], cache_prompt=False)
+    stream = client(srv).chat.completions.create(
+        model="default", messages=[Q2], temperature=0, max_tokens=24, stream=True,  # type: ignore[list-item]
+        stream_options={"include_usage": True}, extra_body={"session_id": "streamed"})
+    parts, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        usage = chunk.usage or usage
+    assert "".join(parts) == text(ref)
+    assert usage is not None
+    assert usage.prompt_tokens_details.cached_tokens == ref.usage.prompt_tokens_details.cached_tokens
+
+
+def test_stateless_requests_reuse_a_sessions_prefix(srv: Server) -> None:
+    messages = [SYSTEM, {"role": "user", "content": "Describe a sunny beach in two sentences, please."}]
+    turn(srv, "prefix-src", messages, max_tokens=4)
+    r = client(srv).chat.completions.create(model="default", messages=messages, temperature=0,  # type: ignore[arg-type]
+                                            max_tokens=4)
+    assert r.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 1
+
+
+def test_anthropic_and_responses_turns_continue_a_session(srv: Server) -> None:
+    ac = anthropic.Anthropic(base_url=srv.url, api_key="none", timeout=120, max_retries=0)
+    a1 = ac.messages.create(model="default", max_tokens=8, messages=[Q1],  # type: ignore[list-item]
+                            extra_body={"session_id": "proto", "temperature": 0})
+    a2 = ac.messages.create(model="default", max_tokens=8, messages=[Q2],  # type: ignore[list-item]
+                            extra_body={"session_id": "proto", "temperature": 0})
+    a1_prompt = a1.usage.input_tokens + (a1.usage.cache_read_input_tokens or 0)
+    assert (a2.usage.cache_read_input_tokens or 0) >= a1_prompt, "the first turn's prompt comes from the KV"
+    r3 = client(srv).responses.create(model="default", input="And three fruits?", max_output_tokens=8,
+                                      temperature=0, extra_body={"session_id": "proto"})
+    a2_prompt = a2.usage.input_tokens + (a2.usage.cache_read_input_tokens or 0)
+    assert r3.usage is not None and r3.usage.input_tokens_details.cached_tokens >= a2_prompt
+    roles = [m["role"] for m in history(srv, "proto")]
+    assert roles == ["user", "assistant", "user", "assistant", "user", "assistant"]
+
+
+# ---- control ------------------------------------------------------------------------------------
+
+
+def test_rollback_keeps_the_kv_of_the_kept_part(srv: Server) -> None:
+    first, _ = two_turns(srv, "rb")
+    r = httpx.post(f"{srv.base_url}/sessions/rb/rollback", json={"keep_messages": 3}, timeout=10)
+    assert r.status_code == 200 and r.json()["message_count"] == 3
+    assert [m["content"] for m in history(srv, "rb")][2] == text(first)
+    again = turn(srv, "rb", [{"role": "user", "content": "Tell me a fun fact."}], max_tokens=4)
+    assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    assert info(srv, "rb")["message_count"] == 5
+    bad = httpx.post(f"{srv.base_url}/sessions/rb/rollback", json={"keep_messages": 99}, timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_messages"
+
+
+def test_resize_and_a_turn_that_would_overflow(srv: Server) -> None:
+    created = httpx.post(f"{srv.base_url}/sessions", json={"session_id": "small", "max_seq_len": 64}, timeout=10)
+    assert created.status_code == 201 and created.json()["max_seq_len"] == 64
+    turn(srv, "small", [Q1], max_tokens=8)
+    with pytest.raises(openai.BadRequestError) as e:
+        turn(srv, "small", [{"role": "user", "content": "word " * 40}], max_tokens=8)
+    assert "resize" in str(e.value) and "rollback" in str(e.value)
+    assert info(srv, "small")["message_count"] == 2, "a refused turn stores nothing"
+    r = httpx.post(f"{srv.base_url}/sessions/small/resize/next_pow2", timeout=10)
+    assert r.status_code == 200 and r.json()["max_seq_len"] == 128
+    turn(srv, "small", [{"role": "user", "content": "word " * 40}], max_tokens=8)
+    r = httpx.post(f"{srv.base_url}/sessions/small/resize", json={"max_seq_len": 40}, timeout=10)
+    assert r.status_code == 400 and "drop_oldest" in r.json()["error"]["message"]
+    r = httpx.post(f"{srv.base_url}/sessions/small/resize", json={"max_seq_len": 100, "strategy": "drop_oldest"},
+                   timeout=10)
+    assert r.status_code == 200 and r.json()["message_count"] < 4
+    r = httpx.post(f"{srv.base_url}/sessions/small/resize", json={"max_seq_len": 99999}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_seq_len"
+
+
+def test_a_busy_session_serializes_or_refuses(srv: Server) -> None:
+    turn(srv, "busy", [Q1], max_tokens=4)
+    results: dict[str, Any] = {}
+
+    def long_turn() -> None:
+        results["long"] = turn(srv, "busy", [{"role": "user", "content": "Write a long story."}], max_tokens=300,
+                               ignore_eos=True)
+
+    t = threading.Thread(target=long_turn)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not info(srv, "busy")["busy"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with pytest.raises(openai.ConflictError) as e:
+        turn(srv, "busy", [Q2], max_tokens=4, session_wait=False)
+    assert e.value.body["code"] == "session_busy"  # type: ignore[index]
+    r = httpx.delete(f"{srv.base_url}/sessions/busy", timeout=10)
+    assert r.status_code == 409
+    waited = turn(srv, "busy", [Q2], max_tokens=4)  # waits for the long turn, then runs
+    t.join(60)
+    assert results["long"].usage.completion_tokens == 300
+    h = history(srv, "busy")
+    assert [m["role"] for m in h] == ["user", "assistant"] * 3
+    assert h[3]["content"] == text(results["long"]) and h[5]["content"] == text(waited)
+
+
+def test_a_cancelled_turn_keeps_what_was_generated(srv: Server) -> None:
+    turn(srv, "cancelled", [Q1], max_tokens=4)
+    with httpx.stream("POST", f"{srv.base_url}/chat/completions", timeout=60, json={
+            "model": "default", "messages": [{"role": "user", "content": "Write a long story."}], "stream": True,
+            "max_tokens": 1000, "ignore_eos": True, "session_id": "cancelled", "cancel_id": "cx1"}) as r:
+        got, cancelled = 0, False
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                got += 1
+                if got == 5:
+                    assert httpx.post(f"{srv.base_url}/cancel", json={"cancel_id": "cx1"}, timeout=10).json()
+            if '"finish_reason":"cancelled"' in line.replace(" ", ""):
+                cancelled = True
+    assert cancelled
+    h = history(srv, "cancelled")
+    assert len(h) == 4 and h[3]["role"] == "assistant" and len(h[3]["content"]) > 0
+    nxt = turn(srv, "cancelled", [Q2], max_tokens=4)
+    assert nxt.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_session_crud_and_bad_ids(srv: Server) -> None:
+    base = srv.base_url
+    r = httpx.post(f"{base}/sessions", json={}, timeout=10)
+    assert r.status_code == 201 and r.json()["session_id"].startswith("sess_")
+    assert httpx.post(f"{base}/sessions", json={"session_id": "crud"}, timeout=10).status_code == 201
+    dup = httpx.post(f"{base}/sessions", json={"session_id": "crud"}, timeout=10)
+    assert dup.status_code == 409 and dup.json()["error"]["code"] == "session_exists"
+    for bad in ("..", "a/b", "x" * 129, "", "a b"):
+        r = httpx.post(f"{base}/sessions", json={"session_id": bad}, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id", bad
+    r = httpx.post(f"{base}/chat/completions", json={"messages": [Q1], "session_id": "../../etc/passwd"}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id"
+    assert httpx.get(f"{base}/sessions/..", timeout=10).status_code in (400, 404)
+    assert httpx.get(f"{base}/sessions/nope", timeout=10).json()["error"]["code"] == "session_not_found"
+    assert "crud" in [s["session_id"] for s in httpx.get(f"{base}/sessions", timeout=10).json()["data"]]
+    assert httpx.delete(f"{base}/sessions/crud", timeout=10).json()["deleted"] is True
+    assert httpx.get(f"{base}/sessions/crud", timeout=10).status_code == 404
+    r = httpx.post(f"{base}/sessions", json={"max_seq_len": 10**9}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_seq_len"
+    r = httpx.post(f"{base}/sessions", json={"bogus": 1}, timeout=10)
+    assert r.status_code == 400
+
+
+# ---- snapshots ------------------------------------------------------------------------------------
+
+
+def test_save_load_archive_import_continue_identically(srv: Server, tmp_path: Path) -> None:
+    _, ref = two_turns(srv, "ref-snap")
+    turn(srv, "snapped", [SYSTEM, Q1], cache_prompt=False)
+    saved = httpx.post(f"{srv.base_url}/sessions/snapped/save", json={"title": "colors", "tags": ["demo"]},
+                       timeout=60)
+    assert saved.status_code == 201, saved.text
+    snap = saved.json()
+    sid = snap["snapshot_id"]
+    assert snap["title"] == "colors" and snap["session"]["message_count"] == 3 and snap["session"]["n_tokens"] > 0
+    loaded = httpx.post(f"{srv.base_url}/snapshots/{sid}/load", json={"session_id": "from-snap"}, timeout=60)
+    assert loaded.status_code == 201 and loaded.json()["residency"] == "host"
+    got = turn(srv, "from-snap", [Q2])
+    assert text(got) == text(ref)
+    assert got.usage.prompt_tokens_details.cached_tokens == ref.usage.prompt_tokens_details.cached_tokens
+    again = httpx.post(f"{srv.base_url}/snapshots/{sid}/load", json={"session_id": "from-snap"}, timeout=60)
+    assert again.status_code == 409 and again.json()["error"]["code"] == "session_exists"
+    forced = httpx.post(f"{srv.base_url}/snapshots/{sid}/load", json={"session_id": "from-snap", "force": True},
+                        timeout=60)
+    assert forced.status_code == 201 and forced.json()["message_count"] == 3
+
+    archive = httpx.get(f"{srv.base_url}/snapshots/{sid}/archive", timeout=60)
+    assert archive.status_code == 200 and archive.headers["content-type"] == "application/x-tar"
+    other = start_server(tmp_path, "--parallel", "2", "--ctx", "2048")  # another "machine"
+    try:
+        imported = httpx.post(f"{other.base_url}/snapshots/import", content=archive.content, timeout=60)
+        assert imported.status_code == 201, imported.text
+        assert imported.json()["snapshot_id"] == sid
+        assert httpx.post(f"{other.base_url}/snapshots/{sid}/load", json={"session_id": "moved"},
+                          timeout=60).status_code == 201
+        moved = turn(other, "moved", [Q2])
+        assert text(moved) == text(ref)
+        assert moved.usage.prompt_tokens_details.cached_tokens == ref.usage.prompt_tokens_details.cached_tokens
+        dup = httpx.post(f"{other.base_url}/snapshots/import", content=archive.content, timeout=60)
+        assert dup.status_code == 409
+        junk = httpx.post(f"{other.base_url}/snapshots/import", content=b"not a tar" * 100, timeout=60)
+        assert junk.status_code == 422
+    finally:
+        stop_server(other)
+
+
+def test_snapshot_metadata_listing_and_deletion(srv: Server) -> None:
+    turn(srv, "meta", [Q1], max_tokens=4)
+    sid = httpx.post(f"{srv.base_url}/sessions/meta/save", json={}, timeout=60).json()["snapshot_id"]
+    r = httpx.patch(f"{srv.base_url}/snapshots/{sid}", json={"title": "T", "tags": ["x", "y"]}, timeout=10)
+    assert r.status_code == 200 and (r.json()["title"], r.json()["tags"]) == ("T", ["x", "y"])
+    bad = httpx.patch(f"{srv.base_url}/snapshots/{sid}", json={"session": {"n_tokens": 1}}, timeout=10)
+    assert bad.status_code == 400, "only title, description and tags may change"
+    listed = httpx.get(f"{srv.base_url}/snapshots", timeout=10).json()["data"]
+    assert any(s["snapshot_id"] == sid and s["title"] == "T" for s in listed)
+    assert httpx.get(f"{srv.base_url}/snapshots/snap_nothex", timeout=10).status_code == 400
+    missing = "snap_" + "0" * 32
+    assert httpx.get(f"{srv.base_url}/snapshots/{missing}", timeout=10).status_code == 404
+    assert httpx.delete(f"{srv.base_url}/snapshots/{sid}", timeout=10).status_code == 200
+    assert httpx.get(f"{srv.base_url}/snapshots/{sid}", timeout=10).status_code == 404
+
+
+def test_a_corrupted_kv_bin_is_a_422(srv: Server) -> None:
+    turn(srv, "corrupt", [Q1], max_tokens=4)
+    sid = httpx.post(f"{srv.base_url}/sessions/corrupt/save", json={}, timeout=60).json()["snapshot_id"]
+    home = srv.log.parent / "home"
+    kv = home / "snapshots" / sid / "kv.bin"
+    raw = bytearray(kv.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    kv.write_bytes(bytes(raw))
+    r = httpx.post(f"{srv.base_url}/snapshots/{sid}/load", json={"session_id": "corrupt-copy"}, timeout=60)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "snapshot_corrupt"
+    assert httpx.get(f"{srv.base_url}/sessions/corrupt-copy", timeout=10).status_code == 404
+
+
+# ---- restarts ---------------------------------------------------------------------------------------
+
+
+def test_sessions_survive_a_restart_with_their_kv_and_a_crash_without_losing_a_turn(tmp_path: Path) -> None:
+    s = start_server(tmp_path, "--parallel", "2", "--ctx", "2048")
+    try:
+        _, ref = two_turns(s, "ref-restart")
+        turn(s, "restarted", [SYSTEM, Q1], cache_prompt=False)
+    finally:
+        stop_server(s)  # SIGTERM: a graceful shutdown writes resident KV to disk
+    s = start_server(tmp_path, "--parallel", "2", "--ctx", "2048")
+    try:
+        assert info(s, "restarted")["residency"] == "disk"
+        got = turn(s, "restarted", [Q2])
+        assert text(got) == text(ref)
+        assert got.usage.prompt_tokens_details.cached_tokens == ref.usage.prompt_tokens_details.cached_tokens
+        turn(s, "restarted", [{"role": "user", "content": "One more?"}], max_tokens=6)
+        count = info(s, "restarted")["message_count"]
+        s.proc.send_signal(signal.SIGKILL)  # a crash: no shutdown, no KV spill
+        s.proc.wait(10)
+    finally:
+        stop_server(s)
+    s = start_server(tmp_path, "--parallel", "2", "--ctx", "2048")
+    try:
+        after = info(s, "restarted")
+        assert after["message_count"] == count, "no completed turn is lost in a crash"
+        assert history(s, "restarted")[-1]["role"] == "assistant"
+        r = turn(s, "restarted", [{"role": "user", "content": "Still there?"}], max_tokens=4)
+        assert r.choices[0].finish_reason in ("stop", "length")
+    finally:
+        stop_server(s)

@@ -1,0 +1,172 @@
+"""Session KV in the engine: ownership, swap-out/in through RAM and disk, prefix reuse,
+against the fake runner (which checks every decode lands where the KV ends)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hearth.engine import Engine, EngineRequest, SamplingParams
+from hearth.engine.fake_runner import FakeRunner
+from hearth.engine.swap import SwapStore, read_kv_file, write_kv_file
+from hearth.engine.types import ContextOverflow
+from tests.unit.test_engine import run
+
+
+def sreq(rid: str, prompt: list[int], owner: str | None, max_tokens: int = 3, **kw: object) -> EngineRequest:
+    return EngineRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens), owner=owner,
+                         **kw)  # type: ignore[arg-type]
+
+
+def kv_consistent(eng: Engine, runner: FakeRunner) -> None:
+    for slot in eng.slots.slots:
+        assert runner.kv.get(slot.seq_id, []) == slot.tokens, f"slot {slot.seq_id} KV != its tokens"
+
+
+def make(n_slots: int, swap: SwapStore | None = None) -> tuple[Engine, FakeRunner]:
+    runner = FakeRunner(n_seq_max=n_slots, n_batch=256)
+    eng = Engine(runner, seq_ctx=1024, swap=swap)
+    eng.start()
+    return eng, runner
+
+
+async def test_a_session_turn_prefills_only_its_new_tokens() -> None:
+    eng, runner = make(2)
+    try:
+        first = list(range(1, 41))
+        _, _, outs = await run(eng, sreq("t1", first, "s"))
+        assert outs[0].cached_tokens == 0
+        slot = eng.slots.owned_by("s")
+        assert slot is not None and len(slot.tokens) == 40 + 2  # the last sampled token is not in the KV
+        second = [*slot.tokens, 99, 98, 97]
+        runner.calls.clear()
+        _, _, outs = await run(eng, sreq("t2", second, "s"))
+        assert outs[0].cached_tokens == 42
+        assert runner.calls[0][0].tokens == [99, 98, 97]
+        kv_consistent(eng, runner)
+    finally:
+        eng.stop()
+
+
+async def test_twelve_sessions_on_four_slots_all_keep_their_kv() -> None:
+    eng, runner = make(4)
+    try:
+        prompts = {f"s{i}": [100 + i] * 20 + list(range(1, 11)) for i in range(12)}
+        for sid, p in prompts.items():
+            await run(eng, sreq(f"{sid}-1", p, sid))
+            kv_consistent(eng, runner)
+        where = [eng.kv_where(sid)[0] for sid in prompts]
+        assert where.count("resident") == 4 and where.count("host") == 8
+        for sid, p in prompts.items():
+            _, n = eng.kv_where(sid)
+            assert n == 32
+            runner.calls.clear()
+            _, _, outs = await run(eng, sreq(f"{sid}-2", [*p, 7, 7], sid))
+            # everything but the two tokens generated last turn that the new prompt does not hold
+            assert outs[0].cached_tokens == 30
+            assert runner.calls[0][0].tokens == [7, 7]
+            kv_consistent(eng, runner)
+    finally:
+        eng.stop()
+
+
+async def test_swapped_sessions_spill_to_disk_past_the_ram_budget_and_come_back(tmp_path: Path) -> None:
+    fake = FakeRunner()
+    swap = SwapStore(tmp_path, ram_budget=3 * (4 + 4 * 32), fingerprint=fake.fingerprint)
+    eng, runner = make(1, swap)
+    try:
+        for i in range(6):
+            await run(eng, sreq(f"a{i}", [50 + i] * 30, f"s{i}"))
+        eng.call(lambda: None).result(5)
+        for _ in range(100):  # the spill thread runs in the background
+            if sum(eng.swap.where(f"s{i}") == "disk" for i in range(5)) >= 2:
+                break
+            import time
+            time.sleep(0.01)
+        kinds = [eng.kv_where(f"s{i}")[0] for i in range(6)]
+        assert kinds[5] == "resident" and "disk" in kinds and "host" in kinds
+        assert swap.ram_bytes() <= swap.ram_budget
+        disk_one = kinds.index("disk")
+        runner.calls.clear()
+        _, _, outs = await run(eng, sreq("back", [*([50 + disk_one] * 30), 1, 2], f"s{disk_one}"))
+        assert outs[0].cached_tokens == 30
+        assert runner.calls[0][0].tokens == [1, 2]
+        assert not (tmp_path / f"s{disk_one}.kv").exists()
+        kv_consistent(eng, runner)
+    finally:
+        eng.stop()
+
+
+async def test_stateless_requests_reuse_a_prefix_from_an_idle_or_swapped_session() -> None:
+    eng, runner = make(2)
+    try:
+        system = list(range(1, 31))
+        await run(eng, sreq("a", [*system, 5], "a"))
+        await run(eng, sreq("b", [*system, 6], "b"))
+        await run(eng, sreq("c", [*system, 8], "c"))  # "a" is swapped out to make room
+        assert eng.kv_where("a")[0] == "host"
+        _, _, outs = await run(eng, sreq("x", [*system, 9, 9], None))
+        assert outs[0].cached_tokens == 30
+        kv_consistent(eng, runner)
+        for sid in "abc":  # the sessions' own KV is untouched
+            assert eng.kv_where(sid)[1] == 33
+    finally:
+        eng.stop()
+
+
+async def test_export_import_and_drop() -> None:
+    eng, runner = make(2)
+    try:
+        await run(eng, sreq("a", [3] * 10, "a"))
+        tokens, data = eng.call(lambda: eng.export_kv("a")).result(5)
+        assert tokens == eng.slots.owned_by("a").tokens  # type: ignore[union-attr]
+        eng.call(lambda: eng.import_kv("copy", tokens, data)).result(5)
+        assert eng.kv_where("copy") == ("host", 12)
+        _, _, outs = await run(eng, sreq("c", [*tokens, 4], "copy"))
+        assert outs[0].cached_tokens == 12
+        eng.call(lambda: eng.drop_kv("a")).result(5)
+        assert eng.kv_where("a") == ("none", 0)
+        kv_consistent(eng, runner)
+    finally:
+        eng.stop()
+
+
+async def test_an_incompatible_saved_state_is_re_prefilled() -> None:
+    eng, runner = make(1)
+    try:
+        eng.swap.put("s", [1, 2, 3], b"garbage")
+        _, _, outs = await run(eng, sreq("a", [1, 2, 3, 4], "s"))
+        assert outs[0].cached_tokens == 0
+        kv_consistent(eng, runner)
+    finally:
+        eng.stop()
+
+
+def test_max_len_caps_a_session_below_the_context() -> None:
+    eng, _ = make(1)
+    try:
+        with pytest.raises(ContextOverflow):
+            eng.validate(sreq("a", [1] * 50, "s", max_tokens=20, max_len=64))
+        eng.validate(sreq("b", [1] * 40, "s", max_tokens=20, max_len=64))
+    finally:
+        eng.stop()
+
+
+def test_kv_files_reject_corruption_and_other_models(tmp_path: Path) -> None:
+    path = tmp_path / "s.kv"
+    write_kv_file(path, [1, 2, 3], b"state-bytes", {"m": 1})
+    assert read_kv_file(path, {"m": 1}) == ([1, 2, 3], b"state-bytes")
+    with pytest.raises(ValueError, match="another model"):
+        read_kv_file(path, {"m": 2})
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="checksum"):
+        read_kv_file(path, {"m": 1})
+    store = SwapStore(tmp_path, 1 << 20, {"m": 1})  # the corrupt file is found at start...
+    assert store.where("s") == "disk"
+    assert store.take("s") is None  # ...and dropped when read
+    assert not path.exists()
+    with pytest.raises(ValueError):
+        store.put("../evil", [1], b"x")
