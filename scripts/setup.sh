@@ -17,6 +17,18 @@ wheelhouse="${HEARTH_WHEELHOUSE:-$HOME/.cache/hearth/wheels}"
 extras="${HEARTH_EXTRAS:-dev}"
 python="${PYTHON:-python3}"
 
+# The chat page's tests (tests/web) drive Debian's chromium through playwright; playwright's own
+# browser download cannot run here, so the system package is used. Only when it is missing.
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing chromium (apt) for the web page tests"
+  as_root=()
+  [ "$(id -u)" -ne 0 ] && as_root=(sudo -n)
+  apt_get() { "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -qq "$@" >/dev/null 2>&1; }
+  if ! { apt_get install chromium || { apt_get update && apt_get install chromium; }; }; then
+    echo "setup: could not install chromium; tests/web will be skipped"
+  fi
+fi
+
 mkdir -p "$wheelhouse"
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hearth.api import anthropic, control, openai_chat, openai_completions, openai_responses
+from hearth.api import anthropic, control, openai_chat, openai_completions, openai_responses, web
 from hearth.api.auth import AuthMiddleware
 from hearth.api.errors import handle_hearth_error, handle_http_exception, handle_unexpected
 from hearth.api.sse import ClientGone
@@ -69,6 +69,8 @@ def create_app(backend: LocalBackend, settings: Settings | None = None) -> Starl
         Route("/tokenize", control.tokenize, methods=["POST"]),
         Route("/detokenize", control.detokenize, methods=["POST"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/", web.index, methods=["GET"]),
+        Route("/web/{name}", web.static_file, methods=["GET"]),
     ]
     endpoints = {r.path for r in routes if "{" not in r.path}
     app = Starlette(

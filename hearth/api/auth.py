@@ -1,7 +1,7 @@
 """API keys: `Authorization: Bearer KEY` or `x-api-key: KEY`, compared in constant time.
 
 - no keys configured: everything is open (the default bind is loopback);
-- keys configured: every endpoint but /health needs one of them;
+- keys configured: every endpoint but /health and the chat page (/ and /web/*) needs one of them;
 - an admin key, when configured, is needed to delete sessions and snapshots and for /admin;
 - /metrics needs the metrics token (or an API key) unless it was made public.
 """
@@ -15,7 +15,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hearth.config import Settings
 
-OPEN_PATHS = ("/health",)
+OPEN_PATHS = ("/health", "/")
+OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
 
 
 def presented_key(headers: dict[bytes, bytes]) -> str | None:
@@ -56,7 +57,7 @@ class AuthMiddleware:
         self.metrics_public = settings.metrics_public
 
     def _verdict(self, method: str, path: str, key: str | None) -> tuple[int, str] | None:
-        if path in OPEN_PATHS or method == "OPTIONS":
+        if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or method == "OPTIONS":
             return None
         if path == "/metrics":
             if self.metrics_public:

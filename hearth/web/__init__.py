@@ -1,0 +1,1 @@
+"""The built-in chat page: static files served by hearth.api.web."""

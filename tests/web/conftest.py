@@ -1,0 +1,57 @@
+"""The chat page in a real headless browser: Debian's chromium driven by playwright.
+
+playwright's own browser download cannot run here, so the system chromium is used
+(scripts/setup.sh installs it); without it, or without playwright, these tests are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Server, start_server, stop_server
+
+CHROMIUM = os.environ.get("HEARTH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+API_KEY = "web-test-key"
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no chromium at {CHROMIUM} (scripts/setup.sh installs it with apt)")
+    with sync_api.sync_playwright() as p:
+        # --no-sandbox: CI runs as root, where chromium's sandbox refuses to start.
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"], timeout=60_000)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def web_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("web"), "--parallel", "4", "--ctx", "4096")
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("webkey"), "--parallel", "2", "--ctx", "2048", "--api-key", API_KEY)
+    yield s
+    stop_server(s)
+
+
+def sessions_api(server: Server, key: str | None = None) -> bool:
+    """Whether the server answers the sessions API (docs/sessions.md): a live probe."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        r = httpx.get(f"{server.url}/v1/sessions", headers=headers, timeout=10)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200 and isinstance(r.json().get("data"), list)

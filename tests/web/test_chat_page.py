@@ -1,0 +1,434 @@
+"""The chat page (`GET /`) driven in headless chromium against real servers with the real model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Server
+from tests.web.conftest import API_KEY, sessions_api
+
+pytestmark = pytest.mark.slow
+
+# At temperature 0 the default model writes far more than the few seconds these tests wait.
+LONG_PROMPT = "Write a very long story about a dragon and a knight, with many chapters."
+# Records the last reply's text length at every DOM change while it streams.
+WATCH_GROWTH = """() => {
+  window.__growth = [];
+  const box = document.getElementById('messages');
+  new MutationObserver(() => {
+    const msgs = box.querySelectorAll('.msg.assistant');
+    const last = msgs[msgs.length - 1];
+    if (last && last.classList.contains('streaming'))
+      window.__growth.push([performance.now(), last.querySelector('.content').innerText.length]);
+  }).observe(box, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+@pytest.fixture
+def new_page(browser: Any) -> Iterator[Callable[..., Any]]:
+    """Opens the page in a fresh browser context (its own localStorage); closes them all after."""
+    contexts: list[Any] = []
+
+    def open_page(server: Server, *, key: str | None = None, max_tokens: int | None = None,
+                  temperature: float | None = None, wait_ready: bool = True) -> Any:
+        ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+        contexts.append(ctx)
+        page = ctx.new_page()
+        page.set_default_timeout(30_000)
+        page.errors = []  # type: ignore[attr-defined]
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        page.goto(server.url + "/")
+        page.wait_for_function("() => document.getElementById('health').dataset.state === 'ok'")
+        settings = {"#api-key": key, "#max-tokens": max_tokens, "#temperature": temperature}
+        if any(v is not None for v in settings.values()):
+            if not page.locator("#settings").evaluate("d => d.open"):
+                page.click("#settings summary")
+            for selector, value in settings.items():
+                if value is not None:
+                    page.fill(selector, str(value))
+                    page.dispatch_event(selector, "change")
+        if wait_ready:
+            page.wait_for_function("() => document.getElementById('model-name').textContent !== ''")
+        return page
+
+    yield open_page
+    for ctx in contexts:
+        ctx.close()
+
+
+def send(page: Any, text: str) -> None:
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+    page.wait_for_selector("#send[data-state=stop]", timeout=10_000)
+
+
+def wait_done(page: Any, timeout: float = 90) -> None:
+    page.wait_for_selector("#send[data-state=send]", timeout=timeout * 1000)
+
+
+def last_reply(page: Any) -> Any:
+    return page.locator(".msg.assistant").last
+
+
+def stats_numbers(page: Any) -> dict[str, int]:
+    text = last_reply(page).locator(".stats").inner_text()
+    return {k: int(v) for k, v in re.findall(r"(prompt|cached|completion) (\d+)", text)}
+
+
+def wait_idle(server: Server, key: str | None = None, timeout: float = 10) -> dict[str, float]:
+    """The server's run gauges once nothing runs (or what they said at the deadline)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    names = ("hearth_running_sequences", "hearth_cancel_registry_runs", "hearth_waiting_requests")
+    deadline = time.monotonic() + timeout
+    while True:
+        text = httpx.get(f"{server.url}/metrics", headers=headers, timeout=10).text
+        values = {}
+        for line in text.splitlines():
+            for name in names:
+                if line.startswith((name + "{", name + " ")):
+                    values[name] = float(line.rsplit(" ", 1)[1])
+        if all(v == 0 for v in values.values()) or time.monotonic() > deadline:
+            return values
+        time.sleep(0.2)
+
+
+def cancel_calls(server: Server) -> float:
+    """hearth_cancellations_total{cause="cancel_call"}, 0 before the first (the series appears then)."""
+    for line in httpx.get(f"{server.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('hearth_cancellations_total{cause="cancel_call"} '):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def chat_bodies(page: Any) -> list[dict[str, Any]]:
+    """Collects the JSON bodies the page posts to /v1/chat/completions."""
+    bodies: list[dict[str, Any]] = []
+    page.on("request", lambda r: bodies.append(r.post_data_json)
+            if r.method == "POST" and r.url.endswith("/v1/chat/completions") else None)
+    return bodies
+
+
+# ------------------------------------------------------------------------ serving
+
+
+def test_static_files_are_served_without_a_key_and_nothing_else(keyed_server: Server) -> None:
+    url = keyed_server.url
+    page = httpx.get(url + "/", timeout=10)
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert '<script src="/web/app.js"' in page.text and "http://" not in page.text and "https://" not in page.text
+    for name, kind in [("app.js", "text/javascript"), ("style.css", "text/css"), ("index.html", "text/html")]:
+        r = httpx.get(f"{url}/web/{name}", timeout=10)
+        assert r.status_code == 200, name
+        assert r.headers["content-type"].startswith(kind)
+        assert "default-src 'self'" in r.headers["content-security-policy"]
+    etag = httpx.get(url + "/web/app.js", timeout=10).headers["etag"]
+    assert httpx.get(url + "/web/app.js", headers={"if-none-match": etag}, timeout=10).status_code == 304
+    for path in ["/web/__init__.py", "/web/..%2F__init__.py", "/web/../api/web.py", "/web/%2e%2e/config.py",
+                 "/web/", "/web/app.js/x"]:
+        r = httpx.get(url + path, timeout=10)
+        # 404 from the allow-list; 401 where the client normalized `..` away (then it is not /web/).
+        assert r.status_code in (401, 404), path
+        assert "import" not in r.text
+    # Everything else still needs the key.
+    assert httpx.get(url + "/v1/models", timeout=10).status_code == 401
+    assert httpx.post(url + "/v1/cancel", json={"cancel_id": "x"}, timeout=10).status_code == 401
+
+
+# ------------------------------------------------------------------------ streaming and Stop
+
+
+def test_reply_streams_in_with_stats(web_server: Server, new_page: Callable[..., Any]) -> None:
+    page = new_page(web_server, max_tokens=64)
+    bodies = chat_bodies(page)
+    page.evaluate(WATCH_GROWTH)
+    send(page, "Write a short poem about a warm hearth.")
+    wait_done(page)
+
+    growth = page.evaluate("window.__growth")
+    lengths = [n for _, n in growth]
+    distinct = sorted(set(lengths))
+    assert len(distinct) >= 3, f"the reply did not grow in steps while streaming: {lengths}"
+    assert lengths == sorted(lengths), "the streamed text only grows"
+    assert growth[-1][0] > growth[0][0]
+    reply = last_reply(page)
+    final = reply.locator(".content").inner_text()
+    assert len(final) >= distinct[-1] > distinct[0]
+
+    body = bodies[-1]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["max_tokens"] == 64 and body["messages"][-1]["content"].startswith("Write a short poem")
+    assert re.fullmatch(r"web_[0-9a-f]{24}", body["cancel_id"])
+
+    stats = reply.locator(".stats").inner_text()
+    assert re.search(r"TTFT \d+(\.\d+)? (ms|s)", stats), stats
+    assert re.search(r"\d+\.\d tok/s", stats), stats
+    numbers = stats_numbers(page)
+    assert numbers["prompt"] > 0 and 0 < numbers["completion"] <= 64
+    assert reply.get_attribute("data-finish") in ("stop", "length")
+    assert page.errors == []
+
+    # A second turn gets its own cancel_id.
+    send(page, "Thanks!")
+    wait_done(page)
+    assert bodies[-1]["cancel_id"] != body["cancel_id"]
+    assert page.locator(".msg.assistant").count() == 2
+
+
+def test_stop_ends_the_run(web_server: Server, new_page: Callable[..., Any]) -> None:
+    page = new_page(web_server, max_tokens=3000, temperature=0)
+    bodies = chat_bodies(page)
+    cancelled_before = cancel_calls(web_server)
+    send(page, LONG_PROMPT)
+    reply = last_reply(page)
+    page.wait_for_function(
+        "() => { const m = [...document.querySelectorAll('.msg.assistant')].pop();"
+        " return m.querySelector('.content').innerText.length > 40; }", timeout=60_000)
+    assert page.inner_text("#send") == "Stop"
+    with page.expect_response(lambda r: r.url.endswith("/v1/cancel")) as cancel:
+        clicked = time.monotonic()
+        page.click("#send")
+    assert cancel.value.status == 200
+    assert cancel.value.request.post_data_json == {"cancel_id": bodies[-1]["cancel_id"]}
+    wait_done(page, timeout=15)
+    assert time.monotonic() - clicked < 10
+    assert page.inner_text("#send") == "Send"
+
+    assert reply.get_attribute("data-finish") == "cancelled"
+    assert "cancelled" in reply.locator(".badge.finish").inner_text()
+    assert stats_numbers(page)["completion"] < 3000
+    text = reply.locator(".content").inner_text()
+    time.sleep(1.0)
+    assert reply.locator(".content").inner_text() == text, "no text arrives after Stop"
+
+    idle = wait_idle(web_server)
+    assert idle["hearth_running_sequences"] == 0 and idle["hearth_cancel_registry_runs"] == 0, idle
+    assert cancel_calls(web_server) == cancelled_before + 1
+    # A fresh request is served at once: nothing is still generating in a slot.
+    r = httpx.post(f"{web_server.url}/v1/chat/completions", timeout=30,
+                   json={"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    assert page.errors == []
+
+
+# ------------------------------------------------------------------------ API keys
+
+
+def test_page_works_with_an_api_key(keyed_server: Server, new_page: Callable[..., Any]) -> None:
+    page = new_page(keyed_server, wait_ready=False)
+    page.wait_for_selector("#banner:not([hidden])")
+    assert "API key" in page.inner_text("#banner")
+    assert page.locator("#settings").evaluate("d => d.open")
+
+    page.fill("#api-key", API_KEY)
+    page.dispatch_event("#api-key", "change")
+    page.wait_for_function("() => document.getElementById('model-name').textContent !== ''")
+    assert page.locator("#banner").is_hidden()
+    for selector, value in [("#max-tokens", "2000"), ("#temperature", "0")]:
+        page.fill(selector, value)
+        page.dispatch_event(selector, "change")
+
+    auth: list[str | None] = []
+    page.on("request", lambda r: auth.append(r.headers.get("authorization")) if "/v1/" in r.url else None)
+    send(page, LONG_PROMPT)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.msg.assistant')].pop().querySelector('.content').innerText.length > 20",
+        timeout=60_000)
+    with page.expect_response(lambda r: r.url.endswith("/v1/cancel")) as cancel:
+        page.click("#send")
+    assert cancel.value.status == 200 and cancel.value.json()["cancelled"] == 1
+    wait_done(page, timeout=15)
+    assert last_reply(page).get_attribute("data-finish") == "cancelled"
+    assert auth and all(a == f"Bearer {API_KEY}" for a in auth), auth
+    idle = wait_idle(keyed_server, key=API_KEY)
+    assert idle["hearth_running_sequences"] == 0, idle
+
+    # The key is kept in the browser: a reload needs no typing.
+    page.reload()
+    page.wait_for_function("() => document.getElementById('model-name').textContent !== ''")
+    assert page.input_value("#api-key") == API_KEY
+    assert page.locator("#banner").is_hidden()
+    assert page.errors == []
+
+
+def test_a_wrong_key_is_reported_on_the_page(keyed_server: Server, new_page: Callable[..., Any]) -> None:
+    page = new_page(keyed_server, key="not-the-key", wait_ready=False)
+    page.fill("#prompt", "hello")
+    page.press("#prompt", "Enter")
+    wait_done(page, timeout=15)
+    assert "invalid API key" in last_reply(page).locator(".error").inner_text()
+    assert "API key" in page.inner_text("#banner")
+
+
+# ------------------------------------------------------------------------ sessions and snapshots
+
+
+def test_sessions_sidebar_snapshots(web_server: Server, new_page: Callable[..., Any]) -> None:
+    if not sessions_api(web_server):
+        pytest.skip("the server does not answer GET /v1/sessions (sessions API not available)")
+    # A session started elsewhere is listed under its first user message.
+    r = httpx.post(f"{web_server.url}/v1/chat/completions", timeout=30, json={
+        "messages": [{"role": "user", "content": "Hello from the API."}], "max_tokens": 4, "session_id": "api-made"})
+    assert r.status_code == 200
+    page = new_page(web_server, max_tokens=24, temperature=0)
+    n = len(httpx.get(f"{web_server.url}/v1/sessions", timeout=10).json()["data"])  # earlier tests' sessions too
+    page.wait_for_function(f"() => document.querySelectorAll('#session-list .item').length === {n}")
+    page.locator('#session-list .item[data-session-id="api-made"] .item-title',
+                 has_text="Hello from the API.").wait_for()
+    bodies = chat_bodies(page)
+    send(page, "My name is Ada. Say hello to me.")
+    wait_done(page)
+    page.wait_for_function(f"() => document.querySelectorAll('#session-list .item').length === {n + 1}")
+    first_id = page.locator("#session-list .item.active").get_attribute("data-session-id")
+    assert page.locator("#session-list .item").first.get_attribute("data-session-id") == first_id, "newest first"
+    assert bodies[-1]["session_id"] == first_id and len(bodies[-1]["messages"]) == 1
+    assert page.inner_text("#session-title") == "My name is Ada. Say hello to me."
+
+    send(page, "What is my name?")
+    wait_done(page)
+    assert bodies[-1]["session_id"] == first_id
+    assert bodies[-1]["messages"] == [{"role": "user", "content": "What is my name?"}], "only the new message is sent"
+    assert stats_numbers(page)["cached"] > 0, "the session's KV is reused"
+    replies = [r.inner_text() for r in page.locator(".msg.assistant .content").all()]
+
+    # A second chat, then back to the first: its history comes from the server.
+    page.click("#new-chat")
+    assert page.locator(".msg").count() == 0
+    send(page, "Tell me a fact about owls.")
+    wait_done(page)
+    page.wait_for_function(f"() => document.querySelectorAll('#session-list .item').length === {n + 2}")
+    second_id = page.locator("#session-list .item.active").get_attribute("data-session-id")
+    assert second_id != first_id
+
+    page.click(f'#session-list .item[data-session-id="{first_id}"] .item-main')
+    page.wait_for_function("() => document.querySelectorAll('.msg.user').length === 2")
+    assert [u.inner_text() for u in page.locator(".msg.user .content").all()] == [
+        "My name is Ada. Say hello to me.", "What is my name?"]
+    assert [r.inner_text() for r in page.locator(".msg.assistant .content").all()] == replies
+    history = httpx.get(f"{web_server.url}/v1/sessions/{first_id}/history", timeout=10).json()["data"]
+    assert [m["content"] for m in history if m["role"] == "assistant"] == replies
+
+    # Save as snapshot, load it into a new session.
+    page.click("#save-snapshot")
+    page.fill("#snapshot-title", "web test snapshot")
+    page.fill("#snapshot-tags", "web, test")
+    page.click("#save-confirm")
+    snap_item = page.locator("#snapshot-list .item", has_text="web test snapshot")
+    snap_item.wait_for()
+    snaps = httpx.get(f"{web_server.url}/v1/snapshots", timeout=10).json()["data"]
+    saved = next(s for s in snaps if s["title"] == "web test snapshot")
+    assert saved["session"]["session_id"] == first_id and saved["tags"] == ["web", "test"]
+
+    snap_item.locator(".load").click()
+    page.wait_for_function(f"() => document.querySelectorAll('#session-list .item').length === {n + 3}")
+    loaded_id = page.locator("#session-list .item.active").get_attribute("data-session-id")
+    assert loaded_id not in (first_id, second_id)
+    page.wait_for_function("() => document.querySelectorAll('.msg.user').length === 2")
+    assert [r.inner_text() for r in page.locator(".msg.assistant .content").all()] == replies
+    send(page, "And what was my name again?")
+    wait_done(page)
+    assert bodies[-1]["session_id"] == loaded_id
+    assert stats_numbers(page)["cached"] > 0, "a loaded snapshot resumes from its KV"
+
+    # Delete the loaded session (the button asks once more).
+    row = page.locator(f'#session-list .item[data-session-id="{loaded_id}"]')
+    row.hover()
+    row.locator(".delete").click()
+    row.locator(".delete").click()
+    page.wait_for_function(f"() => document.querySelectorAll('#session-list .item').length === {n + 2}")
+    assert httpx.get(f"{web_server.url}/v1/sessions/{loaded_id}", timeout=10).status_code == 404
+    assert page.inner_text("#session-title") == "New chat"
+    assert page.errors == []
+
+
+def test_page_keeps_the_chat_in_the_tab_without_sessions(web_server: Server, new_page: Callable[..., Any]) -> None:
+    """Whatever the server offers, a second turn carries the first: in its session or in the request."""
+    page = new_page(web_server, max_tokens=16, temperature=0)
+    bodies = chat_bodies(page)
+    send(page, "Remember the word 'ember'.")
+    wait_done(page)
+    send(page, "Which word?")
+    wait_done(page)
+    if bodies[-1].get("session_id"):
+        assert len(bodies[-1]["messages"]) == 1
+        history = httpx.get(f"{web_server.url}/v1/sessions/{bodies[-1]['session_id']}/history", timeout=10).json()
+        assert [m["content"] for m in history["data"] if m["role"] == "user"] == [
+            "Remember the word 'ember'.", "Which word?"]
+    else:
+        assert [m["role"] for m in bodies[-1]["messages"]] == ["user", "assistant", "user"]
+        assert bodies[-1]["messages"][0]["content"] == "Remember the word 'ember'."
+
+
+# ------------------------------------------------------------------------ the screenshot in docs/
+
+
+def test_screenshot_for_the_docs(web_server: Server, new_page: Callable[..., Any], tmp_path: Path) -> None:
+    """A finished turn, a stopped one, the sidebar. Also written to $HEARTH_WEB_SCREENSHOT when set:
+    `HEARTH_WEB_SCREENSHOT=docs/web-chat.png pytest tests/web -k screenshot` refreshes the docs' image."""
+    page = new_page(web_server, max_tokens=80, temperature=0)
+    send(page, "Name three primary colors, briefly.")
+    wait_done(page)
+    page.fill("#max-tokens", "1000")
+    send(page, "Now write a long poem about a warm hearth in winter.")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.msg.assistant')].pop().querySelector('.content').innerText.length > 160",
+        timeout=60_000)
+    page.click("#send")
+    wait_done(page, timeout=15)
+    if sessions_api(web_server):
+        page.click("#save-snapshot")
+        page.fill("#snapshot-title", "colors and a poem")
+        page.click("#save-confirm")
+        page.locator("#snapshot-list .item", has_text="colors and a poem").wait_for()
+        page.wait_for_selector("#banner:not([hidden])")
+    page.locator("#prompt").blur()
+    assert page.locator(".msg.assistant .stats").count() == 2
+    assert last_reply(page).get_attribute("data-finish") == "cancelled"
+    out = tmp_path / "web-chat.png"
+    page.screenshot(path=str(out))
+    assert out.stat().st_size > 10_000
+    target = os.environ.get("HEARTH_WEB_SCREENSHOT")
+    if target:
+        Path(target).write_bytes(out.read_bytes())
+
+
+# ------------------------------------------------------------------------ reasoning
+
+
+def test_reasoning_is_shown_collapsed(web_server: Server, new_page: Callable[..., Any]) -> None:
+    """The default model does not think, so this one reply is played from a recorded-shape stream."""
+    page = new_page(web_server)
+    base = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "m", "usage": None}
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {"reasoning_content": "The user greets; "}, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {"reasoning_content": "greet back."}, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {"content": "Hello!"}, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**base, "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21,
+                                          "prompt_tokens_details": {"cached_tokens": 3}}},
+    ]
+    sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"content-type": "text/event-stream"}, body=sse))
+    page.fill("#prompt", "Hi")
+    page.press("#prompt", "Enter")
+    wait_done(page)
+    reply = last_reply(page)
+    details = reply.locator("details.reasoning")
+    assert details.is_visible() and not details.evaluate("d => d.open"), "reasoning is shown, collapsed"
+    assert details.locator(".reasoning-text").text_content() == "The user greets; greet back."
+    assert reply.locator(".content").inner_text() == "Hello!"
+    details.locator("summary").click()
+    assert details.locator(".reasoning-text").inner_text() == "The user greets; greet back."
+    assert stats_numbers(page) == {"prompt": 12, "cached": 3, "completion": 9}
+    assert page.errors == []
