@@ -84,13 +84,14 @@ def parse_chunk(data: dict[str, Any]) -> StreamChunk:
 class Client:
     """One server: `url` like http://127.0.0.1:8000, optional API key."""
 
-    def __init__(self, url: str | None = None, api_key: str | None = None) -> None:
+    def __init__(self, url: str | None = None, api_key: str | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
         self.url = resolve_url(url)
         parsed = urlparse(self.url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise CLIError(f"not a server URL: {self.url!r} (expected e.g. {DEFAULT_URL})", 2)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT, transport=transport)
 
     def close(self) -> None:
         self._http.close()
