@@ -39,6 +39,8 @@ from hearth.engine.types import (
 
 log = logging.getLogger("hearth.engine")
 
+MIN_COPY = 16  # prompt tokens a prefix copy from another slot or swapped state must save
+
 
 @dataclass(slots=True)
 class EngineStats:
@@ -352,7 +354,8 @@ class Engine:
 
         Evicted sessions are swapped out first. A session's own KV is used in place
         (resident) or swapped back in; otherwise the longest prefix among the slot itself,
-        idle sessions' slots (copied) and swapped states in RAM (restored) is used."""
+        other idle slots (copied) and swapped states in RAM (restored) is used. A copy must
+        save at least MIN_COPY tokens of prefill to be worth moving a whole KV stream."""
         owner, prompt = ar.req.owner, ar.prompt
         for slot, old in placement.evict:
             self._swap_out(slot, old)
@@ -375,9 +378,10 @@ class Engine:
             first.tokens.clear()
             return 0
         best = min(common_prefix_len(first.tokens, prompt), limit)
+        here = best
         source: Slot | str | None = None
-        for slot in self.slots.slots:
-            if slot.owner is not None and not slot.busy and slot is not first:
+        for slot in self.slots.slots:  # idle slots, their own or sessions'
+            if not slot.busy and slot is not first:
                 n = min(common_prefix_len(slot.tokens, prompt), limit)
                 if n > best:
                     best, source = n, slot
@@ -385,6 +389,8 @@ class Engine:
             n = min(common_prefix_len(tokens, prompt), limit)
             if n > best:
                 best, source = n, other
+        if best - here < MIN_COPY:
+            source = None
         if isinstance(source, Slot):  # llama.cpp copies whole streams between sequences
             self.runner.kv_remove(first.seq_id, 0, -1)
             self.runner.kv_copy(source.seq_id, first.seq_id, -1, -1)

@@ -65,8 +65,9 @@ class SlotTable:
         """Take `n` free slots for a prompt.
 
         The first slot is the owner's own (its session KV is resident), else the unowned free
-        slot whose tokens share the longest prefix with the prompt (ties: least recently
-        used), else the least recently used idle session's slot (to be swapped out). The
+        slot whose tokens share the longest prefix with the prompt if that keeps at least half
+        of what it caches, else an empty or the least recently used unowned slot, else the
+        least recently used idle session's slot (to be swapped out). The
         other candidates take unowned slots first, then idle sessions' slots. `reuse` is how
         many prompt tokens the first slot already holds (at most len(prompt) - 1, so the last
         prompt token is decoded for its logits). The caller swaps out `evict`, then trims each
@@ -82,7 +83,14 @@ class SlotTable:
         if mine is not None:
             first = mine
         elif unowned and reuse_prefix:
-            first = max(unowned, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
+            best = max(unowned, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
+            # Reuse a slot in place only when most of what it caches is kept (like llama-server's
+            # slot similarity): else taking it would destroy another conversation's cache for a
+            # short shared prefix (a system prompt), which the engine can copy instead.
+            if 2 * common_prefix_len(best.tokens, prompt) >= len(best.tokens) > 0:
+                first = best
+            else:
+                first = min(unowned, key=lambda s: (bool(s.tokens), s.last_used))
         elif unowned:
             first = min(unowned, key=lambda s: s.last_used)
         else:
