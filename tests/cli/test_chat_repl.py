@@ -55,6 +55,7 @@ def test_repl_streams_stops_on_ctrl_c_and_keeps_going(cli_server: Server) -> Non
 
     # Ctrl-C at the prompt drops the line and stays
     child.send("half a line")
+    child.expect_exact("half a line")
     child.sendintr()
     child.expect_exact(PROMPT)
 
@@ -172,6 +173,12 @@ def test_repl_session_commands(cli_server: Server) -> None:
     assert httpx.get(f"{url}/v1/sessions/{loaded[1]}", timeout=10).json()["message_count"] == 5
     command(child, "Say bye.")  # the turn goes to the loaded session
     assert httpx.get(f"{url}/v1/sessions/{loaded[1]}", timeout=10).json()["message_count"] == 7
+
+    # errors are one line and the REPL goes on
+    bad = command(child, "/load snap_" + "0" * 32)
+    errors = [line for line in bad.splitlines() if "error" in line]  # (a spinner line may come first)
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "HTTP 404" in errors[0]
+    assert "usage: /rollback N" in command(child, "/rollback two")
 
     assert "applies from the next turn" in command(child, "/system Answer in French.")
     command(child, "Say hi.")
