@@ -7,6 +7,7 @@ itself and sends it whole each turn, so it still works, but nothing survives the
 from __future__ import annotations
 
 import contextlib
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from hearth.cli.turn import TurnStats, run_turn
 from hearth.config import is_loopback
 
 PROMPT, CONTINUE = "you> ", "...  "
+SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")  # docs/sessions.md
 
 HELP = """\
 Type a message and press Enter. End a line with a backslash (\\) to continue on the next line.
@@ -255,6 +257,8 @@ def chat(
 
     Example: hearth chat --session demo --system "Answer briefly."
     """
+    if session is not None and not SESSION_ID.fullmatch(session):
+        raise CLIError(f"invalid session name {session!r}: use 1-128 of A-Z a-z 0-9 . _ -", 2)
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
     out = Console(highlight=False, soft_wrap=True)

@@ -84,7 +84,8 @@ def run_turn(client: Client, body: dict[str, Any], out: Console, api_key: str | 
         threading.Thread(target=send_cancel, daemon=True).start()
 
     stats = TurnStats()
-    content, reasoning = [], []
+    content: list[str] = []
+    reasoning: list[str] = []
     in_reasoning = False
     t0 = time.monotonic()
     t_first = t_last = 0.0

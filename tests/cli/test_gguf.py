@@ -70,4 +70,5 @@ def test_embedded_model_header_matches_its_file_name() -> None:
     # The file is named after its quantization (SmolLM2-135M-Instruct.Q4_1.gguf).
     assert gguf.quantization(meta) == path.stem.rsplit(".", 1)[1]
     assert meta["general.architecture"] == "llama"
-    assert isinstance(gguf.context_length(meta), int) and gguf.context_length(meta) > 0
+    n_ctx = gguf.context_length(meta)
+    assert n_ctx is not None and n_ctx > 0
