@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli.conftest import run
+from tests.cli.conftest import run, sessions_live
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow
@@ -133,3 +133,33 @@ def test_start_reports_a_server_that_cannot_start(tmp_path: Path) -> None:
     finally:
         hearth("server", "stop", home=home)
     assert not (home / "server.pid").exists()
+
+
+def test_a_chat_session_survives_a_server_restart(tmp_path: Path) -> None:
+    home, port = tmp_path / "home", free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["server", "start", "--port", str(port), "--threads", "2", "--parallel", "1", "--ctx", "1024"]
+    assert hearth(*args, home=home).returncode == 0
+    try:
+        if not sessions_live(url):
+            pytest.skip("this server does not implement /v1/sessions yet")
+        # `hearth chat` reading a pipe: one turn, then EOF leaves
+        first = subprocess.run([sys.executable, "-m", "hearth.cli.main", "chat", "--url", url, "--session", "kept",
+                                "--max-tokens", "8", "--temperature", "0"], input="Say hi.\n", capture_output=True,
+                               text=True, timeout=120)
+        assert first.returncode == 0, first.stderr
+        before = httpx.get(f"{url}/v1/sessions/kept/history", timeout=10).json()["data"]
+        assert [m["role"] for m in before] == ["user", "assistant"]
+        assert before[1]["content"].strip() and before[1]["content"].strip() in first.stdout
+
+        assert hearth("server", "stop", home=home).returncode == 0
+        assert not answers(url)
+        assert hearth(*args, home=home).returncode == 0
+
+        again = subprocess.run([sys.executable, "-m", "hearth.cli.main", "chat", "--url", url, "--session", "kept"],
+                               input="/history\n", capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        assert "session kept: resuming, 2 messages" in again.stdout
+        assert "[1] user" in again.stdout and "Say hi." in again.stdout and before[1]["content"].strip() in again.stdout
+    finally:
+        hearth("server", "stop", home=home)
