@@ -132,7 +132,8 @@ def status(data_dir: DataDirOpt = None, api_key: ApiKeyOpt = None, as_json: Json
         c.print(f"hearth server: running, pid {out['pid']}, up {human_duration(out['uptime_seconds'])}")
         c.print(f"  address   {out['url']}")
         c.print(f"  health    {out['health']}")
-        c.print(f"  model     {', '.join(out.get('models') or []) or '-'}")
+        models = out.get("models")
+        c.print(f"  model     {', '.join(models) if isinstance(models, list) else models or '-'}")
         c.print(f"  slots     {'-' if slots is None else slots} busy of {parallel or '?'}"
                 f" ({out.get('running_sequences', 0)} running, {out.get('waiting_requests', 0)} waiting)")
         c.print(f"  sessions  {'not supported by this server' if sessions is None else sessions}")

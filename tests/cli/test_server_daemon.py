@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -161,5 +162,35 @@ def test_a_chat_session_survives_a_server_restart(tmp_path: Path) -> None:
         assert again.returncode == 0, again.stderr
         assert "session kept: resuming, 2 messages" in again.stdout
         assert "[1] user" in again.stdout and "Say hi." in again.stdout and before[1]["content"].strip() in again.stdout
+    finally:
+        hearth("server", "stop", home=home)
+
+
+def test_a_keyed_server_needs_the_key(tmp_path: Path) -> None:
+    home, port = tmp_path / "home", free_port()
+    url = f"http://127.0.0.1:{port}"
+    started = hearth("server", "start", "--port", str(port), "--threads", "1", "--parallel", "1", "--ctx", "512",
+                     "--api-key", "sekret", home=home)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "sekret" not in (home / "server.pid").read_text()  # the key travels in the environment only
+        denied = run("sessions", "ls", "--url", url)
+        assert denied.exit_code == 1 and "HTTP 401" in denied.stderr and denied.stderr.count("\n") == 1
+        models = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sekret"}, timeout=10).json()
+        ids = [m["id"] for m in models["data"]]
+        status = run("server", "status", "--data-dir", str(home), "--api-key", "sekret", "--json")
+        assert json.loads(status.stdout)["models"] == ids
+        # HEARTH_API_KEY works as well as --api-key; without a key, status says what it could not read
+        status = run("server", "status", "--data-dir", str(home), "--json", env={"HEARTH_API_KEY": "sekret"})
+        assert json.loads(status.stdout)["models"] == ids
+        keyless = json.loads(run("server", "status", "--data-dir", str(home), "--json").stdout)
+        assert keyless["health"] == "ok" and "HTTP 401" in keyless["models"]
+        table = run("server", "status", "--data-dir", str(home)).stdout
+        assert re.search(r"model\s+\? \(missing API key.*HTTP 401", table), table
+        chat = subprocess.run([sys.executable, "-m", "hearth.cli.main", "chat", "--url", url, "--max-tokens", "4"],
+                              input="Say hi.\n/stats\n", capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "HEARTH_API_KEY": "sekret"})
+        assert chat.returncode == 0, chat.stderr
+        assert re.search(r"completion tokens [1-4],", chat.stdout), chat.stdout
     finally:
         hearth("server", "stop", home=home)
