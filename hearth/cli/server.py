@@ -31,7 +31,11 @@ def start_server(daemon: Daemon, options: ServeOptions, timeout: float = 300.0) 
             what = "loading the model" if state == "loading" else "waiting for the server"
             status.update(f"{what}… {time.monotonic() - t0:.0f}s")
 
-        info = daemon.start(options, timeout=timeout, on_wait=on_wait)
+        try:
+            info = daemon.start(options, timeout=timeout, on_wait=on_wait)
+        except KeyboardInterrupt:
+            raise CLIError("interrupted; the server goes on starting in the background "
+                           "(see: hearth server status, hearth server stop)", 130) from None
     return {"pid": info.pid, "url": info.url, "log": info.log, "seconds": round(time.monotonic() - t0, 1)}
 
 
