@@ -32,6 +32,7 @@ import datetime as dt
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -327,7 +328,14 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
+    # SIGTERM unwinds through the `finally` blocks that stop the server being measured.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     p = argparse.ArgumentParser(prog="bench.multiturn", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=None)

@@ -13,7 +13,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hearth.api import anthropic, control, openai_chat, openai_completions, openai_responses, web
+from hearth.api import (
+    anthropic,
+    control,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+    sessions,
+    snapshots,
+    web,
+)
 from hearth.api.auth import AuthMiddleware
 from hearth.api.errors import handle_hearth_error, handle_http_exception, handle_unexpected
 from hearth.api.sse import ClientGone
@@ -23,6 +32,7 @@ from hearth.config import Settings
 from hearth.errors import HearthError
 from hearth.observability.logging import RequestIdMiddleware
 from hearth.observability.metrics import Metrics
+from hearth.sessions.manager import SessionManager
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -32,6 +42,7 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 def create_app(backend: LocalBackend, settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
     metrics = Metrics(backend)
+    manager = SessionManager(backend, settings.data_dir)
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -46,6 +57,7 @@ def create_app(backend: LocalBackend, settings: Settings | None = None) -> Starl
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
             await backend.stop()
+            manager.close()
 
     routes = [
         Route("/v1/chat/completions", openai_chat.chat_completions, methods=["POST"]),
@@ -62,6 +74,22 @@ def create_app(backend: LocalBackend, settings: Settings | None = None) -> Starl
         Route("/v1/responses/{response_id}", openai_responses.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", openai_responses.delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/cancel", openai_responses.cancel_response, methods=["POST"]),
+        Route("/v1/sessions", sessions.create_session, methods=["POST"]),
+        Route("/v1/sessions", sessions.list_sessions, methods=["GET"]),
+        Route("/v1/sessions/{session_id}", sessions.get_session, methods=["GET"]),
+        Route("/v1/sessions/{session_id}", sessions.delete_session, methods=["DELETE"]),
+        Route("/v1/sessions/{session_id}/history", sessions.history, methods=["GET"]),
+        Route("/v1/sessions/{session_id}/rollback", sessions.rollback, methods=["POST"]),
+        Route("/v1/sessions/{session_id}/resize", sessions.resize, methods=["POST"]),
+        Route("/v1/sessions/{session_id}/resize/next_pow2", sessions.resize_next_pow2, methods=["POST"]),
+        Route("/v1/sessions/{session_id}/save", sessions.save, methods=["POST"]),
+        Route("/v1/snapshots", snapshots.list_snapshots, methods=["GET"]),
+        Route("/v1/snapshots/import", snapshots.import_snapshot, methods=["POST"]),
+        Route("/v1/snapshots/{snapshot_id}", snapshots.get_snapshot, methods=["GET"]),
+        Route("/v1/snapshots/{snapshot_id}", snapshots.patch_snapshot, methods=["PATCH"]),
+        Route("/v1/snapshots/{snapshot_id}", snapshots.delete_snapshot, methods=["DELETE"]),
+        Route("/v1/snapshots/{snapshot_id}/load", snapshots.load_snapshot, methods=["POST"]),
+        Route("/v1/snapshots/{snapshot_id}/archive", snapshots.archive, methods=["GET"]),
         Route("/v1/cancel", control.cancel, methods=["POST"]),
         Route("/v1/models", control.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", control.get_model, methods=["GET"]),
@@ -88,6 +116,7 @@ def create_app(backend: LocalBackend, settings: Settings | None = None) -> Starl
         },
     )
     app.state.backend = backend
+    app.state.sessions = manager
     app.state.settings = settings
     cancels = CancelRegistry()
     metrics.runs_registered.set_function(lambda: len(cancels))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -73,6 +74,10 @@ def serve(
         envvar="HEARTH_METRICS_PUBLIC", help="Serve /metrics without a key.")] = False,
     insecure: Annotated[bool, typer.Option(
         envvar="HEARTH_INSECURE", help="Allow a non-loopback bind without an API key.")] = False,
+    data_dir: Annotated[str | None, typer.Option(
+        envvar="HEARTH_HOME", help="Sessions, snapshots, swapped KV and stored responses live here.")] = None,
+    session_ram_mb: Annotated[int, typer.Option(
+        envvar="HEARTH_SESSION_RAM_MB", help="Host RAM for swapped-out session KV; more spills to disk.")] = 2048,
 ) -> None:
     """Serve one or more GGUF models over the OpenAI API.
 
@@ -97,7 +102,8 @@ def serve(
                             log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,
                             request_timeout=request_timeout, max_request_timeout=max_request_timeout,
                             api_keys=keys, admin_key=admin_key, metrics_token=metrics_token,
-                            metrics_public=metrics_public, insecure=insecure)
+                            metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
+                            **({"data_dir": Path(data_dir).expanduser()} if data_dir else {}))
         specs = [resolve_model(m) for m in settings.models]
     except (ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
@@ -110,7 +116,9 @@ def serve(
     backend = LocalBackend(specs, EngineSettings(ctx=settings.ctx, parallel=settings.parallel,
                                                  threads=settings.threads, batch=settings.batch,
                                                  kv_unified=settings.kv_unified, max_waiting=settings.max_waiting,
-                                                 max_wait=settings.max_wait, tool_parser=settings.tool_parser))
+                                                 max_wait=settings.max_wait, tool_parser=settings.tool_parser,
+                                                 kv_dir=settings.data_dir / "kv",
+                                                 session_ram_mb=settings.session_ram_mb))
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key"
     typer.echo(f"hearth {__version__}: serving {', '.join(ids)} on http://{host}:{port} ({auth})", err=True)
     config = uvicorn.Config(create_app(backend, settings), host=settings.host, port=settings.port,

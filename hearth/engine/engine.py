@@ -50,6 +50,8 @@ class EngineStats:
     generated_tokens: int = 0
     finished: int = 0
     cancelled: int = 0
+    swap_outs: int = 0  # session KV moved out of a slot (to RAM)
+    swap_ins: int = 0  # session KV restored into a slot
 
 
 class _Outputs:
@@ -264,6 +266,7 @@ class Engine:
     def _swap_out(self, slot: Slot, owner: str) -> None:
         if slot.tokens:
             self.swap.put(owner, list(slot.tokens), self.runner.state_get(slot.seq_id))
+            self.stats.swap_outs += 1
         self.runner.kv_remove(slot.seq_id, 0, -1)
         slot.tokens.clear()
         slot.owner = None
@@ -281,22 +284,20 @@ class Engine:
                 new, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, {}
                 calls, self._calls = self._calls, []
-            for fn, fut in calls:
-                if fut.set_running_or_notify_cancel():
-                    try:
-                        fut.set_result(fn())
-                    except BaseException as e:
-                        fut.set_exception(e)
             out = _Outputs()
             try:
-                self._step(new, aborts, out)
+                self._step(new, aborts, calls, out)
             except Exception:  # the loop must survive anything one step does
                 log.exception("engine step failed; failing the running requests")
                 self._fail_all("internal engine error", out)
             finally:
                 self._deliver(out)
+                for _, fut in calls:  # never leave a caller waiting
+                    if not fut.done():
+                        fut.set_exception(RuntimeError("the engine step failed before this call ran"))
 
-    def _step(self, new: list[ActiveRequest], aborts: dict[str, FinishReason], out: _Outputs) -> None:
+    def _step(self, new: list[ActiveRequest], aborts: dict[str, FinishReason],
+              calls: list[tuple[Callable[[], Any], Future[Any]]], out: _Outputs) -> None:
         for ar in new:
             self.scheduler.add(ar)
         for rid, reason in aborts.items():
@@ -304,6 +305,13 @@ class Engine:
             if ar is not None:
                 self._end(ar, reason, out)
         self._expire(out)
+        # Calls run after aborts, so a session whose turn was just aborted is idle for them.
+        for fn, fut in calls:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:
+                    fut.set_exception(e)
         for adm in self.scheduler.admit():
             self._setup(adm, out)
         work = self.scheduler.schedule()
@@ -369,6 +377,7 @@ class Engine:
             try:
                 self.runner.state_set(first.seq_id, data)
                 first.tokens[:] = tokens
+                self.stats.swap_ins += 1
                 return min(common_prefix_len(tokens, prompt), limit)
             except ValueError as e:  # incompatible state: re-prefill from the transcript
                 log.warning("could not restore the KV of session %s: %s", owner, e)

@@ -26,6 +26,8 @@ class EngineCollector(Collector):
         waiting = GaugeMetricFamily("hearth_waiting_requests", "Requests queued for a slot", labels=["model"])
         kv = GaugeMetricFamily("hearth_kv_tokens", "Tokens held in the KV cache (all slots)", labels=["model"])
         kv_use = GaugeMetricFamily("hearth_kv_slots_busy", "KV sequence slots in use", labels=["model"])
+        swapped = GaugeMetricFamily("hearth_swapped_kv_ram_bytes", "Swapped-out session KV held in RAM",
+                                    labels=["model"])
         counters = {
             name: CounterMetricFamily(f"hearth_{name}", doc, labels=["model"])
             for name, doc in (("prompt_tokens", "Prompt tokens prefilled"),
@@ -33,7 +35,9 @@ class EngineCollector(Collector):
                               ("generated_tokens", "Tokens generated"),
                               ("engine_steps", "Engine steps (one llama_decode each)"),
                               ("requests_finished", "Requests finished, any reason"),
-                              ("requests_cancelled", "Requests cancelled in the engine"))
+                              ("requests_cancelled", "Requests cancelled in the engine"),
+                              ("kv_swap_outs", "Session KV swapped out of a slot"),
+                              ("kv_swap_ins", "Session KV swapped back into a slot"))
         }
         load = self.backend.load()
         for mid, e in self.backend.engines().items():
@@ -42,12 +46,14 @@ class EngineCollector(Collector):
             waiting.add_metric([mid], n_waiting)
             kv.add_metric([mid], e.slots.kv_tokens)
             kv_use.add_metric([mid], e.slots.n_busy)
+            swapped.add_metric([mid], e.swap.ram_bytes())
             s = e.stats
             for name, value in (("prompt_tokens", s.prompt_tokens), ("cached_tokens", s.cached_tokens),
                                 ("generated_tokens", s.generated_tokens), ("engine_steps", s.steps),
-                                ("requests_finished", s.finished), ("requests_cancelled", s.cancelled)):
+                                ("requests_finished", s.finished), ("requests_cancelled", s.cancelled),
+                                ("kv_swap_outs", s.swap_outs), ("kv_swap_ins", s.swap_ins)):
                 counters[name].add_metric([mid], value)
-        yield from (running, waiting, kv, kv_use)
+        yield from (running, waiting, kv, kv_use, swapped)
         yield from counters.values()
 
 

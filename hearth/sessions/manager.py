@@ -377,7 +377,11 @@ class SessionManager:
 
     async def _engine_call(self, s: _Session, fn: Callable[[Any], Any]) -> Any:
         engine = self._model(s).engine
-        return await asyncio.wrap_future(engine.call(lambda: fn(engine)))
+        try:
+            return await asyncio.wrap_future(engine.call(lambda: fn(engine)))
+        except RuntimeError as e:  # its last turn is still leaving the engine
+            raise Conflict(f"session {s.id} is busy: {e}; retry shortly", param="session_id",
+                           code="session_busy") from e
 
 
 class _Held:
