@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from hearth import __version__
-from hearth.cli import chat, models, server, sessions, snapshots
+from hearth.cli import chat, docs, models, server, sessions, snapshots
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -18,6 +18,7 @@ app.add_typer(sessions.app, name="sessions")
 app.add_typer(snapshots.app, name="snapshots")
 app.command()(chat.chat)
 app.command()(models.models)
+app.command()(docs.docs)
 
 
 def _version(value: bool) -> None:
