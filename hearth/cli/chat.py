@@ -65,6 +65,7 @@ class Repl:
     server_sessions: bool = True
     local: list[dict[str, Any]] = field(default_factory=list)  # the transcript, without server sessions
     last: TurnStats | None = None
+    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False, soft_wrap=True))
 
     # turns
 
@@ -206,7 +207,7 @@ class Repl:
                 else:
                     self.say(text)
             except CLIError as e:
-                self.out.print(Text(f"error: {e}", style="red"))
+                self.err.print(Text(f"error: {e}", style="red"))
             except KeyboardInterrupt:  # Ctrl-C during a slash command: drop it, stay
                 self.out.print(Text("[interrupted]", style="yellow"))
 
