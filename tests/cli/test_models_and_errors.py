@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -37,6 +38,10 @@ def test_models_table_lists_a_named_gguf_too(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     assert "smollm2-135m-instruct (default)" in result.stdout
     assert "mine" in result.stdout and "Q4_1" in result.stdout and "8192" in result.stdout
+    # HEARTH_MODEL names models as --model does
+    rows = json.loads(run("models", "--json", env={"HEARTH_MODEL": str(link)}).stdout)
+    assert [r["id"] for r in rows] == ["smollm2-135m-instruct", "copy-of-default"]
+    assert rows[1]["path"] == str(link.resolve()) and rows[1]["quantization"] == rows[0]["quantization"]
 
 
 @pytest.mark.parametrize("args, needle", [
