@@ -280,6 +280,7 @@ def test_sessions_sidebar_snapshots(web_server: Server, new_page: Callable[..., 
         "messages": [{"role": "user", "content": "Hello from the API."}], "max_tokens": 4, "session_id": "api-made"})
     assert r.status_code == 200
     page = new_page(web_server, max_tokens=24, temperature=0)
+    page.fill("#system", "You are a friendly assistant.")
     n = len(httpx.get(f"{web_server.url}/v1/sessions", timeout=10).json()["data"])  # earlier tests' sessions too
     page.wait_for_function(f"() => document.querySelectorAll('#session-list .item').length === {n}")
     page.locator('#session-list .item[data-session-id="api-made"] .item-title',
@@ -290,7 +291,9 @@ def test_sessions_sidebar_snapshots(web_server: Server, new_page: Callable[..., 
     page.wait_for_function(f"() => document.querySelectorAll('#session-list .item').length === {n + 1}")
     first_id = page.locator("#session-list .item.active").get_attribute("data-session-id")
     assert page.locator("#session-list .item").first.get_attribute("data-session-id") == first_id, "newest first"
-    assert bodies[-1]["session_id"] == first_id and len(bodies[-1]["messages"]) == 1
+    assert bodies[-1]["session_id"] == first_id
+    assert bodies[-1]["messages"] == [{"role": "system", "content": "You are a friendly assistant."},
+                                      {"role": "user", "content": "My name is Ada. Say hello to me."}]
     assert page.inner_text("#session-title") == "My name is Ada. Say hello to me."
 
     send(page, "What is my name?")
@@ -311,6 +314,7 @@ def test_sessions_sidebar_snapshots(web_server: Server, new_page: Callable[..., 
 
     page.click(f'#session-list .item[data-session-id="{first_id}"] .item-main')
     page.wait_for_function("() => document.querySelectorAll('.msg.user').length === 2")
+    assert page.locator(".msg.system .content").inner_text() == "You are a friendly assistant."
     assert [u.inner_text() for u in page.locator(".msg.user .content").all()] == [
         "My name is Ada. Say hello to me.", "What is my name?"]
     assert [r.inner_text() for r in page.locator(".msg.assistant .content").all()] == replies
