@@ -233,6 +233,7 @@ def citations(passages: list[Chunk], answer: str) -> list[str]:
 # ---------------------------------------------------------------------------- the server side
 
 ANSWER_ROOM = 256  # tokens kept free past the documents for a question and its template
+PROMPT = "docs> "
 
 
 @dataclass
@@ -443,7 +444,7 @@ def docs(
         err.print("ask about the documents; Ctrl-C stops an answer, Ctrl-D leaves", style="dim")
         while True:
             try:
-                question = input("? ").strip()
+                question = input(PROMPT).strip()
             except EOFError:
                 return
             except KeyboardInterrupt:

@@ -4,17 +4,20 @@ retrieval with citations when they do not fit, the question loop."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import httpx
+import pexpect
 import pytest
 
-from hearth.cli.docs import collect, documents_message
-from tests.cli.conftest import sessions_live
+from hearth.cli.docs import PROMPT, collect, documents_message
+from tests.cli.conftest import metric, sessions_live
 from tests.conftest import Server
 
 pytestmark = pytest.mark.slow
 
+HEARTH = str(Path(sys.executable).parent / "hearth")
 STATS = re.compile(r"prompt (\d+) tokens \(cached (\d+)\)")
 SOURCE = re.compile(r"^\s+\[(\d+)\] (\S+):(\d+)(?:-(\d+))?", re.M)
 
@@ -145,3 +148,33 @@ def test_question_loop_answers_until_end_of_input(live: Server, tmp_path: Path) 
     assert re.search(r"\[\d\] kb/src/bake\.py:\d+", out)
     history = httpx.get(f"{live.url}/v1/sessions/docs-e2e-loop/history", timeout=10).json()["data"]
     assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
+
+
+def test_ctrl_c_stops_an_answer_and_the_loop_goes_on(live: Server, tmp_path: Path) -> None:
+    folder = small_folder(tmp_path)
+    cancels = metric(live.url, "hearth_cancellations_total", cause="cancel_call")
+    child = pexpect.spawn(HEARTH, ["docs", str(folder), "--url", live.url, "--session", "docs-e2e-ctrl-c",
+                                   "--max-tokens", "1500", "--temperature", "0"],
+                          encoding="utf-8", timeout=90, dimensions=(50, 200))
+    child.logfile_read = sys.stdout  # shown by pytest on failure
+    child.expect_exact("ingested 2 files")
+    child.expect_exact(PROMPT)
+    child.sendline("Write a very long story about the kiln, with ten chapters.")
+    child.expect_exact("ten chapters.")
+    child.expect(r"\w+\W+\w+\W+\w+\W+\w+\W+\w+")  # the answer is arriving
+    child.sendintr()
+    child.expect_exact("[stopped]", timeout=15)
+    child.expect(r"completion (\d+)")
+    assert 0 < int(child.match.group(1)) < 1500
+    child.expect_exact(PROMPT)
+    assert metric(live.url, "hearth_cancellations_total", cause="cancel_call") == cancels + 1
+    assert metric(live.url, "hearth_running_sequences") == 0  # the run ended on the server
+
+    child.sendline("What is the kiln called?")  # the loop is alive and the documents still in the session
+    child.expect(r"prompt \d+ tokens \(cached (\d+)\)")
+    assert int(child.match.group(1)) > 50
+    child.expect_exact(PROMPT)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
