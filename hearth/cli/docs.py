@@ -258,6 +258,8 @@ class DocsSession:
         try:
             return self.client.post("/v1/sessions", {"session_id": self.session})
         except APIError as e:
+            if e.status == 404:
+                raise CLIError(f"the server at {self.client.url} has no sessions API, which hearth docs needs") from e
             if e.error_code != "session_exists":
                 raise
         return self.info()

@@ -238,7 +238,9 @@ class ReplyView {
     const meta = this.msg.querySelector(".meta");
     meta.replaceChildren();
     const labels = { cancelled: "stopped · cancelled", length: "max tokens reached", error: "error" };
-    if (labels[finishReason]) meta.append(el("span", `badge finish is-${finishReason}`, labels[finishReason]));
+    const reason = finishReason || "incomplete"; // the stream ended without saying why
+    if (!finishReason) labels.incomplete = "ended without a finish";
+    if (labels[reason]) meta.append(el("span", `badge finish is-${reason}`, labels[reason]));
     if (stats) meta.append(el("span", "stats", stats));
     if (!this.text && !this.reasoning && finishReason === "cancelled") {
       this.msg.querySelector(".content").append(el("div", "text muted", "(stopped before any text)"));

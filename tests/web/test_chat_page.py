@@ -354,22 +354,33 @@ def test_sessions_sidebar_snapshots(web_server: Server, new_page: Callable[..., 
     assert page.errors == []
 
 
-def test_page_keeps_the_chat_in_the_tab_without_sessions(web_server: Server, new_page: Callable[..., Any]) -> None:
-    """Whatever the server offers, a second turn carries the first: in its session or in the request."""
-    page = new_page(web_server, max_tokens=16, temperature=0)
-    bodies = chat_bodies(page)
-    send(page, "Remember the word 'ember'.")
-    wait_done(page)
-    send(page, "Which word?")
-    wait_done(page)
-    if bodies[-1].get("session_id"):
-        assert len(bodies[-1]["messages"]) == 1
-        history = httpx.get(f"{web_server.url}/v1/sessions/{bodies[-1]['session_id']}/history", timeout=10).json()
-        assert [m["content"] for m in history["data"] if m["role"] == "user"] == [
-            "Remember the word 'ember'.", "Which word?"]
-    else:
-        assert [m["role"] for m in bodies[-1]["messages"]] == ["user", "assistant", "user"]
-        assert bodies[-1]["messages"][0]["content"] == "Remember the word 'ember'."
+def test_page_keeps_the_chat_in_the_tab_without_sessions(web_server: Server, browser: Any) -> None:
+    """A server without the sessions API (its GET /v1/sessions answered 404 here): the page says
+    so, keeps the conversation itself and sends it whole each turn, to the real server."""
+    ctx = browser.new_context()
+    try:
+        ctx.route("**/v1/sessions", lambda route: route.fulfill(status=404, content_type="application/json", body=(
+            '{"error": {"message": "Unknown endpoint", "type": "not_found_error", "param": null, "code": null}}')))
+        page = ctx.new_page()
+        page.goto(web_server.url + "/")
+        page.wait_for_selector("#sessions-note:not([hidden])")
+        assert "no sessions" in page.inner_text("#sessions-note")
+        page.click("#settings summary")
+        page.fill("#max-tokens", "16")
+        bodies = chat_bodies(page)
+        send(page, "Remember the word 'ember'.")
+        wait_done(page)
+        first_reply = last_reply(page).locator(".content").inner_text()
+        send(page, "Which word?")
+        wait_done(page)
+        assert all("session_id" not in b for b in bodies)
+        assert bodies[-1]["messages"] == [{"role": "user", "content": "Remember the word 'ember'."},
+                                          {"role": "assistant", "content": first_reply},
+                                          {"role": "user", "content": "Which word?"}]
+        assert page.locator(".msg.assistant .stats").count() == 2
+        assert page.is_disabled("#save-snapshot")
+    finally:
+        ctx.close()
 
 
 # ------------------------------------------------------------------------ the screenshot in docs/
