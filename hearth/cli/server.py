@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from hearth.cli.client import APIError, Client, CLIError
-from hearth.cli.common import ApiKeyOpt, JsonOpt, cli_errors, console, human_duration, print_json
+from hearth.cli.common import ApiKeyOpt, JsonOpt, cli_errors, console, human_bytes, human_duration, print_json
 from hearth.cli.daemon import Daemon, ServeOptions
 
 app = typer.Typer(help="Run Hearth in the background: start, stop, status, logs.", no_args_is_help=True)
@@ -85,6 +85,16 @@ def stop(
     console().print(f"hearth server stopped (pid {info.pid}, {info.url})")
 
 
+def _fetch(client: Client, path: str) -> Any:
+    """GET `path`: None when the server has no such endpoint, a `? (error)` string on other errors."""
+    try:
+        return client.get(path)
+    except APIError as e:
+        return None if e.status == 404 else f"? ({e})"
+    except CLIError as e:
+        return f"? ({e})"
+
+
 def gather_status(daemon: Daemon, api_key: str | None) -> dict[str, Any]:
     info = daemon.running()
     if info is None:
@@ -95,22 +105,31 @@ def gather_status(daemon: Daemon, api_key: str | None) -> dict[str, Any]:
         out["health"] = client.health()
         if out["health"] != "ok":
             return out
-        for key, fetch in (("models", lambda: [m["id"] for m in client.get("/v1/models")["data"]]),
-                           ("parallel", lambda: client.get("/v1/models")["data"][0]["meta"].get("parallel")),
-                           ("sessions", lambda: len(client.get("/v1/sessions")["data"]))):
-            try:
-                out[key] = fetch()
-            except APIError as e:
-                out[key] = None if e.status == 404 else f"? ({e})"
-            except (CLIError, KeyError, IndexError, TypeError):
-                out[key] = None
+        models = _fetch(client, "/v1/models")
+        if isinstance(models, dict):
+            out["models"] = [m["id"] for m in models["data"]]
+            out["parallel"] = sum(int(m.get("meta", {}).get("parallel") or 0) for m in models["data"]) or None
+        else:
+            out["models"] = models
+        sessions = _fetch(client, "/v1/sessions")
+        if isinstance(sessions, dict):
+            out["sessions"] = len(sessions["data"])
+            residency: dict[str, int] = {}
+            for session in sessions["data"]:
+                where = str(session.get("residency", "?"))
+                residency[where] = residency.get(where, 0) + 1
+            out["sessions_by_residency"] = residency
+        else:
+            out["sessions"] = sessions
         try:
             m = client.metrics()
-            out["slots_busy"] = int(m.get("hearth_kv_slots_busy", 0))
-            out["running_sequences"] = int(m.get("hearth_running_sequences", 0))
-            out["waiting_requests"] = int(m.get("hearth_waiting_requests", 0))
         except CLIError:
-            out["slots_busy"] = None
+            return out
+        out["slots_busy"] = int(m.get("hearth_kv_slots_busy", 0))
+        out["running_sequences"] = int(m.get("hearth_running_sequences", 0))
+        out["waiting_requests"] = int(m.get("hearth_waiting_requests", 0))
+        out["kv_tokens"] = int(m.get("hearth_kv_tokens", 0))
+        out["swapped_kv_ram_bytes"] = int(m.get("hearth_swapped_kv_ram_bytes", 0))
     return out
 
 
@@ -140,7 +159,13 @@ def status(data_dir: DataDirOpt = None, api_key: ApiKeyOpt = None, as_json: Json
         c.print(f"  model     {', '.join(models) if isinstance(models, list) else models or '-'}")
         c.print(f"  slots     {'-' if slots is None else slots} busy of {parallel or '?'}"
                 f" ({out.get('running_sequences', 0)} running, {out.get('waiting_requests', 0)} waiting)")
+        if isinstance(sessions, int):
+            where = ", ".join(f"{n} {k}" for k, n in sorted(out.get("sessions_by_residency", {}).items()))
+            sessions = f"{sessions} ({where})" if where else str(sessions)
         c.print(f"  sessions  {'not supported by this server' if sessions is None else sessions}")
+        if "kv_tokens" in out:
+            c.print(f"  kv        {out['kv_tokens']} tokens in slots, "
+                    f"{human_bytes(out['swapped_kv_ram_bytes'])} of swapped session KV in RAM")
         c.print(f"  data dir  {out['data_dir']}")
         c.print(f"  log       {out['log']}")
     if not out["running"]:
