@@ -142,4 +142,6 @@ def test_status_counts_sessions(server: Server, tmp_path: Path) -> None:
         holder.wait()
     assert status["running"] is True and status["health"] == "ok"
     assert status["sessions"] == n >= 1
+    assert sum(status["sessions_by_residency"].values()) == n
+    assert status["kv_tokens"] > 0  # the turn above left its tokens in a slot
     assert run("sessions", "rm", "cli-s4", "--url", server.url).exit_code == 0
