@@ -123,9 +123,15 @@ async function checkHealth() {
 
 async function loadModel() {
   try {
-    const list = await api("/v1/models");
-    state.model = list.data.length ? list.data[0].id : null;
+    const ids = (await api("/v1/models")).data.map((m) => m.id);
+    const saved = store.get("model");
+    state.model = ids.includes(saved) ? saved : ids[0] || null;
     $("model-name").textContent = state.model || "";
+    const select = $("model-select");
+    select.replaceChildren(...ids.map((id) => el("option", null, id)));
+    select.value = state.model || "";
+    select.hidden = ids.length < 2; // one model: a plain label
+    $("model-name").hidden = !select.hidden;
   } catch (e) {
     if (e.status === 401) reportError(e, "models");
   }
@@ -637,6 +643,11 @@ function init() {
     if (ev.key === "Escape" && state.running) stopTurn();
   });
 
+  $("model-select").addEventListener("change", () => {
+    state.model = $("model-select").value;
+    $("model-name").textContent = state.model;
+    store.set("model", state.model);
+  });
   $("new-chat").addEventListener("click", newChat);
   $("refresh-snapshots").addEventListener("click", refreshSnapshots);
   $("save-snapshot").addEventListener("click", openSaveDialog);

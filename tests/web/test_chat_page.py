@@ -416,6 +416,36 @@ def test_screenshot_for_the_docs(web_server: Server, new_page: Callable[..., Any
         Path(target).write_bytes(out.read_bytes())
 
 
+# ------------------------------------------------------------------------ models
+
+
+def test_several_models_get_a_picker(web_server: Server, browser: Any) -> None:
+    """The list is this server's one model twice, by id and by its alias `default`, which the
+    server answers to as well."""
+    ctx = browser.new_context()
+    try:
+        real = httpx.get(f"{web_server.url}/v1/models", timeout=10).json()
+        listed = {**real, "data": [*real["data"], {**real["data"][0], "id": "default"}]}
+        ctx.route("**/v1/models", lambda route: route.fulfill(json=listed))
+        page = ctx.new_page()
+        page.goto(web_server.url + "/")
+        page.wait_for_selector("#model-select:not([hidden])")
+        assert page.locator("#model-select option").all_inner_texts() == [real["data"][0]["id"], "default"]
+        page.select_option("#model-select", "default")
+        page.click("#settings summary")
+        page.fill("#max-tokens", "4")
+        bodies = chat_bodies(page)
+        send(page, "Say hi.")
+        wait_done(page)
+        assert bodies[-1]["model"] == "default"
+        assert last_reply(page).get_attribute("data-finish") in ("stop", "length")
+        page.reload()  # the choice is remembered
+        page.wait_for_selector("#model-select:not([hidden])")
+        assert page.input_value("#model-select") == "default"
+    finally:
+        ctx.close()
+
+
 # ------------------------------------------------------------------------ reasoning
 
 
