@@ -142,9 +142,15 @@ def test_sdk_error_classes(client: Anthropic) -> None:
     with pytest.raises(anthropic.NotFoundError) as nf:
         client.messages.create(model="claude-opus-4-7", max_tokens=8, messages=user("hi"))
     assert nf.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
-    with pytest.raises(anthropic.BadRequestError, match="sessions are not available yet"):
+    with pytest.raises(anthropic.BadRequestError, match="session ids are"):
         client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=8, messages=user("hi"),
-                               extra_body={"session_id": "s1"})
+                               extra_body={"session_id": "../s1"})
+    with pytest.raises(anthropic.ConflictError) as conflict:  # a session's first turn decides its system prompt
+        client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=2, messages=user("hi"),
+                               extra_body={"session_id": "anthropic-errors"})
+        client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=2, messages=user("hi"), system="Other.",
+                               extra_body={"session_id": "anthropic-errors"})
+    assert conflict.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
         client.messages.count_tokens(model=DEFAULT_MODEL_ID, messages=user("hi"),
                                      thinking={"type": "enabled"})  # type: ignore[typeddict-item]
