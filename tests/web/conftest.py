@@ -21,7 +21,7 @@ CHROMIUM = os.environ.get("HEARTH_CHROMIUM") or shutil.which("chromium") or "/us
 API_KEY = "web-test-key"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # closed with its module: playwright's loop never outlives these tests
 def browser() -> Iterator[Any]:
     sync_api = pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
