@@ -366,3 +366,34 @@ def test_sessions_survive_a_restart_with_their_kv_and_a_crash_without_losing_a_t
         assert r.choices[0].finish_reason in ("stop", "length")
     finally:
         stop_server(s)
+
+
+def test_a_save_killed_midway_leaves_no_snapshot(tmp_path: Path) -> None:
+    """kill -9 the server while it writes a snapshot (its temporary directory exists): after a
+    restart no snapshot is listed, no temporary is left, and the session is intact."""
+    s = start_server(tmp_path, "--parallel", "1", "--ctx", "4096")
+    snapshots = tmp_path / "home" / "snapshots"
+    try:
+        long_text = " ".join(["The lighthouse keeper wrote a long letter about the sea."] * 150)
+        turn(s, "big", [{"role": "user", "content": long_text}], max_tokens=4)
+        saver = threading.Thread(target=lambda: httpx.post(f"{s.base_url}/sessions/big/save", json={}, timeout=60),
+                                 daemon=True)
+        saver.start()
+        deadline = time.monotonic() + 30
+        while not list(snapshots.glob(".tmp-*")) and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        assert list(snapshots.glob(".tmp-*")), "the save never started writing"
+        s.proc.send_signal(signal.SIGKILL)
+        s.proc.wait(10)
+        assert not [p for p in snapshots.iterdir() if p.name.startswith("snap_")], "a half snapshot is visible"
+    finally:
+        stop_server(s)
+    s = start_server(tmp_path, "--parallel", "1", "--ctx", "4096")
+    try:
+        assert httpx.get(f"{s.base_url}/snapshots", timeout=10).json()["data"] == []
+        assert not list(snapshots.glob(".tmp-*")), "the leftover temporary was not cleaned"
+        assert info(s, "big")["message_count"] == 2
+        saved = httpx.post(f"{s.base_url}/sessions/big/save", json={}, timeout=60)
+        assert saved.status_code == 201
+    finally:
+        stop_server(s)
