@@ -148,7 +148,7 @@ def test_static_files_are_served_without_a_key_and_nothing_else(keyed_server: Se
 
 
 def test_reply_streams_in_with_stats(web_server: Server, new_page: Callable[..., Any]) -> None:
-    page = new_page(web_server, max_tokens=64)
+    page = new_page(web_server, max_tokens=64, temperature=0)  # greedy: a reply that runs to max_tokens
     bodies = chat_bodies(page)
     page.evaluate(WATCH_GROWTH)
     send(page, "Write a short poem about a warm hearth.")
