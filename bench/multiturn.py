@@ -48,7 +48,7 @@ from bench.client import first_model_id
 from bench.config import RESULTS_DIR, Settings, default_model
 from bench.machine import machine_info
 from bench.servers import LAUNCHERS, Launch, RunningServer, free_port
-from bench.stats import percentile
+from bench.stats import median, percentile
 
 WORDS = [
     "river", "mountain", "lantern", "harvest", "window", "copper", "garden", "silver", "thunder", "meadow",
@@ -207,9 +207,9 @@ def summarize(results: list[TurnResult], turns: int) -> dict[str, Any]:
                      if r.prompt_tokens is not None and r.cached_tokens is not None]
         per_turn[str(t)] = {
             "n": len(ok), "errors": sum(1 for r in results if r.turn == t and r.error),
-            "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
+            "ttft_p50_s": median(ttfts),
             "ttft_p95_s": percentile(ttfts, 95),
-            "prompt_tokens_p50": statistics.median([r.prompt_tokens for r in ok if r.prompt_tokens]) if ok else None,
+            "prompt_tokens_p50": median([r.prompt_tokens for r in ok if r.prompt_tokens]),
             "prefilled_tokens_max": max(prefilled) if prefilled else None,
         }
     totals = [r.total_s for r in results if r.error is None]
@@ -278,6 +278,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                      "restart_after": args.restart_after, "lcp_sessions": args.lcp_sessions},
         "runs": {},
     }
+    if args.merge:  # runs from an earlier invocation (same settings), replaced by any run again here
+        earlier = json.loads(args.merge.read_text())
+        result["runs"].update(earlier.get("runs", {}))
+        if "snapshot" in earlier:
+            result["snapshot"] = earlier["snapshot"]
+        result["merged_from"] = {"file": str(args.merge), "timestamp": earlier.get("timestamp")}
     wanted = args.only.split(",") if args.only else ["hearth-sessions", "llama-server", "hearth-stateless",
                                                      "llama-cpp-python", "snapshot"]
     for run in wanted:
@@ -354,6 +360,7 @@ def main() -> int:
     p.add_argument("--only", default="", help="comma-separated runs: hearth-sessions, llama-server, "
                    "hearth-stateless, llama-cpp-python, snapshot")
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument("--merge", type=Path, default=None, help="keep the runs of this earlier result file")
     args = p.parse_args()
     result = asyncio.run(main_async(args))
     path = write(result, args.out_dir, final=True)

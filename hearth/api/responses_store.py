@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hearth.db import connect
 
 RESPONSE_ID = re.compile(r"^resp_[0-9a-f]{32}$")
 MAX_CHAIN = 10_000  # links followed back through previous_response_id
@@ -46,13 +47,9 @@ class ResponseStore:
     write, so calls are made inline from the event loop."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db = connect(path)
         self._db.execute(_SCHEMA)
 
     def close(self) -> None:

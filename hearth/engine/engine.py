@@ -362,8 +362,9 @@ class Engine:
 
         Evicted sessions are swapped out first. A session's own KV is used in place
         (resident) or swapped back in; otherwise the longest prefix among the slot itself,
-        other idle slots (copied) and swapped states in RAM (restored) is used. A copy must
-        save at least MIN_COPY tokens of prefill to be worth moving a whole KV stream."""
+        other idle slots (copied), sessions' swapped KV in RAM and stashed stateless prompts
+        (restored) is used. A copy must save at least MIN_COPY tokens of prefill to be worth
+        moving a whole KV stream. What the first slot held is stashed before it is dropped."""
         owner, prompt = ar.req.owner, ar.prompt
         for slot, old in placement.evict:
             self._swap_out(slot, old)
@@ -372,6 +373,9 @@ class Engine:
         limit = len(prompt) - 1
         if placement.resident:
             return placement.reuse
+        here = min(common_prefix_len(first.tokens, prompt), limit)
+        if len(first.tokens) - here >= MIN_COPY:  # keep what this slot cached for a later prompt
+            self.swap.stash_prefix(first.tokens, self.runner.state_get(first.seq_id))
         if owner is not None and (got := self.swap.take(owner)) is not None:
             tokens, data = got
             try:
@@ -386,9 +390,8 @@ class Engine:
             self.runner.kv_remove(first.seq_id, 0, -1)
             first.tokens.clear()
             return 0
-        best = min(common_prefix_len(first.tokens, prompt), limit)
-        here = best
-        source: Slot | str | None = None
+        best = here
+        source: Slot | str | int | None = None
         for slot in self.slots.slots:  # idle slots, their own or sessions'
             if not slot.busy and slot is not first:
                 n = min(common_prefix_len(slot.tokens, prompt), limit)
@@ -404,9 +407,12 @@ class Engine:
             self.runner.kv_remove(first.seq_id, 0, -1)
             self.runner.kv_copy(source.seq_id, first.seq_id, -1, -1)
             first.tokens[:] = source.tokens
-        elif isinstance(source, str) and (got := self.swap.peek(source)) is not None:
-            self.runner.state_set(first.seq_id, got[1])
-            first.tokens[:] = got[0]
+        elif source is not None and not isinstance(source, Slot):
+            # a session's swapped KV stays its own (peek); a stashed prompt moves into the slot
+            got = self.swap.peek(source) if isinstance(source, str) else self.swap.take_prefix(source)
+            if got is not None:
+                self.runner.state_set(first.seq_id, got[1])
+                first.tokens[:] = got[0]
         return min(common_prefix_len(first.tokens, prompt), limit)
 
     def _run_batch(self, work: list[Work], out: _Outputs) -> None:

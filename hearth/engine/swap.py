@@ -16,6 +16,7 @@ deleted (the session's next turn re-prefills from its transcript).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -94,6 +95,10 @@ class SwapStore:
         self.fingerprint = fingerprint
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        # Stateless prompts whose slot was reused for something else: a RAM-only prefix cache
+        # (like llama-server's --cache-ram), at most a quarter of the budget, oldest dropped first.
+        self._prefixes: OrderedDict[int, tuple[list[int], bytes]] = OrderedDict()
+        self._prefix_ids = itertools.count()
         self._writer: threading.Thread | None = None
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
@@ -133,12 +138,31 @@ class SwapStore:
 
     def ram_bytes(self) -> int:
         with self._lock:
-            return sum(e.n_bytes for e in self._entries.values() if e.data is not None)
+            return (sum(e.n_bytes for e in self._entries.values() if e.data is not None)
+                    + sum(len(d) for _, d in self._prefixes.values()))
 
-    def prefix_candidates(self) -> list[tuple[str, list[int]]]:
-        """Entries in RAM (cheap to copy from) with their tokens, for prefix reuse."""
+    def prefix_candidates(self) -> list[tuple[str | int, list[int]]]:
+        """What a prompt may copy a prefix from: sessions' entries in RAM (by owner) and
+        stashed stateless prompts (by number)."""
         with self._lock:
-            return [(o, e.tokens) for o, e in self._entries.items() if e.data is not None]
+            return ([(o, e.tokens) for o, e in self._entries.items() if e.data is not None]
+                    + [(k, t) for k, (t, _) in self._prefixes.items()])
+
+    def stash_prefix(self, tokens: list[int], data: bytes) -> None:
+        """Keep a stateless prompt's KV for later prefix reuse (RAM only, never on disk)."""
+        cap = self.ram_budget // 4
+        if len(data) > cap:
+            return
+        with self._lock:
+            self._prefixes[next(self._prefix_ids)] = (list(tokens), data)
+            used = sum(len(d) for _, d in self._prefixes.values())
+            while used > cap:
+                _, (_, dropped) = self._prefixes.popitem(last=False)
+                used -= len(dropped)
+
+    def take_prefix(self, key: int) -> tuple[list[int], bytes] | None:
+        with self._lock:
+            return self._prefixes.pop(key, None)
 
     def __len__(self) -> int:
         with self._lock:

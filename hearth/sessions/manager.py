@@ -68,7 +68,6 @@ class _Reply:
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.calls: dict[int, ToolCall] = {}
-        self.done = False
 
     def __call__(self, ev: ChatEvent) -> None:
         if isinstance(ev, Started):
@@ -370,10 +369,12 @@ class SessionManager:
 
     # ---- helpers -------------------------------------------------------------------------------
 
-    def _exclusive(self, s: _Session) -> _Held:
+    @staticmethod
+    def _exclusive(s: _Session) -> asyncio.Lock:
+        """The session's lock, for `async with`; busy sessions are refused, not waited for."""
         if s.lock.locked():
             raise Conflict(f"session {s.id} is busy with a turn", param="session_id", code="session_busy")
-        return _Held(s.lock)
+        return s.lock
 
     async def _engine_call(self, s: _Session, fn: Callable[[Any], Any]) -> Any:
         engine = self._model(s).engine
@@ -383,15 +384,3 @@ class SessionManager:
             raise Conflict(f"session {s.id} is busy: {e}; retry shortly", param="session_id",
                            code="session_busy") from e
 
-
-class _Held:
-    """`async with`: take a lock that was just seen free (callers refuse busy sessions)."""
-
-    def __init__(self, lock: asyncio.Lock) -> None:
-        self.lock = lock
-
-    async def __aenter__(self) -> None:
-        await self.lock.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.lock.release()

@@ -9,12 +9,12 @@ what "a crash of the server" means here. Rows hold JSON text only.
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hearth.chat.types import Message
+from hearth.db import connect
 from hearth.sessions.transcript import message_from_json, message_to_json
 
 _SCHEMA = """
@@ -48,13 +48,9 @@ class SessionStore:
     """One connection under a lock; statements are small, so they run inline."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db = connect(path)
         self._db.executescript(_SCHEMA)
 
     def close(self) -> None:

@@ -170,3 +170,31 @@ def test_kv_files_reject_corruption_and_other_models(tmp_path: Path) -> None:
     assert not path.exists()
     with pytest.raises(ValueError):
         store.put("../evil", [1], b"x")
+
+
+async def test_stateless_prompts_pushed_out_of_their_slot_are_stashed_and_reused() -> None:
+    eng, runner = make(1)
+    try:
+        a, b = [1] * 40, [2] * 40
+        await run(eng, sreq("a1", a, None))
+        await run(eng, sreq("b1", b, None))  # takes the only slot: "a" is stashed, not lost
+        runner.calls.clear()
+        _, _, outs = await run(eng, sreq("a2", [*a, 3, 3], None))
+        assert outs[0].cached_tokens == 40
+        assert runner.calls[0][0].tokens == [3, 3]
+        _, _, outs = await run(eng, sreq("b2", [*b, 4], None))  # and "b" was stashed in turn
+        assert outs[0].cached_tokens == 40
+        kv_consistent(eng, runner)
+    finally:
+        eng.stop()
+
+
+def test_the_stash_is_bounded_by_a_quarter_of_the_budget() -> None:
+    store = SwapStore(None, ram_budget=400, fingerprint={})
+    for i in range(10):
+        store.stash_prefix([i], b"x" * 40)
+    assert store.ram_bytes() <= 100
+    keys = [k for k, _ in store.prefix_candidates()]
+    assert len(keys) == 2 and store.take_prefix(keys[-1]) == ([9], b"x" * 40)
+    store.stash_prefix([0], b"y" * 101)  # larger than the whole share: not kept
+    assert len(store.prefix_candidates()) == 1
