@@ -37,6 +37,7 @@ class Settings:
     tool_parser: str = "auto"  # auto | hermes | llama3 | mistral | pythonic | json
     data_dir: Path = field(default_factory=default_data_dir)
     session_ram_mb: int = 2048  # host RAM for swapped-out session KV; past it, KV spills to disk
+    prompt_cache_mb: int = 1024  # host RAM for stateless prompts' KV pushed out of their slot
     log_level: str = "info"
     log_format: str = "text"  # text | json
     # admission and time caps
@@ -68,8 +69,8 @@ class Settings:
             raise ValueError(f"--tool-parser must be auto or one of {', '.join(PARSERS)}")
         if self.log_format not in ("text", "json"):
             raise ValueError("--log-format must be text or json")
-        if self.session_ram_mb < 0:
-            raise ValueError("--session-ram-mb must be >= 0")
+        if self.session_ram_mb < 0 or self.prompt_cache_mb < 0:
+            raise ValueError("--session-ram-mb and --prompt-cache-mb must be >= 0")
         if self.max_waiting < 0 or self.max_wait <= 0:
             raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
         if not 0 < self.request_timeout <= self.max_request_timeout:

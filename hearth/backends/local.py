@@ -55,6 +55,7 @@ class EngineSettings:
     tool_parser: str = "auto"  # auto (from the chat template) or a name in hearth.chat.tool_parsers
     kv_dir: Path | None = None  # where swapped session KV spills (per model); None: RAM only
     session_ram_mb: int = 2048  # host RAM for swapped-out session KV before it spills to disk
+    prompt_cache_mb: int = 1024  # host RAM for stateless prompts' KV pushed out of their slot
 
 
 @dataclass(slots=True)
@@ -127,7 +128,8 @@ class LocalBackend:
         seq_ctx = int(card.meta.get("n_ctx") or runner.n_ctx_train)
         kv_dir = self.settings.kv_dir
         swap = SwapStore(kv_dir / re.sub(r"[^A-Za-z0-9._-]", "_", spec.id) if kv_dir else None,
-                         self.settings.session_ram_mb << 20, runner.fingerprint)
+                         self.settings.session_ram_mb << 20, runner.fingerprint,
+                         prefix_budget=self.settings.prompt_cache_mb << 20)
         engine = Engine(runner, seq_ctx=seq_ctx, token_budget=self.settings.batch, swap=swap,
                         name=f"engine-{spec.id}")
         engine.start()

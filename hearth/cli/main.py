@@ -79,6 +79,9 @@ def serve(
         envvar="HEARTH_HOME", help="Sessions, snapshots, swapped KV and stored responses live here.")] = None,
     session_ram_mb: Annotated[int, typer.Option(
         envvar="HEARTH_SESSION_RAM_MB", help="Host RAM for swapped-out session KV; more spills to disk.")] = 2048,
+    prompt_cache_mb: Annotated[int, typer.Option(
+        envvar="HEARTH_PROMPT_CACHE_MB",
+        help="Host RAM for stateless prompts' KV pushed out of their slot (a prefix cache).")] = 1024,
 ) -> None:
     """Serve one or more GGUF models over the OpenAI API.
 
@@ -104,6 +107,7 @@ def serve(
                             request_timeout=request_timeout, max_request_timeout=max_request_timeout,
                             api_keys=keys, admin_key=admin_key, metrics_token=metrics_token,
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
+                            prompt_cache_mb=prompt_cache_mb,
                             **({"data_dir": Path(data_dir).expanduser()} if data_dir else {}))
         specs = [resolve_model(m) for m in settings.models]
     except (ValueError, OSError) as e:
@@ -119,7 +123,8 @@ def serve(
                                                  kv_unified=settings.kv_unified, max_waiting=settings.max_waiting,
                                                  max_wait=settings.max_wait, tool_parser=settings.tool_parser,
                                                  kv_dir=settings.data_dir / "kv",
-                                                 session_ram_mb=settings.session_ram_mb))
+                                                 session_ram_mb=settings.session_ram_mb,
+                                                 prompt_cache_mb=settings.prompt_cache_mb))
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key"
     typer.echo(f"hearth {__version__}: serving {', '.join(ids)} on http://{host}:{port} ({auth})", err=True)
     config = uvicorn.Config(create_app(backend, settings), host=settings.host, port=settings.port,

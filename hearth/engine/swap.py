@@ -89,14 +89,16 @@ def read_kv_file(path: Path, fingerprint: dict[str, Any], *, with_data: bool = T
 
 
 class SwapStore:
-    def __init__(self, directory: Path | None, ram_budget: int, fingerprint: dict[str, Any]) -> None:
+    def __init__(self, directory: Path | None, ram_budget: int, fingerprint: dict[str, Any],
+                 prefix_budget: int | None = None) -> None:
         self.dir = directory
         self.ram_budget = ram_budget
+        self.prefix_budget = ram_budget // 4 if prefix_budget is None else prefix_budget
         self.fingerprint = fingerprint
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
         # Stateless prompts whose slot was reused for something else: a RAM-only prefix cache
-        # (like llama-server's --cache-ram), at most a quarter of the budget, oldest dropped first.
+        # (like llama-server's --cache-ram) of at most `prefix_budget` bytes, oldest dropped first.
         self._prefixes: OrderedDict[int, tuple[list[int], bytes]] = OrderedDict()
         self._prefix_ids = itertools.count()
         self._writer: threading.Thread | None = None
@@ -150,7 +152,7 @@ class SwapStore:
 
     def stash_prefix(self, tokens: list[int], data: bytes) -> None:
         """Keep a stateless prompt's KV for later prefix reuse (RAM only, never on disk)."""
-        cap = self.ram_budget // 4
+        cap = self.prefix_budget
         if len(data) > cap:
             return
         with self._lock:
