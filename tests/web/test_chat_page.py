@@ -262,8 +262,10 @@ def test_page_works_with_an_api_key(keyed_server: Server, new_page: Callable[...
 
 def test_a_wrong_key_is_reported_on_the_page(keyed_server: Server, new_page: Callable[..., Any]) -> None:
     page = new_page(keyed_server, key="not-the-key", wait_ready=False)
+    page.wait_for_selector("#banner:not([hidden])")  # the page's own start-up calls were refused
     page.fill("#prompt", "hello")
     page.press("#prompt", "Enter")
+    page.wait_for_selector(".msg.assistant .error", timeout=15_000)
     wait_done(page, timeout=15)
     assert "invalid API key" in last_reply(page).locator(".error").inner_text()
     assert "API key" in page.inner_text("#banner")
