@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.text import Text
 
 from hearth.cli.client import APIError, Client, CLIError, resolve_url, seg
-from hearth.cli.common import cli_errors
+from hearth.cli.common import cli_errors, interactive_sigint
 from hearth.cli.daemon import Daemon, ServeOptions
 from hearth.cli.server import start_server
 from hearth.cli.sessions import print_history, sessions_table
@@ -262,6 +262,7 @@ def chat(
         raise CLIError(f"invalid session name {session!r}: use 1-128 of A-Z a-z 0-9 . _ -", 2)
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
+    interactive_sigint()
     out = Console(highlight=False, soft_wrap=True)
     client = connect(url, api_key)
     with client:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -14,6 +15,14 @@ from rich.console import Console
 from rich.status import Status
 
 from hearth.cli.client import CLIError
+
+
+def interactive_sigint() -> None:
+    """Make Ctrl-C raise KeyboardInterrupt wherever the process was started from. A background
+    job of a shell without job control (CI runners, nohup'ed scripts) starts with SIGINT
+    ignored, and Python then installs no handler of its own, so a REPL would never see Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 P = ParamSpec("P")
 R = TypeVar("R")

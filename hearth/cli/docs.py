@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from hearth.cli.client import APIError, Client, CLIError, seg
-from hearth.cli.common import cli_errors
+from hearth.cli.common import cli_errors, interactive_sigint
 
 # ---------------------------------------------------------------------------- collecting files
 
@@ -444,6 +444,7 @@ def docs(
             ds.ask(ask)
             return
         err.print("ask about the documents; Ctrl-C stops an answer, Ctrl-D leaves", style="dim")
+        interactive_sigint()
         while True:
             try:
                 question = input(PROMPT).strip()
