@@ -25,7 +25,7 @@ if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
   [ "$(id -u)" -ne 0 ] && as_root=(sudo -n)
   apt_get() { "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -qq "$@" >/dev/null 2>&1; }
   if ! { apt_get install chromium || { apt_get update && apt_get install chromium; }; }; then
-    echo "setup: could not install chromium; tests/web will be skipped"
+    echo "setup: could not install chromium; tests/web will fail until /usr/bin/chromium exists"
   fi
 fi
 

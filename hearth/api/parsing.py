@@ -36,6 +36,11 @@ async def read_json(request: Request) -> dict[str, Any]:
     return data
 
 
+async def read_json_or_empty(request: Request) -> dict[str, Any]:
+    """For endpoints whose body is optional: no body means {}."""
+    return await read_json(request) if await request.body() else {}
+
+
 def validate(model: type[M], data: dict[str, Any]) -> M:
     try:
         return model.model_validate(data)

@@ -7,12 +7,12 @@ import os
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from hearth.api.parsing import read_json, validate
+from hearth.api.parsing import read_json, read_json_or_empty, validate
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_snapshot_id
 from hearth.sessions.manager import SessionManager
@@ -20,17 +20,19 @@ from hearth.sessions.manager import SessionManager
 MAX_ARCHIVE_BYTES = 64 << 30
 
 
-class _Strict(BaseModel):
+class StrictBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class PatchIn(_Strict):
-    title: str | None = Field(default=None, max_length=200)
-    description: str | None = Field(default=None, max_length=4000)
-    tags: list[str] | None = Field(default=None, max_length=32)
+class SnapshotMetaIn(StrictBody):
+    """What a save sets and a PATCH may change (limits: `hearth.sessions.snapshots.check_meta`)."""
+
+    title: str | None = None
+    description: str | None = None
+    tags: list[str] | None = None
 
 
-class LoadIn(_Strict):
+class LoadIn(StrictBody):
     session_id: str | None = None
     force: bool = False
 
@@ -44,7 +46,7 @@ def snapshot_json(manifest: dict[str, Any]) -> dict[str, Any]:
             "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict))}
 
 
-def _sessions(request: Request) -> SessionManager:
+def session_manager(request: Request) -> SessionManager:
     return request.app.state.sessions  # type: ignore[no-any-return]
 
 
@@ -53,36 +55,36 @@ def _id(request: Request) -> str:
 
 
 async def list_snapshots(request: Request) -> Response:
-    data = await run_in_threadpool(_sessions(request).snapshots.list)
+    data = await run_in_threadpool(session_manager(request).snapshots.list)
     return JSONResponse({"object": "list", "data": [snapshot_json(m) for m in data]})
 
 
 async def get_snapshot(request: Request) -> Response:
-    return JSONResponse(snapshot_json(_sessions(request).snapshots.get(_id(request))))
+    return JSONResponse(snapshot_json(session_manager(request).snapshots.get(_id(request))))
 
 
 async def patch_snapshot(request: Request) -> Response:
-    body = validate(PatchIn, await read_json(request))
-    manifest = _sessions(request).snapshots.update(_id(request), title=body.title, description=body.description,
+    body = validate(SnapshotMetaIn, await read_json(request))
+    manifest = session_manager(request).snapshots.update(_id(request), title=body.title, description=body.description,
                                                    tags=body.tags)
     return JSONResponse(snapshot_json(manifest))
 
 
 async def delete_snapshot(request: Request) -> Response:
     snap = _id(request)
-    await run_in_threadpool(_sessions(request).snapshots.delete, snap)
+    await run_in_threadpool(session_manager(request).snapshots.delete, snap)
     return JSONResponse({"snapshot_id": snap, "object": "snapshot.deleted", "deleted": True})
 
 
 async def load_snapshot(request: Request) -> Response:
-    body = validate(LoadIn, await read_json(request) if await request.body() else {})
-    info = await _sessions(request).load(_id(request), body.session_id, body.force)
+    body = validate(LoadIn, await read_json_or_empty(request))
+    info = await session_manager(request).load(_id(request), body.session_id, body.force)
     return JSONResponse(info, status_code=201)
 
 
 async def archive(request: Request) -> Response:
     snap = _id(request)
-    chunks = _sessions(request).snapshots.archive(snap)
+    chunks = session_manager(request).snapshots.archive(snap)
     return StreamingResponse(iterate_in_threadpool(chunks), media_type="application/x-tar",
                              headers={"Content-Disposition": f'attachment; filename="{snap}.tar"'})
 
@@ -90,7 +92,7 @@ async def archive(request: Request) -> Response:
 async def import_snapshot(request: Request) -> Response:
     """The archive is spooled to a temporary file (never held whole in memory), then unpacked
     and verified; it becomes visible only if every check passes."""
-    store = _sessions(request).snapshots
+    store = session_manager(request).snapshots
     spool = store.root / f".import-{uuid.uuid4().hex}"
     size = 0
     try:

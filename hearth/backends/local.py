@@ -155,16 +155,6 @@ class LocalBackend:
 
     async def stop(self) -> None:
         for m in self._models.values():
-            m.engine.abort_all()
-            deadline = time.monotonic() + 10
-            while m.engine.in_flight and time.monotonic() < deadline:  # running sessions end first
-                await asyncio.sleep(0.01)
-            if m.engine.swap.dir is not None:  # sessions' KV survives a graceful restart
-                try:
-                    n = await asyncio.wrap_future(m.engine.call(m.engine.spill_all))
-                    log.info("wrote the KV of %d resident session(s) of %s to disk", n, m.spec.id)
-                except Exception:
-                    log.exception("could not write session KV to disk")
             await asyncio.to_thread(m.engine.stop)
             close = getattr(m.runner, "close", None)
             if close is not None:
@@ -298,7 +288,9 @@ class LocalBackend:
         The wall-clock cap counts from arrival, so time spent queued is part of it."""
         n, cancel = req.n, req.cancel
         deadline = time.monotonic() + req.timeout if req.timeout else None
-        owner = req.kv_owner if isinstance(req, ChatRequest) else None
+        # Only the session manager passes a request with `session` on to the backend, with the
+        # whole transcript in it: the session owns the KV the engine request builds.
+        owner = req.session.session_id if isinstance(req, ChatRequest) and req.session else None
         max_len = req.max_len if isinstance(req, ChatRequest) else None
         ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len)

@@ -90,8 +90,7 @@ class ChatRequest:
     cancel: CancelToken | None = None
     cache_prompt: bool = True
     session: SessionTurn | None = None
-    # Set by the session manager for the backend: whose KV this continues, and its length cap.
-    kv_owner: str | None = None
+    # Set by the session manager, with `messages` the whole transcript: the session's length cap.
     max_len: int | None = None
 
 

@@ -7,7 +7,6 @@ itself and sends it whole each turn, so it still works, but nothing survives the
 from __future__ import annotations
 
 import contextlib
-import re
 import secrets
 import time
 from collections.abc import Callable
@@ -27,9 +26,9 @@ from hearth.cli.sessions import print_history, sessions_table
 from hearth.cli.snapshots import snapshots_table
 from hearth.cli.turn import TurnStats, run_turn
 from hearth.config import is_loopback
+from hearth.sessions.ids import is_session_id
 
 PROMPT, CONTINUE = "you> ", "...  "
-SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")  # docs/sessions.md
 
 HELP = """\
 Type a message and press Enter. End a line with a backslash (\\) to continue on the next line.
@@ -258,7 +257,7 @@ def chat(
 
     Example: hearth chat --session demo --system "Answer briefly."
     """
-    if session is not None and not SESSION_ID.fullmatch(session):
+    if session is not None and not is_session_id(session):
         raise CLIError(f"invalid session name {session!r}: use 1-128 of A-Z a-z 0-9 . _ -", 2)
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())

@@ -109,11 +109,18 @@ class Engine:
             self._cv.notify()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel everything in flight and stop the thread."""
+        """Cancel everything in flight, write sessions' KV to disk (when the swap store has a
+        directory: they survive a graceful restart), and stop the thread."""
         self.abort_all()
         deadline = time.monotonic() + timeout
         while self._known and time.monotonic() < deadline and self._thread.is_alive():
             time.sleep(0.01)
+        if self.swap.dir is not None and self._thread.is_alive():
+            try:
+                n = self.call(self.spill_all).result(timeout)
+                log.info("wrote the KV of %d resident session(s) to disk", n)
+            except Exception:
+                log.exception("could not write session KV to disk")
         with self._cv:
             self._stopping = True
             calls, self._calls = self._calls, []
@@ -221,9 +228,7 @@ class Engine:
         slot = self.slots.owned_by(owner)
         if slot is not None:
             return "resident", len(slot.tokens)
-        where = self.swap.where(owner)
-        tokens = self.swap.tokens(owner) if where else None
-        return (where or "none"), len(tokens or ())
+        return (self.swap.where(owner) or "none"), self.swap.n_tokens(owner)
 
     def export_kv(self, owner: str) -> tuple[list[int], bytes] | None:
         """Engine thread: a copy of a session's tokens and KV bytes, wherever they are."""

@@ -20,7 +20,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import struct
 import threading
 from collections import OrderedDict
@@ -30,14 +29,16 @@ from typing import Any
 
 import numpy as np
 
+from hearth.sessions.ids import is_session_id
+
 log = logging.getLogger("hearth.swap")
 
 MAGIC = b"HKV1"
-OWNER_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
 def check_owner(owner: str) -> None:
-    if not OWNER_RE.match(owner) or set(owner) == {"."}:
+    """Owners name files here: only valid session ids get near a path."""
+    if not is_session_id(owner):
         raise ValueError(f"invalid session id {owner!r}")
 
 
@@ -133,10 +134,10 @@ class SwapStore:
             e = self._entries.get(owner)
             return None if e is None else ("host" if e.data is not None else "disk")
 
-    def tokens(self, owner: str) -> list[int] | None:
+    def n_tokens(self, owner: str) -> int:
         with self._lock:
             e = self._entries.get(owner)
-            return list(e.tokens) if e is not None else None
+            return len(e.tokens) if e is not None else 0
 
     def ram_bytes(self) -> int:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import TypeGuard
 
 from hearth.errors import BadRequest
 
@@ -11,9 +12,14 @@ SESSION_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 SNAPSHOT_ID = re.compile(r"^snap_[0-9a-f]{32}$")
 
 
+def is_session_id(sid: object) -> TypeGuard[str]:
+    """The one rule for session ids, which also name files (swapped KV). "." and ".." match
+    the character class but name directories, so they are refused too."""
+    return isinstance(sid, str) and SESSION_ID.fullmatch(sid) is not None and set(sid) != {"."}
+
+
 def check_session_id(sid: object, param: str = "session_id") -> str:
-    # "." and ".." match the character class but name directories, so they are refused too.
-    if not isinstance(sid, str) or not SESSION_ID.fullmatch(sid) or set(sid) == {"."}:
+    if not is_session_id(sid):
         raise BadRequest("session ids are 1-128 characters of A-Z a-z 0-9 . _ - (not only dots)",
                          param=param, code="invalid_session_id")
     return sid

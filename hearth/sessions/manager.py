@@ -1,7 +1,8 @@
 """Sessions: transcripts that own KV, one turn at a time.
 
 A turn takes the stored transcript, adds the request's new messages, and hands the whole
-conversation to the backend with `kv_owner` set: the engine renders nothing, it finds the
+conversation to the backend with `session` still set, so the session owns the engine
+request's KV: the engine finds the
 longest common token prefix between the rendered prompt and the tokens in the session's KV
 (wherever that KV is: in a slot, in RAM, on disk) and prefills only the rest. The reply is
 recorded from the event stream and committed with the new messages when the turn ends, by
@@ -109,10 +110,6 @@ class SessionManager:
     def _model(self, s: _Session) -> LocalModel:
         return self.backend.model(s.row.model)
 
-    @staticmethod
-    def _seq_ctx(m: LocalModel) -> int:
-        return m.engine.seq_ctx
-
     def info(self, sid: str) -> dict[str, Any]:
         return self._describe(self._get(sid))
 
@@ -149,7 +146,7 @@ class SessionManager:
 
     def _new(self, sid: str, model: str | None, max_seq_len: int | None) -> _Session:
         m = self.backend.model(model)
-        limit = self._seq_ctx(m)
+        limit = m.engine.seq_ctx
         if max_seq_len is None:
             max_seq_len = limit
         if not 16 <= max_seq_len <= limit:
@@ -183,7 +180,7 @@ class SessionManager:
             raise BadRequest("strategy must be reject or drop_oldest", param="strategy")
         async with self._exclusive(s):
             m = self._model(s)
-            limit = self._seq_ctx(m)
+            limit = m.engine.seq_ctx
             if not 16 <= max_seq_len <= limit:
                 raise BadRequest(f"max_seq_len must be between 16 and {limit} (the server's per-sequence "
                                  "context; start the server with a larger --ctx for more)", param="max_seq_len")
@@ -206,7 +203,7 @@ class SessionManager:
 
     async def resize_next_pow2(self, sid: str) -> dict[str, Any]:
         s = self._get(sid)
-        limit = self._seq_ctx(self._model(s))
+        limit = self._model(s).engine.seq_ctx
         if s.row.max_seq_len >= limit:
             raise BadRequest(f"session {s.id} is already at the server's per-sequence context ({limit} tokens); "
                              "start the server with a larger --ctx", param="max_seq_len")
@@ -259,8 +256,8 @@ class SessionManager:
         model = await asyncio.to_thread(self._model_identity, m)
         data = await asyncio.to_thread(self.snapshots.read, snap_id, model, self._engine_identity(m))
         sid = check_session_id(sid) if sid is not None else new_session_id()
-        max_seq_len = min(int((manifest.get("session") or {}).get("max_seq_len") or self._seq_ctx(m)),
-                          self._seq_ctx(m))
+        max_seq_len = min(int((manifest.get("session") or {}).get("max_seq_len") or m.engine.seq_ctx),
+                          m.engine.seq_ctx)
         existing = self._sessions.get(sid)
         if existing is not None:
             if not force:
@@ -299,7 +296,7 @@ class SessionManager:
         await s.lock.acquire()
         try:
             base, new = self._merge(s, req.messages, turn.replace_system)
-            full = replace(req, messages=[*base, *new], kv_owner=sid, max_len=s.row.max_seq_len)
+            full = replace(req, messages=[*base, *new], max_len=s.row.max_seq_len)
             try:
                 stream = await self.backend.chat(full)
             except ContextLimit as e:

@@ -43,11 +43,3 @@ def metric(url: str, name: str, **labels: str) -> float:
             return float(value)
     return 0.0
 
-
-def sessions_live(url: str) -> bool:
-    """True once the server implements docs/sessions.md (POST /v1/sessions is not a 404)."""
-    try:
-        r = httpx.get(f"{url}/v1/sessions", timeout=10)
-    except httpx.HTTPError:
-        return False
-    return r.status_code == 200

@@ -12,7 +12,7 @@ import httpx
 import pexpect
 import pytest
 
-from tests.cli.conftest import metric, run, sessions_live
+from tests.cli.conftest import metric, run
 from tests.conftest import Server, free_port
 
 pytestmark = pytest.mark.slow
@@ -145,8 +145,6 @@ def test_explicit_url_that_nothing_answers_is_an_error() -> None:
 
 
 def test_repl_session_commands(cli_server: Server) -> None:
-    if not sessions_live(cli_server.url):
-        pytest.skip("this server does not implement /v1/sessions yet")
     url = cli_server.url
     child = spawn("--url", url, "--session", "cli-repl", "--max-tokens", "8", "--temperature", "0",
                   "--system", "Answer briefly.")

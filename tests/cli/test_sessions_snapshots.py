@@ -15,7 +15,7 @@ import pytest
 
 from hearth.cli.daemon import Daemon
 from hearth.cli.server import gather_status
-from tests.cli.conftest import run, run_json, sessions_live
+from tests.cli.conftest import run, run_json
 from tests.conftest import Server
 
 pytestmark = pytest.mark.slow
@@ -23,8 +23,6 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(cli_server: Server) -> Server:
-    if not sessions_live(cli_server.url):
-        pytest.skip("this server does not implement /v1/sessions yet")
     return cli_server
 
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import Server
-from tests.web.conftest import API_KEY, sessions_api
+from tests.web.conftest import API_KEY
 
 pytestmark = pytest.mark.slow
 
@@ -275,8 +275,6 @@ def test_a_wrong_key_is_reported_on_the_page(keyed_server: Server, new_page: Cal
 
 
 def test_sessions_sidebar_snapshots(web_server: Server, new_page: Callable[..., Any]) -> None:
-    if not sessions_api(web_server):
-        pytest.skip("the server does not answer GET /v1/sessions (sessions API not available)")
     # A session started elsewhere is listed under its first user message.
     r = httpx.post(f"{web_server.url}/v1/chat/completions", timeout=30, json={
         "messages": [{"role": "user", "content": "Hello from the API."}], "max_tokens": 4, "session_id": "api-made"})
@@ -401,12 +399,11 @@ def test_screenshot_for_the_docs(web_server: Server, new_page: Callable[..., Any
         timeout=60_000)
     page.click("#send")
     wait_done(page, timeout=15)
-    if sessions_api(web_server):
-        page.click("#save-snapshot")
-        page.fill("#snapshot-title", "colors and a poem")
-        page.click("#save-confirm")
-        page.locator("#snapshot-list .item", has_text="colors and a poem").wait_for()
-        page.wait_for_selector("#banner:not([hidden])")
+    page.click("#save-snapshot")
+    page.fill("#snapshot-title", "colors and a poem")
+    page.click("#save-confirm")
+    page.locator("#snapshot-list .item", has_text="colors and a poem").wait_for()
+    page.wait_for_selector("#banner:not([hidden])")
     page.locator("#prompt").blur()
     assert page.locator(".msg.assistant .stats").count() == 2
     assert last_reply(page).get_attribute("data-finish") == "cancelled"

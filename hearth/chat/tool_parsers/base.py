@@ -56,6 +56,32 @@ class ToolParser(ABC):
         """The output ended: resolve whatever is still held back."""
 
 
+class JsonCallParser(ToolParser):
+    """A parser whose calls are JSON objects read by one `JsonCall` at a time."""
+
+    def __init__(self, tools: list[Tool]) -> None:
+        super().__init__(tools)
+        self._call: JsonCall | None = None
+
+    def _feed_call(self, out: list[Part]) -> JsonCall:
+        """Feed the whole buffer to the open call; once it is complete, its closing parts too.
+        The caller looks at `done`, `failed` and `rest` to decide what comes next."""
+        call = self._call
+        assert call is not None
+        out.extend(call.feed(self._buf))
+        self._buf = ""
+        if call.done:
+            out.extend(call.finish_parts())
+        return call
+
+    def _end_call(self, out: list[Part]) -> JsonCall:
+        """The output ended inside a call: emit what its arguments still owe."""
+        call = self._call
+        assert call is not None
+        out.extend(call.finish_parts())
+        return call
+
+
 def split_at_marker(buf: str, marker: str) -> tuple[str, bool, str]:
     """(text safe to emit, whether the marker was found, what follows it / what is held)."""
     i = buf.find(marker)

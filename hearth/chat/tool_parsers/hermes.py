@@ -4,19 +4,18 @@ times, with free text around. Also the generic format Hearth teaches tool-less t
 from __future__ import annotations
 
 from hearth.chat.tool_parsers._text import TextOut
-from hearth.chat.tool_parsers.base import JsonCall, Part, ToolParser, split_at_marker
+from hearth.chat.tool_parsers.base import JsonCall, JsonCallParser, Part, split_at_marker
 from hearth.chat.types import Tool
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
-class HermesParser(ToolParser):
+class HermesParser(JsonCallParser):
     name = "hermes"
 
     def __init__(self, tools: list[Tool]) -> None:
         super().__init__(tools)
         self._state = "text"  # text | call | raw | closing
-        self._call: JsonCall | None = None
         self._out = TextOut()
 
     def _run(self, out: list[Part]) -> None:
@@ -28,12 +27,7 @@ class HermesParser(ToolParser):
                     return
                 self._state, self._call = "call", JsonCall(self.n_calls)
             elif self._state == "call":
-                call = self._call
-                assert call is not None
-                out.extend(call.feed(self._buf))
-                self._buf = ""
-                if call.done:
-                    out.extend(call.finish_parts())
+                call = self._feed_call(out)
                 if call.failed:
                     self._state, self._buf = "raw", call.text + call.rest
                 elif call.done:
@@ -63,11 +57,10 @@ class HermesParser(ToolParser):
     def finish(self) -> list[Part]:
         out: list[Part] = []
         if self._state == "call":
-            assert self._call is not None
-            out.extend(self._call.finish_parts())
-            if self._call.failed:
-                self._out.text(out, OPEN + self._call.text)
-            elif self._call.announced:
+            call = self._end_call(out)
+            if call.failed:
+                self._out.text(out, OPEN + call.text)
+            elif call.announced:
                 self._called()
         elif self._state == "raw":
             self._out.text(out, OPEN + self._buf)

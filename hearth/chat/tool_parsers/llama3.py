@@ -5,19 +5,18 @@ calls use for parsers whose own markers a grammar cannot write ("json")."""
 
 from __future__ import annotations
 
-from hearth.chat.tool_parsers.base import JsonCall, Part, ToolParser
+from hearth.chat.tool_parsers.base import JsonCall, JsonCallParser, Part
 from hearth.chat.types import Tool
 
 PYTHON_TAG = "<|python_tag|>"
 
 
-class Llama3Parser(ToolParser):
+class Llama3Parser(JsonCallParser):
     name = "llama3"
 
     def __init__(self, tools: list[Tool]) -> None:
         super().__init__(tools)
         self._state = "start"  # start | call | between | text
-        self._call: JsonCall | None = None
 
     def _run(self, out: list[Part]) -> None:
         while True:
@@ -35,12 +34,7 @@ class Llama3Parser(ToolParser):
                     if self.n_calls:
                         self._buf = s
             elif self._state == "call":
-                call = self._call
-                assert call is not None
-                out.extend(call.feed(self._buf))
-                self._buf = ""
-                if call.done:
-                    out.extend(call.finish_parts())
+                call = self._feed_call(out)
                 if call.failed:  # JSON that is not a call: an ordinary answer
                     self._state, self._buf = "text", call.text + call.rest
                 elif call.done:
@@ -57,11 +51,10 @@ class Llama3Parser(ToolParser):
     def finish(self) -> list[Part]:
         out: list[Part] = []
         if self._state == "call":
-            assert self._call is not None
-            out.extend(self._call.finish_parts())
-            if self._call.failed:
-                out.append(self._call.text)
-            elif self._call.announced:
+            call = self._end_call(out)
+            if call.failed:
+                out.append(call.text)
+            elif call.announced:
                 self.n_calls += 1
         elif self._state == "start" and self._buf:
             out.append(self._buf)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import re
 
 from hearth.chat.tool_parsers._text import TextOut
-from hearth.chat.tool_parsers.base import JsonCall, Part, ToolParser, split_at_marker
+from hearth.chat.tool_parsers.base import JsonCall, JsonCallParser, Part, split_at_marker
 from hearth.chat.types import Tool
 
 MARKER, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 
-class MistralParser(ToolParser):
+class MistralParser(JsonCallParser):
     name = "mistral"
 
     def __init__(self, tools: list[Tool]) -> None:
@@ -21,7 +21,6 @@ class MistralParser(ToolParser):
         self._state = "text"  # text | open | next | call | between | name
         self._in_array = False
         self._raw = ""  # what followed the marker, for when it turns out not to be calls
-        self._call: JsonCall | None = None
         self._out = TextOut()
 
     def _as_text(self, out: list[Part]) -> None:
@@ -71,12 +70,7 @@ class MistralParser(ToolParser):
                 self._state, self._call = "call", JsonCall(self.n_calls, name=name)
                 self._buf = self._buf[i + len(ARGS):]
             else:  # call
-                call = self._call
-                assert call is not None
-                out.extend(call.feed(self._buf))
-                self._buf = ""
-                if call.done:
-                    out.extend(call.finish_parts())
+                call = self._feed_call(out)
                 if call.failed:
                     self._buf = call.text + call.rest
                     self._as_text(out)
@@ -90,12 +84,11 @@ class MistralParser(ToolParser):
     def finish(self) -> list[Part]:
         out: list[Part] = []
         if self._state == "call":
-            assert self._call is not None
-            out.extend(self._call.finish_parts())
-            if self._call.failed:
-                self._buf = self._call.text
+            call = self._end_call(out)
+            if call.failed:
+                self._buf = call.text
                 self._as_text(out)
-            elif self._call.announced:
+            elif call.announced:
                 self.n_calls += 1
         elif self._state in ("open", "name") or (self._state == "next" and not self.n_calls):
             self._as_text(out)
