@@ -102,7 +102,9 @@ function reportError(e, what) {
   if (e instanceof ApiError && e.status === 401) {
     $("settings").open = true;
     showBanner("This server needs an API key: enter it under Settings.");
-    $("api-key").focus();
+    // Only when nothing else has focus: a refusal from a background refresh must not pull
+    // the cursor out of the message being typed (Enter would then land in the key field).
+    if (!document.activeElement || document.activeElement === document.body) $("api-key").focus();
     return;
   }
   showBanner(`${what}: ${e.message}`);
