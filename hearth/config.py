@@ -34,7 +34,7 @@ class Settings:
     threads: int | None = None
     batch: int = 512
     kv_unified: bool = False
-    tool_parser: str = "auto"  # auto | hermes | llama3 | mistral | pythonic | json
+    tool_parser: str = "auto"  # auto | hermes | llama3 | mistral | pythonic | json (checked by the backend)
     data_dir: Path = field(default_factory=default_data_dir)
     session_ram_mb: int = 2048  # host RAM for swapped-out session KV; past it, KV spills to disk
     prompt_cache_mb: int = 1024  # host RAM for stateless prompts' KV pushed out of their slot
@@ -63,10 +63,6 @@ class Settings:
             raise ValueError("--threads must be at least 1")
         if not 0 < self.port < 65536:
             raise ValueError("--port must be in 1..65535")
-        from hearth.chat.tool_parsers import PARSERS
-
-        if self.tool_parser != "auto" and self.tool_parser not in PARSERS:
-            raise ValueError(f"--tool-parser must be auto or one of {', '.join(PARSERS)}")
         if self.log_format not in ("text", "json"):
             raise ValueError("--log-format must be text or json")
         if self.session_ram_mb < 0 or self.prompt_cache_mb < 0:

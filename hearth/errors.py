@@ -7,7 +7,11 @@
     ├── NotFound            404  not_found (model_not_found, ...)
     ├── Conflict            409  conflict
     ├── TooManyRequests     429  rate_limit_exceeded
+    ├── GenerationFailed    500  generation_failed (the engine failed mid-run)
     └── Unavailable         503  unavailable (model still loading, shutting down)
+
+Each carries `param` (the offending request field) as data. `hearth.api.errors` maps the tree
+to each protocol's envelope.
 """
 
 from __future__ import annotations
@@ -67,4 +71,13 @@ class TooManyRequests(HearthError):
 class Unavailable(HearthError):
     status = 503
     code = "unavailable"
+    type = "server_error"
+
+
+class GenerationFailed(HearthError):
+    """The engine failed while generating (a decode or sampler failure). A response not yet
+    started answers 500 with this; a started stream ends with its protocol's in-band error."""
+
+    status = 500
+    code = "generation_failed"
     type = "server_error"

@@ -1,15 +1,14 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API, streaming and not.
 
-Every answer from these routes, errors included, is in Anthropic's shapes; the output side
-(content blocks, SSE) is in `anthropic_stream.py`.
+Every answer from these routes is in Anthropic's shapes: errors by the one error policy
+(`hearth.api.errors`, which picks the envelope by path); the output side (content blocks,
+SSE) is in `anthropic_stream.py`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,14 +17,12 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
 from hearth.api.anthropic_stream import collect, message_body, stop_reason, stream_events
+from hearth.api.errors import ApiError, respond
 from hearth.api.parsing import read_json, sampling_params, session_turn, validate
-from hearth.api.sse import ClientGone
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, ReasoningOptions, ResponseFormat, Tool, ToolCall, new_id
-from hearth.errors import BadRequest, HearthError, TooManyRequests
-
-log = logging.getLogger("hearth.api")
+from hearth.errors import BadRequest, GenerationFailed
 
 # Text blocks of one message are joined with a newline: clients split paragraphs (or a
 # reminder and the question) into blocks, and gluing them together would merge words.
@@ -264,48 +261,9 @@ def to_chat_request(body: CountTokensIn, request_id: str) -> ChatRequest:
     return creq
 
 
-# ---- errors -------------------------------------------------------------------------------
-
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                503: "overloaded_error", 529: "overloaded_error"}
-
-
-def error_type(status: int) -> str:
-    return _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-
-
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"type": "error", "error": {"type": error_type(status), "message": message}},
-                        status_code=status, headers=headers)
-
-
-Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-def anthropic_errors(endpoint: Endpoint) -> Endpoint:
-    """Answer every failure of `endpoint` in Anthropic's error envelope, never OpenAI's."""
-
-    @functools.wraps(endpoint)
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except HearthError as e:
-            headers = {"Retry-After": str(e.retry_after)} if isinstance(e, TooManyRequests) else None
-            return error_response(e.status, e.message, headers)
-        except ClientGone:
-            raise
-        except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.url.path)
-            return error_response(500, "internal server error")
-
-    return wrapped
-
-
 # ---- endpoints ----------------------------------------------------------------------------
 
 
-@anthropic_errors
 async def messages(request: Request) -> Response:
     backend: Backend = request.app.state.backend
     body = validate(MessagesIn, await read_json(request))
@@ -325,24 +283,25 @@ async def messages(request: Request) -> Response:
         return gen.stream(stream_events(gen.events, msg_id, model, stops))
     out = await gen.collect(request, lambda: collect(gen.events))
     if out.error:
-        return error_response(500, out.error)
+        raise GenerationFailed(out.error)
     return JSONResponse(message_body(msg_id, model, out.content, stop_reason(out.finish, stops), out.usage))
 
 
-@anthropic_errors
 async def count_tokens(request: Request) -> Response:
     backend: Backend = request.app.state.backend
     body = validate(CountTokensIn, await read_json(request))
     creq = to_chat_request(body, new_id("msg_"))
-    return JSONResponse({"input_tokens": len(backend.tokenize_request(creq))})
+    return JSONResponse({"input_tokens": await backend.count_tokens(creq)})
 
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 
 
 async def unrouted(request: Request) -> Response:
-    """Anthropic's envelope for a wrong method on the routes above, or an unknown /v1/messages/… path."""
-    if request.url.path in ("/v1/messages", "/v1/messages/count_tokens"):
-        return error_response(405, f"{request.method} is not allowed on {request.url.path}; use POST",
-                              {"Allow": "POST"})
-    return error_response(404, f"Unknown endpoint {request.method} {request.url.path}")
+    """A wrong method on the routes above (405), or an unknown /v1/messages/… path (404); the
+    error policy answers both in Anthropic's envelope."""
+    path = request.url.path
+    if path in ("/v1/messages", "/v1/messages/count_tokens"):
+        return respond(path, ApiError(405, f"{request.method} is not allowed on {path}; use POST",
+                                      headers={"Allow": "POST"}))
+    return respond(path, ApiError(404, f"Unknown endpoint {request.method} {path}"))

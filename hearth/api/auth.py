@@ -2,17 +2,17 @@
 
 - no keys configured: everything is open (the default bind is loopback);
 - keys configured: every endpoint but /health and the chat page (/ and /web/*) needs one of them;
-- an admin key, when configured, is needed to delete sessions and snapshots and for /admin;
+- an admin key, when configured, is needed to delete sessions and snapshots;
 - /metrics needs the metrics token (or an API key) unless it was made public.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hearth.api.errors import ApiError, respond
 from hearth.config import Settings
 
 OPEN_PATHS = ("/health", "/")
@@ -36,18 +36,6 @@ def matches(key: str | None, allowed: list[str]) -> bool:
     return found
 
 
-def error_body(path: str, status: int, message: str) -> bytes:
-    """The error in the envelope of the protocol the path belongs to."""
-    if path.startswith("/v1/messages"):
-        kind = "authentication_error" if status == 401 else "permission_error"
-        return json.dumps({"type": "error", "error": {"type": kind, "message": message}},
-                          separators=(",", ":")).encode()
-    code = "invalid_api_key" if status == 401 else "insufficient_permissions"
-    return json.dumps({"error": {"message": message, "type": "authentication_error" if status == 401
-                                 else "permission_error", "param": None, "code": code}},
-                      separators=(",", ":")).encode()
-
-
 class AuthMiddleware:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
@@ -69,8 +57,7 @@ class AuthMiddleware:
         if self.keys and not matches(key, self.keys + ([self.admin_key] if self.admin_key else [])):
             return 401, ("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None
                          else "invalid API key")
-        needs_admin = path.startswith("/admin") or (
-            method == "DELETE" and path.startswith(("/v1/sessions", "/v1/snapshots")))
+        needs_admin = method == "DELETE" and path.startswith(("/v1/sessions", "/v1/snapshots"))
         if needs_admin and self.admin_key and not matches(key, [self.admin_key]):
             return 403, "this operation needs the admin key"
         return None
@@ -85,9 +72,6 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         status, message = verdict
-        extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
-        body = error_body(scope["path"], status, message)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()), *extra]})
-        await send({"type": "http.response.body", "body": body})
+        err = ApiError(status, message, "invalid_api_key" if status == 401 else "insufficient_permissions",
+                       headers={"WWW-Authenticate": "Bearer"} if status == 401 else {})
+        await respond(scope["path"], err)(scope, receive, send)

@@ -33,7 +33,7 @@ from hearth.chat.types import (
     new_id,
 )
 from hearth.engine.types import TokenLogprob
-from hearth.errors import BadRequest
+from hearth.errors import BadRequest, GenerationFailed
 
 
 class _Open(BaseModel):
@@ -299,6 +299,8 @@ async def chat_completions(request: Request) -> Response:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return gen.stream(stream_chunks(events, cid, model, created, body.n, want_logprobs, include_usage))
     choices, usage, error = await gen.collect(request, lambda: collect(events, body.n))
+    if error:
+        raise GenerationFailed(error)
     return JSONResponse({
         "id": cid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": "hearth",
@@ -306,7 +308,7 @@ async def chat_completions(request: Request) -> Response:
             "index": i,
             "message": c.message(),
             "logprobs": {"content": c.logprobs, "refusal": None} if want_logprobs else None,
-            "finish_reason": c.finish_reason or ("error" if error else "stop"),
+            "finish_reason": c.finish_reason or "stop",
         } for i, c in enumerate(choices)],
         "usage": usage_dict(usage),
     })

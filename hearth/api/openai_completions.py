@@ -20,7 +20,7 @@ from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatEvent, CompletionRequest, Done, Finish, TextDelta, Usage, new_id
 from hearth.engine.types import TokenLogprob
-from hearth.errors import BadRequest
+from hearth.errors import BadRequest, GenerationFailed
 
 MAX_PROMPTS = 16
 
@@ -116,7 +116,8 @@ async def completions(request: Request) -> Response:
     prompts = prompts_of(body.prompt)
     if len(prompts) > MAX_PROMPTS:
         raise BadRequest(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
-    parallel = request.app.state.settings.parallel
+    model = backend.resolve(body.model)
+    parallel = backend.limits(model).parallel
     if len(prompts) * body.n > parallel:
         # each prompt's candidates run at once; more than the slots could never all start
         raise BadRequest(f"{len(prompts)} prompts x n={body.n} need {len(prompts) * body.n} slots; this server "
@@ -129,7 +130,6 @@ async def completions(request: Request) -> Response:
         max_tokens=body.max_tokens, ignore_eos=body.ignore_eos,
         logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
     cid = new_id("cmpl-")
-    model = backend.resolve(body.model)
     timeout = runs.time_cap(request, body.timeout)
 
     async def open_stream(token: CancelToken) -> EventStream:
@@ -147,7 +147,7 @@ async def completions(request: Request) -> Response:
         return streams[0] if len(streams) == 1 else EventStream(merge(streams, body.n))
 
     gen = await runs.start(request, "completions", open_stream, cancel_id=body.cancel_id, ids=[cid])
-    echoes = [(p if isinstance(p, str) else backend.detokenize(model, p)) if body.echo else ""
+    echoes = [(p if isinstance(p, str) else await backend.detokenize(model, p)) if body.echo else ""
               for p in prompts]
     created = int(time.time())
     events = gen.events
@@ -177,6 +177,8 @@ async def collect(events: EventStream, cid: str, model: str, created: int,
                 usage.prompt_tokens += ev.usage.prompt_tokens
                 usage.completion_tokens += ev.usage.completion_tokens
                 usage.cached_tokens += ev.usage.cached_tokens
+                if ev.error:
+                    raise GenerationFailed(ev.error)
     finally:
         await events.aclose()
     return {

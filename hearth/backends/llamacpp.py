@@ -17,6 +17,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as L
 import numpy as np
@@ -26,6 +27,9 @@ from hearth.engine.runner import BatchEntry
 from hearth.engine.types import SamplingParams
 
 log = logging.getLogger("hearth.llamacpp")
+
+# ggml_type values (ggml.h; part of its ABI) of the types llama.cpp accepts for a KV cache.
+KV_TYPE_NAMES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl", 30: "bf16"}
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -92,6 +96,9 @@ class LlamaCppRunner:
             raise RuntimeError("llama.cpp could not create a context (out of memory?)")
         self.ctx = ctx
         self.mem = L.llama_get_memory(ctx)
+        # The KV cache's element types, as the context was built with them (llama.cpp has no
+        # getter); saved KV only loads into a cache of the same types.
+        self.kv_type = _kv_type_name(int(cparams.type_k), int(cparams.type_v))
         self.n_threads = threads
         self.kv_unified = kv_unified
 
@@ -260,11 +267,11 @@ class LlamaCppRunner:
             raise ValueError("llama.cpp rejected the saved KV state (different model or KV layout)")
 
     @property
-    def fingerprint(self) -> dict[str, object]:
+    def fingerprint(self) -> dict[str, Any]:
         """What saved KV state depends on: restoring needs the same model file and KV layout."""
         return {"model_size": self.info.size_bytes, "n_params": self.info.n_params,
                 "arch": self.info.architecture, "n_vocab": self.n_vocab, "kv_unified": self.kv_unified,
-                "llama_cpp_python": L.__version__}
+                "llama_cpp_python": L.__version__, "kv_type": self.kv_type}
 
     # ---- metadata ---------------------------------------------------------------------
 
@@ -304,6 +311,12 @@ class LlamaCppRunner:
         if getattr(self, "model", None):
             L.llama_model_free(self.model)
             self.model = None
+
+
+def _kv_type_name(type_k: int, type_v: int) -> str:
+    """"f16", or "q8_0/f16" when K and V differ."""
+    k, v = (KV_TYPE_NAMES.get(t, f"ggml_type_{t}") for t in (type_k, type_v))
+    return k if k == v else f"{k}/{v}"
 
 
 class NativeSampler:

@@ -68,7 +68,7 @@ def serve(
     api_key_file: Annotated[str | None, typer.Option(
         envvar="HEARTH_API_KEY_FILE", help="File with one API key per line.")] = None,
     admin_key: Annotated[str | None, typer.Option(
-        envvar="HEARTH_ADMIN_KEY", help="Key needed to delete sessions/snapshots and for /admin.")] = None,
+        envvar="HEARTH_ADMIN_KEY", help="Key needed to delete sessions and snapshots.")] = None,
     metrics_token: Annotated[str | None, typer.Option(
         envvar="HEARTH_METRICS_TOKEN", help="Bearer token that may read /metrics.")] = None,
     metrics_public: Annotated[bool, typer.Option(
@@ -90,7 +90,7 @@ def serve(
     import uvicorn
 
     from hearth.api.app import create_app
-    from hearth.backends.local import EngineSettings, LocalBackend
+    from hearth.backends.build import build_backend
     from hearth.config import Settings, read_key_file
     from hearth.models import resolve_model
     from hearth.observability.logging import setup_logging
@@ -110,21 +110,14 @@ def serve(
                             prompt_cache_mb=prompt_cache_mb,
                             **({"data_dir": Path(data_dir).expanduser()} if data_dir else {}))
         specs = [resolve_model(m) for m in settings.models]
+        ids = [s.id for s in specs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"two models share an id: {ids}; name them with ID=PATH")
+        backend = build_backend(settings, specs)
     except (ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
-    ids = [s.id for s in specs]
-    if len(set(ids)) != len(ids):
-        typer.echo(f"error: two models share an id: {ids}; name them with ID=PATH", err=True)
-        raise typer.Exit(2)
     setup_logging(settings.log_level, settings.log_format)
-    backend = LocalBackend(specs, EngineSettings(ctx=settings.ctx, parallel=settings.parallel,
-                                                 threads=settings.threads, batch=settings.batch,
-                                                 kv_unified=settings.kv_unified, max_waiting=settings.max_waiting,
-                                                 max_wait=settings.max_wait, tool_parser=settings.tool_parser,
-                                                 kv_dir=settings.data_dir / "kv",
-                                                 session_ram_mb=settings.session_ram_mb,
-                                                 prompt_cache_mb=settings.prompt_cache_mb))
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key"
     typer.echo(f"hearth {__version__}: serving {', '.join(ids)} on http://{host}:{port} ({auth})", err=True)
     config = uvicorn.Config(create_app(backend, settings), host=settings.host, port=settings.port,

@@ -112,9 +112,9 @@ class Engine:
         """Cancel everything in flight, write sessions' KV to disk (when the swap store has a
         directory: they survive a graceful restart), and stop the thread."""
         self.abort_all()
-        deadline = time.monotonic() + timeout
-        while self._known and time.monotonic() < deadline and self._thread.is_alive():
-            time.sleep(0.01)
+        if self._thread.is_alive():
+            with self._cv:  # _deliver notifies when the last request has ended
+                self._cv.wait_for(lambda: not self._known, timeout)
         if self.swap.dir is not None and self._thread.is_alive():
             try:
                 n = self.call(self.spill_all).result(timeout)
@@ -327,7 +327,8 @@ class Engine:
         now = time.monotonic()
         for ar in [*self.scheduler.running, *self.scheduler.waiting]:
             if ar.req.deadline is not None and now >= ar.req.deadline:
-                self._end(ar, FinishReason.LENGTH, out, stop_reason="timeout")
+                # The time cap is a cancellation (by the server), reported as such on every protocol.
+                self._end(ar, FinishReason.CANCELLED, out, stop_reason="timeout")
 
     def _setup(self, adm: Admission, out: _Outputs) -> None:
         ar, placement = adm.ar, adm.placement
@@ -530,6 +531,8 @@ class Engine:
             if result.finished:
                 with self._cv:
                     self._known.discard(ar.request_id)
+                    if not self._known:
+                        self._cv.notify_all()  # stop() may be waiting for the engine to drain
             try:
                 ar.sink(result)
             except Exception:  # the consumer is gone (e.g. its event loop closed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -91,8 +92,16 @@ class FakeRunner:
         self.kv[dst] = list(self.kv.get(src, []))
 
     @property
-    def fingerprint(self) -> dict[str, object]:
-        return {"fake": 1}
+    def fingerprint(self) -> dict[str, Any]:
+        return {"fake": 1, "n_vocab": self.n_vocab, "kv_type": "fake"}
+
+    def check_grammar(self, grammar: str) -> None:
+        """Only the shape llama.cpp insists on: a `root` rule."""
+        if "root" not in grammar or "::=" not in grammar:
+            raise ValueError("the grammar is not valid GBNF (no root rule)")
+
+    def close(self) -> None:
+        self.kv.clear()
 
     def state_get(self, seq_id: int) -> bytes:
         return b"FAKE" + np.asarray(self.kv.get(seq_id, []), dtype="<i4").tobytes()

@@ -8,7 +8,7 @@ the engine thread. `hearth.backends.llamacpp.LlamaCppRunner` is the real one;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -75,4 +75,19 @@ class Runner(Protocol):
 
     def state_set(self, seq_id: int, data: bytes) -> None:
         """Replace a sequence's KV with `state_get` bytes; ValueError if they do not fit."""
+        ...
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything `state_get` bytes depend on (model, KV layout, KV type as `kv_type`):
+        saved KV loads only into a runner with an equal fingerprint. JSON-serializable."""
+        ...
+
+    def check_grammar(self, grammar: str) -> None:
+        """Raise ValueError if `grammar` (GBNF with a `root` rule) cannot be used. Safe from
+        any thread."""
+        ...
+
+    def close(self) -> None:
+        """Free the model and context (after the engine thread has stopped)."""
         ...

@@ -1,4 +1,4 @@
-"""Snapshots on disk (format version 1, DESIGN.md): immutable copies of a session.
+"""Snapshots on disk (format version 1, docs/sessions.md): immutable copies of a session.
 
     <root>/<snapshot_id>/manifest.json    metadata, model and engine identity, file checksums
                          transcript.json  the session's messages
@@ -32,7 +32,8 @@ import numpy as np
 
 from hearth.chat.types import Message
 from hearth.errors import BadRequest, Conflict, HearthError, NotFound
-from hearth.sessions.ids import SNAPSHOT_ID, check_snapshot_id, new_snapshot_id
+from hearth.ids import is_snapshot_id
+from hearth.sessions.ids import check_snapshot_id, new_snapshot_id
 from hearth.sessions.transcript import message_from_json, message_to_json
 
 FORMAT_VERSION = 1
@@ -173,7 +174,7 @@ class SnapshotStore:
     def list(self) -> list[dict[str, Any]]:
         out = []
         for d in self.root.iterdir():
-            if SNAPSHOT_ID.fullmatch(d.name):
+            if is_snapshot_id(d.name):
                 try:
                     out.append(self.get(d.name))
                 except HearthError:
@@ -286,7 +287,7 @@ class SnapshotStore:
                 for member in tar:
                     parts = member.name.split("/")
                     if (not member.isfile() or len(parts) != 2 or parts[1] not in ALL_FILES
-                            or not SNAPSHOT_ID.fullmatch(parts[0]) or parts[1] in seen
+                            or not is_snapshot_id(parts[0]) or parts[1] in seen
                             or (snap_id is not None and parts[0] != snap_id)):
                         raise SnapshotCorrupt(f"unexpected archive member {member.name!r}: a snapshot archive "
                                               "holds only <snapshot_id>/{" + ",".join(ALL_FILES) + "}")

@@ -108,12 +108,10 @@ def test_cancel_naming_nothing_is_a_400(server: Server) -> None:
     assert r.status_code == 400 and "name what to cancel" in r.json()["error"]["message"]
 
 
-def test_time_cap_ends_generation_with_length(server: Server) -> None:
+def test_time_cap_ends_generation_as_cancelled(server: Server) -> None:
     wait_idle(server)
-    t0 = time.monotonic()
     body = httpx.post(f"{server.base_url}/chat/completions", json=long_body(timeout=0.4), timeout=60).json()
-    assert time.monotonic() - t0 < 5
-    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["finish_reason"] == "cancelled"
     assert body["usage"]["completion_tokens"] < 1500
     too_long = httpx.post(f"{server.base_url}/chat/completions", json=chat_body(timeout=10**6), timeout=10)
     assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "timeout"
