@@ -32,7 +32,7 @@ async def create_session(request: Request) -> Response:
 
 
 async def list_sessions(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": await session_manager(request).list()})
+    return JSONResponse({"object": "list", "data": await session_manager(request).list_all()})
 
 
 async def get_session(request: Request) -> Response:

@@ -47,7 +47,8 @@ def snapshot_json(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def session_manager(request: Request) -> SessionManager:
-    return request.app.state.sessions  # type: ignore[no-any-return]
+    manager: SessionManager = request.app.state.sessions
+    return manager
 
 
 def _id(request: Request) -> str:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import anyio
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 T = TypeVar("T")
@@ -34,7 +35,7 @@ class ClientGone(Exception):
     """The client disconnected before the response was ready."""
 
 
-OnDisconnect = Callable[[], None] | None
+OnDisconnect = Callable[[], object] | None
 
 
 async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope, on_disconnect: OnDisconnect) -> None:
@@ -65,23 +66,26 @@ async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]],
     return result[0]
 
 
-class EventStreamResponse:
+class EventStreamResponse(Response):
     """Streams `chunks` as text/event-stream; stops on disconnect. `close` always runs at the
-    end (even if `chunks` never started, when an async generator's own `finally` would not)."""
+    end (even if `chunks` never started, when an async generator's own `finally` would not).
+    A Response for the handlers' types; `Response.__init__` (a buffered body) is not used."""
 
     media_type = "text/event-stream"
 
     def __init__(self, chunks: AsyncIterator[bytes], headers: dict[str, str] | None = None, *,
                  close: Callable[[], Awaitable[None]] | None = None, on_disconnect: OnDisconnect = None) -> None:
+        self.status_code = 200
+        self.background = None
         self.chunks = chunks
-        self.headers = headers or {}
+        self.extra_headers = headers or {}
         self.close = close
         self.on_disconnect = on_disconnect
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
                    (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-        headers += [(k.lower().encode(), v.encode()) for k, v in self.headers.items()]
+        headers += [(k.lower().encode(), v.encode()) for k, v in self.extra_headers.items()]
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_watch_disconnect, receive, tg.cancel_scope, self.on_disconnect)

@@ -45,7 +45,8 @@ async def cancelled_while_queued(n_prompt: int, n: int) -> AsyncIterator[ChatEve
     yield Done(Usage(prompt_tokens=n_prompt))
 
 
-async def engine_events(engine: Engine, ereq: EngineRequest, cancel: CancelToken | None) -> AsyncIterator[ChatEvent]:
+async def engine_events(engine: Engine, ereq: EngineRequest,
+                        cancel: CancelToken | None) -> AsyncGenerator[ChatEvent, None]:
     usage = Usage(prompt_tokens=len(ereq.prompt_tokens))
     started = False
 
@@ -68,7 +69,8 @@ async def engine_events(engine: Engine, ereq: EngineRequest, cancel: CancelToken
             yield Done(usage, error=out.error)
 
 
-async def parsed(events: AsyncGenerator[ChatEvent, None], parsers: list[OutputParser]) -> AsyncIterator[ChatEvent]:
+async def parsed(events: AsyncGenerator[ChatEvent, None],
+                 parsers: list[OutputParser]) -> AsyncGenerator[ChatEvent, None]:
     """Engine text → reasoning, tool calls and text, per candidate."""
     try:
         async for ev in events:

@@ -12,7 +12,7 @@ class CancelToken:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._reason: str | None = None
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[Callable[[], object]] = []
 
     @property
     def cancelled(self) -> bool:
@@ -33,7 +33,7 @@ class CancelToken:
             cb()
         return True
 
-    def on_cancel(self, cb: Callable[[], None]) -> None:
+    def on_cancel(self, cb: Callable[[], object]) -> None:
         with self._lock:
             if self._reason is None:
                 self._callbacks.append(cb)

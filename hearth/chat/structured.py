@@ -40,7 +40,7 @@ def _convert(schema: dict[str, Any], root: str, prop_order: list[str] | None = N
     try:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "input")
         conv.visit(resolved, root)
-        return conv.format_grammar()
+        return str(conv.format_grammar())
     except BadRequest:
         raise
     except Exception as e:  # the converter raises bare exceptions on schemas it cannot handle

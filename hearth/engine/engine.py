@@ -306,9 +306,9 @@ class Engine:
         for ar in new:
             self.scheduler.add(ar)
         for rid, reason in aborts.items():
-            ar = self.scheduler.find(rid)
-            if ar is not None:
-                self._end(ar, reason, out)
+            found = self.scheduler.find(rid)
+            if found is not None:
+                self._end(found, reason, out)
         self._expire(out)
         # Calls run after aborts, so a session whose turn was just aborted is idle for them.
         for fn, fut in calls:

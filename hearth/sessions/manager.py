@@ -133,7 +133,7 @@ class SessionManager:
                 "last_used_at": int(row.last_used_at), "current_pos": n_tokens, "max_seq_len": row.max_seq_len,
                 "message_count": len(row.messages), "residency": where, "busy": s.lock.locked()}
 
-    async def list(self) -> list[dict[str, Any]]:
+    async def list_all(self) -> list[dict[str, Any]]:
         self._kv()
         ordered = sorted(self._sessions.values(), key=lambda s: s.row.last_used_at, reverse=True)
         return list(await asyncio.gather(*(self._describe(s) for s in ordered)))
