@@ -28,8 +28,9 @@ from hearth.engine.types import SamplingParams
 
 log = logging.getLogger("hearth.llamacpp")
 
-# ggml_type values (ggml.h; part of its ABI) of the types llama.cpp accepts for a KV cache.
-KV_TYPE_NAMES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl", 30: "bf16"}
+# ggml_type value → its name ("f16", "q8_0", ...), from the bindings' GGML_TYPE_* constants.
+GGML_TYPE_NAMES: dict[int, str] = {int(getattr(L, n)): n.removeprefix("GGML_TYPE_").lower()
+                                   for n in dir(L) if n.startswith("GGML_TYPE_") and n != "GGML_TYPE_COUNT"}
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -158,13 +159,15 @@ class LlamaCppRunner:
         base = self._seq.ctypes.data
         self._seq_ptrs = (ctypes.POINTER(L.llama_seq_id) * cap)(
             *[ctypes.cast(base + 4 * i, ctypes.POINTER(L.llama_seq_id)) for i in range(cap)])
-        self._batch = L.llama_batch()
-        self._batch.token = self._tok.ctypes.data_as(ctypes.POINTER(L.llama_token))
-        self._batch.embd = ctypes.POINTER(ctypes.c_float)()
-        self._batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
-        self._batch.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        self._batch.seq_id = self._seq_ptrs
-        self._batch.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        # Any: llama-cpp-python declares these pointer fields as arrays; they take pointers.
+        batch: Any = L.llama_batch()
+        batch.token = self._tok.ctypes.data_as(ctypes.POINTER(L.llama_token))
+        batch.embd = ctypes.POINTER(ctypes.c_float)()
+        batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
+        batch.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        batch.seq_id = self._seq_ptrs
+        batch.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._batch = batch
 
     def decode(self, entries: list[BatchEntry]) -> list[int]:
         n = 0
@@ -315,7 +318,7 @@ class LlamaCppRunner:
 
 def _kv_type_name(type_k: int, type_v: int) -> str:
     """"f16", or "q8_0/f16" when K and V differ."""
-    k, v = (KV_TYPE_NAMES.get(t, f"ggml_type_{t}") for t in (type_k, type_v))
+    k, v = (GGML_TYPE_NAMES.get(t, f"ggml_type_{t}") for t in (type_k, type_v))
     return k if k == v else f"{k}/{v}"
 
 
@@ -342,7 +345,7 @@ class NativeSampler:
             for t in runner.eog_tokens:
                 bias[t] = float("-inf")
         if bias:
-            arr = (L.llama_logit_bias * len(bias))()
+            arr: Any = (L.llama_logit_bias * len(bias))()  # its fields are declared as ctypes, set as ints
             for i, (tok, b) in enumerate(bias.items()):
                 if not 0 <= tok < runner.n_vocab:
                     self.free()
