@@ -9,11 +9,13 @@
 from __future__ import annotations
 
 import hmac
+from dataclasses import replace
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hearth.api.errors import ApiError, respond
 from hearth.config import Settings
+from hearth.errors import Forbidden, HearthError, Unauthorized
 
 OPEN_PATHS = ("/health", "/")
 OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
@@ -44,7 +46,7 @@ class AuthMiddleware:
         self.metrics_token = settings.metrics_token
         self.metrics_public = settings.metrics_public
 
-    def _verdict(self, method: str, path: str, key: str | None) -> tuple[int, str] | None:
+    def _verdict(self, method: str, path: str, key: str | None) -> HearthError | None:
         if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or method == "OPTIONS":
             return None
         if path == "/metrics":
@@ -52,14 +54,14 @@ class AuthMiddleware:
                 return None
             allowed = self.keys + ([self.metrics_token] if self.metrics_token else [])
             if allowed and not matches(key, allowed):
-                return 401, "a valid metrics token or API key is required for /metrics"
+                return Unauthorized("a valid metrics token or API key is required for /metrics")
             return None
         if self.keys and not matches(key, self.keys + ([self.admin_key] if self.admin_key else [])):
-            return 401, ("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None
-                         else "invalid API key")
+            return Unauthorized("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None
+                                else "invalid API key")
         needs_admin = method == "DELETE" and path.startswith(("/v1/sessions", "/v1/snapshots"))
         if needs_admin and self.admin_key and not matches(key, [self.admin_key]):
-            return 403, "this operation needs the admin key"
+            return Forbidden("this operation needs the admin key")
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -71,7 +73,7 @@ class AuthMiddleware:
         if verdict is None:
             await self.app(scope, receive, send)
             return
-        status, message = verdict
-        err = ApiError(status, message, "invalid_api_key" if status == 401 else "insufficient_permissions",
-                       headers={"WWW-Authenticate": "Bearer"} if status == 401 else {})
+        err = ApiError.of(verdict)
+        if isinstance(verdict, Unauthorized):
+            err = replace(err, headers={"WWW-Authenticate": "Bearer"})
         await respond(scope["path"], err)(scope, receive, send)

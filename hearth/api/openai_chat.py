@@ -26,13 +26,13 @@ from hearth.chat.types import (
     ResponseFormat,
     Started,
     TextDelta,
+    TokenLogprob,
     Tool,
     ToolCall,
     ToolCallDelta,
     Usage,
     new_id,
 )
-from hearth.engine.types import TokenLogprob
 from hearth.errors import BadRequest, GenerationFailed
 
 

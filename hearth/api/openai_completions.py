@@ -18,8 +18,7 @@ from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling
 from hearth.api.sse import DONE, sse_data
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
-from hearth.chat.types import ChatEvent, CompletionRequest, Done, Finish, TextDelta, Usage, new_id
-from hearth.engine.types import TokenLogprob
+from hearth.chat.types import ChatEvent, CompletionRequest, Done, Finish, TextDelta, TokenLogprob, Usage, new_id
 from hearth.errors import BadRequest, GenerationFailed
 
 MAX_PROMPTS = 16

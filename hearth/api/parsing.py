@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from hearth.chat.types import SessionTurn
-from hearth.engine.types import SamplingParams
+from hearth.chat.types import SamplingParams, SessionTurn
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_session_id
 

@@ -56,7 +56,6 @@ class ModelInfo:
     chat_template: str | None
     bos_token: str
     eos_token: str
-    add_bos: bool
     architecture: str
 
 
@@ -106,7 +105,6 @@ class LlamaCppRunner:
         self._eog = np.array([bool(L.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)])
         self.eog_tokens = [int(t) for t in np.flatnonzero(self._eog)]
         self._pieces: dict[int, bytes] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
         self._alloc_batch(self.n_batch)
         self.info = self._read_info()
         self._state_header: int | None = None
@@ -303,7 +301,6 @@ class LlamaCppRunner:
             chat_template=self.meta("tokenizer.chat_template"),
             bos_token=self.token_text(bos).decode(errors="replace") if bos >= 0 else "",
             eos_token=self.token_text(eos).decode(errors="replace") if eos >= 0 else "",
-            add_bos=bool(L.llama_vocab_get_add_bos(self.vocab)),
             architecture=self.meta("general.architecture") or "unknown",
         )
 

@@ -8,7 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hearth.chat.cancel import CancelToken
-from hearth.engine.types import SamplingParams, TokenLogprob
+
+# Re-exported: the layers above the backends take the engine's sampling and logprob types from here.
+from hearth.engine.types import SamplingParams as SamplingParams
+from hearth.engine.types import TokenLogprob as TokenLogprob
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

@@ -1,13 +1,13 @@
-"""Sessions: transcripts that own KV, one turn at a time.
+"""Sessions: transcripts that own KV, one turn at a time, over any backend with the session-KV
+capability (`hearth.backends.base.SessionKV`).
 
 A turn takes the stored transcript, adds the request's new messages, and hands the whole
-conversation to the backend with `session` still set, so the session owns the engine
-request's KV: the engine finds the
-longest common token prefix between the rendered prompt and the tokens in the session's KV
-(wherever that KV is: in a slot, in RAM, on disk) and prefills only the rest. The reply is
-recorded from the event stream and committed with the new messages when the turn ends, by
-whatever path (done, cancelled, failed, client gone), so the transcript always describes the
-tokens in the KV up to reconciliation.
+conversation to the backend with `session` still set, so the session owns the KV the backend
+builds: the local engine finds the longest common token prefix between the rendered prompt and
+the tokens in the session's KV (wherever that KV is: in a slot, in RAM, on disk) and prefills
+only the rest. The reply is recorded from the event stream and committed with the new messages
+when the turn ends, by whatever path (done, cancelled, failed, client gone), so the transcript
+always describes the tokens in the KV up to reconciliation.
 
 Invariants:
 - at most one turn per session runs; others wait on the session's lock (or get 409);
