@@ -26,7 +26,7 @@ from hearth.observability.logging import note_error
 
 log = logging.getLogger("hearth.api")
 
-Protocol = Literal["openai", "anthropic"]
+Envelope = Literal["openai", "anthropic"]
 
 # status → (OpenAI error type, Anthropic error type): the types each protocol's SDKs map to
 # their exception classes. A HearthError's own `type` wins on the OpenAI side.
@@ -72,11 +72,11 @@ class ApiError:
     def anthropic_body(self) -> dict[str, Any]:
         return {"type": "error", "error": {"type": types_for(self.status)[1], "message": self.message}}
 
-    def body(self, protocol: Protocol) -> dict[str, Any]:
+    def body(self, protocol: Envelope) -> dict[str, Any]:
         return self.anthropic_body() if protocol == "anthropic" else self.openai_body()
 
 
-def protocol_of(path: str) -> Protocol:
+def protocol_of(path: str) -> Envelope:
     return "anthropic" if path == "/v1/messages" or path.startswith("/v1/messages/") else "openai"
 
 

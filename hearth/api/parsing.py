@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from hearth.chat.types import SamplingParams, SessionTurn
+from hearth.chat.types import InvalidParam, SamplingParams, SessionTurn
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_session_id
 
@@ -54,9 +54,8 @@ def sampling_params(**kw: Any) -> SamplingParams:
     values = {k: v for k, v in kw.items() if v is not None}
     try:
         return SamplingParams(**values)
-    except ValueError as e:
-        param = str(e).split(" ", 1)[0]
-        raise BadRequest(str(e), param=param) from e
+    except InvalidParam as e:
+        raise BadRequest(str(e), param=e.param) from e
 
 
 def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:

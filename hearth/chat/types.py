@@ -10,6 +10,7 @@ from typing import Any
 from hearth.chat.cancel import CancelToken
 
 # Re-exported: the layers above the backends take the engine's sampling and logprob types from here.
+from hearth.engine.types import InvalidParam as InvalidParam
 from hearth.engine.types import SamplingParams as SamplingParams
 from hearth.engine.types import TokenLogprob as TokenLogprob
 
