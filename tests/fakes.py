@@ -4,12 +4,9 @@ prompt with a scripted reply, and a LocalBackend built on it (no model, no port)
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from hearth.backends.base import ModelCard
 from hearth.backends.local import LocalBackend
@@ -49,24 +46,12 @@ class ScriptedRunner(FakeRunner):
         if self.gate is not None:
             self.entered.set()
             assert self.gate.wait(30), "the test never opened the gate"
-        if self.fail_decodes:
-            self.fail_decodes -= 1
-            raise RuntimeError("injected decode failure")
-        self.calls.append(entries)
-        if self.step_delay:
-            time.sleep(self.step_delay)
-        self._last_logits = []
-        for e in entries:
-            seq = self.kv.setdefault(e.seq_id, [])
-            assert e.pos0 == len(seq), f"seq {e.seq_id}: decode at {e.pos0} but KV holds {len(seq)}"
-            seq.extend(e.tokens)
-            if e.want_logits:
-                text = bytes(t for t in seq if t < 256)
-                k = len(text) - text.rfind(REPLY_MARK) - len(REPLY_MARK)
-                logits = np.zeros(self.n_vocab, dtype=np.float32)
-                logits[self.answer[k] if k < len(self.answer) else EOS] = 10.0
-                self._last_logits.append(logits)
-        return list(range(len(self._last_logits)))
+        return super().decode(entries)
+
+    def next_token(self, seq: list[int]) -> int:
+        text = bytes(t for t in seq if t < 256)
+        k = len(text) - text.rfind(REPLY_MARK) - len(REPLY_MARK)
+        return self.answer[k] if k < len(self.answer) else EOS
 
 
 def scripted_backend(answer: str = "", template: str = SMOL, *, parallel: int = 2, n_ctx: int = 2048,

@@ -53,6 +53,10 @@ class FakeRunner:
             return EOS
         return self.script[nxt % len(self.script)]
 
+    def next_token(self, seq: list[int]) -> int:
+        """The token the "model" predicts after the sequence `seq` (its whole KV)."""
+        return self.predict(len(seq) - 1)
+
     def decode(self, entries: list[BatchEntry]) -> list[int]:
         if self.fail_decodes:
             self.fail_decodes -= 1
@@ -70,7 +74,7 @@ class FakeRunner:
             seq.extend(e.tokens)
             if e.want_logits:
                 logits = np.zeros(self.n_vocab, dtype=np.float32)
-                logits[self.predict(len(seq) - 1)] = 10.0
+                logits[self.next_token(seq)] = 10.0
                 self._last_logits.append(logits)
         return list(range(len(self._last_logits)))
 
