@@ -6,7 +6,6 @@ import asyncio
 import collections
 import json
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -83,9 +82,10 @@ def test_non_streaming_cancel_returns_the_text_so_far(server: Server) -> None:
         out["r"] = httpx.post(f"{server.base_url}/chat/completions", timeout=60,
                               json=long_body(cancel_id="ns-1")).json()
 
+    before = server.metric("hearth_generated_tokens_total")
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.8)
+    server.wait_metric("hearth_generated_tokens_total", lambda v: v > before)  # it runs and has text
     assert cancel(server, cancel_id="ns-1") == 1
     t.join(30)
     choice = out["r"]["choices"][0]

@@ -173,3 +173,13 @@ async def test_reasoning_budget_forces_the_end_of_thinking() -> None:
         assert "".join(e.text for e in evs if isinstance(e, TextDelta)) == "The answer."
     finally:
         await b.stop()
+
+
+def test_think_markers_come_from_the_template() -> None:
+    from hearth.chat.reasoning import think_markers
+
+    assert think_markers(SMOL) == ("<think>", "</think>")
+    command_r = "{{ '<|START_THINKING|>' }}{{ m.reasoning }}{{ '<|END_THINKING|>' }}" + SMOL
+    assert think_markers(command_r) == ("<|START_THINKING|>", "<|END_THINKING|>")
+    seed = "{% if t %}<seed:think>{{ t }}</seed:think>{% endif %}"
+    assert think_markers(seed) == ("<seed:think>", "</seed:think>")
