@@ -63,7 +63,7 @@ def note_error(status: int, code: str | None, reason: str) -> None:
 class RequestIdMiddleware:
     """Honours a well-formed `x-request-id` or makes one, echoes it on the response, binds it to
     every log line of the request, and counts requests by endpoint and status. Each request gets
-    one log line; an error answer's line carries its code and reason (WARNING for 5xx)."""
+    one log line; an error answer's line carries its code and reason (WARNING for a 5xx but 503)."""
 
     def __init__(self, app: ASGIApp, count: object | None = None, endpoints: set[str] | None = None) -> None:
         self.app = app
@@ -101,7 +101,9 @@ class RequestIdMiddleware:
                 self.log.info("%s %s %d %.1fms", scope["method"], path, status[0], ms)
             else:
                 _, code, reason = errors[-1] if errors else (status[0], None, "no reason recorded")
-                self.log.log(logging.WARNING if status[0] >= 500 else logging.INFO, "%s %s %d %.1fms %s: %s",
+                # 503 is an expected state (loading, shutting down) that clients poll through
+                level = logging.WARNING if status[0] >= 500 and status[0] != 503 else logging.INFO
+                self.log.log(level, "%s %s %d %.1fms %s: %s",
                              scope["method"], path, status[0], ms, code or "error", reason)
             _error.reset(error_token)
             request_id.reset(token)
