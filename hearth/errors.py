@@ -80,6 +80,10 @@ class Unavailable(HearthError):
     code = "unavailable"
     type = "server_error"
 
+    def __init__(self, message: str, *, retry_after: int | None = None, **kw: str | None) -> None:
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+
 
 class GenerationFailed(HearthError):
     """The engine failed while generating (a decode or sampler failure). A response not yet

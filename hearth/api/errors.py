@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hearth.errors import HearthError, TooManyRequests
+from hearth.errors import HearthError, TooManyRequests, Unavailable
 from hearth.observability.logging import note_error
 
 log = logging.getLogger("hearth.api")
@@ -62,7 +62,8 @@ class ApiError:
 
     @classmethod
     def of(cls, e: HearthError) -> ApiError:
-        headers = {"Retry-After": str(e.retry_after)} if isinstance(e, TooManyRequests) else {}
+        retry_after = e.retry_after if isinstance(e, TooManyRequests | Unavailable) else None
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
         return cls(e.status, e.message, e.code, e.param, e.type, headers)
 
     def openai_body(self) -> dict[str, Any]:

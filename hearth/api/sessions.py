@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.parsing import read_json, read_json_or_empty, validate
 from hearth.api.snapshots import SnapshotMetaIn, StrictBody, session_manager, snapshot_json
+from hearth.errors import BadRequest
+from hearth.sessions.transcript import message_from_json
 
 
 # Types only: the ranges are checked once, by the session manager, with messages that say why.
@@ -14,6 +18,9 @@ class CreateIn(StrictBody):
     session_id: str | None = None
     model: str | None = None
     max_seq_len: int | None = None
+    # A transcript to start from (history-shaped messages, no KV: the next turn prefills it).
+    # The gateway uses it to continue a session whose node died.
+    messages: list[dict[str, Any]] | None = None
 
 
 class RollbackIn(StrictBody):
@@ -27,7 +34,11 @@ class ResizeIn(StrictBody):
 
 async def create_session(request: Request) -> Response:
     body = validate(CreateIn, await read_json_or_empty(request))
-    info = await session_manager(request).create(body.session_id, body.model, body.max_seq_len)
+    try:
+        messages = [message_from_json(m) for m in body.messages or []]
+    except ValueError as e:
+        raise BadRequest(f"messages: {e}", param="messages") from e
+    info = await session_manager(request).create(body.session_id, body.model, body.max_seq_len, messages)
     return JSONResponse(info, status_code=201)
 
 

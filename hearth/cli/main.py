@@ -9,13 +9,14 @@ from typing import Annotated
 import typer
 
 from hearth import __version__
-from hearth.cli import chat, docs, models, server, sessions, snapshots
+from hearth.cli import chat, docs, gateway, models, server, sessions, snapshots
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 app.add_typer(server.app, name="server")
 app.add_typer(sessions.app, name="sessions")
 app.add_typer(snapshots.app, name="snapshots")
+app.add_typer(gateway.app, name="gateway")
 app.command()(chat.chat)
 app.command()(models.models)
 app.command()(docs.docs)

@@ -1,0 +1,131 @@
+"""`hearth gateway`: serve the gateway; `hearth gateway status`, `hearth gateway drain NODE`,
+`hearth gateway move SESSION` talk to a running one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from hearth.cli.client import Client
+from hearth.cli.common import ApiKeyOpt, JsonOpt, cli_errors, console, print_json
+
+app = typer.Typer(help="One front door over a fleet of Hearth nodes and OpenAI-compatible engines.",
+                  invoke_without_command=True)
+
+GatewayUrlOpt = Annotated[str, typer.Option(
+    "--url", envvar="HEARTH_GATEWAY_URL", help="The gateway's URL.")]
+
+
+@app.callback()
+def serve(
+    ctx: typer.Context,
+    upstreams: Annotated[Path | None, typer.Option(
+        "--upstreams", envvar="HEARTH_UPSTREAMS",
+        help="TOML file with the [[upstream]] list (docs/gateway.md).")] = None,
+    host: Annotated[str, typer.Option(envvar="HEARTH_HOST", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="HEARTH_GATEWAY_PORT")] = 8080,
+    default_model: Annotated[str | None, typer.Option(
+        envvar="HEARTH_DEFAULT_MODEL", help="Alias that serves requests naming an unknown model.")] = None,
+    api_key: Annotated[list[str] | None, typer.Option(
+        "--api-key", help="Require this key (repeatable). Env: HEARTH_API_KEYS, comma-separated.")] = None,
+    admin_key: Annotated[str | None, typer.Option(
+        envvar="HEARTH_ADMIN_KEY", help="Key needed for drain/move and to delete sessions and snapshots.")] = None,
+    metrics_token: Annotated[str | None, typer.Option(envvar="HEARTH_METRICS_TOKEN")] = None,
+    metrics_public: Annotated[bool, typer.Option(envvar="HEARTH_METRICS_PUBLIC")] = False,
+    insecure: Annotated[bool, typer.Option(
+        envvar="HEARTH_INSECURE", help="Allow a non-loopback bind without an API key.")] = False,
+    max_waiting: Annotated[int, typer.Option(
+        envvar="HEARTH_MAX_WAITING", help="Requests that may wait for a free node; more get 429.")] = 64,
+    max_wait: Annotated[float, typer.Option(
+        envvar="HEARTH_MAX_WAIT", help="Seconds a request may wait for a node before it gets 429.")] = 30.0,
+    probe_interval: Annotated[float, typer.Option(
+        envvar="HEARTH_PROBE_INTERVAL", help="Seconds between liveness probes.")] = 2.0,
+    probe_timeout: Annotated[float, typer.Option(envvar="HEARTH_PROBE_TIMEOUT")] = 2.0,
+    heartbeat: Annotated[float, typer.Option(
+        envvar="HEARTH_HEARTBEAT", help="Seconds without upstream bytes before an SSE keep-alive comment.")] = 5.0,
+    data_dir: Annotated[str | None, typer.Option(
+        envvar="HEARTH_GATEWAY_HOME", help="Where the gateway keeps transcripts (default: DATA_DIR/gateway).")] = None,
+    log_level: Annotated[str, typer.Option(envvar="HEARTH_LOG_LEVEL")] = "info",
+    log_format: Annotated[str, typer.Option(envvar="HEARTH_LOG_FORMAT")] = "text",
+) -> None:
+    """Serve the gateway (the four protocols, over the upstreams in --upstreams).
+
+    Example: hearth gateway --upstreams fleet.toml --port 8080
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    import uvicorn
+
+    from hearth.config import default_data_dir
+    from hearth.gateway.app import create_gateway_app
+    from hearth.gateway.config import GatewaySettings, load_upstreams
+    from hearth.observability.logging import setup_logging
+
+    if upstreams is None:
+        typer.echo("error: --upstreams FILE is required (a TOML [[upstream]] list; see docs/gateway.md)", err=True)
+        raise typer.Exit(2)
+    try:
+        keys = [k.strip() for k in [*(api_key or []), *os.environ.get("HEARTH_API_KEYS", "").split(",")] if k.strip()]
+        home = Path(data_dir).expanduser() if data_dir else default_data_dir() / "gateway"
+        settings = GatewaySettings(
+            upstreams=load_upstreams(upstreams), host=host, port=port, default_model=default_model, api_keys=keys,
+            admin_key=admin_key, metrics_token=metrics_token, metrics_public=metrics_public, insecure=insecure,
+            max_waiting=max_waiting, max_wait=max_wait, probe_interval=probe_interval, probe_timeout=probe_timeout,
+            heartbeat=heartbeat, log_level=log_level, data_dir=home)
+    except (ValueError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    setup_logging(log_level, log_format)
+    names = ", ".join(f"{u.name} ({u.kind})" for u in settings.upstreams)
+    typer.echo(f"hearth gateway on http://{host}:{port} over {names}", err=True)
+    uvicorn.run(create_gateway_app(settings), host=host, port=port, log_level=log_level.lower(), log_config=None,
+                access_log=False, timeout_graceful_shutdown=5)
+
+
+@app.command()
+@cli_errors
+def status(url: GatewayUrlOpt = "http://127.0.0.1:8080", api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Nodes, health, breaker, load and sessions per node."""
+    with Client(url, api_key) as c:
+        data = c.get("/admin/status")
+    if as_json:
+        print_json(data)
+        return
+    table = Table("node", "kind", "url", "up", "breaker", "draining", "in flight", "sessions", box=None)
+    for n in data["nodes"]:
+        up = "up" if n["up"] else f"down ({n['last_error']})" if n["last_error"] else "down"
+        table.add_row(n["name"], n["kind"], n["url"], up, n["breaker"], "yes" if n["draining"] else "",
+                      f"{n['in_flight']}/{n['max_in_flight']}", str(n["sessions"]))
+    console().print(table)
+    console().print(f"waiting for a node: {data['waiting']}")
+
+
+@app.command()
+@cli_errors
+def drain(node: Annotated[str, typer.Argument(help="The upstream's name.")], url: GatewayUrlOpt = "http://127.0.0.1:8080",
+          api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Stop routing to NODE and move all its sessions, with their KV, to other nodes."""
+    with Client(url, api_key) as c:
+        data = c.post(f"/admin/nodes/{node}/drain")
+    if as_json:
+        print_json(data)
+        return
+    for m in data["moved"]:
+        console().print(f"moved {m['session_id']} → {m['to']} ({m['tokens']} tokens, {m['seconds']} s)")
+    for f in data["failed"]:
+        console().print(f"[red]not moved {f['session_id']}: {f['error']}[/red]")
+    console().print(f"{node} is draining: {len(data['moved'])} moved, {len(data['failed'])} failed")
+
+
+@app.command()
+@cli_errors
+def move(session: Annotated[str, typer.Argument(help="Session id.")],
+         to: Annotated[str | None, typer.Option(help="Destination node (default: the least loaded).")] = None,
+         url: GatewayUrlOpt = "http://127.0.0.1:8080", api_key: ApiKeyOpt = None) -> None:
+    """Move one session, with its KV, to another node."""
+    with Client(url, api_key) as c:
+        print_json(c.post(f"/admin/sessions/{session}/move", {"to": to} if to else {}))

@@ -1,0 +1,119 @@
+"""The gateway's ASGI application: the node's middleware (request ids, auth, the error policy
+in each protocol's envelope) over the gateway's routes."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from hearth.api import anthropic, web
+from hearth.api.app import _client_gone
+from hearth.api.auth import AuthMiddleware
+from hearth.api.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
+from hearth.api.sse import ClientGone
+from hearth.config import Settings
+from hearth.errors import HearthError
+from hearth.gateway import routes
+from hearth.gateway.config import GatewaySettings
+from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.migrate import Mover
+from hearth.gateway.pool import Pool
+from hearth.gateway.proxy import Proxy
+from hearth.gateway.transcripts import TranscriptStore
+from hearth.observability.logging import RequestIdMiddleware
+
+GENERATION = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/v1/messages",
+              "/v1/responses", "/responses")
+
+
+def access_settings(settings: GatewaySettings) -> Settings:
+    """The node's auth middleware reads its keys from node Settings: the gateway's, carried over."""
+    return Settings(models=[], host=settings.host, port=settings.port, api_keys=list(settings.api_keys),
+                    admin_key=settings.admin_key, metrics_token=settings.metrics_token,
+                    metrics_public=settings.metrics_public, insecure=settings.insecure, data_dir=settings.data_dir)
+
+
+def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    metrics = GatewayMetrics()
+    store = TranscriptStore(settings.data_dir / "gateway.sqlite3")
+    # One client for every upstream call; its connection pool is sized past every node's cap.
+    limit = sum(u.max_in_flight for u in settings.upstreams) * 2 + 16
+    client = httpx.AsyncClient(transport=transport, limits=httpx.Limits(max_connections=limit,
+                                                                        max_keepalive_connections=limit))
+    pool = Pool(settings, store, metrics, client)
+    proxy = Proxy(settings, pool, store, metrics, client)
+    metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.stop()
+            await proxy.idle()
+            await client.aclose()
+            store.close()
+
+    route_list = [Route(p, routes.generate, methods=["POST"]) for p in GENERATION]
+    route_list += [
+        Route("/v1/messages/count_tokens", routes.by_model, methods=["POST"]),
+        Route("/v1/messages", anthropic.unrouted, methods=anthropic.ALL_METHODS),
+        Route("/v1/messages/{rest:path}", anthropic.unrouted, methods=anthropic.ALL_METHODS),
+        Route("/tokenize", routes.by_model, methods=["POST"]),
+        Route("/detokenize", routes.by_model, methods=["POST"]),
+        Route("/v1/responses/{response_id}", routes.response_route, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", routes.response_route, methods=["POST"]),
+        Route("/v1/sessions", routes.create_session, methods=["POST"]),
+        Route("/v1/sessions", routes.list_sessions, methods=["GET"]),
+        Route("/v1/sessions/{session_id}", routes.session_route, methods=["GET", "DELETE"]),
+        Route("/v1/sessions/{session_id}/{action:path}", routes.session_route, methods=["GET", "POST"]),
+        Route("/v1/snapshots", routes.list_snapshots, methods=["GET"]),
+        Route("/v1/snapshots/{snapshot_id}", routes.snapshot_route, methods=["GET", "PATCH", "DELETE"]),
+        Route("/v1/snapshots/{snapshot_id}/{action}", routes.snapshot_route, methods=["GET", "POST"]),
+        Route("/v1/cancel", routes.cancel, methods=["POST"]),
+        Route("/v1/models", routes.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
+        Route("/health", routes.health, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/admin/status", routes.status, methods=["GET"]),
+        Route("/admin/nodes/{node}/drain", routes.drain, methods=["POST"]),
+        Route("/admin/nodes/{node}/undrain", routes.undrain, methods=["POST"]),
+        Route("/admin/sessions/{session_id}/move", routes.move_session, methods=["POST"]),
+        Route("/", web.index, methods=["GET"]),
+        Route("/web/{name}", web.static_file, methods=["GET"]),
+    ]
+    endpoints = {r.path for r in route_list if "{" not in r.path}
+    app = Starlette(
+        routes=route_list,
+        lifespan=lifespan,
+        middleware=[
+            Middleware(RequestIdMiddleware, count=metrics.requests, endpoints=endpoints),
+            Middleware(AuthMiddleware, settings=access_settings(settings)),
+            Middleware(UnexpectedErrors),
+        ],
+        exception_handlers={
+            HearthError: handle_hearth_error,
+            HTTPException: handle_http_exception,
+            ClientGone: _client_gone,
+        },
+    )
+    app.state.settings = settings
+    app.state.pool = pool
+    app.state.proxy = proxy
+    app.state.client = client
+    app.state.mover = Mover(pool, client, metrics)
+    app.state.started = int(time.time())
+    return app

@@ -1,0 +1,134 @@
+"""Gateway settings: flags and HEARTH_* env like `serve`, plus the upstream list from a TOML
+file:
+
+    [[upstream]]
+    name = "a"
+    url = "http://10.0.0.5:8000"
+    kind = "hearth"            # hearth | openai
+    api_key = "node-key"       # sent to the upstream; never the client's
+    admin_key = "node-admin"   # for session moves (DELETE on the node); default: api_key
+    models = { "smol" = "smollm2-135m-instruct" }   # alias -> the upstream's model id
+    max_in_flight = 8
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hearth.config import default_data_dir, is_loopback
+
+KINDS = ("hearth", "openai")
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    name: str
+    url: str
+    kind: str = "hearth"
+    api_key: str | None = None
+    admin_key: str | None = None
+    models: dict[str, str] = field(default_factory=dict)  # alias -> upstream model id
+    max_in_flight: int = 8
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"upstream name {self.name!r} must match {_NAME.pattern}")
+        if self.kind not in KINDS:
+            raise ValueError(f"upstream {self.name}: kind must be one of {', '.join(KINDS)}")
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"upstream {self.name}: url must start with http:// or https://")
+        if not self.models:
+            raise ValueError(f"upstream {self.name}: models (alias = \"model id\") must name at least one model")
+        if self.max_in_flight < 1:
+            raise ValueError(f"upstream {self.name}: max_in_flight must be at least 1")
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+
+    def headers(self, admin: bool = False) -> dict[str, str]:
+        key = (self.admin_key or self.api_key) if admin else self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+@dataclass(slots=True)
+class GatewaySettings:
+    upstreams: list[Upstream]
+    host: str = "127.0.0.1"
+    port: int = 8080
+    data_dir: Path = field(default_factory=lambda: default_data_dir() / "gateway")
+    default_model: str | None = None  # an alias: what unknown model names are served by
+    api_keys: list[str] = field(default_factory=list)
+    admin_key: str | None = None
+    metrics_token: str | None = None
+    metrics_public: bool = False
+    insecure: bool = False
+    max_waiting: int = 64  # the one wait queue for a free node
+    max_wait: float = 30.0
+    probe_interval: float = 2.0  # liveness probes, seconds
+    probe_timeout: float = 2.0
+    connect_timeout: float = 3.0
+    heartbeat: float = 5.0  # SSE comment while an upstream has not sent its first byte
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.upstreams:
+            raise ValueError("the gateway needs at least one upstream (--upstreams FILE)")
+        names = [u.name for u in self.upstreams]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two upstreams share a name: {names}")
+        if self.max_waiting < 0 or self.max_wait <= 0:
+            raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
+        if self.probe_interval <= 0 or self.probe_timeout <= 0:
+            raise ValueError("--probe-interval and --probe-timeout must be > 0")
+        if any(not k.strip() for k in self.api_keys):
+            raise ValueError("API keys must not be empty")
+        if not is_loopback(self.host) and not self.api_keys and not self.insecure:
+            raise ValueError(f"refusing to bind {self.host} (not loopback) without an API key: give --api-key, "
+                             "or --insecure to serve it open")
+        if self.default_model is not None and self.default_model not in self.aliases():
+            raise ValueError(f"--default-model {self.default_model!r} is not an alias of any upstream")
+
+    def aliases(self) -> dict[str, list[Upstream]]:
+        """alias -> the upstreams that serve it (in config order)."""
+        out: dict[str, list[Upstream]] = {}
+        for u in self.upstreams:
+            for alias in u.models:
+                out.setdefault(alias, []).append(u)
+        return out
+
+    def upstream(self, name: str) -> Upstream | None:
+        return next((u for u in self.upstreams if u.name == name), None)
+
+
+def parse_upstreams(doc: dict[str, Any]) -> list[Upstream]:
+    items = doc.get("upstream", [])
+    if not isinstance(items, list):
+        raise ValueError("upstreams: [[upstream]] tables expected")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"upstream #{i + 1}: a table expected")
+        unknown = set(item) - {"name", "url", "kind", "api_key", "admin_key", "models", "max_in_flight"}
+        if unknown:
+            raise ValueError(f"upstream #{i + 1}: unknown keys {sorted(unknown)}")
+        models = item.get("models", {})
+        if isinstance(models, list):  # a plain list: each model under its own name
+            models = {m: m for m in models}
+        if not isinstance(models, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in models.items()):
+            raise ValueError(f"upstream #{i + 1}: models must map alias = \"upstream model id\"")
+        try:
+            out.append(Upstream(name=str(item["name"]), url=str(item["url"]), kind=str(item.get("kind", "hearth")),
+                                api_key=item.get("api_key"), admin_key=item.get("admin_key"), models=dict(models),
+                                max_in_flight=int(item.get("max_in_flight", 8))))
+        except KeyError as e:
+            raise ValueError(f"upstream #{i + 1}: {e.args[0]} is required") from e
+    return out
+
+
+def load_upstreams(path: Path) -> list[Upstream]:
+    with path.open("rb") as f:
+        return parse_upstreams(tomllib.load(f))

@@ -1,0 +1,142 @@
+"""Moving a session between Hearth nodes with its KV: save → snapshot archive → import →
+load on the destination → delete on the source. The next turn on the destination reuses the
+KV (no re-prefill). `drain` moves every session off a node and keeps it out of routing.
+
+A session busy with a turn cannot be saved (409 session_busy): the move waits for the turn
+(bounded, `BUSY_WAIT` seconds)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import httpx
+
+from hearth.errors import BadRequest, Conflict, NotFound, Unavailable
+from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.pool import Node, Pool
+
+log = logging.getLogger("hearth.gateway")
+
+BUSY_WAIT = 60.0
+
+
+class Mover:
+    def __init__(self, pool: Pool, client: httpx.AsyncClient, metrics: GatewayMetrics) -> None:
+        self.pool = pool
+        self.client = client
+        self.metrics = metrics
+
+    def _node(self, name: str) -> Node:
+        node = self.pool.nodes.get(name)
+        if node is None:
+            raise NotFound(f"no upstream named {name!r}", param="node", code="node_not_found")
+        return node
+
+    def owner(self, sid: str) -> Node:
+        name = self.pool.store.node_of(f"session:{sid}")
+        if name is None or name not in self.pool.nodes:
+            raise NotFound(f"the gateway knows no session {sid!r}", param="session_id", code="session_not_found")
+        return self.pool.nodes[name]
+
+    def destination(self, src: Node, model: str, to: str | None) -> Node:
+        """`to`, or the least loaded routable Hearth node that serves the session's model."""
+        if to is not None:
+            dst = self._node(to)
+            if dst is src:
+                raise BadRequest("the session is already on that node", param="to")
+            return dst
+        aliases = [a for a, m in src.up.models.items() if m == model] or list(src.up.models)
+        now = self.pool.clock()
+        options = [n for n in self.pool.nodes.values()
+                   if n is not src and n.up.kind == "hearth" and n.routable(now)
+                   and any(a in n.up.models for a in aliases)]
+        if not options:
+            raise Unavailable("no other healthy Hearth node serves this session's model", code="no_destination",
+                              retry_after=5)
+        return min(options, key=lambda n: n.in_flight)
+
+    async def _call(self, node: Node, method: str, path: str, *, admin: bool = False, ok: tuple[int, ...] = (200, 201),
+                    **kw: Any) -> httpx.Response:
+        r = await self.client.request(method, node.up.url + path, headers=node.up.headers(admin), timeout=600, **kw)
+        if r.status_code not in ok:
+            raise _MoveFailed(f"{method} {path} on {node.name} answered {r.status_code}: {r.text[:300]}",
+                              busy=r.status_code == 409 and "session_busy" in r.text)
+        return r
+
+    async def move(self, sid: str, to: str | None = None, src: Node | None = None) -> dict[str, Any]:
+        src = src or self.owner(sid)
+        if src.up.kind != "hearth":
+            raise BadRequest(f"{src.name} is not a Hearth node: its sessions have no KV to move", param="session_id")
+        started = time.monotonic()
+        try:
+            info = (await self._call(src, "GET", f"/v1/sessions/{sid}")).json()
+        except _MoveFailed as e:
+            raise NotFound(f"session {sid} is not on {src.name}: {e}", code="session_not_found") from e
+        dst = self.destination(src, info.get("model", ""), to)
+        deadline = time.monotonic() + BUSY_WAIT
+        delay = 0.05
+        while True:
+            try:
+                snap = (await self._call(src, "POST", f"/v1/sessions/{sid}/save", json={})).json()["snapshot_id"]
+                break
+            except _MoveFailed as e:
+                if not e.busy or time.monotonic() > deadline:
+                    self.metrics.migrations.labels("failed").inc()
+                    raise Conflict(f"could not save session {sid} on {src.name}: {e}", code="move_failed") from e
+                await asyncio.sleep(delay)  # the session's turn is still running
+                delay = min(1.0, delay * 2)
+        try:
+            async with self.client.stream("GET", f"{src.up.url}/v1/snapshots/{snap}/archive",
+                                          headers=src.up.headers(), timeout=600) as archive:
+                if archive.status_code != 200:
+                    raise _MoveFailed(f"archive answered {archive.status_code}")
+                await self._call(dst, "POST", "/v1/snapshots/import", content=archive.aiter_raw(), ok=(201, 409))
+            await self._call(dst, "POST", f"/v1/snapshots/{snap}/load", json={"session_id": sid, "force": True})
+        except (_MoveFailed, httpx.HTTPError) as e:
+            self.metrics.migrations.labels("failed").inc()
+            await self._call(src, "DELETE", f"/v1/snapshots/{snap}", admin=True, ok=(200, 404))
+            raise Conflict(f"could not move session {sid} from {src.name} to {dst.name}: {e}",
+                           code="move_failed") from e
+        self.pool.store.assign(f"session:{sid}", dst.name)
+        for node, path in ((src, f"/v1/sessions/{sid}"), (src, f"/v1/snapshots/{snap}"),
+                           (dst, f"/v1/snapshots/{snap}")):
+            try:
+                await self._call(node, "DELETE", path, admin=True, ok=(200, 404))
+            except (_MoveFailed, httpx.HTTPError) as e:  # the move stands; a leftover copy is only garbage
+                log.warning("after moving session %s: %s", sid, e)
+        seconds = time.monotonic() - started
+        self.metrics.migrations.labels("ok").inc()
+        self.metrics.migration_seconds.observe(seconds)
+        log.info("moved session %s from %s to %s in %.2f s", sid, src.name, dst.name, seconds)
+        return {"session_id": sid, "from": src.name, "to": dst.name, "seconds": round(seconds, 3),
+                "tokens": info.get("current_pos")}
+
+    async def drain(self, name: str) -> dict[str, Any]:
+        """Stop routing to the node and move every session it holds to other nodes."""
+        node = self._node(name)
+        node.draining = True
+        sids = set(s.removeprefix("session:") for s in self.pool.store.keys_on(name))
+        if node.up.kind == "hearth":
+            r = await self._call(node, "GET", "/v1/sessions")
+            sids |= {s["session_id"] for s in r.json().get("data", []) if isinstance(s, dict)}
+        moved, failed = [], []
+        for sid in sorted(sids):
+            try:
+                moved.append(await self.move(sid, src=node))
+            except (Conflict, NotFound, BadRequest, Unavailable, _MoveFailed, httpx.HTTPError) as e:
+                failed.append({"session_id": sid, "error": str(e)})
+        return {"node": name, "draining": True, "moved": moved, "failed": failed}
+
+    def undrain(self, name: str) -> dict[str, Any]:
+        node = self._node(name)
+        node.draining = False
+        return {"node": name, "draining": False}
+
+
+class _MoveFailed(Exception):
+    def __init__(self, message: str, busy: bool = False) -> None:
+        super().__init__(message)
+        self.busy = busy

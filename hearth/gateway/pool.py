@@ -1,0 +1,219 @@
+"""The fleet as the gateway sees it: per node its liveness, breaker, in-flight count and seen
+conversation prefixes; one bounded wait queue for a free node; the probe loop.
+
+Admission: a request asks `acquire()` for a node. The cost model (`routing.Chooser`) picks one
+among the live, closed-breaker, non-draining nodes that serve the model and are below their
+`max_in_flight`; if none is free the request waits in the one queue (at most `max_waiting`
+requests, each at most `max_wait` seconds: 429 + Retry-After past either), and is woken when a
+node frees up. With no live node at all it is a 503 + Retry-After at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from hearth.errors import NotFound, TooManyRequests, Unavailable
+from hearth.gateway.config import GatewaySettings, Upstream
+from hearth.gateway.health import Breaker, Liveness
+from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.routing import Affinity, Candidate, Chooser, Decision, PrefixTable
+from hearth.gateway.transcripts import TranscriptStore
+
+log = logging.getLogger("hearth.gateway")
+
+SOFT_KEYS = 65536  # soft affinity keys remembered (LRU); binding keys live in SQLite
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    up: Upstream
+    live: Liveness = field(default_factory=Liveness)
+    breaker: Breaker = field(default_factory=Breaker)
+    in_flight: int = 0
+    draining: bool = False
+    cooling_until: float = 0.0  # an upstream 429's Retry-After: no new requests before
+    prefixes: PrefixTable = field(default_factory=PrefixTable)
+
+    @property
+    def name(self) -> str:
+        return self.up.name
+
+    def routable(self, now: float) -> bool:
+        return self.live.up and not self.draining and self.breaker.allows() and now >= self.cooling_until
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A node held for one request; `release` exactly once (`Pool.release`)."""
+
+    node: Node
+    decision: Decision
+
+
+class Pool:
+    def __init__(self, settings: GatewaySettings, store: TranscriptStore, metrics: GatewayMetrics,
+                 client: httpx.AsyncClient, chooser: Chooser | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.nodes = {u.name: Node(u) for u in settings.upstreams}
+        self.store = store
+        self.metrics = metrics
+        self.client = client
+        self.chooser = chooser or Chooser()
+        self.clock = clock
+        self._soft: OrderedDict[str, str] = OrderedDict()
+        self._freed = asyncio.Condition()
+        self._waiting = 0
+        self._probing: asyncio.Task[None] | None = None
+
+    # ---- models --------------------------------------------------------------------------------
+
+    def resolve(self, model: object) -> str:
+        """The alias a request's model names (or the default model); 404 model_not_found."""
+        aliases = self.settings.aliases()
+        if isinstance(model, str) and model in aliases:
+            return model
+        if self.settings.default_model is not None:
+            return self.settings.default_model
+        raise NotFound(f"The model {model!r} does not exist; GET /v1/models lists this gateway's models",
+                       param="model", code="model_not_found")
+
+    # ---- affinity ------------------------------------------------------------------------------
+
+    def sticky(self, affinity: Affinity) -> str | None:
+        key = affinity.key
+        if key is None:
+            return None
+        if affinity.binding:
+            return self.store.node_of(key)
+        return self._soft.get(key)
+
+    def remember(self, affinity: Affinity, node: str) -> None:
+        key = affinity.key
+        if key is None:
+            return
+        if affinity.binding:
+            self.store.assign(key, node)
+            return
+        self._soft[key] = node
+        self._soft.move_to_end(key)
+        while len(self._soft) > SOFT_KEYS:
+            self._soft.popitem(last=False)
+
+    # ---- admission -----------------------------------------------------------------------------
+
+    def _candidates(self, alias: str, hashes: Sequence[tuple[str, int]], exclude: set[str]) -> list[Candidate]:
+        now = self.clock()
+        return [Candidate(n.name, n.in_flight, n.up.max_in_flight, n.prefixes.cached(hashes))
+                for n in self.nodes.values()
+                if alias in n.up.models and n.name not in exclude and n.routable(now)]
+
+    def _try(self, alias: str, affinity: Affinity, hashes: Sequence[tuple[str, int]], prompt_tokens: int,
+             exclude: set[str]) -> Lease | None:
+        candidates = self._candidates(alias, hashes, exclude)
+        if not candidates:
+            retry = max(1, int(self.settings.probe_interval))
+            raise Unavailable(f"no healthy upstream serves {alias!r} right now; retry shortly",
+                              code="no_healthy_upstream", retry_after=retry)
+        sticky = self.sticky(affinity)
+        if sticky in exclude:
+            sticky = None
+        decision = self.chooser.choose(candidates, prompt_tokens, affinity, sticky)
+        if decision is None:
+            return None
+        node = self.nodes[decision.node]
+        node.in_flight += 1
+        node.breaker.started()
+        self.metrics.route(decision.branch)
+        return Lease(node, decision)
+
+    async def acquire(self, alias: str, affinity: Affinity, hashes: Sequence[tuple[str, int]],
+                      prompt_tokens: int, exclude: set[str] | None = None) -> Lease:
+        exclude = exclude or set()
+        lease = self._try(alias, affinity, hashes, prompt_tokens, exclude)
+        if lease is not None:
+            return lease
+        if self._waiting >= self.settings.max_waiting:
+            self.metrics.rejected("queue_full")
+            raise TooManyRequests("every upstream is at its in-flight cap and the wait queue is full; retry later",
+                                  retry_after=self._retry_after(), code="queue_full")
+        deadline = self.clock() + self.settings.max_wait
+        self._waiting += 1
+        try:
+            async with self._freed:
+                while True:
+                    remaining = deadline - self.clock()
+                    if remaining <= 0:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._freed.wait(), min(remaining, self.settings.probe_interval))
+                    lease = self._try(alias, affinity, hashes, prompt_tokens, exclude)
+                    if lease is not None:
+                        return lease
+        finally:
+            self._waiting -= 1
+        self.metrics.rejected("queue_timeout")
+        raise TooManyRequests(f"no upstream freed up within {self.settings.max_wait:g} s; retry later",
+                              retry_after=self._retry_after(), code="queue_timeout")
+
+    def _retry_after(self) -> int:
+        return max(1, min(30, int(self.settings.max_wait / 4)))
+
+    async def release(self, lease: Lease, ok: bool | None) -> None:
+        """Give the node back; `ok` is the outcome for the breaker (None: not the node's fault
+        either way, e.g. a 4xx or a client that left)."""
+        lease.node.in_flight -= 1
+        if ok is not None:
+            was = lease.node.breaker.state
+            lease.node.breaker.record(ok)
+            if lease.node.breaker.state != was:
+                log.warning("upstream %s: breaker %s -> %s", lease.node.name, was, lease.node.breaker.state)
+        elif lease.node.breaker.trial:
+            lease.node.breaker.trial = False
+        async with self._freed:
+            self._freed.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    # ---- liveness ------------------------------------------------------------------------------
+
+    async def probe(self, node: Node) -> None:
+        try:
+            r = await self.client.get(f"{node.up.url}/health", headers=node.up.headers(),
+                                      timeout=self.settings.probe_timeout)
+            ok, error = r.status_code == 200, f"/health answered {r.status_code}"
+        except httpx.HTTPError as e:
+            ok, error = False, f"{type(e).__name__}: {e}"
+        if node.live.probed(ok, error):
+            log.warning("upstream %s is %s%s", node.name, "up" if ok else "down", "" if ok else f" ({error})")
+            self.metrics.health_change(node.name, ok)
+            async with self._freed:
+                self._freed.notify_all()
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(n) for n in self.nodes.values()))
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.probe_interval)
+            await self.probe_all()
+
+    async def start(self) -> None:
+        await self.probe_all()
+        self._probing = asyncio.create_task(self._probe_loop())
+
+    async def stop(self) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probing

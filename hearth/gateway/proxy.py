@@ -1,0 +1,364 @@
+"""Forwarding one generation request to a node, and its answer back.
+
+Before the first byte reaches the client a failed attempt is retried on another node: a
+connect error, a 502/503/504, an upstream 429 (the node is then left alone for its
+Retry-After), or a stream that broke before its first event. After the first byte nothing is
+retried (the client already has part of the answer: a retry would duplicate it); a failure
+ends the stream with the protocol's terminal error (`terminal.py`). The first byte is the
+upstream's first event, or a heartbeat comment once `heartbeat` seconds pass without one (a
+long prefill), whichever comes first.
+
+Upstream streams are relayed event by event (split at the blank line), never cut inside one.
+The client's Authorization / x-api-key are never forwarded: each node gets its own key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
+from hearth.api.sse import EventStreamResponse
+from hearth.errors import BadRequest, Unavailable
+from hearth.gateway.config import GatewaySettings
+from hearth.gateway.health import counts_as_failure
+from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.pool import Lease, Node, Pool
+from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
+from hearth.gateway.terminal import Protocol, first_response, is_terminal, protocol_of, terminal_error
+from hearth.gateway.transcripts import TranscriptStore
+
+log = logging.getLogger("hearth.gateway")
+
+FORWARD_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta", "openai-beta", "x-request-id",
+                   "x-session-id", "idempotency-key")
+RETRY_STATUSES = (429, 502, 503, 504)
+HEARTBEAT = b": keep-alive\n\n"
+
+_CACHED = re.compile(rb'"(?:cached_tokens|cache_read_input_tokens)":(\d+)')
+_PROMPT = re.compile(rb'"(?:prompt_tokens|input_tokens)":(\d+)')
+_RESPONSE_ID = re.compile(rb'"id":"(resp_[A-Za-z0-9_-]+)"')
+
+
+def forwarded_headers(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k in FORWARD_HEADERS}
+
+
+@dataclass(slots=True)
+class Scan:
+    """What the gateway learns from an answer as it passes: usage and a Responses id."""
+
+    cached: int | None = None
+    prompt: int | None = None
+    response_id: str | None = None
+
+    def feed(self, data: bytes) -> None:
+        if m := _CACHED.findall(data):
+            self.cached = int(m[-1])
+        if m := _PROMPT.findall(data):
+            self.prompt = int(m[-1])
+        if self.response_id is None and (r := _RESPONSE_ID.search(data)):
+            self.response_id = r.group(1).decode()
+
+
+@dataclass(slots=True)
+class Turn:
+    """A generation request as the proxy routes it."""
+
+    path: str
+    protocol: Protocol
+    body: dict[str, Any]
+    alias: str
+    affinity: Affinity
+    hashes: list[tuple[str, int]]
+    prompt_tokens: int
+    session_id: str | None
+    stream: bool
+    headers: dict[str, str]
+    started: float = field(default_factory=time.monotonic)
+
+
+class _Broken(Exception):
+    """The upstream stream failed (transport error, or it ended with no terminal event)."""
+
+
+_END = object()
+
+
+class Proxy:
+    def __init__(self, settings: GatewaySettings, pool: Pool, store: TranscriptStore, metrics: GatewayMetrics,
+                 client: httpx.AsyncClient) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.store = store
+        self.metrics = metrics
+        self.client = client
+        self._background: set[asyncio.Task[None]] = set()
+
+    # ---- the request ---------------------------------------------------------------------------
+
+    def turn(self, request: Request, body: dict[str, Any]) -> Turn:
+        alias = self.pool.resolve(body.get("model"))
+        headers = forwarded_headers(request)
+        affinity = affinity_of(body, headers)
+        sid = body.get("session_id") if isinstance(body.get("session_id"), str) else None
+        items = conversation(body)
+        if sid is not None and (saved := self.store.transcript(sid)) is not None:
+            items = saved[1] + items
+        hashes = prefix_hashes(alias, items)
+        return Turn(request.url.path, protocol_of(request.url.path), body, alias, affinity, hashes,
+                    hashes[-1][1] if hashes else 1, sid, body.get("stream") is True, headers)
+
+    async def generate(self, request: Request, body: dict[str, Any]) -> Response:
+        turn = self.turn(request, body)
+        tried: set[str] = set()
+        last = "no upstream could take the request"
+        for _ in range(len(self.pool.nodes)):
+            lease = await self.pool.acquire(turn.alias, turn.affinity, turn.hashes, turn.prompt_tokens, tried)
+            tried.add(lease.node.name)
+            try:
+                answer = await self._attempt(lease, turn)
+            except _Retry as e:
+                last = e.reason
+                self.metrics.retries.labels(e.label).inc()
+                log.warning("upstream %s failed before the first byte (%s); trying another", lease.node.name, e.reason)
+                continue
+            return answer
+        raise Unavailable(f"every upstream failed: {last}", code="upstream_failed",
+                          retry_after=max(1, int(self.settings.probe_interval)))
+
+    async def _attempt(self, lease: Lease, turn: Turn) -> Response:
+        node = lease.node
+        released = False
+
+        async def release(ok: bool | None) -> None:
+            nonlocal released
+            if not released:
+                released = True
+                await self.pool.release(lease, ok)
+
+        try:
+            if turn.session_id is not None:
+                await self._ensure_session(node, turn)
+            payload = {**turn.body, "model": node.up.models[turn.alias]}
+            req = self.client.build_request("POST", node.up.url + turn.path, json=payload,
+                                            headers={**turn.headers, **node.up.headers()},
+                                            timeout=httpx.Timeout(None, connect=self.settings.connect_timeout))
+            resp = await self.client.send(req, stream=True)
+        except httpx.TransportError as e:
+            await release(False)
+            raise _Retry("connect", f"{node.name}: {type(e).__name__}: {e}") from e
+        except BaseException:
+            await release(None)
+            raise
+        if resp.status_code in RETRY_STATUSES:
+            await resp.aclose()
+            if resp.status_code == 429:
+                node.cooling_until = self.pool.clock() + _retry_after(resp)
+            await release(False if counts_as_failure(resp.status_code) else None)
+            raise _Retry(f"status_{resp.status_code}", f"{node.name} answered {resp.status_code}")
+        streaming = resp.status_code == 200 and resp.headers.get("content-type", "").startswith("text/event-stream")
+        if not streaming:
+            try:
+                content = await resp.aread()
+            except httpx.TransportError as e:
+                await release(False)
+                raise _Retry("read", f"{node.name}: {type(e).__name__}") from e
+            finally:
+                await resp.aclose()
+            ok = None if resp.status_code < 500 else False
+            if resp.status_code < 300:
+                scan = Scan()
+                scan.feed(content)
+                self._finished(lease, turn, scan)
+                ok = True
+            await release(ok)
+            self.metrics.ttft.observe(time.monotonic() - turn.started)
+            return Response(content, status_code=resp.status_code,
+                            media_type=resp.headers.get("content-type", "application/json"),
+                            headers=_passed_headers(resp))
+        return await self._stream(lease, turn, resp, release)
+
+    # ---- streams -------------------------------------------------------------------------------
+
+    async def _stream(self, lease: Lease, turn: Turn, resp: httpx.Response, release: Any) -> Response:
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        reader = asyncio.create_task(_read_events(resp, queue))
+        node = lease.node
+
+        async def abandon() -> None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            await resp.aclose()
+
+        try:  # before the first byte: a failure here is still retried elsewhere
+            first = await asyncio.wait_for(_get(queue), self.settings.heartbeat)
+        except TimeoutError:
+            first = None
+        except _Broken as e:
+            await abandon()
+            await release(False)
+            raise _Retry("broken_before_first_byte", f"{node.name}: {e}") from e
+        except BaseException:
+            await abandon()
+            await release(None)
+            raise
+        scan = Scan()
+        state: dict[str, Any] = {"terminal": False, "events": 0, "response": None}
+
+        def forward(event: bytes) -> bytes:
+            scan.feed(event)
+            state["events"] += 1
+            if state["response"] is None and turn.protocol == "responses":
+                state["response"] = first_response(event)
+            if is_terminal(turn.protocol, event):
+                state["terminal"] = True
+            return event + b"\n\n"
+
+        async def body() -> AsyncIterator[bytes]:
+            outcome: bool | None = None
+            try:
+                self.metrics.ttft.observe(time.monotonic() - turn.started)
+                yield forward(first) if isinstance(first, bytes) else HEARTBEAT
+                while True:
+                    try:
+                        item = await asyncio.wait_for(_get(queue), self.settings.heartbeat)
+                    except TimeoutError:
+                        yield HEARTBEAT
+                        continue
+                    if item is _END:
+                        break
+                    assert isinstance(item, bytes)
+                    yield forward(item)
+                if not state["terminal"] and turn.protocol != "other":
+                    raise _Broken("the upstream closed the stream without its final event")
+                outcome = True
+                self._finished(lease, turn, scan)
+            except _Broken as e:
+                outcome = False
+                phase = "after_first_event" if state["events"] else "before_first_event"
+                self.metrics.aborted.labels(phase).inc()
+                log.warning("upstream %s broke mid-stream: %s", node.name, e)
+                yield terminal_error(turn.protocol, f"the upstream node failed mid-stream ({e}); the partial "
+                                     "answer above is all there is: send the turn again",
+                                     response=state["response"], sequence_number=state["events"])
+            finally:
+                await abandon()
+                await release(outcome)
+
+        return EventStreamResponse(body(), headers=_passed_headers(resp))
+
+    # ---- sessions ------------------------------------------------------------------------------
+
+    async def _ensure_session(self, node: Node, turn: Turn) -> None:
+        """A session that lived on another node continues here: re-create it from the gateway's
+        transcript (its KV is rebuilt by this turn's prefill)."""
+        assert turn.session_id is not None
+        owner = self.store.node_of(turn.affinity.key or "")
+        if owner is None or owner == node.name:
+            return
+        saved = self.store.transcript(turn.session_id)
+        if saved is None or not saved[1]:
+            return  # nothing to carry over: the session starts afresh here
+        body = {"session_id": turn.session_id, "model": node.up.models[turn.alias], "messages": saved[1]}
+        url = f"{node.up.url}/v1/sessions"
+        r = await self.client.post(url, json=body, headers=node.up.headers(), timeout=30)
+        if r.status_code == 409:  # a stale copy from an earlier stay on this node
+            await self.client.delete(f"{url}/{turn.session_id}", headers=node.up.headers(admin=True), timeout=30)
+            r = await self.client.post(url, json=body, headers=node.up.headers(), timeout=30)
+        if r.status_code >= 500:
+            raise httpx.TransportError(f"creating the session answered {r.status_code}")
+        if r.status_code >= 400:
+            raise BadRequest(f"could not continue session {turn.session_id} on {node.name}: {r.text[:300]}")
+        self.metrics.reprefills.inc()
+        log.info("session %s continues on %s from the gateway's transcript (%d messages)", turn.session_id,
+                 node.name, len(saved[1]))
+
+    def _finished(self, lease: Lease, turn: Turn, scan: Scan) -> None:
+        """A successful answer: remember where the conversation now lives."""
+        node = lease.node
+        node.prefixes.add(turn.hashes)
+        self.pool.remember(turn.affinity, node.name)
+        if scan.response_id is not None:
+            self.pool.remember(Affinity("response", scan.response_id), node.name)
+        if scan.cached is not None:
+            self.metrics.reported_cached.inc(scan.cached)
+            self.metrics.predicted_cached.inc(lease.decision.predicted_cached)
+        if scan.prompt is not None:
+            self.metrics.reported_prompt.inc(scan.prompt)
+        if turn.session_id is not None:
+            self._spawn(self.sync_transcript(node, turn.session_id, turn.alias))
+
+    async def sync_transcript(self, node: Node, sid: str, alias: str) -> None:
+        """Copy the session's transcript from its node (what a failover re-prefills from)."""
+        try:
+            r = await self.client.get(f"{node.up.url}/v1/sessions/{sid}/history", headers=node.up.headers(),
+                                      timeout=30)
+            if r.status_code == 200:
+                data = r.json().get("data")
+                if isinstance(data, list):
+                    self.store.save_transcript(sid, alias, data)
+        except (httpx.HTTPError, ValueError) as e:
+            log.warning("could not copy session %s's transcript from %s: %s", sid, node.name, e)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def idle(self) -> None:
+        """Wait for background transcript copies (tests, shutdown)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+class _Retry(Exception):
+    def __init__(self, label: str, reason: str) -> None:
+        super().__init__(reason)
+        self.label = label
+        self.reason = reason
+
+
+async def _get(queue: asyncio.Queue[object]) -> object:
+    item = await queue.get()
+    if isinstance(item, _Broken):
+        raise item
+    return item
+
+
+async def _read_events(resp: httpx.Response, queue: asyncio.Queue[object]) -> None:
+    """Upstream bytes → whole SSE events (without their blank line) → queue; then _END, or a
+    _Broken if the transport failed."""
+    buf = b""
+    try:
+        async for chunk in resp.aiter_raw():
+            buf += chunk.replace(b"\r\n", b"\n")
+            while (i := buf.find(b"\n\n")) >= 0:
+                event, buf = buf[:i], buf[i + 2:]
+                if event:
+                    await queue.put(event)
+    except httpx.HTTPError as e:
+        await queue.put(_Broken(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__))
+        return
+    await queue.put(_END)
+
+
+def _retry_after(resp: httpx.Response) -> float:
+    try:
+        return min(60.0, max(0.0, float(resp.headers.get("retry-after", "1"))))
+    except ValueError:
+        return 1.0
+
+
+def _passed_headers(resp: httpx.Response) -> dict[str, str]:
+    return {k: v for k, v in resp.headers.items() if k in ("x-request-id", "retry-after", "openai-processing-ms")}

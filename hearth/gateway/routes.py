@@ -1,0 +1,269 @@
+"""The gateway's endpoints other than generation: models, health, sessions and snapshots
+(routed to the node that holds them), cancel, tokens, admin (status, drain, move)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hearth.api.auth import matches, presented_key
+from hearth.api.parsing import read_json, read_json_or_empty
+from hearth.errors import BadRequest, Forbidden, NotFound, Unavailable
+from hearth.gateway.migrate import Mover
+from hearth.gateway.pool import Node, Pool
+from hearth.gateway.proxy import Proxy, forwarded_headers
+from hearth.sessions.ids import check_session_id
+
+
+def _pool(request: Request) -> Pool:
+    pool: Pool = request.app.state.pool
+    return pool
+
+
+def _proxy(request: Request) -> Proxy:
+    proxy: Proxy = request.app.state.proxy
+    return proxy
+
+
+def _client(request: Request) -> httpx.AsyncClient:
+    client: httpx.AsyncClient = request.app.state.client
+    return client
+
+
+# ---- generation -----------------------------------------------------------------------------
+
+
+async def generate(request: Request) -> Response:
+    return await _proxy(request).generate(request, await read_json(request))
+
+
+# ---- models and health ----------------------------------------------------------------------
+
+
+def _card(alias: str, created: int) -> dict[str, Any]:
+    return {"id": alias, "object": "model", "created": created, "owned_by": "hearth-gateway"}
+
+
+async def list_models(request: Request) -> Response:
+    created = request.app.state.started
+    return JSONResponse({"object": "list", "data": [_card(a, created) for a in _pool(request).settings.aliases()]})
+
+
+async def get_model(request: Request) -> Response:
+    alias = request.path_params["model"]
+    if alias not in _pool(request).settings.aliases():
+        raise NotFound(f"The model {alias!r} does not exist", param="model", code="model_not_found")
+    return JSONResponse(_card(alias, request.app.state.started))
+
+
+async def health(request: Request) -> Response:
+    up = [n.name for n in _pool(request).nodes.values() if n.live.up]
+    if up:
+        return JSONResponse({"status": "ok", "nodes_up": up})
+    return JSONResponse({"status": "error", "error": "no upstream is up"}, status_code=503)
+
+
+# ---- pass-through helpers -------------------------------------------------------------------
+
+
+async def _call(request: Request, node: Node, body: bytes | None = None, admin: bool = False) -> httpx.Response:
+    """The client's request, as it came (path, query, body), to `node` with the node's key."""
+    url = node.up.url + request.url.path
+    if request.url.query:
+        url += "?" + request.url.query
+    content = body if body is not None else await request.body()
+    try:
+        return await _client(request).request(
+            request.method, url, content=content, headers={**forwarded_headers(request), **node.up.headers(admin)},
+            timeout=httpx.Timeout(600, connect=_pool(request).settings.connect_timeout))
+    except httpx.HTTPError as e:
+        raise Unavailable(f"upstream {node.name} could not be reached: {type(e).__name__}", code="upstream_failed",
+                          retry_after=2) from e
+
+
+def _answer(r: httpx.Response) -> Response:
+    return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+
+
+async def _send(request: Request, node: Node, body: bytes | None = None, admin: bool = False) -> Response:
+    return _answer(await _call(request, node, body, admin))
+
+
+def _live(pool: Pool, kind: str | None = "hearth") -> list[Node]:
+    return [n for n in pool.nodes.values() if n.live.up and (kind is None or n.up.kind == kind)]
+
+
+async def _first_found(request: Request, nodes: list[Node], admin: bool = False) -> tuple[Node, httpx.Response]:
+    """Ask each node in turn; the first answer that is not a 404 (or the last 404)."""
+    body = await request.body()
+    last: tuple[Node, httpx.Response] | None = None
+    for node in nodes:
+        r = await _call(request, node, body=body, admin=admin)
+        last = (node, r)
+        if r.status_code != 404:
+            return last
+    if last is None:
+        raise Unavailable("no Hearth upstream is up", code="no_healthy_upstream", retry_after=2)
+    return last
+
+
+async def _gather_lists(request: Request) -> Response:
+    """GET /v1/sessions and /v1/snapshots: every live node's list, each item tagged with its node."""
+    pool = _pool(request)
+    nodes = _live(pool)
+
+    async def one(node: Node) -> list[dict[str, Any]]:
+        r = await _call(request, node)
+        if r.status_code != 200:
+            return []
+        items = r.json().get("data", [])
+        return [{**i, "node": node.name} for i in items if isinstance(i, dict)]
+
+    lists = await asyncio.gather(*(one(n) for n in nodes))
+    return JSONResponse({"object": "list", "data": [i for sub in lists for i in sub]})
+
+
+# ---- sessions and snapshots -----------------------------------------------------------------
+
+
+async def session_route(request: Request) -> Response:
+    """/v1/sessions/{id}…: to the node that holds the session."""
+    sid = check_session_id(request.path_params["session_id"])
+    pool = _pool(request)
+    name = pool.store.node_of(f"session:{sid}")
+    node = pool.nodes.get(name) if name else None
+    if node is None:
+        node, r = await _first_found(request, _live(pool), admin=request.method == "DELETE")
+        if r.status_code < 300:
+            pool.store.assign(f"session:{sid}", node.name)
+    else:
+        r = await _call(request, node, admin=request.method == "DELETE")
+    if request.method == "DELETE" and r.status_code == 200:
+        pool.store.forget(f"session:{sid}")
+        pool.store.drop_transcript(sid)
+    return _answer(r)
+
+
+async def create_session(request: Request) -> Response:
+    pool = _pool(request)
+    body = await read_json_or_empty(request)
+    alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.settings.aliases()))
+    now = pool.clock()
+    options = [n for n in _live(pool) if alias in n.up.models and n.routable(now)]
+    if not options:
+        raise Unavailable(f"no healthy Hearth upstream serves {alias!r}", code="no_healthy_upstream", retry_after=2)
+    node = min(options, key=lambda n: n.in_flight)
+    r = await _call(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
+    if r.status_code == 201:
+        pool.store.assign(f"session:{r.json()['session_id']}", node.name)
+    return _answer(r)
+
+
+async def list_sessions(request: Request) -> Response:
+    return await _gather_lists(request)
+
+
+async def list_snapshots(request: Request) -> Response:
+    return await _gather_lists(request)
+
+
+async def snapshot_route(request: Request) -> Response:
+    """/v1/snapshots/{id}…: to whichever node holds the snapshot."""
+    pool = _pool(request)
+    node, r = await _first_found(request, _live(pool), admin=request.method == "DELETE")
+    if request.url.path.endswith("/load") and r.status_code == 201:
+        pool.store.assign(f"session:{r.json()['session_id']}", node.name)
+    return _answer(r)
+
+
+# ---- cancel and tokens ----------------------------------------------------------------------
+
+
+async def cancel(request: Request) -> Response:
+    """To the session's node when a session is named, else to every live Hearth node."""
+    body = await read_json(request)
+    pool = _pool(request)
+    sid = body.get("session_id")
+    name = pool.store.node_of(f"session:{sid}") if isinstance(sid, str) else None
+    nodes = [pool.nodes[name]] if name in pool.nodes else _live(pool)
+    raw = await request.body()
+    answers = await asyncio.gather(*(_call(request, n, body=raw) for n in nodes))
+    total = 0
+    for r in answers:
+        if r.status_code >= 400:
+            return _answer(r)  # the same validation everywhere: the first refusal speaks for all
+        total += int(r.json().get("cancelled", 0))
+    return JSONResponse({"cancelled": total})
+
+
+async def response_route(request: Request) -> Response:
+    """/v1/responses/{id}…: to the node that produced the response."""
+    pool = _pool(request)
+    name = pool.store.node_of(f"response:{request.path_params['response_id']}")
+    if name in pool.nodes:
+        return await _send(request, pool.nodes[name])
+    return _answer((await _first_found(request, _live(pool)))[1])
+
+
+async def by_model(request: Request) -> Response:
+    """count_tokens, tokenize, detokenize: any live node that serves the model."""
+    pool = _pool(request)
+    body = await read_json(request)
+    alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.settings.aliases()))
+    now = pool.clock()
+    options = [n for n in pool.nodes.values() if alias in n.up.models and n.routable(now) and n.up.kind == "hearth"]
+    if not options:
+        raise Unavailable(f"no healthy Hearth upstream serves {alias!r}", code="no_healthy_upstream", retry_after=2)
+    node = min(options, key=lambda n: n.in_flight)
+    return await _send(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
+
+
+# ---- admin ----------------------------------------------------------------------------------
+
+
+def _require_admin(request: Request) -> None:
+    admin = _pool(request).settings.admin_key
+    if admin and not matches(presented_key(dict(request.scope["headers"])), [admin]):
+        raise Forbidden("this operation needs the gateway's admin key")
+
+
+def status_json(pool: Pool) -> dict[str, Any]:
+    sessions = pool.store.counts()
+    return {"object": "gateway.status", "waiting": pool.waiting, "time": int(time.time()),
+            "nodes": [{"name": n.name, "url": n.up.url, "kind": n.up.kind, "up": n.live.up,
+                       "last_error": n.live.last_error, "breaker": n.breaker.state, "draining": n.draining,
+                       "in_flight": n.in_flight, "max_in_flight": n.up.max_in_flight,
+                       "sessions": sessions.get(n.name, 0), "transitions": n.live.transitions,
+                       "models": n.up.models} for n in pool.nodes.values()]}
+
+
+async def status(request: Request) -> Response:
+    return JSONResponse(status_json(_pool(request)))
+
+
+async def drain(request: Request) -> Response:
+    _require_admin(request)
+    mover: Mover = request.app.state.mover
+    return JSONResponse(await mover.drain(request.path_params["node"]))
+
+
+async def undrain(request: Request) -> Response:
+    _require_admin(request)
+    mover: Mover = request.app.state.mover
+    return JSONResponse(mover.undrain(request.path_params["node"]))
+
+
+async def move_session(request: Request) -> Response:
+    _require_admin(request)
+    body = await read_json_or_empty(request)
+    to = body.get("to")
+    if to is not None and not isinstance(to, str):
+        raise BadRequest("to must be a node name", param="to")
+    mover: Mover = request.app.state.mover
+    return JSONResponse(await mover.move(check_session_id(request.path_params["session_id"]), to))

@@ -1,0 +1,182 @@
+"""Which node serves a request: affinity keys, the conversation's prefix hashes and one cost
+model.
+
+Affinity key, first found: `session_id` (body), `previous_response_id`, an `X-Session-Id`
+header, `prompt_cache_key` / Anthropic `metadata.user_id`. A session or a response chain lives
+on one node (its transcript and KV are there): that key is *binding* while the node is
+healthy. The others are *soft*: a saturated sticky node loses to the cost model.
+
+Cost of node n = tokens n would prefill × (n's in-flight + 1). Tokens it would prefill = the
+conversation's estimated tokens − the longest prefix n has already seen, found by a chained
+hash over every message (not the system prompt alone, which would send every conversation
+with one system prompt to one node). Equal costs break at random.
+
+Token counts are estimates (characters / 4): the gateway never tokenizes. What the node then
+reports as cached is recorded beside the prediction (`Decision.predicted_cached`), so routing
+quality is measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+CHARS_PER_TOKEN = 4
+PREFIXES_PER_NODE = 65536
+
+KeyKind = Literal["session", "response", "header", "cache_key", "none"]
+Branch = Literal["sticky_hit", "sticky_miss", "prefix_hit", "load_override", "failover", "least_cost"]
+
+
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    kind: KeyKind
+    value: str | None = None
+
+    @property
+    def binding(self) -> bool:
+        """A session or response chain lives on its node: only failure moves it."""
+        return self.kind in ("session", "response")
+
+    @property
+    def key(self) -> str | None:
+        return f"{self.kind}:{self.value}" if self.value is not None else None
+
+
+def affinity_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> Affinity:
+    for kind, value in (("session", body.get("session_id")), ("response", body.get("previous_response_id")),
+                        ("header", headers.get("x-session-id")), ("cache_key", body.get("prompt_cache_key"))):
+        if isinstance(value, str) and value:
+            return Affinity(kind, value)  # type: ignore[arg-type]
+    meta = body.get("metadata")
+    if isinstance(meta, dict) and isinstance(meta.get("user_id"), str) and meta["user_id"]:
+        return Affinity("cache_key", meta["user_id"])
+    return Affinity("none")
+
+
+def conversation(body: Mapping[str, Any]) -> list[Any]:
+    """The request's conversation as a list of protocol-neutral-enough items, in order: each
+    protocol's system/instructions first, then its messages / input items. Only hashed, so the
+    items need not be translated, only stable."""
+    items: list[Any] = []
+    for k in ("system", "instructions"):
+        if body.get(k):
+            items.append({"system": body[k]})
+    if isinstance(body.get("messages"), list):
+        items += body["messages"]
+    inp = body.get("input")
+    if isinstance(inp, str):
+        items.append({"role": "user", "content": inp})
+    elif isinstance(inp, list):
+        items += inp
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        items.append({"prompt": prompt})
+    return items
+
+
+def prefix_hashes(model: str, items: Sequence[Any]) -> list[tuple[str, int]]:
+    """(chained hash, estimated tokens) of every prefix items[:i+1], seeded by the model."""
+    h = hashlib.blake2b(model.encode(), digest_size=16).digest()
+    tokens = 0
+    out = []
+    for item in items:
+        blob = json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+        h = hashlib.blake2b(h + blob, digest_size=16).digest()
+        tokens += max(1, len(blob) // CHARS_PER_TOKEN)
+        out.append((h.hex(), tokens))
+    return out
+
+
+class PrefixTable:
+    """The conversation prefixes one node has seen, least recently used dropped first (the node
+    evicts too: this is a prediction, checked against what the node reports)."""
+
+    def __init__(self, capacity: int = PREFIXES_PER_NODE) -> None:
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self.capacity = capacity
+
+    def add(self, hashes: Sequence[tuple[str, int]]) -> None:
+        for h, _ in hashes:
+            self._seen[h] = None
+            self._seen.move_to_end(h)
+        while len(self._seen) > self.capacity:
+            self._seen.popitem(last=False)
+
+    def cached(self, hashes: Sequence[tuple[str, int]]) -> int:
+        """Estimated tokens of the longest prefix seen."""
+        for h, tokens in reversed(hashes):
+            if h in self._seen:
+                return tokens
+        return 0
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A node as the cost model sees it."""
+
+    name: str
+    in_flight: int
+    max_in_flight: int
+    cached: int  # estimated tokens of this request it already holds
+
+    @property
+    def saturated(self) -> bool:
+        return self.in_flight >= self.max_in_flight
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    node: str
+    branch: Branch
+    predicted_cached: int
+    prompt_tokens: int  # estimated
+
+
+@dataclass(slots=True)
+class Chooser:
+    rng: random.Random = field(default_factory=random.Random)
+
+    def choose(self, candidates: Sequence[Candidate], prompt_tokens: int, affinity: Affinity,
+               sticky: str | None) -> Decision | None:
+        """The node for a request, or None if every eligible node is saturated (wait).
+
+        `candidates` are the healthy nodes that serve the model; `sticky` the node the
+        affinity key maps to (None: no key, or not assigned yet). A sticky node that is not a
+        candidate is down or draining: the request fails over."""
+        binding = affinity.binding
+        by_name = {c.name: c for c in candidates}
+        if sticky is not None and sticky in by_name:
+            c = by_name[sticky]
+            if not c.saturated:
+                return Decision(c.name, "sticky_hit", max(c.cached, 0), prompt_tokens)
+            if binding:
+                return None  # the session's node is busy: wait for it, do not split the session
+        free = [c for c in candidates if not c.saturated]
+        if not free:
+            return None
+        costs = [(max(1, prompt_tokens - c.cached) * (c.in_flight + 1), c) for c in free]
+        best = min(cost for cost, _ in costs)
+        pick = self.rng.choice([c for cost, c in costs if cost == best])
+        if sticky is not None and sticky in by_name:
+            branch: Branch = "load_override"
+        elif sticky is not None:
+            branch = "failover"
+        elif pick.cached > 0:
+            branch = "prefix_hit"
+        elif affinity.key is not None:
+            branch = "sticky_miss"
+        else:
+            branch = "least_cost"
+        return Decision(pick.name, branch, pick.cached, prompt_tokens)

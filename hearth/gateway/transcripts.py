@@ -1,0 +1,86 @@
+"""What the gateway remembers across restarts, in SQLite under its data dir:
+
+- `affinity`: binding keys (a session, a response chain) → the node that holds them;
+- `transcripts`: every session's conversation as its node last reported it (OpenAI-shaped
+  messages, the node's `/history`), so a session whose node died continues elsewhere,
+  re-prefilled from it.
+
+Writes are single small statements (WAL): cheap enough for the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS affinity (key TEXT PRIMARY KEY, node TEXT NOT NULL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS transcripts (session_id TEXT PRIMARY KEY, model TEXT NOT NULL,
+                                        messages TEXT NOT NULL, updated REAL NOT NULL);
+"""
+
+
+class TranscriptStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ---- binding keys --------------------------------------------------------------------------
+
+    def node_of(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT node FROM affinity WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def assign(self, key: str, node: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO affinity VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                             "node = excluded.node, updated = excluded.updated", (key, node, time.time()))
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM affinity WHERE key = ?", (key,))
+
+    def keys_on(self, node: str, prefix: str = "session:") -> list[str]:
+        with self._lock:
+            rows = self._db.execute("SELECT key FROM affinity WHERE node = ? AND key LIKE ? ORDER BY updated",
+                                    (node, prefix + "%")).fetchall()
+        return [r[0] for r in rows]
+
+    def counts(self, prefix: str = "session:") -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT node, COUNT(*) FROM affinity WHERE key LIKE ? GROUP BY node",
+                                    (prefix + "%",)).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
+    # ---- transcripts ---------------------------------------------------------------------------
+
+    def transcript(self, session_id: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """(model alias, messages) or None."""
+        with self._lock:
+            row = self._db.execute("SELECT model, messages FROM transcripts WHERE session_id = ?",
+                                   (session_id,)).fetchone()
+        if row is None:
+            return None
+        messages = json.loads(row[1])
+        return row[0], messages if isinstance(messages, list) else []
+
+    def save_transcript(self, session_id: str, model: str, messages: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO transcripts VALUES (?, ?, ?, ?) ON CONFLICT(session_id) DO UPDATE SET "
+                             "model = excluded.model, messages = excluded.messages, updated = excluded.updated",
+                             (session_id, model, json.dumps(messages, ensure_ascii=False), time.time()))
+
+    def drop_transcript(self, session_id: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM transcripts WHERE session_id = ?", (session_id,))
