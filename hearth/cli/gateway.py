@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Annotated
@@ -80,6 +81,7 @@ def serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     setup_logging(log_level, log_format)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     names = ", ".join(f"{u.name} ({u.kind})" for u in settings.upstreams)
     typer.echo(f"hearth gateway on http://{host}:{port} over {names}", err=True)
     uvicorn.run(create_gateway_app(settings), host=host, port=port, log_level=log_level.lower(), log_config=None,

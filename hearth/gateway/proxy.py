@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import time
@@ -177,6 +178,7 @@ class Proxy:
                 await resp.aclose()
             ok = None if resp.status_code < 500 else False
             if resp.status_code < 300:
+                content = _renamer(node.up.models[turn.alias], turn.alias)(content)
                 scan = Scan()
                 scan.feed(content)
                 self._finished(lease, turn, scan)
@@ -215,8 +217,10 @@ class Proxy:
             raise
         scan = Scan()
         state: dict[str, Any] = {"terminal": False, "events": 0, "response": None}
+        rename = _renamer(node.up.models[turn.alias], turn.alias)
 
         def forward(event: bytes) -> bytes:
+            event = rename(event)
             scan.feed(event)
             state["events"] += 1
             if state["response"] is None and turn.protocol == "responses":
@@ -351,6 +355,15 @@ async def _read_events(resp: httpx.Response, queue: asyncio.Queue[object]) -> No
         await queue.put(_Broken(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__))
         return
     await queue.put(_END)
+
+
+def _renamer(upstream_id: str, alias: str) -> Any:
+    """Answers name the model as the client did (the alias), not the upstream's id."""
+    if upstream_id == alias:
+        return lambda data: data
+    old = b'"model":' + json.dumps(upstream_id).encode()
+    new = b'"model":' + json.dumps(alias).encode()
+    return lambda data: data.replace(old, new)
 
 
 def _retry_after(resp: httpx.Response) -> float:

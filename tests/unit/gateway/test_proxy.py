@@ -1,0 +1,213 @@
+"""The gateway in-process over fake upstreams (httpx.MockTransport): credentials, retries
+before the first byte, protocol terminal errors after it, models."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+
+from hearth.gateway.app import create_gateway_app
+from hearth.gateway.config import GatewaySettings, Upstream
+from hearth.gateway.pool import Pool
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+class Events(httpx.AsyncByteStream):
+    """An upstream SSE body: these chunks, then (optionally) a broken connection."""
+
+    def __init__(self, chunks: list[bytes], broken: bool = False) -> None:
+        self.chunks = chunks
+        self.broken = broken
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for c in self.chunks:
+            yield c
+        if self.broken:
+            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+def sse(status: int = 200, chunks: list[bytes] | None = None, broken: bool = False) -> httpx.Response:
+    return httpx.Response(status, headers={"content-type": "text/event-stream"}, stream=Events(chunks or [], broken))
+
+
+def chat_chunk(text: str) -> bytes:
+    return b"data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "up-model",
+                                   "choices": [{"index": 0, "delta": {"content": text}}]}).encode() + b"\n\n"
+
+
+OK_CHAT = {"id": "chatcmpl-1", "object": "chat.completion", "model": "up-model",
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 5, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 3}}}
+
+
+class Fleet:
+    """Two fake nodes, `a` and `b`; `behave[name]` answers their generation requests."""
+
+    def __init__(self) -> None:
+        self.seen: list[httpx.Request] = []
+        self.behave: dict[str, Handler] = {n: lambda r: httpx.Response(200, json=OK_CHAT) for n in ("a", "b")}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.seen.append(request)
+        name = {9101: "a", 9102: "b"}[request.url.port or 0]
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "ok"})
+        return self.behave[name](request)
+
+    def calls(self, path: str) -> list[httpx.Request]:
+        return [r for r in self.seen if r.url.path == path]
+
+
+@pytest.fixture
+def fleet() -> Fleet:
+    return Fleet()
+
+
+@pytest.fixture
+def client(tmp_path: Path, fleet: Fleet) -> Iterator[TestClient]:
+    ups = [Upstream(name=n, url=f"http://127.0.0.1:{port}", api_key=f"up-{n}", models={"smol": "up-model"},
+                    max_in_flight=4) for n, port in (("a", 9101), ("b", 9102))]
+    settings = GatewaySettings(upstreams=ups, data_dir=tmp_path, api_keys=["gw-key"], probe_interval=60)
+    app = create_gateway_app(settings, transport=httpx.MockTransport(fleet))
+    with TestClient(app, headers={"Authorization": "Bearer gw-key"}) as c:
+        yield c
+
+
+def pool_of(c: TestClient) -> Pool:
+    pool: Pool = c.app.state.pool  # type: ignore[attr-defined]
+    return pool
+
+
+def stick(c: TestClient, key: str, node: str) -> dict[str, str]:
+    """Make `node` the first choice for requests with this X-Session-Id."""
+    pool_of(c)._soft[f"header:{key}"] = node
+    return {"X-Session-Id": key}
+
+
+def test_upstream_gets_its_own_key_never_the_clients(client: TestClient, fleet: Fleet) -> None:
+    r = client.post("/v1/chat/completions", json={"model": "smol", "messages": [{"role": "user", "content": "x"}]},
+                    headers={"x-api-key": "gw-key", "X-Session-Id": "k"})
+    assert r.status_code == 200
+    assert r.json()["model"] == "smol"  # the alias the client asked for, not the upstream's id
+    sent = fleet.calls("/v1/chat/completions")[0]
+    assert sent.headers["authorization"] in ("Bearer up-a", "Bearer up-b")
+    assert "x-api-key" not in sent.headers
+    assert json.loads(sent.content)["model"] == "up-model"
+    probes = fleet.calls("/health")
+    assert probes and all(p.headers["authorization"].startswith("Bearer up-") for p in probes)
+
+
+def test_gateway_keys_hold_in_each_protocols_envelope(client: TestClient, fleet: Fleet) -> None:
+    for path, body in (("/v1/chat/completions", {"model": "smol", "messages": []}), ("/v1/models", None),
+                       ("/admin/status", None)):
+        r = client.request("POST" if body else "GET", path, json=body, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", path
+    r = client.post("/v1/messages", json={"model": "smol"}, headers={"Authorization": ""})
+    assert r.status_code == 401 and r.json()["type"] == "error"
+    assert not fleet.calls("/v1/chat/completions") and not fleet.calls("/v1/messages")
+
+
+def test_models_list_aliases_and_unknown_model_is_404_in_the_protocols_envelope(client: TestClient) -> None:
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["smol"]
+    r = client.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": []})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = client.post("/v1/messages", json={"model": "claude", "max_tokens": 5, "messages": []})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_connect_error_is_retried_on_another_node(client: TestClient, fleet: Fleet) -> None:
+    def refuse(r: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    fleet.behave["a"] = refuse
+    r = client.post("/v1/chat/completions", json={"model": "smol", "messages": []}, headers=stick(client, "k", "a"))
+    assert r.status_code == 200
+    assert [c.url.port for c in fleet.calls("/v1/chat/completions")] == [9101, 9102]  # a refused, b answered
+    assert pool_of(client).nodes["a"].breaker.failures == 1
+
+
+def test_upstream_429_is_retried_elsewhere_and_the_node_rests_for_retry_after(client: TestClient,
+                                                                              fleet: Fleet) -> None:
+    fleet.behave["a"] = lambda r: httpx.Response(429, headers={"Retry-After": "30"}, json={"error": {}})
+    r = client.post("/v1/chat/completions", json={"model": "smol", "messages": []}, headers=stick(client, "k", "a"))
+    assert r.status_code == 200
+    a = pool_of(client).nodes["a"]
+    assert a.breaker.failures == 0 and not a.routable(pool_of(client).clock())
+
+
+def test_client_errors_pass_through_and_do_not_trip_the_breaker(client: TestClient, fleet: Fleet) -> None:
+    err = {"error": {"message": "bad", "type": "invalid_request_error", "param": "x", "code": None}}
+    fleet.behave["a"] = fleet.behave["b"] = lambda r: httpx.Response(400, json=err)
+    for _ in range(5):
+        r = client.post("/v1/chat/completions", json={"model": "smol", "messages": []})
+        assert r.status_code == 400 and r.json() == err
+    assert all(n.breaker.state == "closed" and n.breaker.failures == 0 for n in pool_of(client).nodes.values())
+
+
+def test_every_node_failing_is_503_with_retry_after(client: TestClient, fleet: Fleet) -> None:
+    fleet.behave["a"] = fleet.behave["b"] = lambda r: httpx.Response(503, json={"error": {}})
+    r = client.post("/v1/messages", json={"model": "smol", "max_tokens": 5, "messages": []})
+    assert r.status_code == 503 and "retry-after" in r.headers
+    assert r.json()["error"]["type"] == "overloaded_error"
+
+
+def stream_text(c: TestClient, path: str, body: dict[str, object], headers: dict[str, str]) -> str:
+    with c.stream("POST", path, json={**body, "stream": True}, headers=headers) as r:
+        assert r.status_code == 200
+        assert r.headers["cache-control"] == "no-cache" and r.headers["x-accel-buffering"] == "no"
+        return "".join(r.iter_text())
+
+
+def test_chat_stream_broken_mid_way_ends_with_an_error_chunk_and_done(client: TestClient, fleet: Fleet) -> None:
+    fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("Hel"), chat_chunk("lo")], broken=True)
+    text = stream_text(client, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(client, "k", "a"))
+    events = [e for e in text.split("\n\n") if e]
+    assert text.count('"Hel"') == 1 and text.count('"lo"') == 1  # relayed once, never retried after the first byte
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "upstream_failed"
+    assert events[-1] == "data: [DONE]"
+    assert len(fleet.calls("/v1/chat/completions")) == 1
+    assert pool_of(client).nodes["a"].breaker.failures == 1  # recorded when the stream ended
+
+
+def test_anthropic_stream_broken_mid_way_ends_with_event_error(client: TestClient, fleet: Fleet) -> None:
+    start = b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","model":"up-model"}}\n\n'
+    fleet.behave["a"] = lambda r: sse(chunks=[start[:30], start[30:]], broken=True)  # split inside an event
+    text = stream_text(client, "/v1/messages", {"model": "smol", "max_tokens": 5, "messages": []},
+                       stick(client, "k", "a"))
+    events = [e for e in text.split("\n\n") if e]
+    assert events[0].startswith("event: message_start") and '"model":"smol"' in events[0]
+    assert events[-1].startswith("event: error\n")
+    assert json.loads(events[-1].split("data: ", 1)[1])["error"]["type"] == "api_error"
+
+
+def test_responses_stream_broken_mid_way_ends_with_response_failed(client: TestClient, fleet: Fleet) -> None:
+    created = {"type": "response.created", "sequence_number": 0,
+               "response": {"id": "resp_abc", "object": "response", "status": "in_progress", "model": "up-model"}}
+    fleet.behave["a"] = lambda r: sse(chunks=[b"event: response.created\ndata: " + json.dumps(created).encode()
+                                              + b"\n\n"], broken=True)
+    text = stream_text(client, "/v1/responses", {"model": "smol", "input": "x"}, stick(client, "k", "a"))
+    last = [e for e in text.split("\n\n") if e][-1]
+    assert last.startswith("event: response.failed\n")
+    failed = json.loads(last.split("data: ", 1)[1])
+    assert failed["response"]["id"] == "resp_abc" and failed["response"]["status"] == "failed"
+    assert failed["sequence_number"] == 1
+
+
+def test_stream_closed_without_its_final_event_counts_as_broken(client: TestClient, fleet: Fleet) -> None:
+    fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("x")])  # clean close, but no [DONE]
+    text = stream_text(client, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(client, "k", "a"))
+    assert text.rstrip().endswith("data: [DONE]") and "upstream_failed" in text
+
+
+def test_stream_broken_before_its_first_event_is_retried(client: TestClient, fleet: Fleet) -> None:
+    fleet.behave["a"] = lambda r: sse(chunks=[], broken=True)
+    fleet.behave["b"] = lambda r: sse(chunks=[chat_chunk("ok"), b"data: [DONE]\n\n"])
+    text = stream_text(client, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(client, "k", "a"))
+    assert '"ok"' in text and "error" not in text
+    assert [c.url.port for c in fleet.calls("/v1/chat/completions")] == [9101, 9102]
