@@ -91,6 +91,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         Route("/admin/status", routes.status, methods=["GET"]),
         Route("/admin/nodes/{node}/drain", routes.drain, methods=["POST"]),
         Route("/admin/nodes/{node}/undrain", routes.undrain, methods=["POST"]),
+        Route("/admin/sessions/{session_id}", routes.session_status, methods=["GET"]),
         Route("/admin/sessions/{session_id}/move", routes.move_session, methods=["POST"]),
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name}", web.static_file, methods=["GET"]),

@@ -247,6 +247,18 @@ async def status(request: Request) -> Response:
     return JSONResponse(status_json(_pool(request)))
 
 
+async def session_status(request: Request) -> Response:
+    """Where the gateway routes a session, and how much of its transcript it holds."""
+    sid = check_session_id(request.path_params["session_id"])
+    store = _pool(request).store
+    node = store.node_of(f"session:{sid}")
+    saved = store.transcript(sid)
+    if node is None and saved is None:
+        raise NotFound(f"the gateway knows no session {sid!r}", param="session_id", code="session_not_found")
+    return JSONResponse({"object": "gateway.session", "session_id": sid, "node": node,
+                         "model": saved[0] if saved else None, "transcript_messages": len(saved[1]) if saved else 0})
+
+
 async def drain(request: Request) -> Response:
     _require_admin(request)
     mover: Mover = request.app.state.mover

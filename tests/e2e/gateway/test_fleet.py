@@ -1,0 +1,191 @@
+"""Two Hearth nodes behind one gateway, driven by the official SDKs: the four protocols,
+session affinity, prefix affinity, moves and drain with KV, overload, keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Server, stop_server
+from tests.e2e.gateway.conftest import GW_ADMIN, GW_KEY, Gateway, node_get, start_gateway, start_nodes, stop, upstreams_toml
+
+pytestmark = pytest.mark.slow
+
+MSG = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
+    ns = start_nodes(tmp_path_factory.mktemp("fleet"), ["a", "b"])
+    yield ns
+    for s in ns.values():
+        stop_server(s)
+
+
+@pytest.fixture(scope="module")
+def gw(nodes: dict[str, Server], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    g = start_gateway(tmp_path_factory.mktemp("gw"), upstreams_toml(nodes))
+    yield g
+    stop(g.proc)
+
+
+@pytest.fixture(scope="module")
+def oai(gw: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
+
+
+def sessions_on(nodes: dict[str, Server], name: str) -> set[str]:
+    return {s["session_id"] for s in node_get(nodes[name], name, "/v1/sessions").json()["data"]}
+
+
+def test_four_protocols_streamed_equals_unstreamed(gw: Gateway, oai: openai.OpenAI) -> None:
+    pin = {"X-Session-Id": "protocols"}  # stream and non-stream on one node
+    r = oai.chat.completions.create(model="smol", messages=MSG, max_tokens=16, temperature=0, extra_headers=pin)
+    assert r.model == "smol" and r.choices[0].message.content
+    chunks = oai.chat.completions.create(model="smol", messages=MSG, max_tokens=16, temperature=0, stream=True,
+                                         extra_headers=pin)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+
+    c = oai.completions.create(model="smol", prompt="Once upon a time", max_tokens=12, temperature=0,
+                               extra_headers=pin)
+    cs = oai.completions.create(model="smol", prompt="Once upon a time", max_tokens=12, temperature=0, stream=True,
+                                extra_headers=pin)
+    assert "".join(x.choices[0].text for x in cs) == c.choices[0].text
+
+    resp = oai.responses.create(model="smol", input="Name three colours.", max_output_tokens=16, temperature=0,
+                                extra_headers=pin)
+    events = list(oai.responses.create(model="smol", input="Name three colours.", max_output_tokens=16,
+                                       temperature=0, stream=True, extra_headers=pin))
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert resp.output_text and streamed == resp.output_text
+    chained = oai.responses.create(model="smol", input="And three more?", previous_response_id=resp.id,
+                                   max_output_tokens=8, extra_headers={})  # routed by the chain, no pin
+    assert chained.status in ("completed", "incomplete") and chained.output_text
+
+    ac = anthropic.Anthropic(base_url=gw.url, api_key=GW_KEY, max_retries=0)
+    t0 = {"temperature": 0}
+    m = ac.messages.create(model="smol", max_tokens=16, messages=MSG, extra_headers=pin, extra_body=t0)  # type: ignore[arg-type]
+    with ac.messages.stream(model="smol", max_tokens=16, messages=MSG,  # type: ignore[arg-type]
+                            extra_headers=pin, extra_body=t0) as st:
+        text = st.get_final_text()
+    assert m.model == "smol" and m.content[0].text == text  # type: ignore[union-attr]
+
+
+def test_sessions_stay_on_their_node_and_reuse_their_kv(gw: Gateway, oai: openai.OpenAI,
+                                                       nodes: dict[str, Server]) -> None:
+    sids = [f"sticky-{i}" for i in range(3)]
+    for turn in range(3):
+        for sid in sids:
+            r = oai.chat.completions.create(model="smol", max_tokens=3, temperature=0, extra_body={"session_id": sid},
+                                            messages=[{"role": "user", "content": f"Turn {turn}: say a word."}])
+            if turn:
+                assert r.usage and r.usage.prompt_tokens_details
+                assert r.usage.prompt_tokens_details.cached_tokens, f"{sid} turn {turn} re-prefilled"
+    on = {n: sessions_on(nodes, n) for n in nodes}
+    for sid in sids:
+        holders = [n for n in nodes if sid in on[n]]
+        assert holders == [gw.session_node(sid)], sid
+    assert gw.admin("GET", f"/admin/sessions/{sids[0]}").json()["transcript_messages"] >= 6
+
+
+def test_stateless_conversations_follow_their_prefix(gw: Gateway, oai: openai.OpenAI) -> None:
+    for conv in range(2):
+        messages: list[dict[str, str]] = [{"role": "system", "content": f"You are assistant number {conv}."}]
+        for turn in range(3):
+            messages.append({"role": "user", "content": f"Question {turn}: what is {turn} plus {conv}?"})
+            r = oai.chat.completions.create(model="smol", messages=messages, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+            if turn:
+                assert r.usage and r.usage.prompt_tokens_details and r.usage.prompt_tokens_details.cached_tokens
+            messages.append({"role": "assistant", "content": r.choices[0].message.content or ""})
+
+
+def test_move_carries_the_kv_and_continues_as_the_original_would(gw: Gateway, oai: openai.OpenAI,
+                                                                 nodes: dict[str, Server]) -> None:
+    first = oai.chat.completions.create(model="smol", max_tokens=12, temperature=0, extra_body={"session_id": "mv"},
+                                        messages=[{"role": "user", "content": "Tell me about the sea."}])
+    src = gw.session_node("mv")
+    # A copy of the session stays on the source: the reference for the continuation.
+    snap = gw.admin("POST", "/v1/sessions/mv/save", json={}).json()["snapshot_id"]
+    assert gw.admin("POST", f"/v1/snapshots/{snap}/load", json={"session_id": "mv-ref"}).status_code == 201
+    assert gw.session_node("mv-ref") == src
+    moved = gw.admin("POST", "/admin/sessions/mv/move", json={}).json()
+    dst = moved["to"]
+    assert moved["from"] == src and dst != src and moved["tokens"] > 0
+    assert "mv" in sessions_on(nodes, dst) and "mv" not in sessions_on(nodes, src)
+    turn = [{"role": "user", "content": "And about rivers?"}]
+    there = oai.chat.completions.create(model="smol", max_tokens=12, temperature=0, messages=turn,  # type: ignore[arg-type]
+                                        extra_body={"session_id": "mv"})
+    ref = oai.chat.completions.create(model="smol", max_tokens=12, temperature=0, messages=turn,  # type: ignore[arg-type]
+                                      extra_body={"session_id": "mv-ref"})
+    assert gw.session_node("mv") == dst
+    assert there.usage and there.usage.prompt_tokens_details and first.usage
+    assert there.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens  # no re-prefill
+    assert there.choices[0].message.content == ref.choices[0].message.content
+
+
+def test_drain_moves_every_session_off_the_node(gw: Gateway, oai: openai.OpenAI, nodes: dict[str, Server]) -> None:
+    for sid in ("dr-1", "dr-2", "dr-3"):
+        oai.chat.completions.create(model="smol", max_tokens=4, messages=[{"role": "user", "content": "Hello"}],
+                                    extra_body={"session_id": sid})
+    victim = gw.session_node("dr-1")
+    held = sessions_on(nodes, victim)
+    out = subprocess.run([sys.executable, "-m", "hearth.cli.main", "gateway", "drain", victim, "--url", gw.url,
+                          "--api-key", GW_ADMIN, "--json"], capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(out.stdout)
+    assert report["failed"] == [] and {m["session_id"] for m in report["moved"]} == held
+    assert sessions_on(nodes, victim) == set()
+    assert gw.status()[victim]["draining"]
+    r = oai.chat.completions.create(model="smol", max_tokens=4, messages=[{"role": "user", "content": "Again"}],
+                                    extra_body={"session_id": "dr-1"})
+    assert r.usage and r.usage.prompt_tokens_details and r.usage.prompt_tokens_details.cached_tokens
+    assert gw.session_node("dr-1") != victim
+    status = subprocess.run([sys.executable, "-m", "hearth.cli.main", "gateway", "status", "--url", gw.url,
+                             "--api-key", GW_KEY, "--json"], capture_output=True, text=True, timeout=60, check=True)
+    assert {n["name"]: n["sessions"] for n in json.loads(status.stdout)["nodes"]}[victim] == 0
+    assert gw.admin("POST", f"/admin/nodes/{victim}/undrain").json()["draining"] is False
+
+
+def test_keys_hold_on_every_route(gw: Gateway) -> None:
+    for method, path in (("POST", "/v1/chat/completions"), ("POST", "/v1/responses"), ("GET", "/v1/models"),
+                         ("GET", "/v1/sessions"), ("GET", "/admin/status"), ("POST", "/v1/cancel"),
+                         ("GET", "/metrics")):
+        for headers in ({}, {"Authorization": "Bearer node-a-key"}):  # a node's key is not a gateway key
+            r = httpx.request(method, gw.url + path, headers=headers, json={})
+            assert r.status_code == 401, (method, path, headers)
+    r = httpx.post(gw.url + "/v1/messages", headers={"x-api-key": "wrong"}, json={})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.post(gw.url + "/admin/nodes/a/drain", headers={"Authorization": f"Bearer {GW_KEY}"})
+    assert r.status_code == 403  # an API key is not the admin key
+    with pytest.raises(openai.NotFoundError) as e:
+        openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY).chat.completions.create(model="gpt-4o", messages=MSG)  # type: ignore[arg-type]
+    assert e.value.code == "model_not_found"
+
+
+def test_overload_answers_only_200_and_429(nodes: dict[str, Server], tmp_path: Path) -> None:
+    g = start_gateway(tmp_path, upstreams_toml(nodes, max_in_flight=1), "--max-waiting", "1", "--max-wait", "0.5")
+    try:
+        def one(i: int) -> httpx.Response:
+            return httpx.post(g.base_url + "/chat/completions", headers={"Authorization": f"Bearer {GW_KEY}"},
+                              timeout=120, json={"model": "smol", "max_tokens": 16,
+                                                 "messages": [{"role": "user", "content": f"Story {i}"}]})
+
+        with ThreadPoolExecutor(8) as ex:
+            answers = list(ex.map(one, range(8)))
+        statuses = sorted(r.status_code for r in answers)
+        assert set(statuses) == {200, 429}, statuses
+        for r in answers:
+            if r.status_code == 429:
+                assert int(r.headers["retry-after"]) >= 1
+                assert r.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        stop(g.proc)
