@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from hearth.api import anthropic, web
-from hearth.api.app import _client_gone
+from hearth.api.app import _client_gone, create_app
 from hearth.api.auth import AuthMiddleware
 from hearth.api.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
 from hearth.api.sse import ClientGone
@@ -26,6 +26,7 @@ from hearth.gateway import routes
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.migrate import Mover
+from hearth.gateway.openai_backend import OpenAIUpstreamBackend
 from hearth.gateway.pool import Pool
 from hearth.gateway.proxy import Proxy
 from hearth.gateway.transcripts import TranscriptStore
@@ -51,6 +52,11 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
                                                                         max_keepalive_connections=limit))
     pool = Pool(settings, store, metrics, client)
     proxy = Proxy(settings, pool, store, metrics, client)
+    # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
+    # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.
+    translated = OpenAIUpstreamBackend(pool, client)
+    translator = create_app(translated, Settings(models=[], data_dir=settings.data_dir / "translated")) \
+        if translated.aliases() else None
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
 
     async def metrics_endpoint(request: Request) -> Response:
@@ -60,7 +66,10 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await pool.start()
         try:
-            yield
+            async with contextlib.AsyncExitStack() as stack:
+                if translator is not None:
+                    await stack.enter_async_context(translator.router.lifespan_context(translator))
+                yield
         finally:
             await pool.stop()
             await proxy.idle()
@@ -117,4 +126,6 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     app.state.client = client
     app.state.mover = Mover(pool, client, metrics)
     app.state.started = int(time.time())
+    app.state.translator = translator
+    app.state.translated = set(translated.aliases())
     return app

@@ -70,7 +70,7 @@ class Pool:
         self.chooser = chooser or Chooser()
         self.clock = clock
         self._soft: OrderedDict[str, str] = OrderedDict()
-        self._freed = asyncio.Condition()
+        self._freed = asyncio.Event()  # replaced on every wake-up: waiters hold the one they wait on
         self._waiting = 0
         self._probing: asyncio.Task[None] | None = None
 
@@ -148,16 +148,13 @@ class Pool:
         deadline = self.clock() + self.settings.max_wait
         self._waiting += 1
         try:
-            async with self._freed:
-                while True:
-                    remaining = deadline - self.clock()
-                    if remaining <= 0:
-                        break
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._freed.wait(), min(remaining, self.settings.probe_interval))
-                    lease = self._try(alias, affinity, hashes, prompt_tokens, exclude)
-                    if lease is not None:
-                        return lease
+            while (remaining := deadline - self.clock()) > 0:
+                freed = self._freed
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(freed.wait(), min(remaining, self.settings.probe_interval))
+                lease = self._try(alias, affinity, hashes, prompt_tokens, exclude)
+                if lease is not None:
+                    return lease
         finally:
             self._waiting -= 1
         self.metrics.rejected("queue_timeout")
@@ -167,7 +164,11 @@ class Pool:
     def _retry_after(self) -> int:
         return max(1, min(30, int(self.settings.max_wait / 4)))
 
-    async def release(self, lease: Lease, ok: bool | None) -> None:
+    def _wake(self) -> None:
+        self._freed.set()
+        self._freed = asyncio.Event()
+
+    def release(self, lease: Lease, ok: bool | None) -> None:
         """Give the node back; `ok` is the outcome for the breaker (None: not the node's fault
         either way, e.g. a 4xx or a client that left)."""
         lease.node.in_flight -= 1
@@ -178,8 +179,7 @@ class Pool:
                 log.warning("upstream %s: breaker %s -> %s", lease.node.name, was, lease.node.breaker.state)
         elif lease.node.breaker.trial:
             lease.node.breaker.trial = False
-        async with self._freed:
-            self._freed.notify_all()
+        self._wake()
 
     @property
     def waiting(self) -> int:
@@ -188,17 +188,19 @@ class Pool:
     # ---- liveness ------------------------------------------------------------------------------
 
     async def probe(self, node: Node) -> None:
+        # Hearth nodes answer /health; OpenAI-compatible engines do not all have one, but all
+        # list their models (which also checks the upstream key).
+        path = "/health" if node.up.kind == "hearth" else "/v1/models"
         try:
-            r = await self.client.get(f"{node.up.url}/health", headers=node.up.headers(),
+            r = await self.client.get(f"{node.up.url}{path}", headers=node.up.headers(),
                                       timeout=self.settings.probe_timeout)
-            ok, error = r.status_code == 200, f"/health answered {r.status_code}"
+            ok, error = r.status_code == 200, f"{path} answered {r.status_code}"
         except httpx.HTTPError as e:
             ok, error = False, f"{type(e).__name__}: {e}"
         if node.live.probed(ok, error):
             log.warning("upstream %s is %s%s", node.name, "up" if ok else "down", "" if ok else f" ({error})")
             self.metrics.health_change(node.name, ok)
-            async with self._freed:
-                self._freed.notify_all()
+            self._wake()
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(n) for n in self.nodes.values()))

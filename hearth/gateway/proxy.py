@@ -141,11 +141,11 @@ class Proxy:
         node = lease.node
         released = False
 
-        async def release(ok: bool | None) -> None:
+        def release(ok: bool | None) -> None:
             nonlocal released
             if not released:
                 released = True
-                await self.pool.release(lease, ok)
+                self.pool.release(lease, ok)
 
         try:
             if turn.session_id is not None:
@@ -156,23 +156,23 @@ class Proxy:
                                             timeout=httpx.Timeout(None, connect=self.settings.connect_timeout))
             resp = await self.client.send(req, stream=True)
         except httpx.TransportError as e:
-            await release(False)
+            release(False)
             raise _Retry("connect", f"{node.name}: {type(e).__name__}: {e}") from e
         except BaseException:
-            await release(None)
+            release(None)
             raise
         if resp.status_code in RETRY_STATUSES:
             await resp.aclose()
             if resp.status_code == 429:
                 node.cooling_until = self.pool.clock() + _retry_after(resp)
-            await release(False if counts_as_failure(resp.status_code) else None)
+            release(False if counts_as_failure(resp.status_code) else None)
             raise _Retry(f"status_{resp.status_code}", f"{node.name} answered {resp.status_code}")
         streaming = resp.status_code == 200 and resp.headers.get("content-type", "").startswith("text/event-stream")
         if not streaming:
             try:
                 content = await resp.aread()
             except httpx.TransportError as e:
-                await release(False)
+                release(False)
                 raise _Retry("read", f"{node.name}: {type(e).__name__}") from e
             finally:
                 await resp.aclose()
@@ -183,7 +183,7 @@ class Proxy:
                 scan.feed(content)
                 self._finished(lease, turn, scan)
                 ok = True
-            await release(ok)
+            release(ok)
             self.metrics.ttft.observe(time.monotonic() - turn.started)
             return Response(content, status_code=resp.status_code,
                             media_type=resp.headers.get("content-type", "application/json"),
@@ -209,11 +209,11 @@ class Proxy:
             first = None
         except _Broken as e:
             await abandon()
-            await release(False)
+            release(False)
             raise _Retry("broken_before_first_byte", f"{node.name}: {e}") from e
         except BaseException:
             await abandon()
-            await release(None)
+            release(None)
             raise
         scan = Scan()
         state: dict[str, Any] = {"terminal": False, "events": 0, "response": None}
@@ -258,7 +258,7 @@ class Proxy:
                                      response=state["response"], sequence_number=state["events"])
             finally:
                 await abandon()
-                await release(outcome)
+                release(outcome)
 
         return EventStreamResponse(body(), headers=_passed_headers(resp))
 

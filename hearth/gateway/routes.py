@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hearth.api.auth import matches, presented_key
 from hearth.api.parsing import read_json, read_json_or_empty
@@ -39,8 +40,35 @@ def _client(request: Request) -> httpx.AsyncClient:
 # ---- generation -----------------------------------------------------------------------------
 
 
+class Delegate(Response):
+    """Hands the request, its body replayed, to another ASGI app (the translating protocol
+    layer for models on openai-kind upstreams)."""
+
+    def __init__(self, app: ASGIApp, body: bytes) -> None:
+        self.status_code = 200
+        self.background = None
+        self.app = app
+        self.body = body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": self.body, "more_body": False}
+            return await receive()  # the disconnect, when it comes
+
+        await self.app(scope, replay, send)
+
+
 async def generate(request: Request) -> Response:
-    return await _proxy(request).generate(request, await read_json(request))
+    body = await read_json(request)
+    alias = _pool(request).resolve(body.get("model"))
+    if alias in request.app.state.translated:
+        return Delegate(request.app.state.translator, json.dumps({**body, "model": alias}).encode())
+    return await _proxy(request).generate(request, body)
 
 
 # ---- models and health ----------------------------------------------------------------------
@@ -208,7 +236,12 @@ async def response_route(request: Request) -> Response:
     name = pool.store.node_of(f"response:{request.path_params['response_id']}")
     if name in pool.nodes:
         return await _send(request, pool.nodes[name])
-    return _answer((await _first_found(request, _live(pool)))[1])
+    found = (await _first_found(request, _live(pool)))[1] if _live(pool) else None
+    if (found is None or found.status_code == 404) and request.app.state.translator is not None:
+        return Delegate(request.app.state.translator, await request.body())  # a translated model's response
+    if found is None:
+        raise NotFound("no such response", code="response_not_found")
+    return _answer(found)
 
 
 async def by_model(request: Request) -> Response:

@@ -39,7 +39,7 @@ async def test_caps_then_wait_then_woken_by_release(tmp_path: Path) -> None:
     while pool.waiting == 0:
         await asyncio.sleep(0)
     assert not waiter.done()
-    await pool.release(a, True)
+    pool.release(a, True)
     c = await asyncio.wait_for(waiter, 5)
     assert c.node is a.node and pool.waiting == 0
 
@@ -83,7 +83,7 @@ async def test_draining_cooling_and_open_breaker_nodes_are_skipped(tmp_path: Pat
     for _ in range(6):
         lease = await pool.acquire("m", NONE, [], 10)
         assert lease.node.name == "n3"
-        await pool.release(lease, None)
+        pool.release(lease, None)
 
 
 async def test_binding_key_waits_for_its_node_and_is_remembered(tmp_path: Path) -> None:
@@ -94,7 +94,7 @@ async def test_binding_key_waits_for_its_node_and_is_remembered(tmp_path: Path) 
     assert pool.store.node_of("session:s1") == first.node.name
     with pytest.raises(TooManyRequests):  # its node is busy; the free one would split the session
         await pool.acquire("m", s, [], 10)
-    await pool.release(first, True)
+    pool.release(first, True)
     again = await pool.acquire("m", s, [], 10)
     assert again.node is first.node
 

@@ -1,0 +1,313 @@
+"""A `Backend` over `openai`-kind upstreams (vLLM, SGLang, llama-server, llama-cpp-python's
+server, Ollama): it speaks OpenAI chat / completions to them, so the node's own protocol layer
+(`hearth.api`, mounted by the gateway for these models) serves Anthropic Messages and
+Responses clients in front of them, tool calls and reasoning included, and keeps Responses
+chains (`previous_response_id`) in the gateway's data dir.
+
+Routing, admission and retries before the first byte are the pool's, as for Hearth nodes.
+Once the stream is returned, an upstream failure becomes `Finish(reason="error")` +
+`Done(error=...)`, which each protocol's serializer turns into its own terminal error.
+These engines keep no sessions: `session_kv` is None, so `session_id` is a 404
+`sessions_unsupported`, as on any server without sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+
+from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelStats, SessionKV
+from hearth.chat.types import (
+    ChatEvent,
+    ChatRequest,
+    CompletionRequest,
+    Done,
+    Finish,
+    Message,
+    ReasoningDelta,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+from hearth.errors import BadRequest, HearthError, NotFound, TooManyRequests, Unavailable
+from hearth.gateway.health import counts_as_failure
+from hearth.gateway.pool import Lease, Pool
+from hearth.gateway.routing import Affinity, prefix_hashes
+from hearth.sessions.transcript import message_to_json
+
+SEQ_CTX = 131072  # what the gateway lets through; the upstream enforces its own context
+FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls"}
+NO_TOKENIZER = "token counting is not available for models served by OpenAI-compatible upstreams"
+
+
+def sampling_json(req: ChatRequest | CompletionRequest) -> dict[str, Any]:
+    s = req.sampling
+    out: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p, "n": req.n}
+    if s.max_tokens is not None:
+        out["max_tokens"] = s.max_tokens
+    if s.stop:
+        out["stop"] = s.stop
+    if s.seed is not None:
+        out["seed"] = s.seed
+    if s.presence_penalty:
+        out["presence_penalty"] = s.presence_penalty
+    if s.frequency_penalty:
+        out["frequency_penalty"] = s.frequency_penalty
+    if s.logit_bias:
+        out["logit_bias"] = {str(k): v for k, v in s.logit_bias.items()}
+    return out
+
+
+def chat_json(req: ChatRequest, model: str) -> dict[str, Any]:
+    messages = []
+    for m in req.messages:
+        d = message_to_json(m)
+        d.pop("reasoning_content", None)  # most engines reject it on input
+        messages.append(d)
+    body: dict[str, Any] = {"model": model, "messages": messages, "stream": True,
+                            "stream_options": {"include_usage": True}, **sampling_json(req)}
+    if req.tools:
+        body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                           "parameters": t.parameters}} for t in req.tools]
+        if req.tool_choice in ("none", "auto", "required"):
+            body["tool_choice"] = req.tool_choice
+        elif req.tool_choice:
+            body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice}}
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    elif rf is not None and rf.type == "json_schema":
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": rf.name or "schema",
+                                                                          "schema": rf.schema or {},
+                                                                          "strict": rf.strict}}
+    return body
+
+
+def chunk_events(data: dict[str, Any], completion: bool) -> list[ChatEvent]:
+    """One upstream stream chunk → events (usage arrives as its own Done later)."""
+    events: list[ChatEvent] = []
+    for ch in data.get("choices") or []:
+        i = int(ch.get("index", 0))
+        if completion:
+            if ch.get("text"):
+                events.append(TextDelta(i, ch["text"]))
+        else:
+            delta = ch.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                events.append(ReasoningDelta(i, reasoning))
+            if delta.get("content"):
+                events.append(TextDelta(i, delta["content"]))
+            for tc in delta.get("tool_calls") or []:
+                fn = tc.get("function") or {}
+                events.append(ToolCallDelta(i, int(tc.get("index", 0)), tc.get("id"), fn.get("name"),
+                                            fn.get("arguments") or ""))
+        if ch.get("finish_reason"):
+            events.append(Finish(i, FINISH.get(ch["finish_reason"], "stop")))
+    return events
+
+
+def usage_of(data: dict[str, Any]) -> Usage | None:
+    u = data.get("usage")
+    if not isinstance(u, dict):
+        return None
+    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0), int(cached))
+
+
+def refusal(status: int, text: str) -> HearthError:
+    """An upstream's error answer as the gateway's own (its message kept, never its headers)."""
+    try:
+        err = json.loads(text).get("error")
+        message = err.get("message") if isinstance(err, dict) else str(err)
+    except (ValueError, AttributeError):
+        message = text[:500]
+    message = f"upstream: {message}"
+    if status == 404:
+        return NotFound(message)
+    if status == 429:
+        return TooManyRequests(message)
+    if status >= 500:
+        return Unavailable(message, retry_after=2)
+    return BadRequest(message)
+
+
+class OpenAIUpstreamBackend:
+    """The backend contract over the pool's `openai`-kind nodes."""
+
+    def __init__(self, pool: Pool, client: httpx.AsyncClient) -> None:
+        self.pool = pool
+        self.client = client
+        self._created = int(time.time())
+
+    def aliases(self) -> list[str]:
+        """Aliases served only by openai-kind upstreams (the ones this backend answers for)."""
+        return [a for a, ups in self.pool.settings.aliases().items() if all(u.kind == "openai" for u in ups)]
+
+    # lifecycle
+    @property
+    def ready(self) -> bool:
+        return True
+
+    @property
+    def load_error(self) -> str | None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def cancel_all(self) -> None:
+        return None
+
+    # models
+    def models(self) -> list[ModelCard]:
+        return [ModelCard(a, self._created, "hearth-gateway") for a in self.aliases()]
+
+    def resolve(self, model: str | None) -> str:
+        aliases = self.aliases()
+        if model in aliases:
+            return str(model)
+        if not model and aliases:
+            return aliases[0]
+        raise NotFound(f"The model {model!r} does not exist", param="model", code="model_not_found")
+
+    def limits(self, model: str | None) -> ModelLimits:
+        alias = self.resolve(model)
+        parallel = sum(u.max_in_flight for u in self.pool.settings.aliases()[alias])
+        return ModelLimits(SEQ_CTX, max(1, parallel))
+
+    # generation
+    async def chat(self, req: ChatRequest) -> EventStream:
+        alias = self.resolve(req.model)
+        hashes = prefix_hashes(alias, [message_to_json(m) for m in req.messages])
+        return await self._open(alias, "/v1/chat/completions", lambda model: chat_json(req, model), hashes,
+                                completion=False)
+
+    async def complete(self, req: CompletionRequest) -> EventStream:
+        if not isinstance(req.prompt, str):
+            raise BadRequest("token-id prompts are not supported for models served by OpenAI-compatible upstreams",
+                             param="prompt")
+        alias = self.resolve(req.model)
+        prompt = req.prompt
+        hashes = prefix_hashes(alias, [{"prompt": prompt}])
+        return await self._open(alias, "/v1/completions",
+                                lambda model: {"model": model, "prompt": prompt, "stream": True,
+                                               "stream_options": {"include_usage": True}, **sampling_json(req)},
+                                hashes, completion=True)
+
+    async def _open(self, alias: str, path: str, body: Any, hashes: list[tuple[str, int]],
+                    completion: bool) -> EventStream:
+        """Retry before the first byte, as for Hearth nodes; then stream."""
+        tried: set[str] = set()
+        last = "no upstream could take the request"
+        for _ in range(len(self.pool.nodes)):
+            lease = await self.pool.acquire(alias, Affinity("none"), hashes, hashes[-1][1] if hashes else 1, tried)
+            node = lease.node
+            tried.add(node.name)
+            try:
+                req = self.client.build_request("POST", node.up.url + path, json=body(node.up.models[alias]),
+                                                headers=node.up.headers(),
+                                                timeout=httpx.Timeout(None, connect=self.pool.settings.connect_timeout))
+                resp = await self.client.send(req, stream=True)
+            except httpx.TransportError as e:
+                self.pool.release(lease, False)
+                last = f"{node.name}: {type(e).__name__}"
+                self.pool.metrics.retries.labels("connect").inc()
+                continue
+            except BaseException:
+                self.pool.release(lease, None)
+                raise
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                await resp.aclose()
+                if resp.status_code in (429, 502, 503, 504):
+                    self.pool.release(lease, False if counts_as_failure(resp.status_code) else None)
+                    last = f"{node.name} answered {resp.status_code}"
+                    self.pool.metrics.retries.labels(f"status_{resp.status_code}").inc()
+                    continue
+                self.pool.release(lease, False if counts_as_failure(resp.status_code) else None)
+                raise refusal(resp.status_code, text)
+            node.prefixes.add(hashes)
+            outcome: list[bool] = []  # set by the stream; empty if it never ran to an end
+            return EventStream(self._events(lease, resp, completion, outcome),
+                               on_close=[self._releaser(lease, outcome)])
+        raise Unavailable(f"every upstream failed: {last}", code="upstream_failed", retry_after=2)
+
+    def _releaser(self, lease: Lease, outcome: list[bool]) -> Callable[[], None]:
+        return lambda: self.pool.release(lease, outcome[0] if outcome else None)
+
+    async def _events(self, lease: Lease, resp: httpx.Response, completion: bool,
+                      outcome: list[bool]) -> AsyncIterator[ChatEvent]:
+        """The lease is released by the EventStream's close (it runs even if this never starts);
+        `outcome` tells it how the stream ended."""
+        usage = Usage()
+        finished: set[int] = set()
+        chunks = 0  # content chunks: the completion tokens when the upstream reports no usage
+        try:
+            yield Started(0)
+            try:
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    data = json.loads(payload)
+                    if isinstance(data, dict) and data.get("error"):
+                        raise _UpstreamError(str(data["error"]))
+                    for ev in chunk_events(data, completion):
+                        if isinstance(ev, Finish):
+                            finished.add(ev.index)
+                        elif isinstance(ev, TextDelta | ReasoningDelta | ToolCallDelta):
+                            chunks += 1
+                        yield ev
+                    usage = usage_of(data) or usage
+                if not finished:
+                    raise _UpstreamError("the upstream ended the stream without a finish reason")
+                outcome.append(True)
+                if usage.completion_tokens == 0:
+                    usage.completion_tokens = chunks
+                yield Done(usage)
+            except (httpx.HTTPError, ValueError, _UpstreamError) as e:
+                outcome.append(False)
+                message = f"the upstream node {lease.node.name} failed mid-stream: {e}"
+                yield Finish(0, "error")
+                yield Done(usage, error=message)
+        finally:
+            await resp.aclose()
+
+
+    # tokens: these engines' tokenizers are not reachable through the OpenAI API
+    async def tokenize(self, model: str | None, text: str, *, add_special: bool = True) -> list[int]:
+        raise BadRequest(NO_TOKENIZER)
+
+    async def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]:
+        raise BadRequest(NO_TOKENIZER)
+
+    async def count_tokens(self, req: ChatRequest) -> int:
+        raise BadRequest(NO_TOKENIZER)
+
+    async def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]:
+        raise BadRequest(NO_TOKENIZER)
+
+    async def detokenize(self, model: str | None, tokens: list[int]) -> str:
+        raise BadRequest(NO_TOKENIZER)
+
+    def stats(self) -> dict[str, ModelStats]:
+        return {}
+
+    @property
+    def session_kv(self) -> SessionKV | None:
+        return None
+
+
+class _UpstreamError(Exception):
+    pass
