@@ -72,6 +72,7 @@ class GatewaySettings:
     connect_timeout: float = 3.0
     heartbeat: float = 5.0  # SSE comment while an upstream has not sent its first byte
     log_level: str = "info"
+    routing: str = "cost"  # cost | round_robin (a baseline for benchmarks)
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -81,6 +82,8 @@ class GatewaySettings:
             raise ValueError(f"two upstreams share a name: {names}")
         if self.max_waiting < 0 or self.max_wait <= 0:
             raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
+        if self.routing not in ("cost", "round_robin"):
+            raise ValueError("--routing must be cost or round_robin")
         if self.probe_interval <= 0 or self.probe_timeout <= 0:
             raise ValueError("--probe-interval and --probe-timeout must be > 0")
         if any(not k.strip() for k in self.api_keys):

@@ -67,7 +67,7 @@ class Pool:
         self.store = store
         self.metrics = metrics
         self.client = client
-        self.chooser = chooser or Chooser()
+        self.chooser = chooser or Chooser(policy=settings.routing)
         self.clock = clock
         self._soft: OrderedDict[str, str] = OrderedDict()
         self._freed = asyncio.Event()  # replaced on every wake-up: waiters hold the one they wait on

@@ -187,7 +187,7 @@ class Proxy:
             self.metrics.ttft.observe(time.monotonic() - turn.started)
             return Response(content, status_code=resp.status_code,
                             media_type=resp.headers.get("content-type", "application/json"),
-                            headers=_passed_headers(resp))
+                            headers=_passed_headers(resp, node.name))
         return await self._stream(lease, turn, resp, release)
 
     # ---- streams -------------------------------------------------------------------------------
@@ -260,7 +260,7 @@ class Proxy:
                 await abandon()
                 release(outcome)
 
-        return EventStreamResponse(body(), headers=_passed_headers(resp))
+        return EventStreamResponse(body(), headers=_passed_headers(resp, node.name))
 
     # ---- sessions ------------------------------------------------------------------------------
 
@@ -373,5 +373,7 @@ def _retry_after(resp: httpx.Response) -> float:
         return 1.0
 
 
-def _passed_headers(resp: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k in ("x-request-id", "retry-after", "openai-processing-ms")}
+def _passed_headers(resp: httpx.Response, node: str) -> dict[str, str]:
+    """The upstream's answer headers worth keeping, and which node answered (X-Hearth-Upstream)."""
+    kept = {k: v for k, v in resp.headers.items() if k in ("x-request-id", "retry-after", "openai-processing-ms")}
+    return {**kept, "X-Hearth-Upstream": node}

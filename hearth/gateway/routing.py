@@ -147,6 +147,10 @@ class Decision:
 @dataclass(slots=True)
 class Chooser:
     rng: random.Random = field(default_factory=random.Random)
+    # "cost" (the model above) or "round_robin" (no affinity, no cache: the baseline bench/gateway.py
+    # compares against)
+    policy: str = "cost"
+    _turn: int = 0
 
     def choose(self, candidates: Sequence[Candidate], prompt_tokens: int, affinity: Affinity,
                sticky: str | None) -> Decision | None:
@@ -156,6 +160,13 @@ class Chooser:
         affinity key maps to (None: no key, or not assigned yet). A sticky node that is not a
         candidate is down or draining: the request fails over."""
         binding = affinity.binding
+        if self.policy == "round_robin":
+            free = sorted((c for c in candidates if not c.saturated), key=lambda c: c.name)
+            if not free:
+                return None
+            self._turn += 1
+            pick = free[self._turn % len(free)]
+            return Decision(pick.name, "least_cost", pick.cached, prompt_tokens)
         by_name = {c.name: c for c in candidates}
         if sticky is not None and sticky in by_name:
             c = by_name[sticky]

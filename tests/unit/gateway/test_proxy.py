@@ -3,6 +3,7 @@ before the first byte, protocol terminal errors after it, models."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -21,19 +22,23 @@ Handler = Callable[[httpx.Request], httpx.Response]
 class Events(httpx.AsyncByteStream):
     """An upstream SSE body: these chunks, then (optionally) a broken connection."""
 
-    def __init__(self, chunks: list[bytes], broken: bool = False) -> None:
+    def __init__(self, chunks: list[bytes], broken: bool = False, prefill: float = 0.0) -> None:
         self.chunks = chunks
         self.broken = broken
+        self.prefill = prefill
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        await asyncio.sleep(self.prefill)  # a node still prefilling: no bytes yet
         for c in self.chunks:
             yield c
         if self.broken:
             raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
 
 
-def sse(status: int = 200, chunks: list[bytes] | None = None, broken: bool = False) -> httpx.Response:
-    return httpx.Response(status, headers={"content-type": "text/event-stream"}, stream=Events(chunks or [], broken))
+def sse(status: int = 200, chunks: list[bytes] | None = None, broken: bool = False,
+        prefill: float = 0.0) -> httpx.Response:
+    return httpx.Response(status, headers={"content-type": "text/event-stream"},
+                          stream=Events(chunks or [], broken, prefill))
 
 
 def chat_chunk(text: str) -> bytes:
@@ -73,7 +78,8 @@ def fleet() -> Fleet:
 def client(tmp_path: Path, fleet: Fleet) -> Iterator[TestClient]:
     ups = [Upstream(name=n, url=f"http://127.0.0.1:{port}", api_key=f"up-{n}", models={"smol": "up-model"},
                     max_in_flight=4) for n, port in (("a", 9101), ("b", 9102))]
-    settings = GatewaySettings(upstreams=ups, data_dir=tmp_path, api_keys=["gw-key"], probe_interval=60)
+    settings = GatewaySettings(upstreams=ups, data_dir=tmp_path, api_keys=["gw-key"], probe_interval=60,
+                               heartbeat=0.05)
     app = create_gateway_app(settings, transport=httpx.MockTransport(fleet))
     with TestClient(app, headers={"Authorization": "Bearer gw-key"}) as c:
         yield c
@@ -95,6 +101,7 @@ def test_upstream_gets_its_own_key_never_the_clients(client: TestClient, fleet: 
                     headers={"x-api-key": "gw-key", "X-Session-Id": "k"})
     assert r.status_code == 200
     assert r.json()["model"] == "smol"  # the alias the client asked for, not the upstream's id
+    assert r.headers["x-hearth-upstream"] in ("a", "b")
     sent = fleet.calls("/v1/chat/completions")[0]
     assert sent.headers["authorization"] in ("Bearer up-a", "Bearer up-b")
     assert "x-api-key" not in sent.headers
@@ -211,3 +218,11 @@ def test_stream_broken_before_its_first_event_is_retried(client: TestClient, fle
     text = stream_text(client, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(client, "k", "a"))
     assert '"ok"' in text and "error" not in text
     assert [c.url.port for c in fleet.calls("/v1/chat/completions")] == [9101, 9102]
+
+
+def test_heartbeat_comments_while_the_node_is_still_prefilling(client: TestClient, fleet: Fleet) -> None:
+    # The fake node sends nothing for 20 heartbeat periods: the client still hears from the gateway.
+    fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("ok"), b"data: [DONE]\n\n"], prefill=1.0)
+    text = stream_text(client, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(client, "k", "a"))
+    assert text.startswith(": keep-alive\n\n")
+    assert text.rstrip().endswith("data: [DONE]") and '"ok"' in text and "error" not in text

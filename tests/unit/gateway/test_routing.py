@@ -106,3 +106,10 @@ def test_failover_and_first_assignment_branches() -> None:
 
 def test_all_saturated_means_wait() -> None:
     assert Chooser().choose([Candidate("a", 2, 2, 0)], 10, Affinity("none"), None) is None
+
+
+def test_round_robin_baseline_ignores_cache_and_keys() -> None:
+    ch = Chooser(random.Random(0), policy="round_robin")
+    cands = [Candidate("a", 0, 8, 900), Candidate("b", 0, 8, 0), Candidate("c", 0, 8, 0)]
+    picks = [ch.choose(cands, 1000, Affinity("session", "s"), "a").node for _ in range(6)]  # type: ignore[union-attr]
+    assert picks == ["b", "c", "a", "b", "c", "a"]
