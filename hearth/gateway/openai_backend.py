@@ -255,6 +255,7 @@ class OpenAIUpstreamBackend:
             yield Started(0)
             try:
                 async for line in resp.aiter_lines():
+                    lease.node.last_bytes = self.pool.clock()
                     if not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()

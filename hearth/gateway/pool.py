@@ -40,6 +40,7 @@ class Node:
     in_flight: int = 0
     draining: bool = False
     cooling_until: float = 0.0  # an upstream 429's Retry-After: no new requests before
+    last_bytes: float = 0.0  # when the node last sent bytes of an answer (monotonic clock)
     prefixes: PrefixTable = field(default_factory=PrefixTable)
 
     @property
@@ -195,6 +196,13 @@ class Pool:
             r = await self.client.get(f"{node.up.url}{path}", headers=node.up.headers(),
                                       timeout=self.settings.probe_timeout)
             ok, error = r.status_code == 200, f"{path} answered {r.status_code}"
+        except httpx.TimeoutException as e:
+            # A slow probe from a node that is streaming answers right now is busy, not dead (some
+            # engines serialise every request behind the running one): inconclusive.
+            recent = self.settings.probe_interval + self.settings.probe_timeout
+            if node.in_flight and self.clock() - node.last_bytes < recent:
+                return
+            ok, error = False, f"{type(e).__name__}: {e}"
         except httpx.HTTPError as e:
             ok, error = False, f"{type(e).__name__}: {e}"
         if node.live.probed(ok, error):

@@ -20,7 +20,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,7 +194,7 @@ class Proxy:
 
     async def _stream(self, lease: Lease, turn: Turn, resp: httpx.Response, release: Any) -> Response:
         queue: asyncio.Queue[object] = asyncio.Queue()
-        reader = asyncio.create_task(_read_events(resp, queue))
+        reader = asyncio.create_task(_read_events(resp, queue, lease.node, self.pool.clock))
         node = lease.node
 
         async def abandon() -> None:
@@ -340,12 +340,14 @@ async def _get(queue: asyncio.Queue[object]) -> object:
     return item
 
 
-async def _read_events(resp: httpx.Response, queue: asyncio.Queue[object]) -> None:
+async def _read_events(resp: httpx.Response, queue: asyncio.Queue[object], node: Node,
+                       clock: Callable[[], float]) -> None:
     """Upstream bytes → whole SSE events (without their blank line) → queue; then _END, or a
-    _Broken if the transport failed."""
+    _Broken if the transport failed. Every chunk marks the node as alive (`Node.last_bytes`)."""
     buf = b""
     try:
         async for chunk in resp.aiter_raw():
+            node.last_bytes = clock()
             buf += chunk.replace(b"\r\n", b"\n")
             while (i := buf.find(b"\n\n")) >= 0:
                 event, buf = buf[:i], buf[i + 2:]

@@ -78,3 +78,18 @@ async def test_a_busy_session_is_refused_and_its_turn_still_lands(h: Harness) ->
     gate.set()
     assert (await task).status_code == 200
     assert (await h.client.get("/v1/sessions/busy")).json()["message_count"] == 2
+
+
+async def test_a_session_starts_from_a_given_transcript(h: Harness) -> None:
+    """What the gateway uses to continue a session whose node died: the transcript, no KV."""
+    given = [{"role": "user", "content": "my name is Ada"}, {"role": "assistant", "content": "Hi Ada"}]
+    created = await h.post("/v1/sessions", {"session_id": "seeded", "model": "fake", "messages": given})
+    assert created.status_code == 201, created.text
+    assert created.json()["message_count"] == 2 and created.json()["residency"] == "none"
+    r = await h.post("/v1/chat/completions", {"model": "fake", "session_id": "seeded", "temperature": 0,
+                                              "messages": [{"role": "user", "content": "my name?"}]})
+    assert r.status_code == 200
+    history = (await h.client.get("/v1/sessions/seeded/history")).json()["data"]
+    assert [m["content"] for m in history[:3]] == ["my name is Ada", "Hi Ada", "my name?"]
+    bad = await h.post("/v1/sessions", {"session_id": "bad", "messages": [{"content": "no role"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"

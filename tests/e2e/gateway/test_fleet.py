@@ -16,7 +16,16 @@ import openai
 import pytest
 
 from tests.conftest import Server, stop_server
-from tests.e2e.gateway.conftest import GW_ADMIN, GW_KEY, Gateway, node_get, start_gateway, start_nodes, stop, upstreams_toml
+from tests.e2e.gateway.conftest import (
+    GW_ADMIN,
+    GW_KEY,
+    Gateway,
+    node_get,
+    start_gateway,
+    start_nodes,
+    stop,
+    upstreams_toml,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -107,6 +116,39 @@ def test_stateless_conversations_follow_their_prefix(gw: Gateway, oai: openai.Op
             if turn:
                 assert r.usage and r.usage.prompt_tokens_details and r.usage.prompt_tokens_details.cached_tokens
             messages.append({"role": "assistant", "content": r.choices[0].message.content or ""})
+
+
+def test_cancel_by_id_reaches_the_node_running_the_request(gw: Gateway, oai: openai.OpenAI) -> None:
+    stream = oai.chat.completions.create(model="smol", max_tokens=400, stream=True,
+                                         messages=[{"role": "user", "content": "Write a long story."}],
+                                         extra_body={"cancel_id": "gw-cancel", "ignore_eos": True})
+    finish, pieces = None, 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces += 1
+            if pieces == 1:
+                r = httpx.post(gw.base_url + "/cancel", json={"cancel_id": "gw-cancel"},
+                               headers={"Authorization": f"Bearer {GW_KEY}"})
+                assert r.status_code == 200 and r.json()["cancelled"] >= 1
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert finish == "cancelled" and pieces < 400
+
+
+def metric(gw: Gateway, name: str) -> float:
+    text = httpx.get(gw.url + "/metrics", headers={"Authorization": f"Bearer {GW_KEY}"}).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def test_routing_quality_is_measured(gw: Gateway) -> None:
+    """After the conversations above: decisions by branch, predicted and reported cached tokens."""
+    assert metric(gw, 'hearth_gateway_route_decisions_total{branch="sticky_hit"}') > 0
+    assert metric(gw, 'hearth_gateway_route_decisions_total{branch="prefix_hit"}') > 0
+    assert metric(gw, "hearth_gateway_reported_cached_tokens_total") > 0
+    assert metric(gw, "hearth_gateway_predicted_cached_tokens_total") > 0
+    assert metric(gw, "hearth_gateway_ttft_seconds_count") > 0
+    assert metric(gw, "hearth_gateway_node_up") == 2
 
 
 def test_move_carries_the_kv_and_continues_as_the_original_would(gw: Gateway, oai: openai.OpenAI,

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import anthropic
 import httpx
@@ -99,11 +98,11 @@ def test_kill_mid_stream_ends_with_anthropic_error_event(gw: Gateway,
                                                          foreign: tuple[str, subprocess.Popen[bytes]]) -> None:
     ac = anthropic.Anthropic(base_url=gw.url, api_key=GW_KEY, max_retries=0)
     received = []
-    with pytest.raises(anthropic.APIStatusError) as e:  # noqa: PT012
-        with ac.messages.stream(model="smol", max_tokens=400, messages=[{"role": "user", "content": "A long story."}],
-                                extra_body={"ignore_eos": True}) as st:
-            for delta in st.text_stream:
-                received.append(delta)
-                if len(received) == 3:
-                    foreign[1].kill()
+    story = [{"role": "user", "content": "A long story."}]
+    with (pytest.raises(anthropic.APIStatusError) as e,
+          ac.messages.stream(model="smol", max_tokens=400, messages=story, extra_body={"ignore_eos": True}) as st):  # type: ignore[arg-type]
+        for delta in st.text_stream:
+            received.append(delta)
+            if len(received) == 3:
+                foreign[1].kill()
     assert len(received) >= 3 and "failed mid-stream" in str(e.value)

@@ -104,3 +104,21 @@ async def test_unknown_model_is_model_not_found_unless_a_default_is_set(tmp_path
         make_pool(tmp_path).resolve("gpt-4o")
     assert e.value.code == "model_not_found" and e.value.param == "model"
     assert make_pool(tmp_path, default_model="m").resolve("gpt-4o") == "m"
+
+
+async def test_a_slow_probe_of_a_node_streaming_answers_is_inconclusive(tmp_path: Path) -> None:
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("probe timed out")
+
+    pool = make_pool(tmp_path)
+    pool.client = httpx.AsyncClient(transport=httpx.MockTransport(slow))
+    busy, idle = pool.nodes["n0"], pool.nodes["n1"]
+    busy.in_flight, busy.last_bytes = 1, pool.clock()  # bytes just arrived from it
+    for _ in range(10):
+        await pool.probe_all()
+    assert busy.live.up  # busy, not dead
+    assert not idle.live.up  # an idle node that does not answer is down
+    busy.last_bytes -= 3600  # a stuck node: in flight, but silent
+    for _ in range(3):
+        await pool.probe(busy)
+    assert not busy.live.up
