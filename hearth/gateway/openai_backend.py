@@ -13,6 +13,7 @@ These engines keep no sessions: `session_kv` is None, so `session_id` is a 404
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 
 from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelStats, SessionKV
+from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
     ChatEvent,
     ChatRequest,
@@ -144,6 +146,7 @@ class OpenAIUpstreamBackend:
         self.pool = pool
         self.client = client
         self._created = int(time.time())
+        self._closing: set[asyncio.Future[None]] = set()
 
     def aliases(self) -> list[str]:
         """Aliases served only by openai-kind upstreams (the ones this backend answers for)."""
@@ -189,7 +192,7 @@ class OpenAIUpstreamBackend:
         alias = self.resolve(req.model)
         hashes = prefix_hashes(alias, [message_to_json(m) for m in req.messages])
         return await self._open(alias, "/v1/chat/completions", lambda model: chat_json(req, model), hashes,
-                                completion=False)
+                                completion=False, cancel=req.cancel, timeout=req.timeout, choices=req.n)
 
     async def complete(self, req: CompletionRequest) -> EventStream:
         if not isinstance(req.prompt, str):
@@ -201,10 +204,11 @@ class OpenAIUpstreamBackend:
         return await self._open(alias, "/v1/completions",
                                 lambda model: {"model": model, "prompt": prompt, "stream": True,
                                                "stream_options": {"include_usage": True}, **sampling_json(req)},
-                                hashes, completion=True)
+                                hashes, completion=True, cancel=req.cancel, timeout=req.timeout, choices=req.n)
 
     async def _open(self, alias: str, path: str, body: Any, hashes: list[tuple[str, int]],
-                    completion: bool) -> EventStream:
+                    completion: bool, cancel: CancelToken | None, timeout: float | None,
+                    choices: int) -> EventStream:
         """Retry before the first byte, as for Hearth nodes; then stream."""
         tried: set[str] = set()
         last = "no upstream could take the request"
@@ -237,17 +241,27 @@ class OpenAIUpstreamBackend:
                 raise refusal(resp.status_code, text)
             node.prefixes.add(hashes)
             outcome: list[bool] = []  # set by the stream; empty if it never ran to an end
-            return EventStream(self._events(lease, resp, completion, outcome),
+            events = self._events(lease, resp, completion, outcome, cancel or CancelToken(), timeout, choices)
+            return EventStream(events,
                                on_close=[self._releaser(lease, outcome)])
         raise Unavailable(f"every upstream failed: {last}", code="upstream_failed", retry_after=2)
+
+    def _spawn_close(self, resp: httpx.Response) -> None:
+        task = asyncio.ensure_future(resp.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def _releaser(self, lease: Lease, outcome: list[bool]) -> Callable[[], None]:
         return lambda: self.pool.release(lease, outcome[0] if outcome else None)
 
-    async def _events(self, lease: Lease, resp: httpx.Response, completion: bool,
-                      outcome: list[bool]) -> AsyncIterator[ChatEvent]:
+    async def _events(self, lease: Lease, resp: httpx.Response, completion: bool, outcome: list[bool],
+                      cancel: CancelToken, timeout: float | None, choices: int) -> AsyncIterator[ChatEvent]:
         """The lease is released by the EventStream's close (it runs even if this never starts);
-        `outcome` tells it how the stream ended."""
+        `outcome` tells it how the stream ended. A cancel (or the time cap) closes the upstream
+        response, which stops the upstream's work; the stream then ends `cancelled`."""
+        loop = asyncio.get_running_loop()
+        cancel.on_cancel(lambda: loop.call_soon_threadsafe(lambda: self._spawn_close(resp)))
+        cap = loop.call_later(timeout, cancel.cancel, "timeout") if timeout else None
         usage = Usage()
         finished: set[int] = set()
         chunks = 0  # content chunks: the completion tokens when the upstream reports no usage
@@ -277,12 +291,21 @@ class OpenAIUpstreamBackend:
                 if usage.completion_tokens == 0:
                     usage.completion_tokens = chunks
                 yield Done(usage)
-            except (httpx.HTTPError, ValueError, _UpstreamError) as e:
+            except (httpx.HTTPError, ValueError, _UpstreamError, RuntimeError) as e:
+                if cancel.cancelled:
+                    for i in range(choices):
+                        if i not in finished:
+                            yield Finish(i, "cancelled")
+                    usage.completion_tokens = usage.completion_tokens or chunks
+                    yield Done(usage)
+                    return
                 outcome.append(False)
                 message = f"the upstream node {lease.node.name} failed mid-stream: {e}"
                 yield Finish(0, "error")
                 yield Done(usage, error=message)
         finally:
+            if cap is not None:
+                cap.cancel()
             await resp.aclose()
 
 

@@ -37,6 +37,7 @@ from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.terminal import Protocol, first_response, is_terminal, protocol_of, terminal_error
 from hearth.gateway.transcripts import TranscriptStore
+from hearth.sessions.ids import check_session_id
 
 log = logging.getLogger("hearth.gateway")
 
@@ -111,7 +112,8 @@ class Proxy:
         alias = self.pool.resolve(body.get("model"))
         headers = forwarded_headers(request)
         affinity = affinity_of(body, headers)
-        sid = body.get("session_id") if isinstance(body.get("session_id"), str) else None
+        # Checked here too: the id goes into upstream URLs (history, create, delete).
+        sid = check_session_id(body["session_id"]) if body.get("session_id") is not None else None
         items = conversation(body)
         if sid is not None and (saved := self.store.transcript(sid)) is not None:
             items = saved[1] + items

@@ -227,6 +227,13 @@ async def cancel(request: Request) -> Response:
         if r.status_code >= 400:
             return _answer(r)  # the same validation everywhere: the first refusal speaks for all
         total += int(r.json().get("cancelled", 0))
+    translator = request.app.state.translator
+    if translator is not None:  # runs on openai-kind upstreams are registered here, in the gateway
+        ids = [v for k in ("completion_id", "response_id", "message_id") if isinstance(v := body.get(k), str)]
+        cancel_id = body.get("cancel_id") if isinstance(body.get("cancel_id"), str) else None
+        if cancel_id or isinstance(sid, str) or ids:
+            total += translator.state.cancels.cancel(cancel_id=cancel_id,
+                                                     session_id=sid if isinstance(sid, str) else None, ids=ids)
     return JSONResponse({"cancelled": total})
 
 

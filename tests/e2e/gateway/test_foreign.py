@@ -94,6 +94,23 @@ def test_anthropic_and_responses_are_translated_and_chains_kept_by_the_gateway(g
         oai.chat.completions.create(model="smol", messages=MSG, max_tokens=2, extra_body={"session_id": "s"})  # type: ignore[arg-type]
 
 
+def test_cancel_reaches_a_run_on_a_foreign_engine(gw: Gateway) -> None:
+    oai = openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
+    stream = oai.chat.completions.create(model="smol", max_tokens=300, stream=True, extra_body={"cancel_id": "fc"},
+                                         messages=[{"role": "user", "content": "Write a long story."}])
+    finish, pieces = None, 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces += 1
+            if pieces == 1:
+                r = httpx.post(gw.base_url + "/cancel", json={"cancel_id": "fc"},
+                               headers={"Authorization": f"Bearer {GW_KEY}"})
+                assert r.json()["cancelled"] == 1
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert finish == "cancelled" and pieces < 300
+
+
 def test_kill_mid_stream_ends_with_anthropic_error_event(gw: Gateway,
                                                          foreign: tuple[str, subprocess.Popen[bytes]]) -> None:
     ac = anthropic.Anthropic(base_url=gw.url, api_key=GW_KEY, max_retries=0)

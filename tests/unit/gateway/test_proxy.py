@@ -226,3 +226,9 @@ def test_heartbeat_comments_while_the_node_is_still_prefilling(client: TestClien
     text = stream_text(client, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(client, "k", "a"))
     assert text.startswith(": keep-alive\n\n")
     assert text.rstrip().endswith("data: [DONE]") and '"ok"' in text and "error" not in text
+
+
+def test_session_ids_are_checked_before_they_reach_an_upstream_url(client: TestClient, fleet: Fleet) -> None:
+    r = client.post("/v1/chat/completions", json={"model": "smol", "messages": [], "session_id": "../../admin"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id"
+    assert not fleet.calls("/v1/chat/completions")

@@ -1,0 +1,62 @@
+"""The upstream TOML and the gateway's settings checks."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from hearth.gateway.config import GatewaySettings, Upstream, parse_upstreams
+
+FLEET = """
+[[upstream]]
+name = "a"
+url = "http://10.0.0.5:8000/"
+api_key = "ka"
+models = { "smol" = "smollm2-135m-instruct" }
+max_in_flight = 4
+
+[[upstream]]
+name = "gpu"
+url = "https://gpu.example:8000"
+kind = "openai"
+models = ["qwen"]
+"""
+
+
+def test_parse_fleet() -> None:
+    a, gpu = parse_upstreams(tomllib.loads(FLEET))
+    assert (a.name, a.url, a.kind, a.max_in_flight, a.models) == (
+        "a", "http://10.0.0.5:8000", "hearth", 4, {"smol": "smollm2-135m-instruct"})
+    assert a.headers() == {"Authorization": "Bearer ka"} and a.headers(admin=True) == {"Authorization": "Bearer ka"}
+    assert gpu.kind == "openai" and gpu.models == {"qwen": "qwen"} and gpu.headers() == {}
+    s = GatewaySettings(upstreams=[a, gpu], data_dir=Path("/tmp"))
+    assert s.aliases() == {"smol": [a], "qwen": [gpu]}
+
+
+@pytest.mark.parametrize(("toml", "message"), [
+    ('[[upstream]]\nurl = "http://x"\nmodels = ["m"]', "name is required"),
+    ('[[upstream]]\nname = "a/b"\nurl = "http://x"\nmodels = ["m"]', "must match"),
+    ('[[upstream]]\nname = "a"\nurl = "ftp://x"\nmodels = ["m"]', "url must start"),
+    ('[[upstream]]\nname = "a"\nurl = "http://x"\nkind = "vllm"\nmodels = ["m"]', "kind must be"),
+    ('[[upstream]]\nname = "a"\nurl = "http://x"', "at least one model"),
+    ('[[upstream]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\npassword = "p"', "unknown keys"),
+    ('[[upstream]]\nname = "a"\nurl = "http://x"\nmodels = { m = 3 }', "models must map"),
+])
+def test_bad_upstreams_are_refused_with_a_reason(toml: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_upstreams(tomllib.loads(toml))
+
+
+def test_settings_checks() -> None:
+    up = Upstream(name="a", url="http://x", models={"m": "m"})
+    with pytest.raises(ValueError, match="share a name"):
+        GatewaySettings(upstreams=[up, up])
+    with pytest.raises(ValueError, match="not loopback"):
+        GatewaySettings(upstreams=[up], host="0.0.0.0")
+    with pytest.raises(ValueError, match="default-model"):
+        GatewaySettings(upstreams=[up], default_model="nope")
+    with pytest.raises(ValueError, match="at least one upstream"):
+        GatewaySettings(upstreams=[])
+    assert GatewaySettings(upstreams=[up], host="0.0.0.0", api_keys=["k"]).host == "0.0.0.0"
