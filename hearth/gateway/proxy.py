@@ -195,7 +195,8 @@ class Proxy:
     # ---- streams -------------------------------------------------------------------------------
 
     async def _stream(self, lease: Lease, turn: Turn, resp: httpx.Response, release: Any) -> Response:
-        queue: asyncio.Queue[object] = asyncio.Queue()
+        # Bounded: a slow client slows the upstream read (TCP backpressure) instead of buffering it all.
+        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=256)
         reader = asyncio.create_task(_read_events(resp, queue, lease.node, self.pool.clock))
         node = lease.node
 
