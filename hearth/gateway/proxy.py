@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from hearth.api.sse import EventStreamResponse
-from hearth.errors import BadRequest, Unavailable
+from hearth.errors import BadRequest, TooManyRequests, Unavailable
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.health import counts_as_failure
 from hearth.gateway.metrics import GatewayMetrics
@@ -105,6 +105,7 @@ class Proxy:
         self.metrics = metrics
         self.client = client
         self._background: set[asyncio.Task[None]] = set()
+        self._syncs: dict[str, asyncio.Task[None]] = {}  # the latest transcript copy per session
 
     # ---- the request ---------------------------------------------------------------------------
 
@@ -124,18 +125,23 @@ class Proxy:
     async def generate(self, request: Request, body: dict[str, Any]) -> Response:
         turn = self.turn(request, body)
         tried: set[str] = set()
-        last = "no upstream could take the request"
+        failures: list[_Retry] = []
         for _ in range(len(self.pool.nodes)):
             lease = await self.pool.acquire(turn.alias, turn.affinity, turn.hashes, turn.prompt_tokens, tried)
             tried.add(lease.node.name)
             try:
                 answer = await self._attempt(lease, turn)
             except _Retry as e:
-                last = e.reason
+                failures.append(e)
                 self.metrics.retries.labels(e.label).inc()
                 log.warning("upstream %s failed before the first byte (%s); trying another", lease.node.name, e.reason)
                 continue
             return answer
+        if failures and all(f.label == "status_429" for f in failures):  # the fleet is full, not broken
+            self.metrics.rejected("upstreams_full")
+            raise TooManyRequests("every upstream is at capacity; retry later", code="upstreams_full",
+                                  retry_after=max(1, int(min(f.retry_after for f in failures))))
+        last = failures[-1].reason if failures else "no upstream could take the request"
         raise Unavailable(f"every upstream failed: {last}", code="upstream_failed",
                           retry_after=max(1, int(self.settings.probe_interval)))
 
@@ -165,10 +171,11 @@ class Proxy:
             raise
         if resp.status_code in RETRY_STATUSES:
             await resp.aclose()
+            wait = _retry_after(resp)
             if resp.status_code == 429:
-                node.cooling_until = self.pool.clock() + _retry_after(resp)
+                node.cooling_until = self.pool.clock() + wait
             release(False if counts_as_failure(resp.status_code) else None)
-            raise _Retry(f"status_{resp.status_code}", f"{node.name} answered {resp.status_code}")
+            raise _Retry(f"status_{resp.status_code}", f"{node.name} answered {resp.status_code}", wait)
         streaming = resp.status_code == 200 and resp.headers.get("content-type", "").startswith("text/event-stream")
         if not streaming:
             try:
@@ -304,7 +311,7 @@ class Proxy:
         if scan.prompt is not None:
             self.metrics.reported_prompt.inc(scan.prompt)
         if turn.session_id is not None:
-            self._spawn(self.sync_transcript(node, turn.session_id, turn.alias))
+            self._sync(node, turn.session_id, turn.alias)
 
     async def sync_transcript(self, node: Node, sid: str, alias: str) -> None:
         """Copy the session's transcript from its node (what a failover re-prefills from)."""
@@ -318,10 +325,26 @@ class Proxy:
         except (httpx.HTTPError, ValueError) as e:
             log.warning("could not copy session %s's transcript from %s: %s", sid, node.name, e)
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
+    def _sync(self, node: Node, sid: str, alias: str) -> None:
+        """Copy the transcript after this turn, after any copy still running for the session (an
+        older copy must not land last)."""
+        before = self._syncs.get(sid)
+
+        async def run() -> None:
+            if before is not None:
+                await asyncio.gather(before, return_exceptions=True)
+            await self.sync_transcript(node, sid, alias)
+
+        task = asyncio.create_task(run())
+        self._syncs[sid] = task
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._background.discard(t)
+            if self._syncs.get(sid) is t:
+                del self._syncs[sid]
+
+        task.add_done_callback(done)
 
     async def idle(self) -> None:
         """Wait for background transcript copies (tests, shutdown)."""
@@ -330,10 +353,11 @@ class Proxy:
 
 
 class _Retry(Exception):
-    def __init__(self, label: str, reason: str) -> None:
+    def __init__(self, label: str, reason: str, retry_after: float = 1.0) -> None:
         super().__init__(reason)
         self.label = label
         self.reason = reason
+        self.retry_after = retry_after
 
 
 async def _get(queue: asyncio.Queue[object]) -> object:

@@ -232,3 +232,10 @@ def test_session_ids_are_checked_before_they_reach_an_upstream_url(client: TestC
     r = client.post("/v1/chat/completions", json={"model": "smol", "messages": [], "session_id": "../../admin"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id"
     assert not fleet.calls("/v1/chat/completions")
+
+
+def test_every_node_full_is_429_not_503(client: TestClient, fleet: Fleet) -> None:
+    fleet.behave["a"] = fleet.behave["b"] = lambda r: httpx.Response(429, headers={"Retry-After": "7"}, json={})
+    r = client.post("/v1/chat/completions", json={"model": "smol", "messages": []})
+    assert r.status_code == 429 and r.headers["retry-after"] == "7"
+    assert r.json()["error"]["code"] == "upstreams_full"
