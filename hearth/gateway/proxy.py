@@ -201,7 +201,8 @@ class Proxy:
 
     # ---- streams -------------------------------------------------------------------------------
 
-    async def _stream(self, lease: Lease, turn: Turn, resp: httpx.Response, release: Any) -> Response:
+    async def _stream(self, lease: Lease, turn: Turn, resp: httpx.Response,
+                      release: Callable[[bool | None], None]) -> Response:
         # Bounded: a slow client slows the upstream read (TCP backpressure) instead of buffering it all.
         queue: asyncio.Queue[object] = asyncio.Queue(maxsize=256)
         reader = asyncio.create_task(_read_events(resp, queue, lease.node, self.pool.clock))
@@ -386,7 +387,7 @@ async def _read_events(resp: httpx.Response, queue: asyncio.Queue[object], node:
     await queue.put(_END)
 
 
-def _renamer(upstream_id: str, alias: str) -> Any:
+def _renamer(upstream_id: str, alias: str) -> Callable[[bytes], bytes]:
     """Answers name the model as the client did (the alias), not the upstream's id."""
     if upstream_id == alias:
         return lambda data: data
