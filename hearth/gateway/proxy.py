@@ -226,6 +226,10 @@ class Proxy:
             await abandon()
             release(None)
             raise
+        if first is _END:  # closed without a single event: nothing reached the client, retry
+            await abandon()
+            release(False)
+            raise _Retry("broken_before_first_byte", f"{node.name} sent an empty stream")
         scan = Scan()
         state: dict[str, Any] = {"terminal": False, "events": 0, "response": None}
         rename = _renamer(node.up.models[turn.alias], turn.alias)

@@ -239,3 +239,10 @@ def test_every_node_full_is_429_not_503(client: TestClient, fleet: Fleet) -> Non
     r = client.post("/v1/chat/completions", json={"model": "smol", "messages": []})
     assert r.status_code == 429 and r.headers["retry-after"] == "7"
     assert r.json()["error"]["code"] == "upstreams_full"
+
+
+def test_an_empty_stream_is_retried_not_left_hanging(client: TestClient, fleet: Fleet) -> None:
+    fleet.behave["a"] = lambda r: sse(chunks=[])
+    fleet.behave["b"] = lambda r: sse(chunks=[chat_chunk("ok"), b"data: [DONE]\n\n"])
+    text = stream_text(client, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(client, "k", "a"))
+    assert '"ok"' in text and text.rstrip().endswith("data: [DONE]")
