@@ -114,7 +114,7 @@ def drain(node: Annotated[str, typer.Argument(help="The upstream's name.")], url
           api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
     """Stop routing to NODE and move all its sessions, with their KV, to other nodes."""
     with Client(url, api_key) as c:
-        data = c.post(f"/admin/nodes/{node}/drain")
+        data = c.post(f"/admin/nodes/{node}/drain", timeout=None)  # as long as the moves take
     if as_json:
         print_json(data)
         return
@@ -132,4 +132,4 @@ def move(session: Annotated[str, typer.Argument(help="Session id.")],
          url: GatewayUrlOpt = "http://127.0.0.1:8080", api_key: ApiKeyOpt = None) -> None:
     """Move one session, with its KV, to another node."""
     with Client(url, api_key) as c:
-        print_json(c.post(f"/admin/sessions/{session}/move", {"to": to} if to else {}))
+        print_json(c.post(f"/admin/sessions/{session}/move", {"to": to} if to else {}, timeout=None))
