@@ -90,6 +90,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         Route("/v1/sessions/{session_id}", routes.session_route, methods=["GET", "DELETE"]),
         Route("/v1/sessions/{session_id}/{action:path}", routes.session_route, methods=["GET", "POST"]),
         Route("/v1/snapshots", routes.list_snapshots, methods=["GET"]),
+        Route("/v1/snapshots/import", routes.import_snapshot, methods=["POST"]),
         Route("/v1/snapshots/{snapshot_id}", routes.snapshot_route, methods=["GET", "PATCH", "DELETE"]),
         Route("/v1/snapshots/{snapshot_id}/{action}", routes.snapshot_route, methods=["GET", "POST"]),
         Route("/v1/cancel", routes.cancel, methods=["POST"]),

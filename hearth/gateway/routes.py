@@ -210,6 +210,26 @@ async def snapshot_route(request: Request) -> Response:
     return _answer(r)
 
 
+async def import_snapshot(request: Request) -> Response:
+    """The archive goes, streamed (never held whole here), to the least loaded live Hearth node."""
+    pool = _pool(request)
+    now = pool.clock()
+    options = [n for n in _live(pool) if n.routable(now)]
+    if not options:
+        raise Unavailable("no healthy Hearth upstream to import into", code="no_healthy_upstream", retry_after=2)
+    node = min(options, key=lambda n: n.in_flight)
+    headers = {"content-type": request.headers.get("content-type", "application/x-tar"), **node.up.headers()}
+    try:
+        r = await _client(request).post(node.up.url + "/v1/snapshots/import", content=request.stream(),
+                                        headers=headers, timeout=httpx.Timeout(600, connect=5))
+    except httpx.HTTPError as e:
+        raise Unavailable(f"upstream {node.name} could not be reached: {type(e).__name__}", code="upstream_failed",
+                          retry_after=2) from e
+    answer = _answer(r)
+    answer.headers["X-Hearth-Upstream"] = node.name
+    return answer
+
+
 # ---- cancel and tokens ----------------------------------------------------------------------
 
 

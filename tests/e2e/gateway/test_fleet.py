@@ -160,6 +160,13 @@ def test_move_carries_the_kv_and_continues_as_the_original_would(gw: Gateway, oa
     snap = gw.admin("POST", "/v1/sessions/mv/save", json={}).json()["snapshot_id"]
     assert gw.admin("POST", f"/v1/snapshots/{snap}/load", json={"session_id": "mv-ref"}).status_code == 201
     assert gw.session_node("mv-ref") == src
+    archive = gw.admin("GET", f"/v1/snapshots/{snap}/archive")  # snapshots through the gateway too
+    assert archive.status_code == 200 and archive.headers["content-type"] == "application/x-tar"
+    assert gw.admin("DELETE", f"/v1/snapshots/{snap}").json()["deleted"] is True
+    imported = gw.admin("POST", "/v1/snapshots/import", content=archive.content)
+    assert imported.status_code == 201 and imported.json()["snapshot_id"] == snap
+    listed = gw.admin("GET", "/v1/snapshots").json()["data"]
+    assert [(s["snapshot_id"], s["node"]) for s in listed] == [(snap, imported.headers["x-hearth-upstream"])]
     moved = gw.admin("POST", "/admin/sessions/mv/move", json={}).json()
     dst = moved["to"]
     assert moved["from"] == src and dst != src and moved["tokens"] > 0

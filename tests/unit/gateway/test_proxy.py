@@ -246,3 +246,10 @@ def test_an_empty_stream_is_retried_not_left_hanging(client: TestClient, fleet: 
     fleet.behave["b"] = lambda r: sse(chunks=[chat_chunk("ok"), b"data: [DONE]\n\n"])
     text = stream_text(client, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(client, "k", "a"))
     assert '"ok"' in text and text.rstrip().endswith("data: [DONE]")
+
+
+def test_the_chat_page_and_health_need_no_key(client: TestClient) -> None:
+    page = client.get("/", headers={"Authorization": ""})
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    health = client.get("/health", headers={"Authorization": ""})
+    assert health.status_code == 200 and set(health.json()["nodes_up"]) == {"a", "b"}
