@@ -72,7 +72,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
                 yield
         finally:
             await pool.stop()
-            await proxy.idle()
+            await proxy.continuity.idle()
             await client.aclose()
             store.close()
 

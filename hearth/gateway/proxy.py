@@ -29,8 +29,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from hearth.api.sse import EventStreamResponse
-from hearth.errors import BadRequest, TooManyRequests, Unavailable
+from hearth.errors import TooManyRequests, Unavailable
 from hearth.gateway.config import GatewaySettings
+from hearth.gateway.continuity import Continuity
 from hearth.gateway.health import counts_as_failure
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Lease, Node, Pool
@@ -62,6 +63,21 @@ class Scan:
     cached: int | None = None
     prompt: int | None = None
     response_id: str | None = None
+    output: list[Any] | None = None  # a Responses answer's output items (kept for chain failover)
+
+    def feed_response(self, data: bytes) -> None:
+        """A Responses answer: the whole JSON (non-streamed) or its terminal event."""
+        if data.startswith(b"event: "):
+            if not data.startswith((b"event: response.completed", b"event: response.incomplete")):
+                return
+            data = data.split(b"data: ", 1)[-1]
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return
+        r = doc.get("response", doc) if isinstance(doc, dict) else None
+        if isinstance(r, dict) and isinstance(r.get("output"), list):
+            self.output = r["output"]
 
     def feed(self, data: bytes) -> None:
         if m := _CACHED.findall(data):
@@ -104,8 +120,7 @@ class Proxy:
         self.store = store
         self.metrics = metrics
         self.client = client
-        self._background: set[asyncio.Task[None]] = set()
-        self._syncs: dict[str, asyncio.Task[None]] = {}  # the latest transcript copy per session
+        self.continuity = Continuity(store, client, metrics)
 
     # ---- the request ---------------------------------------------------------------------------
 
@@ -157,8 +172,8 @@ class Proxy:
 
         try:
             if turn.session_id is not None:
-                await self._ensure_session(node, turn)
-            payload = {**turn.body, "model": node.up.models[turn.alias]}
+                await self.continuity.ensure_session(node, turn.alias, turn.session_id)
+            payload = {**self.continuity.rechained(node, turn.body), "model": node.up.models[turn.alias]}
             req = self.client.build_request("POST", node.up.url + turn.path, json=payload,
                                             headers={**turn.headers, **node.up.headers()},
                                             timeout=httpx.Timeout(None, connect=self.settings.connect_timeout))
@@ -190,6 +205,8 @@ class Proxy:
                 content = _renamer(node.up.models[turn.alias], turn.alias)(content)
                 scan = Scan()
                 scan.feed(content)
+                if turn.protocol == "responses":
+                    scan.feed_response(content)
                 self._finished(lease, turn, scan)
                 ok = True
             release(ok)
@@ -242,6 +259,8 @@ class Proxy:
                 state["response"] = first_response(event)
             if is_terminal(turn.protocol, event):
                 state["terminal"] = True
+                if turn.protocol == "responses":
+                    scan.feed_response(event)
             return event + b"\n\n"
 
         async def body() -> AsyncIterator[bytes]:
@@ -277,31 +296,7 @@ class Proxy:
 
         return EventStreamResponse(body(), headers=_passed_headers(resp, node.name))
 
-    # ---- sessions ------------------------------------------------------------------------------
-
-    async def _ensure_session(self, node: Node, turn: Turn) -> None:
-        """A session that lived on another node continues here: re-create it from the gateway's
-        transcript (its KV is rebuilt by this turn's prefill)."""
-        assert turn.session_id is not None
-        owner = self.store.node_of(turn.affinity.key or "")
-        if owner is None or owner == node.name:
-            return
-        saved = self.store.transcript(turn.session_id)
-        if saved is None or not saved[1]:
-            return  # nothing to carry over: the session starts afresh here
-        body = {"session_id": turn.session_id, "model": node.up.models[turn.alias], "messages": saved[1]}
-        url = f"{node.up.url}/v1/sessions"
-        r = await self.client.post(url, json=body, headers=node.up.headers(), timeout=30)
-        if r.status_code == 409:  # a stale copy from an earlier stay on this node
-            await self.client.delete(f"{url}/{turn.session_id}", headers=node.up.headers(admin=True), timeout=30)
-            r = await self.client.post(url, json=body, headers=node.up.headers(), timeout=30)
-        if r.status_code >= 500:
-            raise httpx.TransportError(f"creating the session answered {r.status_code}")
-        if r.status_code >= 400:
-            raise BadRequest(f"could not continue session {turn.session_id} on {node.name}: {r.text[:300]}")
-        self.metrics.reprefills.inc()
-        log.info("session %s continues on %s from the gateway's transcript (%d messages)", turn.session_id,
-                 node.name, len(saved[1]))
+    # ---- after the answer ----------------------------------------------------------------------
 
     def _finished(self, lease: Lease, turn: Turn, scan: Scan) -> None:
         """A successful answer: remember where the conversation now lives."""
@@ -310,51 +305,15 @@ class Proxy:
         self.pool.remember(turn.affinity, node.name)
         if scan.response_id is not None:
             self.pool.remember(Affinity("response", scan.response_id), node.name)
+            if scan.output is not None:
+                self.continuity.response_done(turn.body, scan.response_id, scan.output)
         if scan.cached is not None:
             self.metrics.reported_cached.inc(scan.cached)
             self.metrics.predicted_cached.inc(lease.decision.predicted_cached)
         if scan.prompt is not None:
             self.metrics.reported_prompt.inc(scan.prompt)
         if turn.session_id is not None:
-            self._sync(node, turn.session_id, turn.alias)
-
-    async def sync_transcript(self, node: Node, sid: str, alias: str) -> None:
-        """Copy the session's transcript from its node (what a failover re-prefills from)."""
-        try:
-            r = await self.client.get(f"{node.up.url}/v1/sessions/{sid}/history", headers=node.up.headers(),
-                                      timeout=30)
-            if r.status_code == 200:
-                data = r.json().get("data")
-                if isinstance(data, list):
-                    self.store.save_transcript(sid, alias, data)
-        except (httpx.HTTPError, ValueError) as e:
-            log.warning("could not copy session %s's transcript from %s: %s", sid, node.name, e)
-
-    def _sync(self, node: Node, sid: str, alias: str) -> None:
-        """Copy the transcript after this turn, after any copy still running for the session (an
-        older copy must not land last)."""
-        before = self._syncs.get(sid)
-
-        async def run() -> None:
-            if before is not None:
-                await asyncio.gather(before, return_exceptions=True)
-            await self.sync_transcript(node, sid, alias)
-
-        task = asyncio.create_task(run())
-        self._syncs[sid] = task
-        self._background.add(task)
-
-        def done(t: asyncio.Task[None]) -> None:
-            self._background.discard(t)
-            if self._syncs.get(sid) is t:
-                del self._syncs[sid]
-
-        task.add_done_callback(done)
-
-    async def idle(self) -> None:
-        """Wait for background transcript copies (tests, shutdown)."""
-        while self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
+            self.continuity.session_done(node, turn.session_id, turn.alias)
 
 
 class _Retry(Exception):

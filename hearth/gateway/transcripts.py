@@ -3,7 +3,10 @@
 - `affinity`: binding keys (a session, a response chain) → the node that holds them;
 - `transcripts`: every session's conversation as its node last reported it (OpenAI-shaped
   messages, the node's `/history`), so a session whose node died continues elsewhere,
-  re-prefilled from it.
+  re-prefilled from it;
+- `responses`: each stored Responses turn on a Hearth node (its input items and output items,
+  and the response it continued), so a `previous_response_id` chain whose node died is replayed
+  as input items on another node.
 
 Writes are single small statements (WAL): cheap enough for the event loop.
 """
@@ -21,7 +24,10 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS affinity (key TEXT PRIMARY KEY, node TEXT NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS transcripts (session_id TEXT PRIMARY KEY, model TEXT NOT NULL,
                                         messages TEXT NOT NULL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, previous TEXT, items TEXT NOT NULL,
+                                      updated REAL NOT NULL);
 """
+MAX_CHAIN = 1000
 
 
 class TranscriptStore:
@@ -84,3 +90,23 @@ class TranscriptStore:
     def drop_transcript(self, session_id: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM transcripts WHERE session_id = ?", (session_id,))
+
+    # ---- response chains -----------------------------------------------------------------------
+
+    def save_response(self, response_id: str, previous: str | None, items: list[Any]) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
+                             (response_id, previous, json.dumps(items, ensure_ascii=False), time.time()))
+
+    def chain(self, response_id: str) -> list[Any] | None:
+        """Every item of the chain ending at `response_id`, oldest first; None if a link is missing."""
+        parts: list[list[Any]] = []
+        rid: str | None = response_id
+        with self._lock:
+            while rid is not None and len(parts) < MAX_CHAIN:
+                row = self._db.execute("SELECT previous, items FROM responses WHERE id = ?", (rid,)).fetchone()
+                if row is None:
+                    return None
+                parts.append(json.loads(row[1]))
+                rid = row[0]
+        return [item for part in reversed(parts) for item in part]

@@ -94,3 +94,21 @@ def test_sigstopped_node_is_routed_around_and_comes_back_without_flapping(
     assert after[frozen]["transitions"] == before[frozen]["transitions"] + 2  # down once, up once
     assert after[other]["transitions"] == before[other]["transitions"]
     assert after[frozen]["breaker"] == "closed"
+
+
+def test_a_response_chain_continues_after_its_node_dies(gw: Gateway, nodes: dict[str, Server]) -> None:
+    headers = {"Authorization": f"Bearer {GW_KEY}"}
+    first = httpx.post(gw.base_url + "/responses", headers=headers, timeout=60, json={
+        "model": "smol", "input": "My name is Ada.", "max_output_tokens": 8, "temperature": 0})
+    assert first.status_code == 200
+    owner = first.headers["x-hearth-upstream"]
+    nodes[owner].proc.kill()
+    nodes[owner].proc.wait(10)
+    second = httpx.post(gw.base_url + "/responses", headers=headers, timeout=60, json={
+        "model": "smol", "input": "What is my name?", "previous_response_id": first.json()["id"],
+        "max_output_tokens": 8, "temperature": 0})
+    assert second.status_code == 200, second.text
+    assert second.headers["x-hearth-upstream"] != owner
+    # the new node prefilled the whole chain, replayed by the gateway: more than this turn's input
+    assert second.json()["usage"]["input_tokens"] > first.json()["usage"]["input_tokens"]
+    assert second.json()["output_text"]

@@ -253,3 +253,19 @@ def test_the_chat_page_and_health_need_no_key(client: TestClient) -> None:
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     health = client.get("/health", headers={"Authorization": ""})
     assert health.status_code == 200 and set(health.json()["nodes_up"]) == {"a", "b"}
+
+
+def test_a_response_chain_whose_node_is_down_is_replayed_on_another(client: TestClient, fleet: Fleet) -> None:
+    said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi Ada"}]}
+    fleet.behave["a"] = lambda r: httpx.Response(200, json={"id": "resp_1", "object": "response", "model": "up-model",
+                                                            "status": "completed", "output": [said]})
+    first = client.post("/v1/responses", json={"model": "smol", "input": "I am Ada"}, headers=stick(client, "k", "a"))
+    assert first.json()["id"] == "resp_1"
+    pool_of(client).nodes["a"].live.up = False
+    fleet.behave["b"] = lambda r: httpx.Response(200, json={"id": "resp_2", "object": "response", "output": []})
+    r = client.post("/v1/responses", json={"model": "smol", "input": "Who am I?", "previous_response_id": "resp_1"})
+    assert r.status_code == 200 and r.headers["x-hearth-upstream"] == "b"
+    sent = json.loads(fleet.calls("/v1/responses")[-1].content)
+    assert "previous_response_id" not in sent
+    assert sent["input"] == [{"type": "message", "role": "user", "content": "I am Ada"}, said,
+                             {"type": "message", "role": "user", "content": "Who am I?"}]

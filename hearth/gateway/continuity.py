@@ -1,0 +1,129 @@
+"""No conversation lost: what the gateway copies from each successful turn, and how a
+conversation whose node is gone continues on another.
+
+- A session (`session_id`): after each turn its transcript is copied from the node's
+  `/history` (copies of one session run in order); on another node the session is first
+  re-created from that copy (`POST /v1/sessions` with `messages`), and the turn re-prefills it.
+- A Responses chain (`previous_response_id`) on Hearth nodes: each stored turn's input and
+  output items are kept; on another node the chain is replayed as input items, without the id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from hearth.errors import BadRequest
+from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.pool import Node
+from hearth.gateway.transcripts import TranscriptStore
+
+log = logging.getLogger("hearth.gateway")
+
+
+def input_items(value: Any) -> list[Any]:
+    """A Responses `input` as a list of items (a string is one user message)."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return list(value) if isinstance(value, list) else []
+
+
+class Continuity:
+    def __init__(self, store: TranscriptStore, client: httpx.AsyncClient, metrics: GatewayMetrics) -> None:
+        self.store = store
+        self.client = client
+        self.metrics = metrics
+        self._background: set[asyncio.Task[None]] = set()
+        self._syncs: dict[str, asyncio.Task[None]] = {}  # the latest transcript copy per session
+
+    # ---- before a turn -------------------------------------------------------------------------
+
+    async def ensure_session(self, node: Node, alias: str, sid: str) -> None:
+        """A session that lived on another node continues here: re-create it from the gateway's
+        transcript (its KV is rebuilt by this turn's prefill)."""
+        owner = self.store.node_of(f"session:{sid}")
+        if owner is None or owner == node.name:
+            return
+        saved = self.store.transcript(sid)
+        if saved is None or not saved[1]:
+            return  # nothing to carry over: the session starts afresh here
+        body = {"session_id": sid, "model": node.up.models[alias], "messages": saved[1]}
+        url = f"{node.up.url}/v1/sessions"
+        r = await self.client.post(url, json=body, headers=node.up.headers(), timeout=30)
+        if r.status_code == 409:  # a stale copy from an earlier stay on this node
+            await self.client.delete(f"{url}/{sid}", headers=node.up.headers(admin=True), timeout=30)
+            r = await self.client.post(url, json=body, headers=node.up.headers(), timeout=30)
+        if r.status_code >= 500:
+            raise httpx.TransportError(f"creating the session answered {r.status_code}")
+        if r.status_code >= 400:
+            raise BadRequest(f"could not continue session {sid} on {node.name}: {r.text[:300]}")
+        self.metrics.reprefills.inc()
+        log.info("session %s continues on %s from the gateway's transcript (%d messages)", sid, node.name,
+                 len(saved[1]))
+
+    def rechained(self, node: Node, body: dict[str, Any]) -> dict[str, Any]:
+        """The body for `node`. A `previous_response_id` chain held by another (dead or draining)
+        node is replayed from the gateway's copy as input items, without the id."""
+        rid = body.get("previous_response_id")
+        if not isinstance(rid, str):
+            return body
+        owner = self.store.node_of(f"response:{rid}")
+        if owner is None or owner == node.name:
+            return body
+        items = self.store.chain(rid)
+        if items is None:
+            return body  # not all of the chain is here: the node answers for the id itself
+        self.metrics.reprefills.inc()
+        log.info("response chain %s continues on %s from the gateway's copy (%d items)", rid, node.name, len(items))
+        out = {k: v for k, v in body.items() if k != "previous_response_id"}
+        out["input"] = items + input_items(body.get("input"))
+        return out
+
+    # ---- after a turn --------------------------------------------------------------------------
+
+    def response_done(self, body: dict[str, Any], response_id: str, output: list[Any]) -> None:
+        if body.get("store") is False:
+            return
+        previous = body.get("previous_response_id")
+        self.store.save_response(response_id, previous if isinstance(previous, str) else None,
+                                 input_items(body.get("input")) + output)
+
+    def session_done(self, node: Node, sid: str, alias: str) -> None:
+        """Copy the transcript after this turn, after any copy still running for the session (an
+        older copy must not land last)."""
+        before = self._syncs.get(sid)
+
+        async def run() -> None:
+            if before is not None:
+                await asyncio.gather(before, return_exceptions=True)
+            await self.copy_transcript(node, sid, alias)
+
+        task = asyncio.create_task(run())
+        self._syncs[sid] = task
+        self._background.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._background.discard(t)
+            if self._syncs.get(sid) is t:
+                del self._syncs[sid]
+
+        task.add_done_callback(done)
+
+    async def copy_transcript(self, node: Node, sid: str, alias: str) -> None:
+        try:
+            r = await self.client.get(f"{node.up.url}/v1/sessions/{sid}/history", headers=node.up.headers(),
+                                      timeout=30)
+            if r.status_code == 200:
+                data = r.json().get("data")
+                if isinstance(data, list):
+                    self.store.save_transcript(sid, alias, data)
+        except (httpx.HTTPError, ValueError) as e:
+            log.warning("could not copy session %s's transcript from %s: %s", sid, node.name, e)
+
+    async def idle(self) -> None:
+        """Wait for background transcript copies (tests, shutdown)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
