@@ -112,6 +112,8 @@ async def overhead(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
                     "max_tokens": args.max_tokens, "ignore_eos": True}
             await stream_turn(client, gw.url, body)  # warm-up
             for c in args.concurrency:
+                for url, model in ((node.url, MODEL_ID), (gw.url, "smol")):  # untimed: first use of c slots
+                    await asyncio.gather(*(stream_turn(client, url, {**body, "model": model}) for _ in range(c)))
                 ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
                 tput: dict[str, list[float]] = {"direct": [], "gateway": []}
                 for r in range(args.rounds * 2):

@@ -80,12 +80,14 @@ class Scan:
             self.output = r["output"]
 
     def feed(self, data: bytes) -> None:
+        if self.response_id is None and (r := _RESPONSE_ID.search(data)):
+            self.response_id = r.group(1).decode()
+        if b'"usage"' not in data:  # most events: text deltas
+            return
         if m := _CACHED.findall(data):
             self.cached = int(m[-1])
         if m := _PROMPT.findall(data):
             self.prompt = int(m[-1])
-        if self.response_id is None and (r := _RESPONSE_ID.search(data)):
-            self.response_id = r.group(1).decode()
 
 
 @dataclass(slots=True)
@@ -269,11 +271,16 @@ class Proxy:
                 self.metrics.ttft.observe(time.monotonic() - turn.started)
                 yield forward(first) if isinstance(first, bytes) else HEARTBEAT
                 while True:
-                    try:
-                        item = await asyncio.wait_for(_get(queue), self.settings.heartbeat)
-                    except TimeoutError:
-                        yield HEARTBEAT
-                        continue
+                    try:  # the common case, an event already waiting, costs no timer
+                        item = queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        try:
+                            item = await asyncio.wait_for(queue.get(), self.settings.heartbeat)
+                        except TimeoutError:
+                            yield HEARTBEAT
+                            continue
+                    if isinstance(item, _Broken):
+                        raise item
                     if item is _END:
                         break
                     assert isinstance(item, bytes)
