@@ -38,6 +38,7 @@ from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.terminal import Protocol, first_response, is_terminal, protocol_of, terminal_error
 from hearth.gateway.transcripts import TranscriptStore
+from hearth.observability.logging import request_id
 from hearth.sessions.ids import check_session_id
 
 log = logging.getLogger("hearth.gateway")
@@ -53,7 +54,13 @@ _RESPONSE_ID = re.compile(rb'"id":"(resp_[A-Za-z0-9_-]+)"')
 
 
 def forwarded_headers(request: Request) -> dict[str, str]:
-    return {k: v for k, v in request.headers.items() if k in FORWARD_HEADERS}
+    """The client's headers a node may see (never its credentials), and the gateway's request id,
+    so one id names the request in the gateway's log and the node's."""
+    out = {k: v for k, v in request.headers.items() if k in FORWARD_HEADERS}
+    rid = request_id.get()
+    if rid != "-":
+        out["x-request-id"] = rid
+    return out
 
 
 @dataclass(slots=True)
