@@ -3,7 +3,9 @@
 - **Liveness**: a cheap `/health` probe every few seconds. `FALL` failed probes in a row mark a
   node down, `RISE` good ones bring it back (hysteresis: one slow probe does not flap it). A
   node deep in a long prefill still answers /health (its HTTP loop is not the engine thread),
-  so busy is never dead.
+  so busy is never dead. Engines that serialise every request (a probe waits behind the running
+  generation) are given `BUSY_GRACE` seconds since their last sign of life while they have
+  requests of ours in flight: a probe timeout then is inconclusive, not a failure.
 - **Breaker** (passive, from real requests): `FAILURES` failures in a row open it for
   `COOLDOWN` seconds; then one trial request is let through (half-open) and its outcome closes
   or reopens it. A failure is a connect error, a 5xx, or a stream broken mid-way (recorded when
@@ -19,6 +21,7 @@ from typing import Literal
 
 FALL = 3
 RISE = 2
+BUSY_GRACE = 30.0  # seconds a node with requests in flight may go without answering a probe
 FAILURES = 3
 COOLDOWN = 10.0
 

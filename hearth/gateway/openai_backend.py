@@ -221,6 +221,7 @@ class OpenAIUpstreamBackend:
                                                 headers=node.up.headers(),
                                                 timeout=httpx.Timeout(None, connect=self.pool.settings.connect_timeout))
                 resp = await self.client.send(req, stream=True)
+                node.last_bytes = self.pool.clock()
             except httpx.TransportError as e:
                 self.pool.release(lease, False)
                 last = f"{node.name}: {type(e).__name__}"

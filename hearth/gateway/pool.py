@@ -22,7 +22,7 @@ import httpx
 
 from hearth.errors import NotFound, TooManyRequests, Unavailable
 from hearth.gateway.config import GatewaySettings, Upstream
-from hearth.gateway.health import Breaker, Liveness
+from hearth.gateway.health import BUSY_GRACE, Breaker, Liveness
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing import Affinity, Candidate, Chooser, Decision, PrefixTable
 from hearth.gateway.transcripts import TranscriptStore
@@ -197,10 +197,10 @@ class Pool:
                                       timeout=self.settings.probe_timeout)
             ok, error = r.status_code == 200, f"{path} answered {r.status_code}"
         except httpx.TimeoutException as e:
-            # A slow probe from a node that is streaming answers right now is busy, not dead (some
-            # engines serialise every request behind the running one): inconclusive.
-            recent = self.settings.probe_interval + self.settings.probe_timeout
-            if node.in_flight and self.clock() - node.last_bytes < recent:
+            # A slow probe of a node that is working on our requests is busy, not dead (some engines
+            # serialise every request, probes included, behind the running one): inconclusive while
+            # it showed life (answer headers or bytes) within BUSY_GRACE.
+            if node.in_flight and self.clock() - node.last_bytes < BUSY_GRACE:
                 return
             ok, error = False, f"{type(e).__name__}: {e}"
         except httpx.HTTPError as e:

@@ -187,6 +187,7 @@ class Proxy:
                                             headers={**turn.headers, **node.up.headers()},
                                             timeout=httpx.Timeout(None, connect=self.settings.connect_timeout))
             resp = await self.client.send(req, stream=True)
+            node.last_bytes = self.pool.clock()
         except httpx.TransportError as e:
             release(False)
             raise _Retry("connect", f"{node.name}: {type(e).__name__}: {e}") from e
