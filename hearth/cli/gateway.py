@@ -26,7 +26,7 @@ def serve(
     ctx: typer.Context,
     upstreams: Annotated[Path | None, typer.Option(
         "--upstreams", envvar="HEARTH_UPSTREAMS",
-        help="TOML file with the [[upstream]] list (docs/gateway.md).")] = None,
+        help="TOML file with one upstream table per node (docs/gateway.md).")] = None,
     host: Annotated[str, typer.Option(envvar="HEARTH_HOST", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="HEARTH_GATEWAY_PORT")] = 8080,
     default_model: Annotated[str | None, typer.Option(

@@ -105,6 +105,16 @@ def test_sessions_stay_on_their_node_and_reuse_their_kv(gw: Gateway, oai: openai
         holders = [n for n in nodes if sid in on[n]]
         assert holders == [gw.session_node(sid)], sid
     assert gw.admin("GET", f"/admin/sessions/{sids[0]}").json()["transcript_messages"] >= 6
+    # the other protocols continue the same sessions, on the same nodes, from their KV
+    ac = anthropic.Anthropic(base_url=gw.url, api_key=GW_KEY, max_retries=0)
+    m = ac.messages.create(model="smol", max_tokens=3, messages=[{"role": "user", "content": "One more word."}],
+                           extra_body={"session_id": sids[0]})
+    assert m.usage.cache_read_input_tokens
+    resp = oai.responses.create(model="smol", input="And another.", max_output_tokens=3,
+                                extra_body={"session_id": sids[1]})
+    assert resp.usage and resp.usage.input_tokens_details.cached_tokens
+    on = {n: sessions_on(nodes, n) for n in nodes}
+    assert all([n for n in nodes if sid in on[n]] == [gw.session_node(sid)] for sid in sids)
 
 
 def test_stateless_conversations_follow_their_prefix(gw: Gateway, oai: openai.OpenAI) -> None:
