@@ -175,6 +175,10 @@ async def session_route(request: Request) -> Response:
     if request.method == "DELETE" and r.status_code == 200:
         pool.store.forget(f"session:{sid}")
         pool.store.drop_transcript(sid)
+    elif request.method == "POST" and r.status_code == 200:  # rollback / resize changed the transcript
+        saved = pool.store.transcript(sid)
+        alias = saved[0] if saved else next(iter(node.up.models))
+        _proxy(request).continuity.session_done(node, sid, alias)
     return _answer(r)
 
 
