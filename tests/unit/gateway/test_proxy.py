@@ -270,3 +270,21 @@ def test_a_response_chain_whose_node_is_down_is_replayed_on_another(client: Test
     assert "previous_response_id" not in sent
     assert sent["input"] == [{"type": "message", "role": "user", "content": "I am Ada"}, said,
                              {"type": "message", "role": "user", "content": "Who am I?"}]
+
+
+def test_a_rollback_through_the_gateway_refreshes_its_transcript_copy(client: TestClient, fleet: Fleet) -> None:
+    kept = [{"role": "user", "content": "first"}]
+
+    def node(r: httpx.Request) -> httpx.Response:
+        if r.url.path.endswith("/history"):
+            return httpx.Response(200, json={"object": "list", "data": kept})
+        return httpx.Response(200, json={"object": "session", "session_id": "s", "message_count": 1})
+
+    fleet.behave["a"] = node
+    store = pool_of(client).store
+    store.assign("session:s", "a")
+    store.save_transcript("s", "smol", kept + [{"role": "assistant", "content": "old"}] * 3)
+    r = client.post("/v1/sessions/s/rollback", json={"keep_messages": 1})
+    assert r.status_code == 200 and fleet.calls("/v1/sessions/s/rollback")[0].url.port == 9101
+    client.portal.call(client.app.state.proxy.continuity.idle)  # type: ignore[attr-defined]
+    assert store.transcript("s") == ("smol", kept)
