@@ -73,6 +73,11 @@ def test_chat_through_to_a_foreign_engine(gw: Gateway) -> None:
                                               stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    c = oai.completions.create(model="smol", prompt="Once upon a time", max_tokens=6, temperature=0)
+    assert c.choices[0].text and c.choices[0].finish_reason == "length"
+    events = list(oai.responses.create(model="smol", input="Hi", max_output_tokens=6, stream=True))
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta")
 
 
 def test_anthropic_and_responses_are_translated_and_chains_kept_by_the_gateway(gw: Gateway) -> None:
