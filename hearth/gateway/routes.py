@@ -19,6 +19,7 @@ from hearth.errors import BadRequest, Forbidden, NotFound, Unavailable
 from hearth.gateway.migrate import Mover
 from hearth.gateway.pool import Node, Pool
 from hearth.gateway.proxy import Proxy, forwarded_headers
+from hearth.observability.logging import request_id
 from hearth.sessions.ids import check_session_id
 
 
@@ -60,7 +61,17 @@ class Delegate(Response):
                 return {"type": "http.request", "body": self.body, "more_body": False}
             return await receive()  # the disconnect, when it comes
 
-        await self.app(scope, replay, send)
+        # The inner app logs the request too: under the gateway's request id, not a new one.
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"x-request-id", b"content-length")]
+        headers.append((b"x-request-id", request_id.get().encode("latin-1")))
+
+        async def send_once(message: Message) -> None:  # the outer app adds the one x-request-id
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [(k, v) for k, v in message.get("headers", [])
+                                                  if k.lower() != b"x-request-id"]}
+            await send(message)
+
+        await self.app({**scope, "headers": headers}, replay, send_once)
 
 
 async def generate(request: Request) -> Response:

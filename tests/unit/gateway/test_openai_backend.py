@@ -98,6 +98,7 @@ def test_an_anthropic_client_with_tools_in_front_of_an_openai_engine(client: Tes
         "messages": [{"role": "user", "content": "Weather in Oslo?"}]})
     assert r.status_code == 200, r.text
     msg = r.json()
+    assert len(r.headers.get_list("x-request-id")) == 1
     assert msg["model"] == "q" and msg["stop_reason"] == "tool_use"
     assert msg["content"][0] == {"type": "text", "text": "Let me look."}
     assert msg["content"][1]["type"] == "tool_use" and msg["content"][1]["input"] == {"city": "Oslo"}
