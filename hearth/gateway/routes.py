@@ -291,6 +291,8 @@ async def by_model(request: Request) -> Response:
     pool = _pool(request)
     body = await read_json(request)
     alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.settings.aliases()))
+    if alias in request.app.state.translated:  # its backend says what it can and cannot count
+        return Delegate(request.app.state.translator, json.dumps({**body, "model": alias}).encode())
     now = pool.clock()
     options = [n for n in pool.nodes.values() if alias in n.up.models and n.routable(now) and n.up.kind == "hearth"]
     if not options:

@@ -119,3 +119,8 @@ def test_responses_chains_are_kept_by_the_gateway(client: TestClient, seen: list
     contents = [m.get("content") for m in sent["messages"]]
     assert "Weather in Oslo?" in contents and "And Bergen?" in contents  # the chain, replayed by the gateway
     assert client.get(f"/v1/responses/{first['id']}").json()["id"] == first["id"]
+
+
+def test_token_counting_for_a_foreign_model_is_a_clear_400(client: TestClient) -> None:
+    r = client.post("/v1/messages/count_tokens", json={"model": "q", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and "not available" in r.json()["error"]["message"]
