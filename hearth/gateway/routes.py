@@ -321,11 +321,13 @@ def status_json(pool: Pool) -> dict[str, Any]:
 
 
 async def status(request: Request) -> Response:
+    _require_admin(request)  # it names the upstreams' addresses: not for every client
     return JSONResponse(status_json(_pool(request)))
 
 
 async def session_status(request: Request) -> Response:
     """Where the gateway routes a session, and how much of its transcript it holds."""
+    _require_admin(request)
     sid = check_session_id(request.path_params["session_id"])
     store = _pool(request).store
     node = store.node_of(f"session:{sid}")

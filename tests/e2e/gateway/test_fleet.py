@@ -209,7 +209,7 @@ def test_drain_moves_every_session_off_the_node(gw: Gateway, oai: openai.OpenAI,
     assert r.usage and r.usage.prompt_tokens_details and r.usage.prompt_tokens_details.cached_tokens
     assert gw.session_node("dr-1") != victim
     status = subprocess.run([sys.executable, "-m", "hearth.cli.main", "gateway", "status", "--url", gw.url,
-                             "--api-key", GW_KEY, "--json"], capture_output=True, text=True, timeout=60, check=True)
+                             "--api-key", GW_ADMIN, "--json"], capture_output=True, text=True, timeout=60, check=True)
     assert {n["name"]: n["sessions"] for n in json.loads(status.stdout)["nodes"]}[victim] == 0
     assert gw.admin("POST", f"/admin/nodes/{victim}/undrain").json()["draining"] is False
 
@@ -223,8 +223,10 @@ def test_keys_hold_on_every_route(gw: Gateway) -> None:
             assert r.status_code == 401, (method, path, headers)
     r = httpx.post(gw.url + "/v1/messages", headers={"x-api-key": "wrong"}, json={})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-    r = httpx.post(gw.url + "/admin/nodes/a/drain", headers={"Authorization": f"Bearer {GW_KEY}"})
-    assert r.status_code == 403  # an API key is not the admin key
+    for method, path in (("POST", "/admin/nodes/a/drain"), ("GET", "/admin/status"),
+                         ("POST", "/admin/sessions/x/move")):
+        r = httpx.request(method, gw.url + path, headers={"Authorization": f"Bearer {GW_KEY}"})
+        assert r.status_code == 403, path  # an API key is not the admin key
     with pytest.raises(openai.NotFoundError) as e:
         openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY).chat.completions.create(model="gpt-4o", messages=MSG)  # type: ignore[arg-type]
     assert e.value.code == "model_not_found"
