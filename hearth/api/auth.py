@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hearth.config import Settings
 
-OPEN_PATHS = ("/health", "/")
+OPEN_PATHS = ("/health", "/", "/openapi.json")  # the API document holds no data
 OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
 
 

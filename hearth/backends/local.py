@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hearth.backends.admission import AdmissionQueue
 from hearth.backends.base import EventStream, ModelCard
+from hearth.backends.prompt_size import check_fits, longest_token
 from hearth.chat.cancel import CancelToken
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs, think_markers
@@ -134,7 +135,10 @@ class LocalBackend:
                         name=f"engine-{spec.id}")
         engine.start()
 
+        longest = longest_token(runner)
+
         def tokenize_text(text: str, add_special: bool) -> list[int]:
+            check_fits(text, longest, seq_ctx)  # before the work, where the length alone refuses it
             return runner.tokenize(text, add_special=add_special, parse_special=True)
 
         aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path)}

@@ -41,7 +41,7 @@ from hearth.chat.types import (
 )
 from hearth.errors import BadRequest, Conflict, ContextLimit, NotFound
 from hearth.sessions.ids import check_session_id, new_session_id
-from hearth.sessions.snapshots import SnapshotStore
+from hearth.sessions.snapshots import MemberLimits, SnapshotStore
 from hearth.sessions.store import SessionRow, SessionStore
 from hearth.sessions.transcript import message_to_json
 
@@ -229,6 +229,12 @@ class SessionManager:
     @staticmethod
     def _engine_identity(m: LocalModel) -> dict[str, Any]:
         return {**m.runner.fingerprint, "kv_type": "f16"}  # type: ignore[attr-defined]
+
+    def import_limits(self) -> MemberLimits:
+        """What an imported snapshot may hold: the longest sequence of any model served here."""
+        models = [self.backend.model(mid) for mid in self.backend.engines()] or [self.backend.model(None)]
+        return MemberLimits(kv_bytes=max(m.runner.state_bytes_bound(m.engine.seq_ctx) for m in models),
+                            n_tokens=max(m.engine.seq_ctx for m in models))
 
     async def save(self, sid: str, title: str | None = None, description: str | None = None,
                    tags: list[str] | None = None) -> dict[str, Any]:
