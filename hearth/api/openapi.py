@@ -19,7 +19,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api import anthropic, wire
+from hearth.api import anthropic, web, wire
 from hearth.api.anthropic import CountTokensIn, MessagesIn
 from hearth.api.control import CancelIn, DetokenizeIn, TokenizeIn
 from hearth.api.openai_chat import ChatCompletionIn
@@ -132,6 +132,7 @@ def _ops() -> list[Operation]:
 
 
 OPERATIONS = _ops()
+PARAM_SCHEMAS: dict[str, dict[str, Any]] = {"name": {"type": "string", "enum": sorted(web.FILES)}}
 # Endpoints that only ever answer an error (Anthropic's 404/405 for wrong methods and unknown
 # /v1/messages/... paths): not operations of the API.
 UNDOCUMENTED = {anthropic.unrouted}
@@ -142,6 +143,9 @@ def openapi_path(route_path: str) -> str:
 
 
 Refs = dict[type[BaseModel], dict[str, Any]]
+# One server-sent event (each `data` is a JSON chunk of the protocol's stream, or [DONE]).
+SSE_EVENT = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+             "required": ["data"]}
 
 
 def _json(schema: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +158,7 @@ def _ok(op: Operation, ref: Refs) -> dict[str, Any]:
     if isinstance(op.ok, type):
         content = _json(ref[op.ok])
         if op.streams:
-            content["text/event-stream"] = {"schema": {"type": "string"}}
+            content["text/event-stream"] = {"schema": SSE_EVENT}
         return {"description": "Server-sent events when stream is true" if op.streams else "OK", "content": content}
     media = {"tar": "application/x-tar", "text": "text/plain", "html": "text/html"}
     if op.ok == "static":
@@ -177,7 +181,8 @@ def _operation(op: Operation, ref: Refs) -> dict[str, Any]:
                            "operationId": f"{op.method.lower()}_{re.sub(r'[^A-Za-z0-9]+', '_', op.path).strip('_')}"}
     if op.params:
         out["parameters"] = [{"name": name, "in": "path", "required": True, "description": text,
-                              "schema": {"type": "string"}} for name, text in op.params.items()]
+                              "schema": PARAM_SCHEMAS.get(name, {"type": "string"})}
+                             for name, text in op.params.items()]
     if op.body == "tar":
         out["requestBody"] = {"required": True, "content": {
             "application/x-tar": {"schema": {"type": "string", "format": "binary"}}}}
