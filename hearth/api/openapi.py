@@ -15,7 +15,7 @@ from functools import cache
 from typing import Any, Literal
 
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -196,10 +196,11 @@ def document() -> dict[str, Any]:
     requests = {op.body for op in OPERATIONS if isinstance(op.body, type)}
     responses = {op.ok for op in OPERATIONS if isinstance(op.ok, type)}
     responses |= {wire.OpenAIError, wire.AnthropicError, wire.Health}
-    models = [(m, "validation") for m in sorted(requests, key=lambda m: m.__name__)]
-    models += [(m, "serialization") for m in sorted(responses, key=lambda m: m.__name__)]
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        *((m, "validation") for m in sorted(requests, key=lambda m: m.__name__)),
+        *((m, "serialization") for m in sorted(responses, key=lambda m: m.__name__))]
     schemas, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
-    ref: Refs = {model: schema for (model, _), schema in schemas.items()}
+    ref: Refs = {model: schema for (model, _), schema in schemas.items() if issubclass(model, BaseModel)}
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         paths.setdefault(openapi_path(op.path), {})[op.method.lower()] = _operation(op, ref)

@@ -23,6 +23,6 @@ def check_fits(text: str, longest: int, n_ctx: int) -> None:
     """ContextLimit when `text` is provably longer than `n_ctx` tokens; O(1)."""
     limit = longest * n_ctx
     if len(text) > limit:
-        raise ContextLimit(f"the text is {len(text)} characters; at most {limit} characters can fit in this model's "
-                           f"{n_ctx}-token context (no token covers more than {longest} bytes), so it was refused "
-                           "without tokenizing it")
+        raise ContextLimit(f"This model's maximum context length is {n_ctx} tokens. The text is {len(text)} "
+                           f"characters, more than {n_ctx} tokens can hold ({limit}: no token covers more than "
+                           f"{longest} bytes), so it was refused without tokenizing it.")

@@ -226,22 +226,23 @@ class SnapshotStore:
             raise Conflict(f"snapshot {snap_id} was made by another engine build or KV layout "
                            f"({manifest.get('engine')} vs {engine})", code="snapshot_incompatible")
         d = self._dir(snap_id)
-        self._verify(d, manifest)
+        self._verify(d, manifest, ("transcript.json",))
         try:
             messages = _transcript(d / "transcript.json", repair=True)
         except ValueError as e:
             raise SnapshotCorrupt(f"snapshot {snap_id} has a malformed transcript: {e}") from e
-        tokens_bin = (d / "tokens.bin").read_bytes()
-        if len(tokens_bin) % 4:
+        # The KV is loaded whole anyway: checked on the very bytes that are loaded.
+        blobs = {name: _read_checked(d / name, manifest["files"][name]) for name in ("tokens.bin", "kv.bin")}
+        if len(blobs["tokens.bin"]) % 4:
             raise SnapshotCorrupt(f"snapshot {snap_id} has a malformed tokens.bin")
-        tokens = np.frombuffer(tokens_bin, dtype="<i4").tolist()
-        return SnapshotData(manifest, messages, tokens, (d / "kv.bin").read_bytes())
+        tokens = np.frombuffer(blobs["tokens.bin"], dtype="<i4").tolist()
+        return SnapshotData(manifest, messages, tokens, blobs["kv.bin"])
 
     @staticmethod
-    def _verify(d: Path, manifest: dict[str, Any]) -> None:
-        """Each data file has the size and checksum its (validated) manifest lists; files are
+    def _verify(d: Path, manifest: dict[str, Any], names: tuple[str, ...] = DATA_FILES) -> None:
+        """Each of `names` has the size and checksum its (validated) manifest lists; files are
         hashed in chunks, never read whole."""
-        for name in DATA_FILES:
+        for name in names:
             meta = manifest["files"][name]
             try:
                 size = (d / name).stat().st_size
@@ -350,3 +351,13 @@ def _transcript(path: Path, *, repair: bool) -> list[Message]:
     if not isinstance(raw, list):
         raise ValueError("the transcript is not a list")
     return [message_from_json(m) for m in raw]
+
+
+def _read_checked(path: Path, meta: dict[str, Any]) -> bytes:
+    try:
+        data = path.read_bytes() if path.stat().st_size == meta["bytes"] else None
+    except OSError as e:
+        raise SnapshotCorrupt(f"{path.name} is missing: {e}") from e
+    if data is None or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+        raise SnapshotCorrupt(f"{path.name} does not match its checksum: the snapshot is corrupt")
+    return data
