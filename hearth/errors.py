@@ -2,7 +2,8 @@
 
     HearthError (status, code)
     ├── BadRequest          400  invalid_request_error
-    │   └── ContextLimit    400  context_length_exceeded
+    │   ├── ContextLimit    400  context_length_exceeded
+    │   └── PayloadTooLarge 413  request_too_large
     ├── Unauthorized        401  invalid_api_key
     ├── Forbidden           403  insufficient_permissions
     ├── NotFound            404  not_found (model_not_found, ...)
@@ -39,6 +40,11 @@ class BadRequest(HearthError):
 
 class ContextLimit(BadRequest):
     code = "context_length_exceeded"
+
+
+class PayloadTooLarge(BadRequest):
+    status = 413
+    code = "request_too_large"
 
 
 class Unauthorized(HearthError):

@@ -267,6 +267,20 @@ class LlamaCppRunner:
             L.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
             raise ValueError("llama.cpp rejected the saved KV state (different model or KV layout)")
 
+    def state_bytes_bound(self, n_tokens: int) -> int:
+        """At most how many bytes `state_get` returns for a sequence of `n_tokens`: per cell its
+        position and sequence id, per layer an f16 K and V row of n_head_kv heads; a quarter and
+        16 MiB of headroom cover layer headers and architectures whose layout differs (used to
+        refuse imported KV that no sequence of this model could hold)."""
+        arch = self.info.architecture
+        n_head = max(1, int(L.llama_model_n_head(self.model)))
+        n_head_kv = max(1, int(L.llama_model_n_head_kv(self.model)))
+        n_embd = int(L.llama_model_n_embd(self.model))
+        k_len = int(self.meta(f"{arch}.attention.key_length") or n_embd // n_head)
+        v_len = int(self.meta(f"{arch}.attention.value_length") or k_len)
+        per_token = int(L.llama_model_n_layer(self.model)) * n_head_kv * (k_len + v_len) * 2 + 12
+        return per_token * n_tokens * 5 // 4 + (16 << 20)
+
     @property
     def fingerprint(self) -> dict[str, Any]:
         """What saved KV state depends on: restoring needs the same model file and KV layout."""

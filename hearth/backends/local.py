@@ -154,6 +154,7 @@ class LocalBackend:
 
     async def tokenize(self, model: str | None, text: str, *, add_special: bool = True) -> list[int]:
         m = self.model(model)
+        m.check_fits(text)  # here too, so a refusal does not queue behind other tokenizing
         return await self._off_loop(lambda: m.tokenize_text(text, add_special))
 
     async def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]:
@@ -166,21 +167,22 @@ class LocalBackend:
 
     async def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]:
         m = self.model(model)
-        self._check_tokens(m, tokens)
         return await self._off_loop(
-            lambda: [m.runner.token_text(t).decode("utf-8", errors="replace") for t in tokens])
+            lambda: [m.runner.token_text(t).decode("utf-8", errors="replace") for t in self._checked(m, tokens)])
 
     async def detokenize(self, model: str | None, tokens: list[int]) -> str:
         m = self.model(model)
-        self._check_tokens(m, tokens)
         return await self._off_loop(
-            lambda: b"".join(m.runner.token_text(t) for t in tokens).decode("utf-8", errors="replace"))
+            lambda: b"".join(m.runner.token_text(t) for t in self._checked(m, tokens)).decode("utf-8", "replace"))
 
     @staticmethod
-    def _check_tokens(m: LocalModel, tokens: list[int]) -> None:
-        for t in tokens:
-            if not 0 <= t < m.runner.n_vocab:
-                raise BadRequest(f"token id {t} is out of range [0, {m.runner.n_vocab})", param="tokens")
+    def _checked(m: LocalModel, tokens: list[int], param: str = "tokens") -> list[int]:
+        """`tokens` once every id is in the vocabulary (linear: call it off the loop)."""
+        n_vocab = m.runner.n_vocab
+        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise BadRequest(f"token id {bad} is out of range [0, {n_vocab})", param=param)
+        return tokens
 
     # ---- generation ---------------------------------------------------------------------------
 
@@ -230,10 +232,10 @@ class LocalBackend:
         m = self.model(req.model)
         prompt = req.prompt
         if isinstance(prompt, str):
+            m.check_fits(prompt)
             tokens = await self._off_loop(lambda: m.tokenize_text(prompt, True))
         else:
-            self._check_tokens(m, prompt)
-            tokens = list(prompt)
+            tokens = await self._off_loop(lambda: list(self._checked(m, prompt, "prompt")))
         return await self._generate(m, tokens, req)
 
     async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest, *,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hearth.backends.admission import AdmissionQueue
 from hearth.backends.base import ModelCard, ModelLimits
+from hearth.backends.prompt_size import check_fits, longest_token
 from hearth.chat.reasoning import think_markers
 from hearth.chat.template import ChatTemplate
 from hearth.chat.tool_parsers import PARSERS
@@ -50,13 +51,20 @@ class LocalModel:
     template: ChatTemplate
     card: ModelCard
     admission: AdmissionQueue
+    longest_token: int  # bytes of text the longest token stands for (hearth.backends.prompt_size)
     aliases: set[str] = field(default_factory=set)
     tool_parser: str = "hermes"
     native_tools: bool = False  # the template renders tools (else Hearth describes them as text)
     think: tuple[str, str] = ("<think>", "</think>")
 
+    def check_fits(self, text: str) -> None:
+        """ContextLimit when the length of `text` alone proves it cannot fit a sequence; O(1)."""
+        check_fits(text, self.longest_token, self.engine.seq_ctx)
+
     def tokenize_text(self, text: str, add_special: bool) -> list[int]:
-        """Special tokens spelled in `text` are parsed (a rendered template carries its own)."""
+        """Special tokens spelled in `text` are parsed (a rendered template carries its own).
+        Text that cannot fit is refused before the tokenizer's linear work starts."""
+        self.check_fits(text)
         return self.runner.tokenize(text, add_special=add_special, parse_special=True)
 
     @property
@@ -97,6 +105,6 @@ def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory
     if spec.id == DEFAULT_MODEL_ID:
         aliases.update(DEFAULT_ALIASES)
     admission = AdmissionQueue(runner.n_seq_max, settings.max_waiting, settings.max_wait)
-    return LocalModel(spec, runner, engine, template, card, admission, aliases,
+    return LocalModel(spec, runner, engine, template, card, admission, longest_token(runner), aliases,
                       tool_parser=resolve_parser(settings.tool_parser, template),
                       native_tools=knows_tools(template), think=think_markers(template.source))

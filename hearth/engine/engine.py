@@ -148,12 +148,7 @@ class Engine:
             raise ValueError("the prompt is empty")
         if not 1 <= req.n <= self.runner.n_seq_max:
             raise ValueError(f"n must be between 1 and {self.runner.n_seq_max} (the server's --parallel)")
-        bad = [t for t in req.prompt_tokens if not 0 <= t < self.runner.n_vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
-        bad = [t for t in (*req.params.logit_bias, *req.params.stop_token_ids) if not 0 <= t < self.runner.n_vocab]
-        if bad:
-            raise ValueError(f"logit_bias / stop token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
+        # Sizes before the id scans, so the linear scans (on the caller's thread) stay bounded.
         n_prompt = len(req.prompt_tokens)
         limit = self._max_len(req)
         if n_prompt >= limit:
@@ -161,6 +156,12 @@ class Engine:
         mt = req.params.max_tokens
         if mt is not None and n_prompt + mt > limit:
             raise ContextOverflow(n_prompt, limit, mt)
+        bad = [t for t in req.prompt_tokens if not 0 <= t < self.runner.n_vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
+        bad = [t for t in (*req.params.logit_bias, *req.params.stop_token_ids) if not 0 <= t < self.runner.n_vocab]
+        if bad:
+            raise ValueError(f"logit_bias / stop token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
 
     def _max_len(self, req: EngineRequest) -> int:
         return min(self.seq_ctx, req.max_len) if req.max_len else self.seq_ctx

@@ -95,6 +95,9 @@ class FakeRunner:
         assert p0 == -1 and p1 == -1, "the engine copies whole sequences"
         self.kv[dst] = list(self.kv.get(src, []))
 
+    def state_bytes_bound(self, n_tokens: int) -> int:
+        return 4 + 4 * n_tokens
+
     @property
     def fingerprint(self) -> dict[str, Any]:
         return {"fake": 1, "n_vocab": self.n_vocab, "kv_type": "fake"}

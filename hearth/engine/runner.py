@@ -73,6 +73,10 @@ class Runner(Protocol):
         """One sequence's KV as bytes (to swap it out or snapshot it)."""
         ...
 
+    def state_bytes_bound(self, n_tokens: int) -> int:
+        """An upper bound on `state_get`'s size for a sequence of `n_tokens` tokens."""
+        ...
+
     def state_set(self, seq_id: int, data: bytes) -> None:
         """Replace a sequence's KV with `state_get` bytes; ValueError if they do not fit."""
         ...

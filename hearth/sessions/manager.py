@@ -40,7 +40,7 @@ from hearth.chat.types import (
 )
 from hearth.errors import BadRequest, Conflict, ContextLimit, HearthError, NotFound
 from hearth.sessions.ids import check_session_id, new_session_id
-from hearth.sessions.snapshots import SnapshotStore
+from hearth.sessions.snapshots import MemberLimits, SnapshotStore
 from hearth.sessions.store import SessionRow, SessionStore
 from hearth.sessions.transcript import message_to_json
 
@@ -228,6 +228,13 @@ class SessionManager:
         return len(await self.backend.tokenize_chat(model, messages)) if messages else 0
 
     # ---- snapshots -----------------------------------------------------------------------------
+
+    async def import_limits(self) -> MemberLimits:
+        """What an imported snapshot may hold: the longest sequence of any model served here."""
+        kv = self._kv()
+        ids = [c.id for c in self.backend.models()] or [self.backend.resolve(None)]
+        return MemberLimits(kv_bytes=max([await kv.max_kv_bytes(mid) for mid in ids]),
+                            n_tokens=max(self.backend.limits(mid).seq_ctx for mid in ids))
 
     async def save(self, sid: str, title: str | None = None, description: str | None = None,
                    tags: list[str] | None = None) -> dict[str, Any]:

@@ -112,6 +112,10 @@ async def test_prompt_too_long_and_overlong_max_tokens_are_rejected_before_queue
             eng.submit(req("b", prompt="x" * 10, max_tokens=10), lambda o: None)
         with pytest.raises(ValueError, match="n must be"):
             eng.submit(req("c", n=9), lambda o: None)
+        # the size is checked before the ids, so the linear id scan never runs on a huge prompt
+        huge = EngineRequest("d", [10**9] * 100_000, SamplingParams())
+        with pytest.raises(ContextOverflow):
+            eng.submit(huge, lambda o: None)
         assert eng.in_flight == 0
     finally:
         eng.stop()
