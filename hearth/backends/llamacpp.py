@@ -22,13 +22,18 @@ import llama_cpp as L
 import numpy as np
 from llama_cpp import _logger as llama_logger
 
-from hearth.engine.runner import BatchEntry
+from hearth.backends.abort_flag import AbortFlag, callback_address
+from hearth.engine.runner import BatchEntry, DecodeAborted
 from hearth.engine.types import SamplingParams
 
 log = logging.getLogger("hearth.llamacpp")
 
 _backend_lock = threading.Lock()
 _backend_ready = False
+
+# KV cache element types (`--kv-type`), as llama.cpp's ggml_type ids. A quantized V cache needs
+# flash attention, which llama.cpp's "auto" setting then turns on.
+KV_TYPES: dict[str, int] = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
 
 
 def _init_backend(verbose: bool) -> None:
@@ -58,7 +63,9 @@ class ModelInfo:
 class LlamaCppRunner:
     def __init__(self, model_path: str | Path, *, seq_ctx: int | None = None, n_seq_max: int = 4,
                  n_batch: int = 512, n_threads: int | None = None, kv_unified: bool = False,
-                 verbose: bool = False) -> None:
+                 kv_type: str = "f16", verbose: bool = False) -> None:
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}")
         _init_backend(verbose)
         self.path = str(model_path)
         if not Path(self.path).is_file():
@@ -85,7 +92,16 @@ class LlamaCppRunner:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = kv_unified
+        cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
         cparams.no_perf = True
+        # interrupt(): a C callback polls this flag between graph nodes (see abort_flag.py).
+        self._abort = AbortFlag()
+        address = callback_address()
+        self.can_interrupt = address is not None
+        if address is not None:
+            self._abort_cb = L.ggml_abort_callback(address)  # kept alive as long as the context
+            cparams.abort_callback = self._abort_cb
+            cparams.abort_callback_data = self._abort.address
         ctx = L.llama_init_from_model(model, cparams)
         if not ctx:
             L.llama_model_free(model)
@@ -94,6 +110,7 @@ class LlamaCppRunner:
         self.mem = L.llama_get_memory(ctx)
         self.n_threads = threads
         self.kv_unified = kv_unified
+        self.kv_type = kv_type
 
         self._eog = np.array([bool(L.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)])
         self.eog_tokens = [int(t) for t in np.flatnonzero(self._eog)]
@@ -160,9 +177,16 @@ class LlamaCppRunner:
         self._batch.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
     def decode(self, entries: list[BatchEntry]) -> list[int]:
+        # With one KV stream per sequence, llama.cpp cuts a batch into ubatches that each take
+        # the same number of tokens from a run of consecutive sequence ids, in batch order
+        # (llama_batch_allocr::split_equal), and computes the whole graph once per ubatch. Laid
+        # out by sequence id, the decode tokens of all running sequences share one ubatch;
+        # in arrival order they could take several (one graph pass each).
+        order = sorted(range(len(entries)), key=lambda i: entries[i].seq_id)
+        first_row = [0] * len(entries)
         n = 0
-        out_idx: list[int] = []
-        for e in entries:
+        for i in order:
+            e = entries[i]
             k = len(e.tokens)
             if n + k > self.n_batch:
                 raise RuntimeError(f"batch of {n + k} tokens exceeds n_batch {self.n_batch}")
@@ -170,15 +194,27 @@ class LlamaCppRunner:
             self._pos[n:n + k] = np.arange(e.pos0, e.pos0 + k, dtype=np.int32)
             self._seq[n:n + k] = e.seq_id
             self._out[n:n + k] = 0
-            if e.want_logits:
-                self._out[n + k - 1] = 1
-                out_idx.append(n + k - 1)
+            if e.n_logits:
+                self._out[n + k - e.n_logits:n + k] = 1
+                first_row[i] = n + k - e.n_logits
             n += k
         self._batch.n_tokens = n
         rc = L.llama_decode(self.ctx, self._batch)
+        if rc == 2:
+            # llama.cpp removed the aborted ubatch's positions; earlier ubatches stay written.
+            # Drop those too, so every sequence is exactly as before this call.
+            for e in entries:
+                L.llama_memory_seq_rm(self.mem, e.seq_id, e.pos0, -1)
+            raise DecodeAborted("llama_decode was interrupted")
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
-        return out_idx
+        return [first_row[i] for i, e in enumerate(entries) if e.n_logits]
+
+    def interrupt(self) -> None:
+        self._abort.set()
+
+    def clear_interrupt(self) -> None:
+        self._abort.clear()
 
     def logits(self, logits_index: int) -> np.ndarray:
         ptr = L.llama_get_logits_ith(self.ctx, logits_index)
@@ -264,7 +300,7 @@ class LlamaCppRunner:
         """What saved KV state depends on: restoring needs the same model file and KV layout."""
         return {"model_size": self.info.size_bytes, "n_params": self.info.n_params,
                 "arch": self.info.architecture, "n_vocab": self.n_vocab, "kv_unified": self.kv_unified,
-                "llama_cpp_python": L.__version__}
+                "kv_type": self.kv_type, "llama_cpp_python": L.__version__}
 
     # ---- metadata ---------------------------------------------------------------------
 

@@ -228,7 +228,8 @@ class SessionManager:
 
     @staticmethod
     def _engine_identity(m: LocalModel) -> dict[str, Any]:
-        return {**m.runner.fingerprint, "kv_type": "f16"}  # type: ignore[attr-defined]
+        # The runner's fingerprint names its KV type (--kv-type); a runner that does not is f16.
+        return {"kv_type": "f16", **m.runner.fingerprint}  # type: ignore[attr-defined]
 
     async def save(self, sid: str, title: str | None = None, description: str | None = None,
                    tags: list[str] | None = None) -> dict[str, Any]:

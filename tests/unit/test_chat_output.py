@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from hearth.backends.base import ModelCard
@@ -30,7 +29,6 @@ from hearth.chat.types import (
     ToolCallDelta,
 )
 from hearth.engine.fake_runner import EOS, FakeRunner
-from hearth.engine.runner import BatchEntry
 from hearth.engine.thinking import ThinkBudget, ThinkTracker
 from hearth.engine.types import SamplingParams
 from hearth.errors import BadRequest
@@ -126,20 +124,10 @@ class ScriptedRunner(FakeRunner):
 
     answer: bytes = b""
 
-    def decode(self, entries: list[BatchEntry]) -> list[int]:
-        self.calls.append(entries)
-        self._last_logits = []
-        for e in entries:
-            seq = self.kv.setdefault(e.seq_id, [])
-            assert e.pos0 == len(seq)
-            seq.extend(e.tokens)
-            if e.want_logits:
-                text = bytes(t for t in seq if t < 256)
-                k = len(text) - text.rfind(b"assistant\n") - len(b"assistant\n")
-                logits = np.zeros(self.n_vocab, dtype=np.float32)
-                logits[self.answer[k] if k < len(self.answer) else EOS] = 10.0
-                self._last_logits.append(logits)
-        return list(range(len(self._last_logits)))
+    def next_token(self, history: list[int]) -> int:
+        text = bytes(t for t in history if t < 256)
+        k = len(text) - text.rfind(b"assistant\n") - len(b"assistant\n")
+        return self.answer[k] if k < len(self.answer) else EOS
 
 
 async def backend_for(answer: str, template: str = SMOL) -> LocalBackend:
