@@ -136,7 +136,7 @@ class LocalBackend:
                          self.settings.session_ram_mb << 20, runner.fingerprint,
                          prefix_budget=self.settings.prompt_cache_mb << 20)
         draft = self.settings.spec_draft
-        speculation = SpecConfig(k_max=draft, k_start=min(4, draft)) if draft > 0 else None
+        speculation = SpecConfig(k_max=draft) if draft > 0 else None
         engine = Engine(runner, seq_ctx=seq_ctx, token_budget=self.settings.batch, swap=swap, spec=speculation,
                         name=f"engine-{spec.id}")
         engine.start()

@@ -458,7 +458,7 @@ class Engine:
             limit = min(room, ar.max_len - len(seq.slot.tokens) - 1,
                         (mt - seq.n_generated - 1) if mt is not None else room)
             if limit > 0:
-                seq.draft = seq.drafter.propose(limit)
+                seq.draft = seq.drafter.propose(limit, len(decoding))
                 room -= len(seq.draft)
 
     def _decode(self, work: list[Work]) -> list[int]:

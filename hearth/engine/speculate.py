@@ -15,14 +15,21 @@ would have produced one step at a time: the same sampler calls in the same order
 random draws for seeded sampling, the same penalties and grammar state. What differs is only
 how the logits were computed (several rows in one batch instead of one), see docs/api.md.
 
-Cost control: a draft is never longer than `k_max` or than the sequence may still grow, its
-length adapts to the sequence's recent acceptance (longer after a full accept, shorter after a
-reject), and a sequence whose drafts keep missing looks up less and less often. With nothing
-to draft a step is exactly the plain decode step.
+Cost control. On a CPU a decode is compute-bound: each token in the batch costs about as much
+as the next (measured here, SmolLM2-135M Q4_1 on 2 AVX2 cores: ~4.5 ms of a one-token step is
+fixed, ~10 ms more per token, single-threaded CPU time), so a drafted token only pays if it is
+likely to be accepted. A drafted token at depth i is accepted with probability p**i (p: the
+sequence's recent per-token acceptance, a decayed count with a prior of 0.8); it is worth its
+cost while p**i exceeds what it costs relative to the step it may save, c / (c + f / n) with
+n sequences decoding (the fixed part f is shared by all of them, so with more streams a draft
+must be surer). The draft length is the deepest such i, at most `k_max` and what the sequence
+may still grow; a sequence whose drafts keep missing at their first token looks up less and
+less often. With nothing to draft a step is exactly the plain decode step.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,16 +40,26 @@ class SpecConfig:
     """Prompt-lookup speculation settings (`--spec-draft` sets k_max; 0 turns it off)."""
 
     k_max: int = 8  # most drafted tokens per sequence per step
-    k_start: int = 4  # a new sequence's first draft length
     n_max: int = 12  # longest suffix matched
     n_min: int = 2  # shortest suffix whose earlier occurrence counts as a match
     max_backoff: int = 16  # a missing sequence looks up at least every this many steps
+    # A decode step's fixed cost over one more token's (f / c above). Large (a GPU, where extra
+    # tokens are nearly free): always draft k_max; 0 (every token costs the same): never pays.
+    fixed_over_token: float = 0.45
+    prior_accept: tuple[float, float] = (4.0, 1.0)  # pseudo-counts (accepted, rejected): p = 0.8
+    decay: float = 0.9  # weight of the past per verified draft
 
     def __post_init__(self) -> None:
-        if self.k_max < 1 or not 1 <= self.k_start <= self.k_max:
-            raise ValueError("speculation needs 1 <= k_start <= k_max")
+        if self.k_max < 1:
+            raise ValueError("speculation needs k_max >= 1")
         if not 1 <= self.n_min <= self.n_max:
             raise ValueError("speculation needs 1 <= n_min <= n_max")
+        if self.fixed_over_token < 0 or not 0 < self.decay <= 1:
+            raise ValueError("speculation needs fixed_over_token >= 0 and 0 < decay <= 1")
+
+    def worth(self, n_decoding: int) -> float:
+        """The acceptance probability a drafted token needs to pay for itself."""
+        return 1.0 / (1.0 + self.fixed_over_token / max(1, n_decoding))
 
 
 def find_draft(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int) -> list[int]:
@@ -67,20 +84,21 @@ def find_draft(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int) -> list
 
 @dataclass(slots=True)
 class Drafter:
-    """One sequence's lookup history and its adaptive draft length."""
+    """One sequence's lookup history and its estimate of how often its drafts are right."""
 
     config: SpecConfig
     hist: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     n: int = 0
-    k: int = 0
-    misses: int = 0  # drafts rejected at their first token, in a row
+    hits: float = 0.0  # decayed counts of drafted tokens accepted / drafts cut short
+    misses: float = 0.0
+    first_misses: int = 0  # drafts rejected at their first token, in a row
     wait: int = 0  # steps to skip before looking up again
     drafted: int = 0
     accepted: int = 0
 
     @classmethod
     def start(cls, config: SpecConfig, tokens: list[int]) -> Drafter:
-        d = cls(config, k=config.k_start)
+        d = cls(config, hits=config.prior_accept[0], misses=config.prior_accept[1])
         d.hist = np.zeros(max(64, 2 * len(tokens)), dtype=np.int32)
         d.hist[: len(tokens)] = tokens
         d.n = len(tokens)
@@ -94,24 +112,39 @@ class Drafter:
         self.hist[self.n] = token
         self.n += 1
 
-    def propose(self, limit: int) -> list[int]:
-        """A draft of at most min(k, limit) tokens to follow the history, or []."""
+    @property
+    def p(self) -> float:
+        return self.hits / (self.hits + self.misses)
+
+    def length(self, n_decoding: int) -> int:
+        """How many tokens are worth drafting now: the deepest i with p**i above the bar."""
+        p, bar = self.p, self.config.worth(n_decoding)
+        if p <= bar:
+            return 1  # still probe one token: an acceptance raises p again
+        if p >= 1.0:
+            return self.config.k_max
+        return max(1, min(self.config.k_max, int(math.log(bar) / math.log(p))))
+
+    def propose(self, limit: int, n_decoding: int = 1) -> list[int]:
+        """A draft of at most min(length, limit) tokens to follow the history, or []."""
         if self.wait > 0:
             self.wait -= 1
             return []
         c = self.config
-        return find_draft(self.hist, self.n, c.n_min, c.n_max, min(self.k, limit))
+        return find_draft(self.hist, self.n, c.n_min, c.n_max, min(self.length(n_decoding), limit))
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
-        """How the last draft fared: longer drafts after a full accept, shorter after a
-        reject, and rarer lookups while drafts miss at their first token."""
+        """How the last draft fared: per-token acceptance, and rarer lookups while drafts
+        miss at their first token."""
         if n_drafted == 0:
             return
         self.drafted += n_drafted
         self.accepted += n_accepted
-        self.k = min(self.k + 2, self.config.k_max) if n_accepted == n_drafted else max(1, self.k - 1)
+        d = self.config.decay
+        self.hits = d * self.hits + n_accepted
+        self.misses = d * self.misses + (n_accepted < n_drafted)
         if n_accepted == 0:
-            self.misses += 1
-            self.wait = min(1 << (self.misses - 1), self.config.max_backoff) if self.misses > 1 else 0
+            self.first_misses += 1
+            self.wait = min(1 << (self.first_misses - 1), self.config.max_backoff) if self.first_misses > 1 else 0
         else:
-            self.misses = 0
+            self.first_misses = 0

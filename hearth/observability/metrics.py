@@ -91,6 +91,7 @@ class RequestTimer:
 
     def __init__(self, metrics: Metrics, endpoint: str, arrived: float) -> None:
         self.m, self.endpoint, self.arrived = metrics, endpoint, arrived
+        self._itl = metrics.itl.labels(endpoint)  # per-token path: no label lookup per event
         self.first: float | None = None
         self.last: float | None = None
         self.admitted: float | None = None
@@ -107,7 +108,7 @@ class RequestTimer:
                 self.first = now
                 self.m.ttft.labels(self.endpoint).observe(now - self.arrived)
             elif self.last is not None:
-                self.m.itl.labels(self.endpoint).observe((now - self.last) / ev.n_tokens)
+                self._itl.observe((now - self.last) / ev.n_tokens)
             self.last = now
         elif isinstance(ev, Finish) and ev.stop_reason == "timeout" and not self.timed_out:
             self.timed_out = True

@@ -14,7 +14,8 @@ from hearth.engine import Engine, EngineRequest, FinishReason, SamplingParams
 from hearth.engine.fake_runner import EOS, FakeRunner
 from hearth.engine.speculate import Drafter, SpecConfig, find_draft
 
-SPEC = SpecConfig(k_max=8, k_start=4)
+SPEC = SpecConfig(k_max=8)
+DEEP = SpecConfig(k_max=8, fixed_over_token=1e9)  # always drafts k_max: many rejections to check
 
 
 def hist(tokens: list[int]) -> np.ndarray:
@@ -39,15 +40,22 @@ def test_find_draft_takes_what_followed_the_longest_most_recent_match() -> None:
     assert find_draft(hist([4, 4, 4]), 3, 2, 8, 5) == [4]
 
 
-def test_drafter_adapts_its_length_and_backs_off_while_missing() -> None:
+def test_drafter_drafts_deeper_as_its_drafts_prove_right_and_backs_off_while_missing() -> None:
     d = Drafter.start(SPEC, [1, 2, 3, 1, 2])
-    assert d.k == 4 and d.propose(8) == [3, 1, 2]
-    d.observe(3, 3)
-    assert d.k == 6
-    d.observe(6, 2)
-    assert d.k == 5
+    assert d.p == pytest.approx(0.8) and d.length(1) == 1  # the prior: probe one token
+    assert d.propose(8) == [3]
+    for _ in range(6):
+        d.observe(d.length(1), d.length(1))
+    assert d.p > 0.95 and d.length(1) == 8
+    # the bar rises with the number of sequences decoding (the step's fixed cost is shared)
+    assert SPEC.worth(1) < SPEC.worth(8) < 1.0 and d.length(8) < d.length(1)
+    # where extra tokens cost next to nothing, drafting always pays; where a step is all
+    # per-token cost, it never does
+    assert DEEP.worth(8) < 1e-6 and SpecConfig(fixed_over_token=0.0).worth(1) == 1.0
+    d.observe(8, 2)
+    assert d.p < 0.95
     for _ in range(3):  # three misses at the first token: skip 2, then 4 lookups
-        d.observe(4, 0)
+        d.observe(1, 0)
     assert d.wait == 4 and d.propose(8) == [] and d.wait == 3
     d.push(7)
     assert d.n == 6 and list(d.hist[: d.n]) == [1, 2, 3, 1, 2, 7]
@@ -101,7 +109,7 @@ PROMPT = b"Copy: The quick brown cat hops over the lazy dog. The quick brown fox
 ])
 async def test_greedy_tokens_are_those_of_plain_decoding(kw: dict[str, Any]) -> None:
     plain = await generate(FakeRunner(), PROMPT, None, **dict(kw))
-    spec = await generate(FakeRunner(), PROMPT, SPEC, **dict(kw))
+    spec = await generate(FakeRunner(), PROMPT, DEEP, **dict(kw))
     assert spec.tokens == plain.tokens and spec.text == plain.text and spec.reasons == plain.reasons
     assert [(lp.token_id, lp.logprob, lp.top) for lp in spec.logprobs] == \
         [(lp.token_id, lp.logprob, lp.top) for lp in plain.logprobs]
@@ -116,7 +124,7 @@ async def test_greedy_tokens_are_those_of_plain_decoding(kw: dict[str, Any]) -> 
 async def test_eos_inside_an_accepted_draft_ends_there() -> None:
     kw = {"temperature": 0.0, "max_tokens": 200}
     plain = await generate(FakeRunner(eos_at=150), PROMPT, None, **kw)
-    spec = await generate(FakeRunner(eos_at=150), PROMPT, SPEC, **kw)
+    spec = await generate(FakeRunner(eos_at=150), PROMPT, DEEP, **kw)
     assert spec.tokens == plain.tokens and spec.reasons[0] is FinishReason.STOP
     assert spec.tokens[0][-1] == EOS and spec.engine.stats.accepted_tokens > 0
 
@@ -143,9 +151,18 @@ class MostlyGreedy(FakeRunner):
 async def test_seeded_sampling_tokens_are_those_of_plain_decoding() -> None:
     kw = {"temperature": 0.8, "seed": 1234, "max_tokens": 200}
     plain = await generate(MostlyGreedy(), PROMPT, None, **kw)
-    spec = await generate(MostlyGreedy(), PROMPT, SPEC, **kw)
+    spec = await generate(MostlyGreedy(), PROMPT, DEEP, **kw)
     assert spec.tokens == plain.tokens
     assert spec.engine.stats.accepted_tokens > 0
+
+
+async def test_default_policy_drafts_deep_only_once_drafts_prove_right() -> None:
+    plain = await generate(FakeRunner(), PROMPT, None, temperature=0.0, max_tokens=150)
+    spec = await generate(FakeRunner(), PROMPT, SPEC, temperature=0.0, max_tokens=150)
+    assert spec.tokens == plain.tokens
+    drafts = [len(e.tokens) - 1 for call in spec.runner.calls for e in call if e.n_logits > 1]
+    assert drafts[0] == 1 and max(drafts) == SPEC.k_max
+    assert len(spec.runner.calls) < len(plain.runner.calls) / 2
 
 
 async def test_a_request_can_turn_speculation_off() -> None:
@@ -156,7 +173,7 @@ async def test_a_request_can_turn_speculation_off() -> None:
 
 async def test_drafts_stay_inside_the_token_budget_and_the_context() -> None:
     runner = FakeRunner(n_seq_max=4, n_batch=8)
-    eng = Engine(runner, seq_ctx=120, spec=SpecConfig(k_max=8, k_start=8))
+    eng = Engine(runner, seq_ctx=120, spec=DEEP)
     eng.start()
 
     async def one(i: int) -> FinishReason | None:
