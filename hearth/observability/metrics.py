@@ -37,7 +37,10 @@ class EngineCollector(Collector):
                               ("requests_finished", "Requests finished, any reason"),
                               ("requests_cancelled", "Requests cancelled in the engine"),
                               ("kv_swap_outs", "Session KV swapped out of a slot"),
-                              ("kv_swap_ins", "Session KV swapped back into a slot"))
+                              ("kv_swap_ins", "Session KV swapped back into a slot"),
+                              ("spec_drafted_tokens", "Speculative (prompt-lookup) draft tokens verified"),
+                              ("spec_accepted_tokens", "Draft tokens accepted (emitted without a step of their own)"),
+                              ("interrupted_decodes", "Decodes stopped midway by an abort (neighbours re-run)"))
         }
         load = self.backend.load()
         for mid, e in self.backend.engines().items():
@@ -51,7 +54,9 @@ class EngineCollector(Collector):
             for name, value in (("prompt_tokens", s.prompt_tokens), ("cached_tokens", s.cached_tokens),
                                 ("generated_tokens", s.generated_tokens), ("engine_steps", s.steps),
                                 ("requests_finished", s.finished), ("requests_cancelled", s.cancelled),
-                                ("kv_swap_outs", s.swap_outs), ("kv_swap_ins", s.swap_ins)):
+                                ("kv_swap_outs", s.swap_outs), ("kv_swap_ins", s.swap_ins),
+                                ("spec_drafted_tokens", s.drafted_tokens), ("spec_accepted_tokens", s.accepted_tokens),
+                                ("interrupted_decodes", s.interrupted_decodes)):
                 counters[name].add_metric([mid], value)
         yield from (running, waiting, kv, kv_use, swapped)
         yield from counters.values()
