@@ -46,8 +46,15 @@ class Stream:
 
 
 def chat_body(messages: list[dict[str, str]], max_tokens: int, *, ignore_eos: bool, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-                            "stream": True, "stream_options": {"include_usage": True}, **extra}
+    body: dict[str, Any] = {
+        "model": "default",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **extra,
+    }
     if ignore_eos:
         body["ignore_eos"] = True
     return body
@@ -69,8 +76,7 @@ def _feed(data: str, s: Stream, now: float) -> None:
             s.finish_reason = choice["finish_reason"]
 
 
-async def stream_chat(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
-                      on_token: Any = None) -> Stream:
+async def stream_chat(client: httpx.AsyncClient, base_url: str, body: dict[str, Any], on_token: Any = None) -> Stream:
     """Send one streamed chat completion; never raises for HTTP or protocol errors.
     `on_token(stream)` is called after each content chunk (the cancel section triggers from it)."""
     s = Stream(t_send=time.perf_counter())

@@ -69,9 +69,15 @@ async def started(variants: list[Variant], s: Settings, log: Callable[[str], Non
                 members[v.name] = Member(v, server, data_dir)
             async with httpx.AsyncClient(timeout=httpx.Timeout(s.request_timeout_s, connect=10.0)) as client:
                 for m in members.values():  # warm-up: first-request costs are not measured
-                    await client.post(f"{m.url}/v1/chat/completions", json={
-                        "model": "bench", "max_tokens": 8, "temperature": 0,
-                        "messages": [{"role": "user", "content": "Say hello."}]})
+                    await client.post(
+                        f"{m.url}/v1/chat/completions",
+                        json={
+                            "model": "bench",
+                            "max_tokens": 8,
+                            "temperature": 0,
+                            "messages": [{"role": "user", "content": "Say hello."}],
+                        },
+                    )
             yield members
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -83,8 +89,9 @@ def order(names: list[str], round_no: int) -> list[str]:
     return names[k:] + names[:k]
 
 
-async def alternate(names: list[str], rounds: int, measure: Callable[[str, int], Awaitable[T]],
-                    members: dict[str, Member]) -> list[dict[str, Any]]:
+async def alternate(
+    names: list[str], rounds: int, measure: Callable[[str, int], Awaitable[T]], members: dict[str, Member]
+) -> list[dict[str, Any]]:
     """Run `measure(server, round)` for every server of every round, in alternating order.
     Each round records per server the measurement and the CPU others used meanwhile."""
     out: list[dict[str, Any]] = []
@@ -116,6 +123,12 @@ def ratios(rounds: list[dict[str, Any]], num: str, den: str, key: Callable[[Any]
 
 
 def summary(values: list[float]) -> dict[str, Any]:
-    return {"median": percentile(values, 50), "p10": percentile(values, 10), "p90": percentile(values, 90),
-            "min": min(values) if values else None, "max": max(values) if values else None, "n": len(values),
-            "samples": [round(v, 4) for v in values]}
+    return {
+        "median": percentile(values, 50),
+        "p10": percentile(values, 10),
+        "p90": percentile(values, 90),
+        "min": min(values) if values else None,
+        "max": max(values) if values else None,
+        "n": len(values),
+        "samples": [round(v, 4) for v in values],
+    }

@@ -56,10 +56,10 @@ def test_cancel_inside_a_shared_prefill_keeps_the_neighbour_exact(server: Server
         started = threading.Event()
         got: dict[str, Any] = {}
 
-        def neighbour() -> None:
+        def neighbour(got: dict[str, Any] = got, started: threading.Event = started) -> None:
             got["n"] = stream_text(server, NEIGHBOUR, lambda n: n == 3 and started.set())
 
-        def long() -> None:
+        def long(got: dict[str, Any] = got, attempt: int = attempt) -> None:
             got["l"] = stream_text(server, {"messages": [{"role": "user", "content": long_prompt}],
                                             "max_tokens": 8, "cancel_id": f"long-{attempt}"})
 
