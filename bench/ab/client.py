@@ -46,8 +46,8 @@ class Stream:
 
 
 def chat_body(messages: list[dict[str, str]], max_tokens: int, *, ignore_eos: bool, **extra: Any) -> dict[str, Any]:
+    # No "model": each server serves one, and Hearth names it after the file it was given.
     body: dict[str, Any] = {
-        "model": "default",
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,

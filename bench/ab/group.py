@@ -72,7 +72,6 @@ async def started(variants: list[Variant], s: Settings, log: Callable[[str], Non
                     await client.post(
                         f"{m.url}/v1/chat/completions",
                         json={
-                            "model": "bench",
                             "max_tokens": 8,
                             "temperature": 0,
                             "messages": [{"role": "user", "content": "Say hello."}],

@@ -164,7 +164,6 @@ async def _kv_bytes_per_token(client: httpx.AsyncClient, m: Member, tokens: int)
     r = await client.post(
         f"{m.url}/v1/chat/completions",
         json={
-            "model": "default",
             "messages": [{"role": "user", "content": words}],
             "max_tokens": 1,
             "temperature": 0,
