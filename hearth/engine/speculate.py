@@ -43,6 +43,9 @@ class SpecConfig:
     n_max: int = 12  # longest suffix matched
     n_min: int = 2  # shortest suffix whose earlier occurrence counts as a match
     max_backoff: int = 16  # a missing sequence looks up at least every this many steps
+    # While drafting does not pay (p below the bar), only a match this long is probed (one
+    # token): short matches ("of the") are common in any text and usually wrong.
+    probe_match: int = 6
     # A decode step's fixed cost over one more token's (f / c above). Large (a GPU, where extra
     # tokens are nearly free): always draft k_max; 0 (every token costs the same): never pays.
     fixed_over_token: float = 0.45
@@ -65,8 +68,13 @@ class SpecConfig:
 def find_draft(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int) -> list[int]:
     """Up to `k` tokens that followed the most recent earlier occurrence of the longest suffix
     of hist[:n] (between n_min and n_max tokens long); [] if there is none."""
+    return find_match(hist, n, n_min, n_max, k)[0]
+
+
+def find_match(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int) -> tuple[list[int], int]:
+    """`find_draft`'s draft and the length of the suffix it matched (0: none)."""
     if n < n_min + 1 or k <= 0:
-        return []
+        return [], 0
     # `ends`: positions e (e < n) such that hist[e - m:e] equals the last m tokens, m growing.
     ends = np.flatnonzero(hist[: n - 1] == hist[n - 1]) + 1
     m = 1
@@ -77,9 +85,9 @@ def find_draft(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int) -> list
             break
         ends, m = ok, m + 1
     if m < n_min or not ends.size:
-        return []
+        return [], 0
     e = int(ends[-1])
-    return [int(t) for t in hist[e: min(e + k, n)]]
+    return [int(t) for t in hist[e: min(e + k, n)]], m
 
 
 @dataclass(slots=True)
@@ -117,10 +125,11 @@ class Drafter:
         return self.hits / (self.hits + self.misses)
 
     def length(self, n_decoding: int) -> int:
-        """How many tokens are worth drafting now: the deepest i with p**i above the bar."""
+        """How many tokens are worth drafting now: the deepest i with p**i above the bar, or 0
+        when not even the first is (then only a long match is probed, one token)."""
         p, bar = self.p, self.config.worth(n_decoding)
         if p <= bar:
-            return 1  # still probe one token: an acceptance raises p again
+            return 0
         if p >= 1.0:
             return self.config.k_max
         return max(1, min(self.config.k_max, int(math.log(bar) / math.log(p))))
@@ -131,7 +140,11 @@ class Drafter:
             self.wait -= 1
             return []
         c = self.config
-        return find_draft(self.hist, self.n, c.n_min, c.n_max, min(self.length(n_decoding), limit))
+        k = self.length(n_decoding)
+        draft, matched = find_match(self.hist, self.n, c.n_min, c.n_max, min(max(k, 1), limit))
+        if k == 0 and matched < c.probe_match:
+            return []
+        return draft
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         """How the last draft fared: per-token acceptance, and rarer lookups while drafts

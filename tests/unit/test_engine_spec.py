@@ -42,8 +42,12 @@ def test_find_draft_takes_what_followed_the_longest_most_recent_match() -> None:
 
 def test_drafter_drafts_deeper_as_its_drafts_prove_right_and_backs_off_while_missing() -> None:
     d = Drafter.start(SPEC, [1, 2, 3, 1, 2])
-    assert d.p == pytest.approx(0.8) and d.length(1) == 1  # the prior: probe one token
+    assert d.p == pytest.approx(0.8) and d.length(1) == 1  # the prior: one token
     assert d.propose(8) == [3]
+    # with 8 streams one token is not sure enough: only a long match is probed
+    assert d.length(8) == 0 and d.propose(8, n_decoding=8) == []
+    long = Drafter.start(SPEC, [5, 6, 7, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10])
+    assert long.propose(8, n_decoding=8) == [11]
     for _ in range(6):
         d.observe(d.length(1), d.length(1))
     assert d.p > 0.95 and d.length(1) == 8
@@ -53,7 +57,7 @@ def test_drafter_drafts_deeper_as_its_drafts_prove_right_and_backs_off_while_mis
     # per-token cost, it never does
     assert DEEP.worth(8) < 1e-6 and SpecConfig(fixed_over_token=0.0).worth(1) == 1.0
     d.observe(8, 2)
-    assert d.p < 0.95
+    assert d.p < 0.95 and d.length(8) == 0
     for _ in range(3):  # three misses at the first token: skip 2, then 4 lookups
         d.observe(1, 0)
     assert d.wait == 4 and d.propose(8) == [] and d.wait == 3
@@ -188,3 +192,13 @@ async def test_drafts_stay_inside_the_token_budget_and_the_context() -> None:
         assert all(sum(len(e.tokens) for e in call) <= 8 for call in runner.calls)
     finally:
         eng.stop()
+
+
+def test_settings_refuse_an_unknown_kv_type_and_a_bad_draft_length() -> None:
+    from hearth.config import Settings
+
+    assert Settings(kv_type="q4_0", spec_draft=0).kv_type == "q4_0"
+    with pytest.raises(ValueError, match="--kv-type must be one of f16, q8_0, q4_0"):
+        Settings(kv_type="f32")
+    with pytest.raises(ValueError, match="--spec-draft"):
+        Settings(spec_draft=-1)
