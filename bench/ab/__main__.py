@@ -9,6 +9,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cancel-prompt-tokens", type=int, default=4000)
     p.add_argument("--spec-rounds", type=int, default=3)
     p.add_argument("--spec-max-tokens", type=int, default=384)
+    p.add_argument("--spec-workloads", default="rewrite_file,echo_json,continue_code,chat")
     p.add_argument("--kv-rounds", type=int, default=3)
     p.add_argument("--kv-prompts", type=int, default=16)
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
@@ -167,7 +169,13 @@ def plot(r: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM (e.g. from `timeout`) unwinds through the `async with` blocks, which stop the servers.
+    signal.signal(signal.SIGTERM, _interrupt)
     a = parse(argv)
     result = asyncio.run(run(a))
     a.out_dir.mkdir(parents=True, exist_ok=True)

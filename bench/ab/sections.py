@@ -34,6 +34,7 @@ class AbConfig:
     kv_prompts: int = len(KV_PROMPTS)
     kv_max_tokens: int = 48
     session_tokens: int = 2048  # "sessions per GiB" counts sessions of this many tokens
+    spec_workloads: list[str] | None = None  # None: all of bench.ab.texts.agent_workloads
 
 
 def _client(s: Settings) -> httpx.AsyncClient:
@@ -123,7 +124,7 @@ async def speculative(s: Settings, cfg: AbConfig, log: Any) -> dict[str, Any]:
     names = [v.name for v in variants]
     out: dict[str, Any] = {"servers": names, "workloads": {}}
     async with started(variants, s, log) as members, _client(s) as client:
-        for workload in agent_workloads("x"):
+        for workload in cfg.spec_workloads or list(agent_workloads("x")):
 
             async def one(name: str, r: int, workload: str = workload) -> dict[str, Any]:
                 m = members[name]
