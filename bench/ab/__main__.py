@@ -64,6 +64,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         spec_max_tokens=a.spec_max_tokens,
         kv_rounds=a.kv_rounds,
         kv_prompts=a.kv_prompts,
+        spec_workloads=[w.strip() for w in a.spec_workloads.split(",") if w.strip()],
     )
     out: dict[str, Any] = {
         "schema": 1,
@@ -72,18 +73,29 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         "argv": sys.argv[1:],
         "load_before": os.getloadavg()[0],
     }
-    if "decode" in sections:
-        out["decode"] = await decode(_settings(a, a.streams, a.ctx), cfg, _log)
-    if "cancel" in sections:
-        ctx = max(a.ctx, a.cancel_prompt_tokens + 512)
-        out["cancel"] = await cancel_section(
-            _settings(a, 2, ctx), a.cancel_runs, a.cancel_peer_runs, a.cancel_prompt_tokens, _log
-        )
-    if "spec" in sections:
-        out["spec"] = await speculative(_settings(a, 1, 8192), cfg, _log)
-    if "kv" in sections:
-        out["kv"] = await kv_types(_settings(a, 2, 4096), cfg, _log)
+    runs = {
+        "decode": lambda: decode(_settings(a, a.streams, a.ctx), cfg, _log),
+        "cancel": lambda: cancel_section(
+            _settings(a, 2, max(a.ctx, a.cancel_prompt_tokens + 512)),
+            a.cancel_runs,
+            a.cancel_peer_runs,
+            a.cancel_prompt_tokens,
+            _log,
+        ),
+        "spec": lambda: speculative(_settings(a, 1, 8192), cfg, _log),
+        "kv": lambda: kv_types(_settings(a, 2, 4096), cfg, _log),
+    }
+    for name in SECTIONS:
+        if name in sections:
+            out[name] = await runs[name]()
+            _save_partial(out, a.out_dir)
     return out
+
+
+def _save_partial(out: dict[str, Any], out_dir: Path) -> None:
+    """A section's results survive an interrupted run (the final write replaces this)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "partial-ab.json").write_text(json.dumps(out, indent=1))
 
 
 def _f(x: Any, fmt: str = "{:.2f}") -> str:
