@@ -157,7 +157,7 @@ async def test_eight_streams_run_together_while_a_ninth_waits(server: Server) ->
         results = await asyncio.gather(*(stream(client, i) for i in range(9)))
         stop.set()
         await watcher
-    assert all(finish == "length" for _, finish in results)
+    assert all(finish == "length" for _, finish in results), str(results)
     assert all(n == max_tokens for n, _ in results)
     assert 1.0 in waiting_seen  # the ninth request queued for a slot
     wait_idle(server)
