@@ -49,6 +49,7 @@ class CompletionIn(_Open):
     timeout: float | None = Field(default=None, gt=0)
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     cache_prompt: bool = True
+    speculative: bool | None = None  # prompt-lookup speculative decoding (default: the server's --spec-draft)
 
 
 def prompts_of(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -127,7 +128,7 @@ async def completions(request: Request) -> Response:
         repetition_penalty=body.repetition_penalty or body.repeat_penalty, seed=body.seed,
         stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
         max_tokens=body.max_tokens, ignore_eos=body.ignore_eos,
-        logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
+        logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0, speculative=body.speculative)
     cid = new_id("cmpl-")
     timeout = runs.time_cap(request, body.timeout)
 

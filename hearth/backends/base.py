@@ -63,6 +63,9 @@ class ModelStats:
     cancelled: int = 0  # requests cancelled in the engine
     swap_outs: int = 0  # session KV moved out of a slot
     swap_ins: int = 0  # session KV moved back into a slot
+    drafted_tokens: int = 0  # speculative draft tokens verified
+    accepted_tokens: int = 0  # of those, the ones accepted (emitted without a step of their own)
+    interrupted_decodes: int = 0  # decodes stopped midway by an abort (their work re-run)
 
 
 # ---- session KV ----------------------------------------------------------------------------

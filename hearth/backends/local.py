@@ -129,7 +129,9 @@ class LocalBackend:
                 running=e.running, waiting=m.admission.waiting + e.waiting, kv_tokens=e.slots.kv_tokens,
                 slots_busy=e.slots.n_busy, swapped_ram_bytes=e.swap.ram_bytes(), prompt_tokens=s.prompt_tokens,
                 cached_tokens=s.cached_tokens, generated_tokens=s.generated_tokens, steps=s.steps,
-                finished=s.finished, cancelled=s.cancelled, swap_outs=s.swap_outs, swap_ins=s.swap_ins)
+                finished=s.finished, cancelled=s.cancelled, swap_outs=s.swap_outs, swap_ins=s.swap_ins,
+                drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
+                interrupted_decodes=s.interrupted_decodes)
         return out
 
     @property

@@ -17,6 +17,7 @@ from hearth.chat.tool_parsers import PARSERS
 from hearth.chat.tools import knows_tools, resolve_parser
 from hearth.engine import Engine
 from hearth.engine.runner import Runner
+from hearth.engine.speculate import SpecConfig
 from hearth.engine.swap import SwapStore
 from hearth.models import DEFAULT_ALIASES, DEFAULT_MODEL_ID, ModelSpec
 
@@ -31,6 +32,9 @@ class EngineSettings:
     # its own cells, which is faster, and where other traffic left its cells cannot change this
     # sequence's logits, so temperature 0 is reproducible. Same memory either way.
     kv_unified: bool = False
+    kv_type: str = "f16"  # KV cache element type: f16, q8_0 or q4_0 (recorded in snapshots)
+    # Prompt-lookup speculative decoding: most tokens drafted per sequence per step (0: off).
+    spec_draft: int = 8
     max_waiting: int = 64  # requests queued for a slot before new ones get 429
     max_wait: float = 60.0  # seconds a request may queue before it gets 429
     tool_parser: str = "auto"  # auto (from the chat template) or a name in hearth.chat.tool_parsers
@@ -80,12 +84,13 @@ def llamacpp_factory(spec: ModelSpec, settings: EngineSettings) -> tuple[Runner,
 
     runner = LlamaCppRunner(spec.path, seq_ctx=settings.ctx, n_seq_max=settings.parallel,
                             n_batch=settings.batch, n_threads=settings.threads,
-                            kv_unified=settings.kv_unified)
+                            kv_unified=settings.kv_unified, kv_type=settings.kv_type)
     info = runner.info
     card = ModelCard(id=spec.id, created=int(spec.path.stat().st_mtime), meta={
         "path": str(spec.path), "description": info.description, "n_params": info.n_params,
         "size_bytes": info.size_bytes, "n_ctx_train": info.n_ctx_train, "n_ctx": runner.seq_ctx,
         "n_vocab": info.n_vocab, "architecture": info.architecture, "parallel": settings.parallel,
+        "kv_type": settings.kv_type,
     })
     template = ChatTemplate(info.chat_template, bos_token=info.bos_token, eos_token=info.eos_token)
     return runner, card, template
@@ -99,7 +104,9 @@ def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory
     swap = SwapStore(kv_dir / re.sub(r"[^A-Za-z0-9._-]", "_", spec.id) if kv_dir else None,
                      settings.session_ram_mb << 20, runner.fingerprint,
                      prefix_budget=settings.prompt_cache_mb << 20)
-    engine = Engine(runner, seq_ctx=seq_ctx, token_budget=settings.batch, swap=swap, name=f"engine-{spec.id}")
+    speculation = SpecConfig(k_max=settings.spec_draft) if settings.spec_draft > 0 else None
+    engine = Engine(runner, seq_ctx=seq_ctx, token_budget=settings.batch, swap=swap, spec=speculation,
+                    name=f"engine-{spec.id}")
     engine.start()
     aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path)}
     if spec.id == DEFAULT_MODEL_ID:

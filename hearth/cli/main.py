@@ -50,6 +50,12 @@ def serve(
     kv_unified: Annotated[bool, typer.Option(
         "--kv-unified/--no-kv-unified", envvar="HEARTH_KV_UNIFIED",
         help="One KV buffer shared by all sequences (default: one per sequence).")] = False,
+    kv_type: Annotated[str, typer.Option(
+        envvar="HEARTH_KV_TYPE",
+        help="KV cache element type: f16, q8_0 (about half the bytes) or q4_0 (about a quarter).")] = "f16",
+    spec_draft: Annotated[int, typer.Option(
+        envvar="HEARTH_SPEC_DRAFT",
+        help="Speculative decoding by prompt lookup: most tokens drafted per sequence per step (0: off).")] = 8,
     tool_parser: Annotated[str, typer.Option(
         envvar="HEARTH_TOOL_PARSER",
         help="Tool-call format: auto (from the chat template), hermes, llama3, mistral, pythonic, json.")] = "auto",
@@ -101,8 +107,8 @@ def serve(
         if api_key_file:
             keys += read_key_file(api_key_file)
         settings = Settings(models=model or ["default"], host=host, port=port, ctx=ctx, parallel=parallel,
-                            threads=threads, batch=batch, kv_unified=kv_unified, tool_parser=tool_parser,
-                            log_level=log_level,
+                            threads=threads, batch=batch, kv_unified=kv_unified, kv_type=kv_type,
+                            spec_draft=spec_draft, tool_parser=tool_parser, log_level=log_level,
                             log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,
                             request_timeout=request_timeout, max_request_timeout=max_request_timeout,
                             api_keys=keys, admin_key=admin_key, metrics_token=metrics_token,

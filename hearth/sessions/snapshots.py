@@ -225,6 +225,10 @@ class SnapshotStore:
             raise Conflict(f"snapshot {snap_id} was made with model {theirs.get('id')!r} "
                            f"(sha256 {str(theirs.get('sha256'))[:12]}…), not the one this server runs "
                            f"({model.get('id')!r}, {str(model.get('sha256'))[:12]}…)", code="snapshot_incompatible")
+        theirs_kv = (manifest.get("engine") or {}).get("kv_type")
+        if theirs_kv != engine.get("kv_type"):
+            raise Conflict(f"snapshot {snap_id} holds a {theirs_kv} KV cache; this server runs "
+                           f"--kv-type {engine.get('kv_type')}", code="snapshot_incompatible")
         if manifest.get("engine") != engine:
             raise Conflict(f"snapshot {snap_id} was made by another engine build or KV layout "
                            f"({manifest.get('engine')} vs {engine})", code="snapshot_incompatible")

@@ -82,6 +82,8 @@ def test_corruption_and_incompatibility_are_detected(tmp_path: Path) -> None:
         store.read(m["id"], {**MODEL, "sha256": "cd" * 32}, ENGINE)
     with pytest.raises(Conflict):
         store.read(m["id"], MODEL, {**ENGINE, "v": 2})
+    with pytest.raises(Conflict, match="holds a f16 KV cache; this server runs --kv-type q8_0"):
+        store.read(m["id"], MODEL, {**ENGINE, "kv_type": "q8_0"})
     kv = tmp_path / m["id"] / "kv.bin"
     kv.write_bytes(b"x" + kv.read_bytes()[1:])
     with pytest.raises(SnapshotCorrupt):
