@@ -17,19 +17,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
-from hearth.api.anthropic_stream import collect, message_body, stop_reason, stream_events
+from hearth.api.anthropic_stream import PING, collect, message_body, stop_reason, stream_events
 from hearth.api.parsing import read_json, sampling_params, session_turn, validate
 from hearth.api.sse import ClientGone
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, ReasoningOptions, ResponseFormat, Tool, ToolCall, new_id
-from hearth.errors import BadRequest, HearthError, TooManyRequests
+from hearth.errors import BadRequest, ContextLimit, HearthError, TooManyRequests
 
 log = logging.getLogger("hearth.api")
 
 # Text blocks of one message are joined with a newline: clients split paragraphs (or a
 # reminder and the question) into blocks, and gluing them together would merge words.
 BLOCK_JOINER = "\n"
+
+# Blocks a turn may hold that carry nothing for a local model (server tool calls and results
+# run by Anthropic, container uploads, compaction markers, block types newer than this
+# server): accepted and skipped, never a 400. Only a known block in the wrong place is refused.
+USER_BLOCKS = ("text", "tool_result", "image", "document")
+ASSISTANT_BLOCKS = ("text", "thinking", "redacted_thinking", "tool_use")
 
 
 class _Open(BaseModel):
@@ -46,10 +52,12 @@ class BlockIn(_Open):
     content: str | list[BlockIn] | None = None
     is_error: bool = False
     thinking: str | None = None  # thinking
+    tool_name: str | None = None  # tool_reference (tool search): a deferred tool now loaded
 
 
 class MessageIn(_Open):
-    role: Literal["user", "assistant"]
+    # Claude Code sends "system" turns inside `messages` (its environment block, reminders).
+    role: Literal["user", "assistant", "system"]
     content: str | list[BlockIn]
 
 
@@ -58,6 +66,8 @@ class ToolIn(_Open):
     name: str = Field(min_length=1, max_length=128)
     description: str = ""
     input_schema: dict[str, Any] | None = None
+    # Tool search: a deferred tool stays out of the prompt until a tool_reference loads it.
+    defer_loading: bool = False
 
 
 class ToolChoiceIn(_Open):
@@ -115,16 +125,26 @@ def _no_vision(where: str, kind: str) -> BadRequest:
     return BadRequest(f"{where}: {kind} input is not supported: this model has no vision", param=where)
 
 
+def _skip(at: str, kind: str) -> None:
+    log.debug("%s: skipped a %r block (nothing a local model can use)", at, kind)
+
+
 def _texts(blocks: list[BlockIn], where: str) -> str:
-    """The text of a list that may hold only text blocks (system, tool_result content)."""
+    """The text of a list that may hold only text blocks (system, tool_result content). In a
+    tool result, a tool_reference (tool search's answer) reads as the name of the tool it loads."""
     parts = []
     for i, b in enumerate(blocks):
         at = f"{where}[{i}]"
         if b.type in ("image", "document"):
             raise _no_vision(at, b.type)
-        if b.type != "text" or b.text is None:
+        if b.type == "text" and b.text is not None:
+            parts.append(b.text)
+        elif b.type == "tool_reference" and b.tool_name:
+            parts.append(f"Tool loaded: {b.tool_name}")
+        elif b.type in (*USER_BLOCKS, *ASSISTANT_BLOCKS):
             raise BadRequest(f"{at}: expected a text block, got {b.type!r}", param=at)
-        parts.append(b.text)
+        else:
+            _skip(at, b.type)
     return BLOCK_JOINER.join(parts)
 
 
@@ -157,8 +177,10 @@ def _user(blocks: list[BlockIn], where: str) -> list[Message]:
             out.append(_tool_result(b, at))
         elif b.type in ("image", "document"):
             raise _no_vision(at, b.type)
-        else:
+        elif b.type in ASSISTANT_BLOCKS:
             raise BadRequest(f"{at}: a user message cannot hold a {b.type!r} block", param=at)
+        else:
+            _skip(at, b.type)
     flush()
     return out or [Message("user", "")]
 
@@ -179,13 +201,18 @@ def _assistant(blocks: list[BlockIn], where: str) -> Message:
             if not isinstance(b.input, dict):
                 raise BadRequest(f"{at}.input: must be an object", param=f"{at}.input")
             calls.append(ToolCall(b.id, b.name, json.dumps(b.input, ensure_ascii=False)))
-        else:
+        elif b.type in USER_BLOCKS:
             raise BadRequest(f"{at}: an assistant message cannot hold a {b.type!r} block", param=at)
+        else:
+            _skip(at, b.type)
     return Message("assistant", BLOCK_JOINER.join(texts), tool_calls=calls or None,
                    reasoning=BLOCK_JOINER.join(thoughts) or None)
 
 
 def to_messages(body: CountTokensIn) -> list[Message]:
+    """The system prompt, then each turn. A `system` turn inside `messages` stays a system
+    message at its position; the template decides whether it can stand there (see
+    hearth.chat.system_turns)."""
     out: list[Message] = []
     if body.system is not None:
         system = body.system if isinstance(body.system, str) else _texts(body.system, "system")
@@ -194,6 +221,8 @@ def to_messages(body: CountTokensIn) -> list[Message]:
         where = f"messages[{i}].content"
         if isinstance(m.content, str):
             out.append(Message(m.role, m.content))
+        elif m.role == "system":
+            out.append(Message("system", _texts(m.content, where)))
         elif m.role == "user":
             out.extend(_user(m.content, where))
         else:
@@ -201,14 +230,30 @@ def to_messages(body: CountTokensIn) -> list[Message]:
     return out
 
 
-def _tools(tools: list[ToolIn] | None) -> list[Tool]:
+def _loaded_tools(body: CountTokensIn) -> set[str]:
+    """The deferred tools a tool_reference in some tool result has loaded."""
+    names: set[str] = set()
+    for m in body.messages:
+        for b in m.content if isinstance(m.content, list) else []:
+            for inner in b.content if b.type == "tool_result" and isinstance(b.content, list) else []:
+                if inner.type == "tool_reference" and inner.tool_name:
+                    names.add(inner.tool_name)
+    return names
+
+
+def _tools(body: CountTokensIn) -> list[Tool]:
     out = []
-    for i, t in enumerate(tools or []):
+    loaded: set[str] | None = None
+    for i, t in enumerate(body.tools or []):
         if t.type not in (None, "custom"):
             raise BadRequest(f"tools[{i}]: server tools ({t.type}) are not supported; define a custom tool "
                              "with input_schema", param=f"tools[{i}].type")
         if t.input_schema is None:
             raise BadRequest(f"tools[{i}]: input_schema is required", param=f"tools[{i}].input_schema")
+        if t.defer_loading:
+            loaded = _loaded_tools(body) if loaded is None else loaded
+            if t.name not in loaded:
+                continue
         out.append(Tool(t.name, t.description, t.input_schema))
     return out
 
@@ -249,7 +294,7 @@ def _response_format(output: OutputConfigIn | None) -> ResponseFormat | None:
 
 
 def to_chat_request(body: CountTokensIn, request_id: str) -> ChatRequest:
-    tools = _tools(body.tools)
+    tools = _tools(body)
     creq = ChatRequest(model=body.model or "", messages=to_messages(body), tools=tools,
                        tool_choice=_tool_choice(body.tool_choice, tools),
                        reasoning=_reasoning(body.thinking, body.output_config),
@@ -280,6 +325,15 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
                         status_code=status, headers=headers)
 
 
+def context_message(e: ContextLimit) -> str:
+    """Anthropic's own wording: Claude Code reads the numbers back and retries with a smaller
+    max_tokens, or compacts the conversation when the prompt alone is too long."""
+    if e.max_tokens is None:
+        return f"prompt is too long: {e.n_prompt} tokens > {e.limit - 1} maximum"
+    return (f"input length and `max_tokens` exceed context limit: {e.n_prompt} + {e.max_tokens} > {e.limit}, "
+            "decrease input length or `max_tokens` and try again")
+
+
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -290,6 +344,8 @@ def anthropic_errors(endpoint: Endpoint) -> Endpoint:
     async def wrapped(request: Request) -> Response:
         try:
             return await endpoint(request)
+        except ContextLimit as e:
+            return error_response(e.status, context_message(e))
         except HearthError as e:
             headers = {"Retry-After": str(e.retry_after)} if isinstance(e, TooManyRequests) else None
             return error_response(e.status, e.message, headers)
@@ -322,7 +378,7 @@ async def messages(request: Request) -> Response:
     gen = await runs.start(request, "messages", open_stream, cancel_id=body.cancel_id, session_id=body.session_id,
                            ids=[msg_id])
     if body.stream:
-        return gen.stream(stream_events(gen.events, msg_id, model, stops))
+        return gen.stream(stream_events(gen.events, msg_id, model, stops), beat=PING)
     out = await gen.collect(request, lambda: collect(gen.events))
     if out.error:
         return error_response(500, out.error)

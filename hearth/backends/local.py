@@ -15,6 +15,7 @@ from hearth.backends.base import EventStream, ModelCard
 from hearth.chat.cancel import CancelToken
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs, think_markers
+from hearth.chat.system_turns import place_system_turns, renders_late_system
 from hearth.chat.template import ChatTemplate
 from hearth.chat.tool_parsers import PARSERS
 from hearth.chat.tools import OutputPlan, as_text_messages, knows_tools, plan_output, resolve_parser
@@ -35,7 +36,7 @@ from hearth.engine.swap import SwapStore
 from hearth.engine.thinking import ThinkBudget
 from hearth.engine.types import ContextOverflow, FinishReason, SamplingParams
 from hearth.errors import BadRequest, ContextLimit, NotFound, Unavailable
-from hearth.models import DEFAULT_ALIASES, DEFAULT_MODEL_ID, ModelSpec
+from hearth.models import ModelSpec
 
 log = logging.getLogger("hearth.backend")
 
@@ -56,6 +57,7 @@ class EngineSettings:
     kv_dir: Path | None = None  # where swapped session KV spills (per model); None: RAM only
     session_ram_mb: int = 2048  # host RAM for swapped-out session KV before it spills to disk
     prompt_cache_mb: int = 1024  # host RAM for stateless prompts' KV pushed out of their slot
+    clamp_max_tokens: bool = False  # lower a max_tokens past the context to what is left (else 400)
 
 
 @dataclass(slots=True)
@@ -70,6 +72,7 @@ class LocalModel:
     aliases: set[str] = field(default_factory=set)
     tool_parser: str = "hermes"
     native_tools: bool = False  # the template renders tools (else Hearth describes them as text)
+    late_system: bool = True  # the template renders a system message after a user message, in place
     think: tuple[str, str] = ("<think>", "</think>")
 
 
@@ -137,13 +140,12 @@ class LocalBackend:
         def tokenize_text(text: str, add_special: bool) -> list[int]:
             return runner.tokenize(text, add_special=add_special, parse_special=True)
 
-        aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path)}
-        if spec.id == DEFAULT_MODEL_ID:
-            aliases.update(DEFAULT_ALIASES)
+        aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path), *spec.aliases}
         admission = AdmissionQueue(runner.n_seq_max, self.settings.max_waiting, self.settings.max_wait)
         return LocalModel(spec, runner, engine, template, tokenize_text, card, admission, aliases,
                           tool_parser=resolve_parser(self.settings.tool_parser, template),
-                          native_tools=knows_tools(template), think=think_markers(template.source))
+                          native_tools=knows_tools(template), late_system=renders_late_system(template),
+                          think=think_markers(template.source))
 
     def cancel_all(self) -> None:
         """Shutting down: end every run now, so each client gets its final event
@@ -201,16 +203,17 @@ class LocalBackend:
     @staticmethod
     def _render(m: LocalModel, req: ChatRequest, plan: OutputPlan) -> str:
         kwargs = template_kwargs(req)
+        messages = place_system_turns(req.messages, m.late_system)
         if m.native_tools:
-            return m.template.render(req.messages, tools=plan.tools_in_prompt or None, kwargs=kwargs)
-        return m.template.render(as_text_messages(req.messages, plan.tools_in_prompt), kwargs=kwargs)
+            return m.template.render(messages, tools=plan.tools_in_prompt or None, kwargs=kwargs)
+        return m.template.render(as_text_messages(messages, plan.tools_in_prompt), kwargs=kwargs)
 
     def tokenize(self, model: str | None, text: str, *, add_special: bool = True) -> list[int]:
         return self.model(model).tokenize_text(text, add_special)
 
     def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]:
         m = self.model(model)
-        return m.tokenize_text(m.template.render(messages), False)
+        return m.tokenize_text(m.template.render(place_system_turns(messages, m.late_system)), False)
 
     def tokenize_request(self, req: ChatRequest) -> list[int]:
         """The prompt tokens `chat(req)` would generate from: same rendering, tools included."""
@@ -295,9 +298,17 @@ class LocalBackend:
         ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len)
         try:
-            m.engine.validate(ereq)
+            try:
+                m.engine.validate(ereq)
+            except ContextOverflow as e:
+                if not (self.settings.clamp_max_tokens and e.max_tokens is not None and e.n_prompt < e.limit):
+                    raise
+                # --clamp-max-tokens: what is left of the context instead of a refusal
+                ereq.params = replace(ereq.params, max_tokens=e.limit - e.n_prompt)
+                m.engine.validate(ereq)
         except ContextOverflow as e:
-            raise ContextLimit(str(e), param="messages" if isinstance(req, ChatRequest) else "prompt") from e
+            raise ContextLimit(str(e), n_prompt=e.n_prompt, limit=e.limit, max_tokens=e.max_tokens,
+                               param="messages" if isinstance(req, ChatRequest) else "prompt") from e
         except ValueError as e:
             raise BadRequest(str(e)) from e
         if not await _admit(m.admission, n, cancel, req.timeout):
