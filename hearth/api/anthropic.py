@@ -215,7 +215,7 @@ def to_messages(body: CountTokensIn) -> list[Message]:
     hearth.chat.system_turns)."""
     out: list[Message] = []
     if body.system is not None:
-        system = body.system if isinstance(body.system, str) else _texts(body.system, "system")
+        system = body.system if isinstance(body.system, str) else _texts(_no_billing(body.system), "system")
         out.append(Message("system", system))
     for i, m in enumerate(body.messages):
         where = f"messages[{i}].content"
@@ -228,6 +228,16 @@ def to_messages(body: CountTokensIn) -> list[Message]:
         else:
             out.append(_assistant(m.content, where))
     return out
+
+
+# Claude Code's first system block: billing metadata for Anthropic, meaningless to a model, and
+# different in every session (`cc_version=2.1.330.6da`, then `.83a`): it would make the first
+# tokens of every new session's prompt differ, so none could reuse another's cached prefix.
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _no_billing(blocks: list[BlockIn]) -> list[BlockIn]:
+    return [b for b in blocks if not (b.type == "text" and (b.text or "").startswith(BILLING_HEADER))]
 
 
 def _loaded_tools(body: CountTokensIn) -> set[str]:

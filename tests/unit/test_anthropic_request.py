@@ -242,3 +242,14 @@ def test_the_context_overflow_is_worded_as_anthropic_words_it() -> None:
                                   "decrease input length or `max_tokens` and try again")
     assert context_message(ContextLimit("x", n_prompt=40000, limit=32768)) == \
         "prompt is too long: 40000 tokens > 32767 maximum"
+
+
+def test_claude_codes_billing_line_stays_out_of_the_prompt() -> None:
+    """It differs from session to session and would defeat the prefix cache at token one."""
+    def system(version: str) -> list[dict[str, str]]:
+        return [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.330.{version}; "
+                                         "cc_entrypoint=sdk-cli;"},
+                {"type": "text", "text": "You are a Claude agent."}]
+
+    a, b = parse(system=system("6da")), parse(system=system("83a"))
+    assert a.messages[0] == b.messages[0] == Message("system", "You are a Claude agent.")
