@@ -118,7 +118,8 @@ class ToolSet:
                     return shown
         return name
 
-    def _add(self, t: dict[str, Any], at: str, namespace: str | None = None) -> None:
+    def add(self, t: dict[str, Any], at: str, namespace: str | None = None) -> Tool:
+        """A function tool declared at `at` (inside `namespace`, if given), checked."""
         name = _str(t, "name", at) or ""
         if not 1 <= len(name) <= 128:
             raise BadRequest(f"{at}.name must be 1 to 128 characters", param=f"{at}.name")
@@ -132,6 +133,7 @@ class ToolSet:
                 shown = f"{namespace}.{name}"
             self.namespaced[shown] = (namespace, name)
         self.tools.append(Tool(shown, description, parameters))
+        return self.tools[-1]
 
 
 def to_tools(tools: Any) -> ToolSet:
@@ -147,10 +149,9 @@ def to_tools(tools: Any) -> ToolSet:
         if not isinstance(kind, str):
             raise BadRequest(f"{at}: a tool must be an object with a type", param=f"{at}.type")
         if kind == "function":
-            out._add(t, at)
-            echo = out.tools[-1]
-            out.echo.append({"type": "function", "name": t["name"], "description": echo.description,
-                             "parameters": echo.parameters, "strict": t.get("strict")})
+            tool = out.add(t, at)
+            out.echo.append({"type": "function", "name": tool.name, "description": tool.description,
+                             "parameters": tool.parameters, "strict": t.get("strict")})
             continue
         out.echo.append(t)
         if kind != "namespace":
@@ -164,7 +165,7 @@ def to_tools(tools: Any) -> ToolSet:
             where = f"{at}.tools[{j}]"
             inner_kind = f.get("type") if isinstance(f, dict) else None
             if inner_kind == "function":
-                out._add(f, where, namespace)
+                out.add(f, where, namespace)
             elif isinstance(inner_kind, str):
                 out.left_out.append(f"{namespace}/{inner_kind}")
             else:
