@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli.conftest import run, run_json
+from tests.cli.conftest import run
 from tests.conftest import Server, free_port
 
 

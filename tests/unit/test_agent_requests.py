@@ -5,7 +5,6 @@ themselves are in tests/agents."""
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import time
@@ -31,6 +30,7 @@ from tests.unit.test_chat_output import ScriptedRunner
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 QWEN = (FIXTURES / "templates" / "qwen2.5-coder-0.5b-instruct.jinja").read_text()
 MODEL = "qwen2.5-coder-0.5b"
+MARK = "hearth-tool-ok-7f3a"  # what the captured task's command printed
 
 
 class Scripted(ScriptedRunner):
@@ -90,7 +90,7 @@ def agent(tmp_path: Path, answer: str, *, n_ctx: int = 262_144, clamp: bool = Fa
         yield Agent(client, runner)
 
 
-def call(name: str, arguments: dict[str, Any]) -> str:
+def call_text(name: str, arguments: dict[str, Any]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
@@ -103,7 +103,7 @@ def test_codex_first_request_gets_its_tool_call(tmp_path: Path) -> None:
     captured = fixture("codex-first.json")
     kinds = [t["type"] for t in captured["body"]["tools"]]
     assert "namespace" in kinds and "web_search" in kinds
-    with agent(tmp_path, call("exec_command", {"cmd": "echo hi"})) as a:
+    with agent(tmp_path, call_text("exec_command", {"cmd": "echo hi"})) as a:
         status, events = a.send(captured)
         assert status == 200, events
         assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
@@ -121,7 +121,7 @@ def test_codex_first_request_gets_its_tool_call(tmp_path: Path) -> None:
 
 def test_codex_gets_a_namespaced_call_back_under_its_namespace(tmp_path: Path) -> None:
     captured = fixture("codex-first.json")
-    with agent(tmp_path, call("close_agent", {"id": "agent-1"})) as a:
+    with agent(tmp_path, call_text("close_agent", {"id": "agent-1"})) as a:
         status, events = a.send(captured)
         assert status == 200
         item = next(e["item"] for e in events if e["type"] == "response.output_item.done")
@@ -129,17 +129,45 @@ def test_codex_gets_a_namespaced_call_back_under_its_namespace(tmp_path: Path) -
 
 
 def test_codex_request_with_the_tool_result_gets_the_answer(tmp_path: Path) -> None:
-    captured = fixture("codex-first.json")
-    body = copy.deepcopy(captured["body"])
-    body["input"] += [
-        {"type": "function_call", "name": "exec_command", "arguments": '{"cmd":"echo hearth-tool-ok-7f3a"}',
-         "call_id": "call_1"},
-        {"type": "function_call_output", "call_id": "call_1", "output": "hearth-tool-ok-7f3a\n"}]
+    captured = fixture("codex-after-tool.json")
+    kinds = [i.get("type") for i in captured["body"]["input"]]
+    assert kinds[-2:] == ["function_call", "function_call_output"]
     with agent(tmp_path, "It printed hearth-tool-ok-7f3a.") as a:
-        status, events = a.send(captured, body)
+        status, events = a.send(captured)
         assert status == 200
         assert events[-1]["response"]["output_text"] == "It printed hearth-tool-ok-7f3a."
-        assert "<tool_response>\nhearth-tool-ok-7f3a\n\n</tool_response>" in a.prompt()
+        prompt = a.prompt()
+        assert '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "echo hearth-tool-ok-7f3a"}}' in prompt
+        assert "<tool_response>\nChunk ID:" in prompt and "Output:\nhearth-tool-ok-7f3a\n" in prompt
+
+
+@pytest.mark.parametrize(("first", "after", "call"), [
+    ("codex-first.json", "codex-after-tool.json", ("exec_command", {"cmd": "echo " + MARK})),
+    ("claude-code-bash-first.json", "claude-code-bash-after-tool.json", ("Bash", {"command": "echo " + MARK})),
+])
+def test_the_request_after_the_tool_finds_the_first_prompt_cached(tmp_path: Path, first: str, after: str,
+                                                                  call: tuple[str, dict[str, Any]]) -> None:
+    """What makes an agent's later turns cheap: the client resends the conversation, and its
+    rendering starts with the whole first prompt (system turns, tools and all), byte for byte."""
+    with agent(tmp_path, call_text(*call)) as a:
+        status, events = a.send(fixture(first))
+        assert status == 200
+        prompt_tokens = usage(events)[0]
+        a.runner.answer = b"It printed hearth-tool-ok-7f3a."
+        status, events = a.send(fixture(after))
+        assert status == 200
+        total, cached = usage(events)
+        assert prompt_tokens - 1 <= cached < total, (prompt_tokens, cached, total)
+
+
+def usage(events: list[dict[str, Any]]) -> tuple[int, int]:
+    """(prompt tokens, cached tokens) from a streamed Responses or Anthropic answer."""
+    last = events[-1]
+    if "response" in last:
+        u = last["response"]["usage"]
+        return u["input_tokens"], u["input_tokens_details"]["cached_tokens"]
+    u = next(e for e in events if e["type"] == "message_delta")["usage"]
+    return u["input_tokens"] + u["cache_read_input_tokens"], u["cache_read_input_tokens"]
 
 
 # ---- Claude Code: POST /v1/messages?beta=true ------------------------------------------------
@@ -150,7 +178,7 @@ def test_claude_code_first_request_gets_its_tool_use(tmp_path: Path) -> None:
     context_management, output_config and a deferred tool: all accepted."""
     captured = fixture("claude-code-first.json")
     assert [m["role"] for m in captured["body"]["messages"]] == ["user", "system"]
-    with agent(tmp_path, call("Bash", {"command": "echo hi", "description": "Print"})) as a:
+    with agent(tmp_path, call_text("Bash", {"command": "echo hi", "description": "Print"})) as a:
         status, events = a.send(captured)
         assert status == 200, events
         names = [e["type"] for e in events]
@@ -185,7 +213,8 @@ def test_clamp_max_tokens_serves_it_within_the_context(tmp_path: Path) -> None:
     assert text == "Done."
 
 
-@pytest.mark.parametrize("name", ["codex-first.json", "claude-code-first.json"])
+@pytest.mark.parametrize("name", ["codex-first.json", "codex-after-tool.json", "claude-code-first.json",
+                                  "claude-code-bash-first.json", "claude-code-bash-after-tool.json"])
 def test_the_fixtures_are_the_clients_own(name: str) -> None:
     """Guard against editing a capture by hand: each names its client and version."""
     headers = fixture(name)["headers"]
