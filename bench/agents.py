@@ -15,8 +15,10 @@ it from an earlier run's cache.
 Per fixture and server, `--runs` times: a cold request (new tag: the whole prompt is
 prefilled), then the same request again, warm (the server finds the whole prompt in its KV
 cache, as an agent's next turn finds the previous one). Measured:
-- `ttft_cold_s`, `ttft_warm_s`: request sent → the first event carrying model output
-  (Responses: an output item, text or arguments delta; Anthropic: a content block);
+- `ttft_cold_s`, `ttft_warm_s`: request sent → the first event carrying model output or ending
+  the answer (Responses: an output item, a text or arguments delta, the terminal event;
+  Anthropic: a content block, message_delta). With the default `--max-tokens 1` that is the
+  time to the first token, whether or not the server streams it as it comes;
 - `prompt_tokens`: as the server reports it in the final usage (each server renders the request
   with its own template handling, so the counts may differ by the tools each drops);
 - `prefill_tps`: prompt_tokens / ttft_cold_s (includes the first decode step: a lower bound).
@@ -52,10 +54,17 @@ FIXTURES_DIR = REPO_ROOT / "tests" / "fixtures" / "agents"
 FIXTURES = ("codex-first", "claude-code-first")
 MODEL_NAME = "qwen2.5-coder-0.5b"
 
-# First events that carry model output (the opening events a server may send at admission do not).
+# Events that carry model output, or end the answer (the opening events a server may send at
+# admission do not count). With --max-tokens 1 the end comes right after the first token, so
+# the first of these is the time to the first token even when the server holds that token back
+# (a tool parser waiting for the call's name, as Hearth's and llama-server's do).
 RESPONSES_OUTPUT = {"response.output_item.added", "response.output_text.delta",
-                    "response.function_call_arguments.delta", "response.reasoning_text.delta"}
-ANTHROPIC_OUTPUT = {"content_block_start", "content_block_delta"}
+                    "response.function_call_arguments.delta", "response.reasoning_text.delta",
+                    "response.completed", "response.incomplete", "response.failed"}
+ANTHROPIC_OUTPUT = {"content_block_start", "content_block_delta", "message_delta", "message_stop"}
+# Hearth's default wall-clock cap (600 s) is shorter than a cold 11k-token prefill on a busy
+# 2-core machine; llama-server's --timeout is already 3600 s.
+HEARTH_EXTRA = ["--request-timeout", "3600", "--max-request-timeout", "3600"]
 
 
 def default_model() -> Path:
@@ -177,6 +186,8 @@ async def bench_server(name: str, s: Settings, fixtures: list[str], max_tokens: 
         launch = LAUNCHERS[name](s, port)
     except ServerUnavailable as e:
         return {"status": "failed", "reason": str(e)}
+    if name == "hearth":
+        launch.argv += HEARTH_EXTRA
     out: dict[str, Any] = {"status": "ok", "command": launch.argv, "notes": launch.notes, "fixtures": {}}
     if s.wait_idle_s:
         await asyncio.to_thread(wait_idle, s.wait_idle_s)
@@ -238,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fixtures", default=",".join(FIXTURES))
     p.add_argument("--model", type=Path, default=None, help=f"GGUF (default: the installed {MODEL_NAME})")
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx", type=int, default=32768)
     p.add_argument("--wait-idle", type=float, default=0.0)
