@@ -48,6 +48,8 @@ class Settings:
     max_waiting: int = 64
     max_wait: float = 60.0
     request_timeout: float = 600.0  # default wall-clock cap per request, seconds
+    clamp_max_tokens: bool = False  # lower a max_tokens past the context to what is left, instead of a 400
+    sse_heartbeat: float = 5.0  # seconds of silence on a stream before a heartbeat (SSE comment / ping)
     max_request_timeout: float = 3600.0  # the most a request may ask for
     # access
     api_keys: list[str] = field(default_factory=list)
@@ -77,6 +79,8 @@ class Settings:
             raise ValueError("--session-ram-mb and --prompt-cache-mb must be >= 0")
         if self.max_waiting < 0 or self.max_wait <= 0:
             raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
+        if not self.sse_heartbeat > 0:
+            raise ValueError("--sse-heartbeat must be > 0 seconds")
         if not 0 < self.request_timeout <= self.max_request_timeout:
             raise ValueError("--request-timeout must be > 0 and at most --max-request-timeout")
         if any(not k.strip() for k in self.api_keys):

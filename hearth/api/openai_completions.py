@@ -18,7 +18,17 @@ from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling
 from hearth.api.sse import DONE, sse_data
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
-from hearth.chat.types import ChatEvent, CompletionRequest, Done, Finish, TextDelta, TokenLogprob, Usage, new_id
+from hearth.chat.types import (
+    ChatEvent,
+    CompletionRequest,
+    Done,
+    Finish,
+    Started,
+    TextDelta,
+    TokenLogprob,
+    Usage,
+    new_id,
+)
 from hearth.errors import BadRequest, GenerationFailed
 
 MAX_PROMPTS = 16
@@ -208,8 +218,13 @@ async def stream_chunks(events: EventStream, cid: str, model: str, created: int,
             if echo:
                 for j in range(n):
                     yield chunk([{"index": i * n + j, "text": echo, "logprobs": None, "finish_reason": None}])
+        opened = any(echoes)
         async for ev in events:
-            if isinstance(ev, TextDelta):
+            if isinstance(ev, Started) and not opened:  # the id goes out before the prefill ends
+                opened = True
+                yield chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": None}
+                             for i in range(len(echoes) * n)])
+            elif isinstance(ev, TextDelta):
                 idx = ev.index
                 lp = legacy_logprobs(ev.logprobs or [], offsets[idx]) if want_logprobs else None
                 offsets[idx] += len(ev.text)

@@ -21,6 +21,7 @@ from hearth.backends.local_kv import LocalSessionKV
 from hearth.backends.local_model import EngineSettings, LocalModel, RunnerFactory, llamacpp_factory, load_model
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs
+from hearth.chat.system_turns import place_system_turns
 from hearth.chat.tool_parsers import PARSERS
 from hearth.chat.tools import OutputPlan, as_text_messages, plan_output
 from hearth.chat.types import ChatRequest, CompletionRequest, Message
@@ -146,9 +147,10 @@ class LocalBackend:
     @staticmethod
     def _render(m: LocalModel, req: ChatRequest, plan: OutputPlan) -> str:
         kwargs = template_kwargs(req)
+        messages = place_system_turns(req.messages, m.late_system)
         if m.native_tools:
-            return m.template.render(req.messages, tools=plan.tools_in_prompt or None, kwargs=kwargs)
-        return m.template.render(as_text_messages(req.messages, plan.tools_in_prompt), kwargs=kwargs)
+            return m.template.render(messages, tools=plan.tools_in_prompt or None, kwargs=kwargs)
+        return m.template.render(as_text_messages(messages, plan.tools_in_prompt), kwargs=kwargs)
 
     @classmethod
     def render_chat(cls, m: LocalModel, req: ChatRequest) -> str:
@@ -161,7 +163,8 @@ class LocalBackend:
 
     async def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]:
         m = self.model(model)
-        return await self._off_loop(lambda: m.tokenize_text(m.template.render(messages), False))
+        return await self._off_loop(
+            lambda: m.tokenize_text(m.template.render(place_system_turns(messages, m.late_system)), False))
 
     async def count_tokens(self, req: ChatRequest) -> int:
         m = self.model(req.model)
@@ -254,9 +257,17 @@ class LocalBackend:
         ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len)
         try:
-            m.engine.validate(ereq)
+            try:
+                m.engine.validate(ereq)
+            except ContextOverflow as e:
+                if not (self.settings.clamp_max_tokens and e.max_tokens is not None and e.n_prompt < e.limit):
+                    raise
+                # --clamp-max-tokens: what is left of the context instead of a refusal
+                ereq.params = replace(ereq.params, max_tokens=e.limit - e.n_prompt)
+                m.engine.validate(ereq)
         except ContextOverflow as e:
-            raise ContextLimit(str(e), param="messages" if isinstance(req, ChatRequest) else "prompt") from e
+            raise ContextLimit(str(e), n_prompt=e.n_prompt, limit=e.limit, max_tokens=e.max_tokens,
+                               param="messages" if isinstance(req, ChatRequest) else "prompt") from e
         except ValueError as e:
             raise BadRequest(str(e)) from e
         if not await admit(m.admission, n, cancel, req.timeout):

@@ -12,6 +12,7 @@ from hearth.backends.admission import AdmissionQueue
 from hearth.backends.base import ModelCard, ModelLimits
 from hearth.backends.prompt_size import check_fits, longest_token
 from hearth.chat.reasoning import think_markers
+from hearth.chat.system_turns import renders_late_system
 from hearth.chat.template import ChatTemplate
 from hearth.chat.tool_parsers import PARSERS
 from hearth.chat.tools import knows_tools, resolve_parser
@@ -19,7 +20,7 @@ from hearth.engine import Engine
 from hearth.engine.runner import Runner
 from hearth.engine.speculate import SpecConfig
 from hearth.engine.swap import SwapStore
-from hearth.models import DEFAULT_ALIASES, DEFAULT_MODEL_ID, ModelSpec
+from hearth.models import ModelSpec
 
 
 @dataclass(slots=True)
@@ -41,6 +42,7 @@ class EngineSettings:
     kv_dir: Path | None = None  # where swapped session KV spills (per model); None: RAM only
     session_ram_mb: int = 2048  # host RAM for swapped-out session KV before it spills to disk
     prompt_cache_mb: int = 1024  # host RAM for stateless prompts' KV pushed out of their slot
+    clamp_max_tokens: bool = False  # lower a max_tokens past the context to what is left (else 400)
 
     def __post_init__(self) -> None:
         if self.tool_parser != "auto" and self.tool_parser not in PARSERS:
@@ -59,6 +61,7 @@ class LocalModel:
     aliases: set[str] = field(default_factory=set)
     tool_parser: str = "hermes"
     native_tools: bool = False  # the template renders tools (else Hearth describes them as text)
+    late_system: bool = True  # the template renders a system message after a user message, in place
     think: tuple[str, str] = ("<think>", "</think>")
 
     def check_fits(self, text: str) -> None:
@@ -108,10 +111,9 @@ def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory
     engine = Engine(runner, seq_ctx=seq_ctx, token_budget=settings.batch, swap=swap, spec=speculation,
                     name=f"engine-{spec.id}")
     engine.start()
-    aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path)}
-    if spec.id == DEFAULT_MODEL_ID:
-        aliases.update(DEFAULT_ALIASES)
+    aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path), *spec.aliases}
     admission = AdmissionQueue(runner.n_seq_max, settings.max_waiting, settings.max_wait)
     return LocalModel(spec, runner, engine, template, card, admission, longest_token(runner), aliases,
                       tool_parser=resolve_parser(settings.tool_parser, template),
-                      native_tools=knows_tools(template), think=think_markers(template.source))
+                      native_tools=knows_tools(template), late_system=renders_late_system(template),
+                      think=think_markers(template.source))

@@ -23,6 +23,8 @@ def check_fits(text: str, longest: int, n_ctx: int) -> None:
     """ContextLimit when `text` is provably longer than `n_ctx` tokens; O(1)."""
     limit = longest * n_ctx
     if len(text) > limit:
+        at_least = -(-len(text) // longest)  # tokens the text needs at the fewest (> n_ctx)
         raise ContextLimit(f"This model's maximum context length is {n_ctx} tokens. The text is {len(text)} "
                            f"characters, more than {n_ctx} tokens can hold ({limit}: no token covers more than "
-                           f"{longest} bytes), so it was refused without tokenizing it.")
+                           f"{longest} bytes), so it was refused without tokenizing it.",
+                           n_prompt=at_least, limit=n_ctx)

@@ -1,7 +1,8 @@
 """The engine: one thread that owns the runner and steps all requests together.
 
-    step = take new requests and aborts → apply aborts and deadlines → admit → draft
-           → schedule one batch → decode once → sample, detokenize, finish → deliver
+    step = take new requests and aborts → apply aborts and deadlines → admit (and tell the
+           admitted) → draft → schedule one batch → decode once → sample, detokenize, finish
+           → deliver
 
 Invariants:
 - only the engine thread touches the runner, the scheduler and the slots;
@@ -339,8 +340,14 @@ class Engine:
                     fut.set_result(fn())
                 except BaseException as e:
                     fut.set_exception(e)
-        for adm in self.scheduler.admit():
+        admitted = self.scheduler.admit()
+        for adm in admitted:
             self._setup(adm, out)
+        if admitted:
+            # A placed request hears of it before its first prefill chunk runs, so its stream
+            # opens (and can be cancelled by id) while a long prefill is still ahead.
+            self._deliver(out)
+            out.by_request.clear()
         if self.spec is not None:
             self._draft()
         work = self.scheduler.schedule()
@@ -386,6 +393,8 @@ class Engine:
             ar.seqs.extend(Sequence(i, s, _NullSampler(), Detokenizer())
                            for i, s in enumerate(placement.slots) if i >= len(ar.seqs))
             self._end(ar, FinishReason.ERROR, out, error=f"could not set up sampling: {e}")
+            return
+        out.delta(ar, 0)  # an (empty) output: placed, with its cached token count
 
     def _place(self, ar: ActiveRequest, placement: Placement) -> int:
         """Make the first slot hold the longest usable prefix of the prompt; return its length.

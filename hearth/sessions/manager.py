@@ -310,7 +310,8 @@ class SessionManager:
                 raise ContextLimit(
                     f"{e.message} The session {sid} allows {s.row.max_seq_len} tokens (max_seq_len): raise it with "
                     f"POST /v1/sessions/{sid}/resize (or /resize/next_pow2), or drop old messages with "
-                    f"POST /v1/sessions/{sid}/rollback.", param="messages") from e
+                    f"POST /v1/sessions/{sid}/rollback.", n_prompt=e.n_prompt, limit=e.limit,
+                    max_tokens=e.max_tokens, param="messages") from e
         except BaseException:
             s.lock.release()
             self._forget_unborn(s)
