@@ -9,6 +9,8 @@ from pathlib import Path
 
 import platformdirs
 
+KV_TYPES = ("f16", "q8_0", "q4_0")  # llama.cpp KV cache element types Hearth offers
+
 
 def default_data_dir() -> Path:
     home = os.environ.get("HEARTH_HOME")
@@ -34,6 +36,8 @@ class Settings:
     threads: int | None = None
     batch: int = 512
     kv_unified: bool = False
+    kv_type: str = "f16"  # f16 | q8_0 | q4_0
+    spec_draft: int = 8  # prompt-lookup speculative decoding: most drafted tokens per step (0: off)
     tool_parser: str = "auto"  # auto | hermes | llama3 | mistral | pythonic | json (checked by the backend)
     data_dir: Path = field(default_factory=default_data_dir)
     session_ram_mb: int = 2048  # host RAM for swapped-out session KV; past it, KV spills to disk
@@ -44,6 +48,8 @@ class Settings:
     max_waiting: int = 64
     max_wait: float = 60.0
     request_timeout: float = 600.0  # default wall-clock cap per request, seconds
+    clamp_max_tokens: bool = False  # lower a max_tokens past the context to what is left, instead of a 400
+    sse_heartbeat: float = 5.0  # seconds of silence on a stream before a heartbeat (SSE comment / ping)
     max_request_timeout: float = 3600.0  # the most a request may ask for
     # access
     api_keys: list[str] = field(default_factory=list)
@@ -59,6 +65,10 @@ class Settings:
             raise ValueError("--ctx must be at least 16")
         if self.batch < self.parallel:
             raise ValueError("--batch must be at least --parallel")
+        if self.kv_type not in KV_TYPES:
+            raise ValueError(f"--kv-type must be one of {', '.join(KV_TYPES)}")
+        if not 0 <= self.spec_draft <= 64:
+            raise ValueError("--spec-draft must be between 0 and 64")
         if self.threads is not None and self.threads < 1:
             raise ValueError("--threads must be at least 1")
         if not 0 < self.port < 65536:
@@ -69,6 +79,8 @@ class Settings:
             raise ValueError("--session-ram-mb and --prompt-cache-mb must be >= 0")
         if self.max_waiting < 0 or self.max_wait <= 0:
             raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
+        if not self.sse_heartbeat > 0:
+            raise ValueError("--sse-heartbeat must be > 0 seconds")
         if not 0 < self.request_timeout <= self.max_request_timeout:
             raise ValueError("--request-timeout must be > 0 and at most --max-request-timeout")
         if any(not k.strip() for k in self.api_keys):

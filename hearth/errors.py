@@ -2,7 +2,8 @@
 
     HearthError (status, code)
     ├── BadRequest          400  invalid_request_error
-    │   └── ContextLimit    400  context_length_exceeded
+    │   ├── ContextLimit    400  context_length_exceeded
+    │   └── PayloadTooLarge 413  request_too_large
     ├── Unauthorized        401  invalid_api_key
     ├── Forbidden           403  insufficient_permissions
     ├── NotFound            404  not_found (model_not_found, ...)
@@ -38,7 +39,21 @@ class BadRequest(HearthError):
 
 
 class ContextLimit(BadRequest):
+    """The prompt, or the prompt plus max_tokens, does not fit the context. The numbers let each
+    protocol word it its own way (Claude Code, for one, lowers max_tokens when Anthropic's
+    wording tells it by how much)."""
+
     code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, n_prompt: int, limit: int, max_tokens: int | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.n_prompt, self.limit, self.max_tokens = n_prompt, limit, max_tokens
+
+
+class PayloadTooLarge(BadRequest):
+    status = 413
+    code = "request_too_large"
 
 
 class Unauthorized(HearthError):

@@ -1,10 +1,13 @@
-"""Where models come from: the embedded default and GGUF files named on the command line."""
+"""Where models come from: the embedded default, models installed into the model cache by
+short name (hearth.catalog), and GGUF files named on the command line."""
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+
+from hearth import catalog
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -15,6 +18,7 @@ DEFAULT_ALIASES = ("default", "smollm2", "SmolLM2-135M-Instruct", DEFAULT_MODEL_
 class ModelSpec:
     id: str  # the name clients use in the "model" field
     path: Path
+    aliases: tuple[str, ...] = ()  # other names clients may use
 
 
 def embedded_model_path() -> Path:
@@ -31,15 +35,23 @@ def embedded_model_path() -> Path:
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
-    """`default` (or any alias of the embedded model), `ID=PATH`, or a path to a .gguf file
-    (its id is the file name without extension)."""
+    """`default` (or any alias of the embedded model), the short name of an installable model
+    (`qwen2.5-coder-0.5b`), `ID=PATH`, or a path to a .gguf file (its id is the file name
+    without extension)."""
     if name_or_path in DEFAULT_ALIASES:
-        return ModelSpec(DEFAULT_MODEL_ID, embedded_model_path())
+        return ModelSpec(DEFAULT_MODEL_ID, embedded_model_path(), DEFAULT_ALIASES)
+    installable = catalog.find(name_or_path)
+    if installable is not None:
+        path = catalog.installed_path(installable)
+        if not path.is_file():
+            raise FileNotFoundError(f"model {installable.id!r} is not installed; install it with "
+                                    f"`hearth models install {installable.id}` (~{installable.size >> 20} MB)")
+        return ModelSpec(installable.id, path, installable.aliases)
     model_id, sep, path_text = name_or_path.partition("=")
     if not sep:
         path_text, model_id = name_or_path, ""
     path = Path(path_text).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"model not found: {name_or_path!r} is neither a GGUF file nor one of "
-                                f"{', '.join(DEFAULT_ALIASES)}")
+                                f"{', '.join((*DEFAULT_ALIASES, *catalog.CATALOG))}")
     return ModelSpec(model_id or path.stem, path.resolve())

@@ -8,6 +8,7 @@ SSE) is in `anthropic_stream.py`.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
-from hearth.api.anthropic_stream import collect, message_body, stop_reason, stream_events
+from hearth.api.anthropic_stream import PING, collect, message_body, stop_reason, stream_events
 from hearth.api.errors import ApiError, respond
 from hearth.api.parsing import read_json, sampling_params, session_turn, validate
 from hearth.backends.base import Backend, EventStream
@@ -24,9 +25,17 @@ from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, ReasoningOptions, ResponseFormat, Tool, ToolCall, new_id
 from hearth.errors import BadRequest, GenerationFailed
 
+log = logging.getLogger("hearth.api")
+
 # Text blocks of one message are joined with a newline: clients split paragraphs (or a
 # reminder and the question) into blocks, and gluing them together would merge words.
 BLOCK_JOINER = "\n"
+
+# Blocks a turn may hold that carry nothing for a local model (server tool calls and results
+# run by Anthropic, container uploads, compaction markers, block types newer than this
+# server): accepted and skipped, never a 400. Only a known block in the wrong place is refused.
+USER_BLOCKS = ("text", "tool_result", "image", "document")
+ASSISTANT_BLOCKS = ("text", "thinking", "redacted_thinking", "tool_use")
 
 
 class _Open(BaseModel):
@@ -43,10 +52,12 @@ class BlockIn(_Open):
     content: str | list[BlockIn] | None = None
     is_error: bool = False
     thinking: str | None = None  # thinking
+    tool_name: str | None = None  # tool_reference (tool search): a deferred tool now loaded
 
 
 class MessageIn(_Open):
-    role: Literal["user", "assistant"]
+    # Claude Code sends "system" turns inside `messages` (its environment block, reminders).
+    role: Literal["user", "assistant", "system"]
     content: str | list[BlockIn]
 
 
@@ -55,6 +66,8 @@ class ToolIn(_Open):
     name: str = Field(min_length=1, max_length=128)
     description: str = ""
     input_schema: dict[str, Any] | None = None
+    # Tool search: a deferred tool stays out of the prompt until a tool_reference loads it.
+    defer_loading: bool = False
 
 
 class ToolChoiceIn(_Open):
@@ -112,16 +125,26 @@ def _no_vision(where: str, kind: str) -> BadRequest:
     return BadRequest(f"{where}: {kind} input is not supported: this model has no vision", param=where)
 
 
+def _skip(at: str, kind: str) -> None:
+    log.debug("%s: skipped a %r block (nothing a local model can use)", at, kind)
+
+
 def _texts(blocks: list[BlockIn], where: str) -> str:
-    """The text of a list that may hold only text blocks (system, tool_result content)."""
+    """The text of a list that may hold only text blocks (system, tool_result content). In a
+    tool result, a tool_reference (tool search's answer) reads as the name of the tool it loads."""
     parts = []
     for i, b in enumerate(blocks):
         at = f"{where}[{i}]"
         if b.type in ("image", "document"):
             raise _no_vision(at, b.type)
-        if b.type != "text" or b.text is None:
+        if b.type == "text" and b.text is not None:
+            parts.append(b.text)
+        elif b.type == "tool_reference" and b.tool_name:
+            parts.append(f"Tool loaded: {b.tool_name}")
+        elif b.type in (*USER_BLOCKS, *ASSISTANT_BLOCKS):
             raise BadRequest(f"{at}: expected a text block, got {b.type!r}", param=at)
-        parts.append(b.text)
+        else:
+            _skip(at, b.type)
     return BLOCK_JOINER.join(parts)
 
 
@@ -154,8 +177,10 @@ def _user(blocks: list[BlockIn], where: str) -> list[Message]:
             out.append(_tool_result(b, at))
         elif b.type in ("image", "document"):
             raise _no_vision(at, b.type)
-        else:
+        elif b.type in ASSISTANT_BLOCKS:
             raise BadRequest(f"{at}: a user message cannot hold a {b.type!r} block", param=at)
+        else:
+            _skip(at, b.type)
     flush()
     return out or [Message("user", "")]
 
@@ -176,21 +201,28 @@ def _assistant(blocks: list[BlockIn], where: str) -> Message:
             if not isinstance(b.input, dict):
                 raise BadRequest(f"{at}.input: must be an object", param=f"{at}.input")
             calls.append(ToolCall(b.id, b.name, json.dumps(b.input, ensure_ascii=False)))
-        else:
+        elif b.type in USER_BLOCKS:
             raise BadRequest(f"{at}: an assistant message cannot hold a {b.type!r} block", param=at)
+        else:
+            _skip(at, b.type)
     return Message("assistant", BLOCK_JOINER.join(texts), tool_calls=calls or None,
                    reasoning=BLOCK_JOINER.join(thoughts) or None)
 
 
 def to_messages(body: CountTokensIn) -> list[Message]:
+    """The system prompt, then each turn. A `system` turn inside `messages` stays a system
+    message at its position; the template decides whether it can stand there (see
+    hearth.chat.system_turns)."""
     out: list[Message] = []
     if body.system is not None:
-        system = body.system if isinstance(body.system, str) else _texts(body.system, "system")
+        system = body.system if isinstance(body.system, str) else _texts(_no_billing(body.system), "system")
         out.append(Message("system", system))
     for i, m in enumerate(body.messages):
         where = f"messages[{i}].content"
         if isinstance(m.content, str):
             out.append(Message(m.role, m.content))
+        elif m.role == "system":
+            out.append(Message("system", _texts(m.content, where)))
         elif m.role == "user":
             out.extend(_user(m.content, where))
         else:
@@ -198,14 +230,40 @@ def to_messages(body: CountTokensIn) -> list[Message]:
     return out
 
 
-def _tools(tools: list[ToolIn] | None) -> list[Tool]:
+# Claude Code's first system block: billing metadata for Anthropic, meaningless to a model, and
+# different in every session (`cc_version=2.1.330.6da`, then `.83a`): it would make the first
+# tokens of every new session's prompt differ, so none could reuse another's cached prefix.
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _no_billing(blocks: list[BlockIn]) -> list[BlockIn]:
+    return [b for b in blocks if not (b.type == "text" and (b.text or "").startswith(BILLING_HEADER))]
+
+
+def _loaded_tools(body: CountTokensIn) -> set[str]:
+    """The deferred tools a tool_reference in some tool result has loaded."""
+    names: set[str] = set()
+    for m in body.messages:
+        for b in m.content if isinstance(m.content, list) else []:
+            for inner in b.content if b.type == "tool_result" and isinstance(b.content, list) else []:
+                if inner.type == "tool_reference" and inner.tool_name:
+                    names.add(inner.tool_name)
+    return names
+
+
+def _tools(body: CountTokensIn) -> list[Tool]:
     out = []
-    for i, t in enumerate(tools or []):
+    loaded: set[str] | None = None
+    for i, t in enumerate(body.tools or []):
         if t.type not in (None, "custom"):
             raise BadRequest(f"tools[{i}]: server tools ({t.type}) are not supported; define a custom tool "
                              "with input_schema", param=f"tools[{i}].type")
         if t.input_schema is None:
             raise BadRequest(f"tools[{i}]: input_schema is required", param=f"tools[{i}].input_schema")
+        if t.defer_loading:
+            loaded = _loaded_tools(body) if loaded is None else loaded
+            if t.name not in loaded:
+                continue
         out.append(Tool(t.name, t.description, t.input_schema))
     return out
 
@@ -246,7 +304,7 @@ def _response_format(output: OutputConfigIn | None) -> ResponseFormat | None:
 
 
 def to_chat_request(body: CountTokensIn, request_id: str) -> ChatRequest:
-    tools = _tools(body.tools)
+    tools = _tools(body)
     creq = ChatRequest(model=body.model or "", messages=to_messages(body), tools=tools,
                        tool_choice=_tool_choice(body.tool_choice, tools),
                        reasoning=_reasoning(body.thinking, body.output_config),
@@ -280,7 +338,7 @@ async def messages(request: Request) -> Response:
     gen = await runs.start(request, "messages", open_stream, cancel_id=body.cancel_id, session_id=body.session_id,
                            ids=[msg_id])
     if body.stream:
-        return gen.stream(stream_events(gen.events, msg_id, model, stops))
+        return gen.stream(stream_events(gen.events, msg_id, model, stops), beat=PING)
     out = await gen.collect(request, lambda: collect(gen.events))
     if out.error:
         raise GenerationFailed(out.error)

@@ -32,6 +32,9 @@ log = logging.getLogger("hearth.api")
 # `messages.create` and `messages.stream(...).get_final_message()` unchanged.
 CANCELLED = "cancelled"
 
+# The heartbeat while a stream is silent (Anthropic's own keep-alive event).
+PING = sse_event("ping", {"type": "ping"})
+
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "cancelled": CANCELLED}
 
 
@@ -220,7 +223,7 @@ async def stream_events(events: AsyncIterator[ChatEvent], msg_id: str, model: st
                 usage = Usage(prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens)
                 yield send({"type": "message_start",
                             "message": message_body(msg_id, model, [], (None, None), usage)})
-                yield send({"type": "ping"})
+                yield PING
             for payload in block_events(writer, ev):
                 yield send(payload)
             if isinstance(ev, Finish) and ev.index == 0:

@@ -19,6 +19,7 @@ from hearth.api import (
     openai_chat,
     openai_completions,
     openai_responses,
+    openapi,
     sessions,
     snapshots,
     web,
@@ -99,6 +100,7 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/tokenize", control.tokenize, methods=["POST"]),
         Route("/detokenize", control.detokenize, methods=["POST"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name}", web.static_file, methods=["GET"]),
     ]

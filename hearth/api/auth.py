@@ -17,7 +17,7 @@ from hearth.api.errors import ApiError, respond
 from hearth.config import Settings
 from hearth.errors import Forbidden, HearthError, Unauthorized
 
-OPEN_PATHS = ("/health", "/")
+OPEN_PATHS = ("/health", "/", "/openapi.json")  # the API document holds no data
 OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
 
 

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hearth.errors import HearthError, TooManyRequests, Unavailable
+from hearth.errors import ContextLimit, HearthError, TooManyRequests, Unavailable
 from hearth.observability.logging import note_error
 
 log = logging.getLogger("hearth.api")
@@ -61,10 +61,11 @@ class ApiError:
     headers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, e: HearthError) -> ApiError:
+    def of(cls, e: HearthError, protocol: Envelope = "openai") -> ApiError:
         retry_after = e.retry_after if isinstance(e, TooManyRequests | Unavailable) else None
         headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-        return cls(e.status, e.message, e.code, e.param, e.type, headers)
+        message = anthropic_context_message(e) if protocol == "anthropic" and isinstance(e, ContextLimit) else e.message
+        return cls(e.status, message, e.code, e.param, e.type, headers)
 
     def openai_body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.openai_type or types_for(self.status)[0],
@@ -75,6 +76,15 @@ class ApiError:
 
     def body(self, protocol: Envelope) -> dict[str, Any]:
         return self.anthropic_body() if protocol == "anthropic" else self.openai_body()
+
+
+def anthropic_context_message(e: ContextLimit) -> str:
+    """Anthropic's own wording: Claude Code reads the numbers back and retries with a smaller
+    max_tokens, or compacts the conversation when the prompt alone is too long."""
+    if e.max_tokens is None:
+        return f"prompt is too long: {e.n_prompt} tokens > {e.limit - 1} maximum"
+    return (f"input length and `max_tokens` exceed context limit: {e.n_prompt} + {e.max_tokens} > {e.limit}, "
+            "decrease input length or `max_tokens` and try again")
 
 
 def protocol_of(path: str) -> Envelope:
@@ -89,7 +99,8 @@ def respond(path: str, err: ApiError) -> JSONResponse:
 
 async def handle_hearth_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HearthError)
-    return respond(request.url.path, ApiError.of(exc))
+    path = request.url.path
+    return respond(path, ApiError.of(exc, protocol_of(path)))
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:

@@ -113,6 +113,7 @@ class ChatCompletionIn(_Open):
     timeout: float | None = Field(default=None, gt=0)
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     cache_prompt: bool = True
+    speculative: bool | None = None  # prompt-lookup speculative decoding (default: the server's --spec-draft)
     # Hearth sessions (docs/sessions.md): the messages are only the new ones
     session_id: str | None = None
     replace_system: bool = False
@@ -200,7 +201,7 @@ def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
         repetition_penalty=body.repetition_penalty or body.repeat_penalty, seed=body.seed,
         stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
         max_tokens=body.max_completion_tokens or body.max_tokens, ignore_eos=body.ignore_eos,
-        logprobs=body.logprobs, top_logprobs=body.top_logprobs, grammar=body.grammar,
+        logprobs=body.logprobs, top_logprobs=body.top_logprobs, grammar=body.grammar, speculative=body.speculative,
     )
     tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
     return ChatRequest(

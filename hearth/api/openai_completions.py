@@ -18,7 +18,17 @@ from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling
 from hearth.api.sse import DONE, sse_data
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
-from hearth.chat.types import ChatEvent, CompletionRequest, Done, Finish, TextDelta, TokenLogprob, Usage, new_id
+from hearth.chat.types import (
+    ChatEvent,
+    CompletionRequest,
+    Done,
+    Finish,
+    Started,
+    TextDelta,
+    TokenLogprob,
+    Usage,
+    new_id,
+)
 from hearth.errors import BadRequest, GenerationFailed
 
 MAX_PROMPTS = 16
@@ -49,6 +59,7 @@ class CompletionIn(_Open):
     timeout: float | None = Field(default=None, gt=0)
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     cache_prompt: bool = True
+    speculative: bool | None = None  # prompt-lookup speculative decoding (default: the server's --spec-draft)
 
 
 def prompts_of(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -127,7 +138,7 @@ async def completions(request: Request) -> Response:
         repetition_penalty=body.repetition_penalty or body.repeat_penalty, seed=body.seed,
         stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
         max_tokens=body.max_tokens, ignore_eos=body.ignore_eos,
-        logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
+        logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0, speculative=body.speculative)
     cid = new_id("cmpl-")
     timeout = runs.time_cap(request, body.timeout)
 
@@ -207,8 +218,13 @@ async def stream_chunks(events: EventStream, cid: str, model: str, created: int,
             if echo:
                 for j in range(n):
                     yield chunk([{"index": i * n + j, "text": echo, "logprobs": None, "finish_reason": None}])
+        opened = any(echoes)
         async for ev in events:
-            if isinstance(ev, TextDelta):
+            if isinstance(ev, Started) and not opened:  # the id goes out before the prefill ends
+                opened = True
+                yield chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": None}
+                             for i in range(len(echoes) * n)])
+            elif isinstance(ev, TextDelta):
                 idx = ev.index
                 lp = legacy_logprobs(ev.logprobs or [], offsets[idx]) if want_logprobs else None
                 offsets[idx] += len(ev.text)

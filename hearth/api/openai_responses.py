@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable
 from typing import Any
@@ -37,6 +38,8 @@ from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, new_id
 from hearth.errors import BadRequest, GenerationFailed, NotFound
+
+log = logging.getLogger("hearth.api")
 
 CANCEL_SETTLE_SECONDS = 5.0  # how long POST .../cancel waits for the run to record its outcome
 
@@ -116,11 +119,13 @@ async def create_response(request: Request) -> Response:
     store = response_store(request.app)
     items = normalize_input(body.input)
     history = _history(body, store)
+    toolset = to_tools(body.tools)
+    if toolset.left_out:
+        log.debug("responses: tools the server cannot run, left out of the prompt: %s", toolset.left_out)
     messages = [Message("system", body.instructions)] if body.instructions else []
-    messages += to_messages(history, "previous_response") + to_messages(items)
+    messages += to_messages(history, "previous_response", toolset) + to_messages(items, tools=toolset)
     if not any(m.role != "system" for m in messages):
         raise BadRequest("input is empty: give at least one message", param="input")
-    tools, tools_echo = to_tools(body.tools)
     response_format, text_echo = to_response_format(body.text)
     reasoning, reasoning_echo = to_reasoning(body.reasoning)
     metadata = check_metadata(body.metadata)
@@ -129,8 +134,8 @@ async def create_response(request: Request) -> Response:
                                ignore_eos=body.ignore_eos)
     rid = new_id("resp_")
     creq = ChatRequest(
-        model=body.model or "", messages=messages, sampling=sampling, tools=tools,
-        tool_choice=to_tool_choice(body.tool_choice, tools), parallel_tool_calls=body.parallel_tool_calls,
+        model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools,
+        tool_choice=to_tool_choice(body.tool_choice, toolset), parallel_tool_calls=body.parallel_tool_calls,
         response_format=response_format, reasoning=reasoning, request_id=rid,
         timeout=runs.time_cap(request, body.timeout), cache_prompt=body.cache_prompt,
         session=session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait))
@@ -138,12 +143,12 @@ async def create_response(request: Request) -> Response:
 
     asm = ResponseAssembler({
         "id": rid, "object": "response", "created_at": int(time.time()), "model": model,
-        "instructions": body.instructions, "metadata": metadata, "tools": tools_echo,
+        "instructions": body.instructions, "metadata": metadata, "tools": toolset.echo,
         "tool_choice": body.tool_choice or "auto", "parallel_tool_calls": body.parallel_tool_calls,
         "temperature": sampling.temperature, "top_p": sampling.top_p, "max_output_tokens": body.max_output_tokens,
         "text": text_echo, "reasoning": reasoning_echo, "previous_response_id": body.previous_response_id,
         "store": body.store, "background": False, "truncation": "disabled", "completed_at": None,
-    })
+    }, namespaced=toolset.namespaced)
 
     # Stored as in_progress before the wait for a slot, so GET and .../cancel see a queued run.
     settled = _settled(request.app)

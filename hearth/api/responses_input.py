@@ -4,6 +4,7 @@ naming the field."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from hearth.chat.types import Message, ReasoningOptions, ResponseFormat, Tool, ToolCall
@@ -56,10 +57,11 @@ def content_text(content: Any, at: str) -> str:
     return "".join(texts)
 
 
-def to_messages(items: list[Any], where: str = "input") -> list[Message]:
+def to_messages(items: list[Any], where: str = "input", tools: ToolSet | None = None) -> list[Message]:
     """Input items → chat messages. A function_call joins the assistant message right before
-    it (a turn's text and its calls are one chat message); function_call_output becomes a
-    tool message; reasoning and unknown item types are skipped."""
+    it (a turn's text and its calls are one chat message), under the name the model knows
+    (`tools` maps a namespaced call back); function_call_output becomes a tool message;
+    reasoning and unknown item types are skipped."""
     messages: list[Message] = []
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
@@ -74,8 +76,10 @@ def to_messages(items: list[Any], where: str = "input") -> list[Message]:
                 raise BadRequest(f"{at}: a message needs content", param=f"{at}.content")
             messages.append(Message(role, content_text(item["content"], at)))
         elif kind == "function_call":
-            call = ToolCall(_str(item, "call_id", at) or "", _str(item, "name", at) or "",
-                            _str(item, "arguments", at, optional=True) or "")
+            name = _str(item, "name", at) or ""
+            if tools is not None:
+                name = tools.model_name(name, _str(item, "namespace", at, optional=True))
+            call = ToolCall(_str(item, "call_id", at) or "", name, _str(item, "arguments", at, optional=True) or "")
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant":
                 last.tool_calls = [*(last.tool_calls or []), call]
@@ -91,19 +95,30 @@ def to_messages(items: list[Any], where: str = "input") -> list[Message]:
     return messages
 
 
-def to_tools(tools: Any) -> tuple[list[Tool], list[dict[str, Any]]]:
-    """Flat function tools → (Tools, their echo in the response)."""
-    if tools is None:
-        return [], []
-    if not isinstance(tools, list):
-        raise BadRequest("tools must be a list", param="tools")
-    out, echo = [], []
-    for i, t in enumerate(tools):
-        at = f"tools[{i}]"
-        kind = t.get("type") if isinstance(t, dict) else None
-        if kind != "function":
-            raise BadRequest(f"{at}: tool type {kind!r} is not supported; only function tools are",
-                             param=f"{at}.type")
+@dataclass(slots=True)
+class ToolSet:
+    """The request's tools as the model sees them. Function tools inside a `namespace` join
+    the list under their own names (a name already taken becomes `namespace.name`); calls come
+    back with `name` and `namespace` as the client declared them. Tools of any other type are
+    hosted tools the server cannot run (web_search, file_search, code_interpreter, ...): they
+    are echoed, left out of the prompt, and never a 400."""
+
+    tools: list[Tool] = field(default_factory=list)
+    echo: list[dict[str, Any]] = field(default_factory=list)
+    # model-facing name → (namespace, name as declared) for the tools declared in a namespace
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
+    left_out: list[str] = field(default_factory=list)  # the hosted tool types, for the log
+
+    def model_name(self, name: str, namespace: str | None) -> str:
+        """The name the model knows a declared (namespace, name) by."""
+        if namespace:
+            for shown, declared in self.namespaced.items():
+                if declared == (namespace, name):
+                    return shown
+        return name
+
+    def add(self, t: dict[str, Any], at: str, namespace: str | None = None) -> Tool:
+        """A function tool declared at `at` (inside `namespace`, if given), checked."""
         name = _str(t, "name", at) or ""
         if not 1 <= len(name) <= 128:
             raise BadRequest(f"{at}.name must be 1 to 128 characters", param=f"{at}.name")
@@ -111,28 +126,77 @@ def to_tools(tools: Any) -> tuple[list[Tool], list[dict[str, Any]]]:
         parameters = t.get("parameters") or {}
         if not isinstance(parameters, dict):
             raise BadRequest(f"{at}.parameters must be a JSON schema object", param=f"{at}.parameters")
-        out.append(Tool(name, description, parameters))
-        echo.append({"type": "function", "name": name, "description": description, "parameters": parameters,
-                     "strict": t.get("strict")})
-    return out, echo
+        shown = name
+        if namespace is not None:
+            if any(x.name == name for x in self.tools):
+                shown = f"{namespace}.{name}"
+            self.namespaced[shown] = (namespace, name)
+        self.tools.append(Tool(shown, description, parameters))
+        return self.tools[-1]
 
 
-def to_tool_choice(choice: Any, tools: list[Tool]) -> str | None:
-    """"none" | "auto" | "required" | {type: function, name} → ChatRequest.tool_choice."""
+def to_tools(tools: Any) -> ToolSet:
+    """Function and namespace tools → the model's tools; every tool echoed as given."""
+    out = ToolSet()
+    if tools is None:
+        return out
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list", param="tools")
+    for i, t in enumerate(tools):
+        at = f"tools[{i}]"
+        kind = t.get("type") if isinstance(t, dict) else None
+        if not isinstance(kind, str):
+            raise BadRequest(f"{at}: a tool must be an object with a type", param=f"{at}.type")
+        if kind == "function":
+            tool = out.add(t, at)
+            out.echo.append({"type": "function", "name": tool.name, "description": tool.description,
+                             "parameters": tool.parameters, "strict": t.get("strict")})
+            continue
+        out.echo.append(t)
+        if kind != "namespace":
+            out.left_out.append(kind)
+            continue
+        namespace = _str(t, "name", at) or ""
+        inner = t.get("tools")
+        if not namespace or not isinstance(inner, list):
+            raise BadRequest(f"{at}: a namespace needs a name and a list of tools", param=at)
+        for j, f in enumerate(inner):
+            where = f"{at}.tools[{j}]"
+            inner_kind = f.get("type") if isinstance(f, dict) else None
+            if inner_kind == "function":
+                out.add(f, where, namespace)
+            elif isinstance(inner_kind, str):
+                out.left_out.append(f"{namespace}/{inner_kind}")
+            else:
+                raise BadRequest(f"{where}: a tool must be an object with a type", param=f"{where}.type")
+    return out
+
+
+def to_tool_choice(choice: Any, tools: ToolSet) -> str | None:
+    """"none" | "auto" | "required" | {type: function, name[, namespace]} → ChatRequest.tool_choice.
+    A choice of a hosted tool type (which the server leaves out) is "auto"; `allowed_tools`
+    keeps its mode."""
     if choice is None:
         return None
     if isinstance(choice, str):
         if choice not in TOOL_CHOICES:
             raise BadRequest("tool_choice must be none, auto, required or a function", param="tool_choice")
-        if choice == "required" and not tools:
+        if choice == "required" and not tools.tools:
             raise BadRequest("tool_choice is required but no tools are given", param="tool_choice")
         return choice
-    name = choice.get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if isinstance(kind, str) and kind != "function":
+        if kind == "allowed_tools" and choice.get("mode") in ("auto", "required"):
+            return str(choice["mode"]) if tools.tools else "auto"
+        return "auto"
+    name = choice.get("name") if isinstance(choice, dict) else None
     if not isinstance(name, str) or not name:
         raise BadRequest('tool_choice object must be {"type": "function", "name": ...}', param="tool_choice")
-    if name not in {t.name for t in tools}:
+    namespace = choice.get("namespace")
+    shown = tools.model_name(name, namespace if isinstance(namespace, str) else None)
+    if shown not in {t.name for t in tools.tools}:
         raise BadRequest(f"tool_choice names {name!r}, which is not among the tools", param="tool_choice")
-    return name
+    return shown
 
 
 def to_response_format(text: Any) -> tuple[ResponseFormat | None, dict[str, Any]]:

@@ -68,9 +68,11 @@ class _OpenItem:
 
 
 class ResponseAssembler:
-    def __init__(self, response: dict[str, Any]) -> None:
-        """`response` is the skeleton: every field but output, status, usage and the outcome."""
+    def __init__(self, response: dict[str, Any], namespaced: dict[str, tuple[str, str]] | None = None) -> None:
+        """`response` is the skeleton: every field but output, status, usage and the outcome.
+        `namespaced` maps the names of tools declared inside a namespace to (namespace, name)."""
         self.response = response
+        self.namespaced = namespaced or {}
         response.update(status="in_progress", output=[], output_text="", incomplete_details=None, error=None,
                         usage=None)
         self.output: list[dict[str, Any]] = response["output"]
@@ -174,9 +176,11 @@ class ResponseAssembler:
         it = self._open
         announce = ev.id is not None or ev.name is not None
         if announce or it is None or it.item["type"] != "function_call" or it.call_index != ev.call_index:
-            it, events = self._add({"id": new_id("fc_"), "type": "function_call", "status": "in_progress",
-                                    "call_id": ev.id or new_id("call_"), "name": ev.name or "", "arguments": ""},
-                                   ev.call_index)
+            item = {"id": new_id("fc_"), "type": "function_call", "status": "in_progress",
+                    "call_id": ev.id or new_id("call_"), "name": ev.name or "", "arguments": ""}
+            if item["name"] in self.namespaced:
+                item["namespace"], item["name"] = self.namespaced[item["name"]]
+            it, events = self._add(item, ev.call_index)
         if ev.arguments:
             it.buf.append(ev.arguments)
             events.append({"type": "response.function_call_arguments.delta", "item_id": it.item["id"],

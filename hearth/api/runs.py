@@ -11,7 +11,7 @@ from typing import Any
 from starlette.requests import Request
 
 from hearth.api.cancels import CancelRegistry, Run
-from hearth.api.sse import EventStreamResponse, until_disconnect
+from hearth.api.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
 from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.errors import BadRequest
@@ -19,8 +19,10 @@ from hearth.observability.metrics import Metrics, RequestTimer
 
 
 class Generation:
-    def __init__(self, run: Run, events: EventStream, timer: RequestTimer, registry: CancelRegistry) -> None:
+    def __init__(self, run: Run, events: EventStream, timer: RequestTimer, registry: CancelRegistry,
+                 heartbeat: float | None = None) -> None:
         self.run, self.events, self.timer, self._registry = run, events, timer, registry
+        self.heartbeat = heartbeat
         events.observe(timer)
         events.on_close(self._finish)
 
@@ -31,8 +33,12 @@ class Generation:
     def disconnected(self) -> None:
         self.run.token.cancel("disconnect")
 
-    def stream(self, chunks: Any, headers: dict[str, str] | None = None) -> EventStreamResponse:
-        return EventStreamResponse(chunks, headers, close=self.events.aclose, on_disconnect=self.disconnected)
+    def stream(self, chunks: Any, headers: dict[str, str] | None = None, beat: bytes = COMMENT_BEAT
+               ) -> EventStreamResponse:
+        """The SSE response: its headers go out now (the run is admitted), then `chunks`, with
+        `beat` whenever the stream has been silent for the server's heartbeat interval."""
+        return EventStreamResponse(chunks, headers, close=self.events.aclose, on_disconnect=self.disconnected,
+                                   heartbeat=self.heartbeat, beat=beat)
 
     async def collect(self, request: Request, work: Callable[[], Awaitable[Any]]) -> Any:
         try:
@@ -70,4 +76,4 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
             metrics.cancellations.labels(run.token.reason).inc()
         raise
     timer.admitted_now()
-    return Generation(run, events, timer, registry)
+    return Generation(run, events, timer, registry, request.app.state.settings.sse_heartbeat)

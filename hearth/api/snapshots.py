@@ -12,12 +12,11 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from hearth.api.body import stream_limited
 from hearth.api.parsing import read_json, read_json_or_empty, validate
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_snapshot_id
 from hearth.sessions.manager import SessionManager
-
-MAX_ARCHIVE_BYTES = 64 << 30
 
 
 class StrictBody(BaseModel):
@@ -92,20 +91,22 @@ async def archive(request: Request) -> Response:
 
 async def import_snapshot(request: Request) -> Response:
     """The archive is spooled to a temporary file (never held whole in memory), then unpacked
-    and verified; it becomes visible only if every check passes."""
-    store = session_manager(request).snapshots
+    and verified; it becomes visible only if every check passes. Its size is bounded by what
+    this server's KV could load: refused on Content-Length before reading, and cut off at the
+    limit when the length is not given."""
+    manager = session_manager(request)
+    store = manager.snapshots
+    limits = await manager.import_limits()
     spool = store.root / f".import-{uuid.uuid4().hex}"
     size = 0
     try:
         with spool.open("wb") as f:
-            async for chunk in request.stream():
+            async for chunk in stream_limited(request, limits.archive_bytes, "archive"):
                 size += len(chunk)
-                if size > MAX_ARCHIVE_BYTES:
-                    raise BadRequest(f"the archive is larger than {MAX_ARCHIVE_BYTES} bytes")
                 f.write(chunk)
         if size == 0:
             raise BadRequest("the request body is empty; send the archive from GET /v1/snapshots/{id}/archive")
-        manifest = await run_in_threadpool(store.import_archive, spool)
+        manifest = await run_in_threadpool(store.import_archive, spool, limits)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(spool)

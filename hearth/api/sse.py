@@ -9,10 +9,12 @@ stream, which aborts the request in the engine.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -22,13 +24,22 @@ T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
 
 
+def _json(obj: Any) -> bytes:
+    """Compact UTF-8 JSON. orjson, because one chunk per token is encoded on the event loop,
+    which shares the CPU with llama.cpp's threads (stdlib json was ~1/6 of the loop's time per
+    token); what orjson refuses (non-str keys) goes through the stdlib."""
+    try:
+        return orjson.dumps(obj)
+    except TypeError:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def sse_data(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _json(obj) + b"\n\n"
 
 
 def sse_event(event: str, obj: Any) -> bytes:
-    return (f"event: {event}\n".encode() + b"data: "
-            + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n")
+    return f"event: {event}\n".encode() + b"data: " + _json(obj) + b"\n\n"
 
 
 class ClientGone(Exception):
@@ -66,33 +77,74 @@ async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]],
     return result[0]
 
 
+# Sent when a stream has been silent for the heartbeat interval (a long prefill, a tool call's
+# arguments being gathered): an SSE comment, which every SSE parser skips. Anthropic's protocol
+# has its own `ping` event, which its clients expect instead.
+COMMENT_BEAT = b": keep-alive\n\n"
+
+
+class _Sender:
+    """Serializes body writes between the stream and its heartbeat task and remembers when
+    the last one went out. After `close()` nothing more is written."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._lock = anyio.Lock()
+        self.last = time.monotonic()
+        self.closed = False
+
+    async def body(self, data: bytes) -> None:
+        async with self._lock:
+            if not self.closed:
+                await self._send({"type": "http.response.body", "body": data, "more_body": True})
+                self.last = time.monotonic()
+
+    async def close(self) -> None:
+        async with self._lock:
+            self.closed = True
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def beat_every(self, interval: float, beat: bytes) -> None:
+        while not self.closed:
+            await anyio.sleep(max(0.0, self.last + interval - time.monotonic()))
+            if time.monotonic() - self.last >= interval:
+                await self.body(beat)
+
+
 class EventStreamResponse(Response):
     """Streams `chunks` as text/event-stream; stops on disconnect. `close` always runs at the
     end (even if `chunks` never started, when an async generator's own `finally` would not).
+    The headers go out at once; then, whenever `heartbeat` seconds pass without a chunk, `beat`.
     A Response for the handlers' types; `Response.__init__` (a buffered body) is not used."""
 
     media_type = "text/event-stream"
 
     def __init__(self, chunks: AsyncIterator[bytes], headers: dict[str, str] | None = None, *,
-                 close: Callable[[], Awaitable[None]] | None = None, on_disconnect: OnDisconnect = None) -> None:
+                 close: Callable[[], Awaitable[None]] | None = None, on_disconnect: OnDisconnect = None,
+                 heartbeat: float | None = None, beat: bytes = COMMENT_BEAT) -> None:
         self.status_code = 200
         self.background = None
         self.chunks = chunks
         self.extra_headers = headers or {}
         self.close = close
         self.on_disconnect = on_disconnect
+        self.heartbeat = heartbeat
+        self.beat = beat
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
                    (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
         headers += [(k.lower().encode(), v.encode()) for k, v in self.extra_headers.items()]
+        out = _Sender(send)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_watch_disconnect, receive, tg.cancel_scope, self.on_disconnect)
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
+                if self.heartbeat:
+                    tg.start_soon(out.beat_every, self.heartbeat, self.beat)
                 async for chunk in self.chunks:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    await out.body(chunk)
+                await out.close()
                 tg.cancel_scope.cancel()
         except OSError:  # the socket went away mid-write
             pass

@@ -63,6 +63,9 @@ class ModelStats:
     cancelled: int = 0  # requests cancelled in the engine
     swap_outs: int = 0  # session KV moved out of a slot
     swap_ins: int = 0  # session KV moved back into a slot
+    drafted_tokens: int = 0  # speculative draft tokens verified
+    accepted_tokens: int = 0  # of those, the ones accepted (emitted without a step of their own)
+    interrupted_decodes: int = 0  # decodes stopped midway by an abort (their work re-run)
 
 
 # ---- session KV ----------------------------------------------------------------------------
@@ -94,7 +97,7 @@ class KVIdentity:
     """What KV bytes depend on. A snapshot saved under one identity loads only where
     `model["sha256"]` and the whole `engine` dict are equal (409 otherwise).
 
-    model:  {id, sha256 (of the weights file), arch, n_ctx_train}
+    model:  {id, sha256 (of the weights file, 64 lowercase hex digits), arch, n_ctx_train}
     engine: the runner's fingerprint: engine build, KV layout and KV type (`kv_type`)."""
 
     model: dict[str, Any]
@@ -124,6 +127,11 @@ class SessionKV(Protocol):
         ...
 
     async def kv_identity(self, model: str) -> KVIdentity: ...
+
+    async def max_kv_bytes(self, model: str) -> int:
+        """At most how many bytes `export_kv` gives for a session as long as the model's
+        longest sequence: imported KV past this is refused before it is read."""
+        ...
 
 
 # ---- the backend ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ def build_backend(settings: Settings, specs: list[ModelSpec]) -> Backend:
 
     return LocalBackend(specs, EngineSettings(
         ctx=settings.ctx, parallel=settings.parallel, threads=settings.threads, batch=settings.batch,
-        kv_unified=settings.kv_unified, max_waiting=settings.max_waiting, max_wait=settings.max_wait,
+        kv_unified=settings.kv_unified, kv_type=settings.kv_type, spec_draft=settings.spec_draft,
+        max_waiting=settings.max_waiting, max_wait=settings.max_wait,
         tool_parser=settings.tool_parser, kv_dir=settings.data_dir / "kv", session_ram_mb=settings.session_ram_mb,
-        prompt_cache_mb=settings.prompt_cache_mb))
+        prompt_cache_mb=settings.prompt_cache_mb, clamp_max_tokens=settings.clamp_max_tokens))

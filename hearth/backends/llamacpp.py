@@ -23,7 +23,8 @@ import llama_cpp as L
 import numpy as np
 from llama_cpp import _logger as llama_logger
 
-from hearth.engine.runner import BatchEntry
+from hearth.backends.abort_flag import AbortFlag, callback_address
+from hearth.engine.runner import BatchEntry, DecodeAborted
 from hearth.engine.types import SamplingParams
 
 log = logging.getLogger("hearth.llamacpp")
@@ -34,6 +35,10 @@ GGML_TYPE_NAMES: dict[int, str] = {int(getattr(L, n)): n.removeprefix("GGML_TYPE
 
 _backend_lock = threading.Lock()
 _backend_ready = False
+
+# KV cache element types (`--kv-type`), as llama.cpp's ggml_type ids. A quantized V cache needs
+# flash attention, which llama.cpp's "auto" setting then turns on.
+KV_TYPES: dict[str, int] = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
 
 
 def _init_backend(verbose: bool) -> None:
@@ -62,7 +67,9 @@ class ModelInfo:
 class LlamaCppRunner:
     def __init__(self, model_path: str | Path, *, seq_ctx: int | None = None, n_seq_max: int = 4,
                  n_batch: int = 512, n_threads: int | None = None, kv_unified: bool = False,
-                 verbose: bool = False) -> None:
+                 kv_type: str = "f16", verbose: bool = False) -> None:
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}")
         _init_backend(verbose)
         self.path = str(model_path)
         if not Path(self.path).is_file():
@@ -89,7 +96,16 @@ class LlamaCppRunner:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = kv_unified
+        cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
         cparams.no_perf = True
+        # interrupt(): a C callback polls this flag between graph nodes (see abort_flag.py).
+        self._abort = AbortFlag()
+        address = callback_address()
+        self.can_interrupt = address is not None
+        if address is not None:
+            self._abort_cb = L.ggml_abort_callback(address)  # kept alive as long as the context
+            cparams.abort_callback = self._abort_cb
+            cparams.abort_callback_data = self._abort.address
         ctx = L.llama_init_from_model(model, cparams)
         if not ctx:
             L.llama_model_free(model)
@@ -168,9 +184,16 @@ class LlamaCppRunner:
         self._batch = batch
 
     def decode(self, entries: list[BatchEntry]) -> list[int]:
+        # With one KV stream per sequence, llama.cpp cuts a batch into ubatches that each take
+        # the same number of tokens from a run of consecutive sequence ids, in batch order
+        # (llama_batch_allocr::split_equal), and computes the whole graph once per ubatch. Laid
+        # out by sequence id, the decode tokens of all running sequences share one ubatch;
+        # in arrival order they could take several (one graph pass each).
+        order = sorted(range(len(entries)), key=lambda i: entries[i].seq_id)
+        first_row = [0] * len(entries)
         n = 0
-        out_idx: list[int] = []
-        for e in entries:
+        for i in order:
+            e = entries[i]
             k = len(e.tokens)
             if n + k > self.n_batch:
                 raise RuntimeError(f"batch of {n + k} tokens exceeds n_batch {self.n_batch}")
@@ -178,15 +201,27 @@ class LlamaCppRunner:
             self._pos[n:n + k] = np.arange(e.pos0, e.pos0 + k, dtype=np.int32)
             self._seq[n:n + k] = e.seq_id
             self._out[n:n + k] = 0
-            if e.want_logits:
-                self._out[n + k - 1] = 1
-                out_idx.append(n + k - 1)
+            if e.n_logits:
+                self._out[n + k - e.n_logits:n + k] = 1
+                first_row[i] = n + k - e.n_logits
             n += k
         self._batch.n_tokens = n
         rc = L.llama_decode(self.ctx, self._batch)
+        if rc == 2:
+            # llama.cpp removed the aborted ubatch's positions; earlier ubatches stay written.
+            # Drop those too, so every sequence is exactly as before this call.
+            for e in entries:
+                L.llama_memory_seq_rm(self.mem, e.seq_id, e.pos0, -1)
+            raise DecodeAborted("llama_decode was interrupted")
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
-        return out_idx
+        return [first_row[i] for i, e in enumerate(entries) if e.n_logits]
+
+    def interrupt(self) -> None:
+        self._abort.set()
+
+    def clear_interrupt(self) -> None:
+        self._abort.clear()
 
     def logits(self, logits_index: int) -> np.ndarray:
         ptr = L.llama_get_logits_ith(self.ctx, logits_index)
@@ -267,6 +302,20 @@ class LlamaCppRunner:
             L.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
             raise ValueError("llama.cpp rejected the saved KV state (different model or KV layout)")
 
+    def state_bytes_bound(self, n_tokens: int) -> int:
+        """At most how many bytes `state_get` returns for a sequence of `n_tokens`: per cell its
+        position and sequence id, per layer an f16 K and V row of n_head_kv heads; a quarter and
+        16 MiB of headroom cover layer headers and architectures whose layout differs (used to
+        refuse imported KV that no sequence of this model could hold)."""
+        arch = self.info.architecture
+        n_head = max(1, int(L.llama_model_n_head(self.model)))
+        n_head_kv = max(1, int(L.llama_model_n_head_kv(self.model)))
+        n_embd = int(L.llama_model_n_embd(self.model))
+        k_len = int(self.meta(f"{arch}.attention.key_length") or n_embd // n_head)
+        v_len = int(self.meta(f"{arch}.attention.value_length") or k_len)
+        per_token = int(L.llama_model_n_layer(self.model)) * n_head_kv * (k_len + v_len) * 2 + 12
+        return per_token * n_tokens * 5 // 4 + (16 << 20)
+
     @property
     def fingerprint(self) -> dict[str, Any]:
         """What saved KV state depends on: restoring needs the same model file and KV layout."""
@@ -329,6 +378,16 @@ class NativeSampler:
 
     def __init__(self, runner: LlamaCppRunner, params: SamplingParams) -> None:
         self._runner = runner
+        # Plain greedy is an argmax over the logits row: llama.cpp's chain would first copy all
+        # n_vocab logits into a candidate array (~0.15 ms a token here, on the engine thread,
+        # while the compute threads wait). Same token: both take the first maximum.
+        self._argmax = (params.greedy and params.grammar is None and not params.logit_bias
+                        and params.repetition_penalty == 1.0
+                        and not params.frequency_penalty and not params.presence_penalty)
+        self._no_eog = params.ignore_eos
+        self._chain = None
+        if self._argmax:
+            return
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         self._chain = chain
         if params.grammar is not None:
@@ -368,6 +427,14 @@ class NativeSampler:
         L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
     def sample(self, logits_index: int) -> int:
+        if self._argmax:
+            row = self._runner.logits(logits_index)
+            token = int(np.argmax(row))
+            if self._no_eog and self._runner.is_eog(token):  # ignore_eos: as a -inf bias on them
+                row = row.copy()
+                row[self._runner.eog_tokens] = -np.inf
+                token = int(np.argmax(row))
+            return token
         return int(L.llama_sampler_sample(self._chain, self._runner.ctx, logits_index))
 
     def free(self) -> None:

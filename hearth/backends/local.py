@@ -21,6 +21,7 @@ from hearth.backends.local_kv import LocalSessionKV
 from hearth.backends.local_model import EngineSettings, LocalModel, RunnerFactory, llamacpp_factory, load_model
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs
+from hearth.chat.system_turns import place_system_turns
 from hearth.chat.tool_parsers import PARSERS
 from hearth.chat.tools import OutputPlan, as_text_messages, plan_output
 from hearth.chat.types import ChatRequest, CompletionRequest, Message
@@ -129,7 +130,9 @@ class LocalBackend:
                 running=e.running, waiting=m.admission.waiting + e.waiting, kv_tokens=e.slots.kv_tokens,
                 slots_busy=e.slots.n_busy, swapped_ram_bytes=e.swap.ram_bytes(), prompt_tokens=s.prompt_tokens,
                 cached_tokens=s.cached_tokens, generated_tokens=s.generated_tokens, steps=s.steps,
-                finished=s.finished, cancelled=s.cancelled, swap_outs=s.swap_outs, swap_ins=s.swap_ins)
+                finished=s.finished, cancelled=s.cancelled, swap_outs=s.swap_outs, swap_ins=s.swap_ins,
+                drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
+                interrupted_decodes=s.interrupted_decodes)
         return out
 
     @property
@@ -144,9 +147,10 @@ class LocalBackend:
     @staticmethod
     def _render(m: LocalModel, req: ChatRequest, plan: OutputPlan) -> str:
         kwargs = template_kwargs(req)
+        messages = place_system_turns(req.messages, m.late_system)
         if m.native_tools:
-            return m.template.render(req.messages, tools=plan.tools_in_prompt or None, kwargs=kwargs)
-        return m.template.render(as_text_messages(req.messages, plan.tools_in_prompt), kwargs=kwargs)
+            return m.template.render(messages, tools=plan.tools_in_prompt or None, kwargs=kwargs)
+        return m.template.render(as_text_messages(messages, plan.tools_in_prompt), kwargs=kwargs)
 
     @classmethod
     def render_chat(cls, m: LocalModel, req: ChatRequest) -> str:
@@ -154,11 +158,13 @@ class LocalBackend:
 
     async def tokenize(self, model: str | None, text: str, *, add_special: bool = True) -> list[int]:
         m = self.model(model)
+        m.check_fits(text)  # here too, so a refusal does not queue behind other tokenizing
         return await self._off_loop(lambda: m.tokenize_text(text, add_special))
 
     async def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]:
         m = self.model(model)
-        return await self._off_loop(lambda: m.tokenize_text(m.template.render(messages), False))
+        return await self._off_loop(
+            lambda: m.tokenize_text(m.template.render(place_system_turns(messages, m.late_system)), False))
 
     async def count_tokens(self, req: ChatRequest) -> int:
         m = self.model(req.model)
@@ -166,21 +172,22 @@ class LocalBackend:
 
     async def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]:
         m = self.model(model)
-        self._check_tokens(m, tokens)
         return await self._off_loop(
-            lambda: [m.runner.token_text(t).decode("utf-8", errors="replace") for t in tokens])
+            lambda: [m.runner.token_text(t).decode("utf-8", errors="replace") for t in self._checked(m, tokens)])
 
     async def detokenize(self, model: str | None, tokens: list[int]) -> str:
         m = self.model(model)
-        self._check_tokens(m, tokens)
         return await self._off_loop(
-            lambda: b"".join(m.runner.token_text(t) for t in tokens).decode("utf-8", errors="replace"))
+            lambda: b"".join(m.runner.token_text(t) for t in self._checked(m, tokens)).decode("utf-8", "replace"))
 
     @staticmethod
-    def _check_tokens(m: LocalModel, tokens: list[int]) -> None:
-        for t in tokens:
-            if not 0 <= t < m.runner.n_vocab:
-                raise BadRequest(f"token id {t} is out of range [0, {m.runner.n_vocab})", param="tokens")
+    def _checked(m: LocalModel, tokens: list[int], param: str = "tokens") -> list[int]:
+        """`tokens` once every id is in the vocabulary (linear: call it off the loop)."""
+        n_vocab = m.runner.n_vocab
+        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise BadRequest(f"token id {bad} is out of range [0, {n_vocab})", param=param)
+        return tokens
 
     # ---- generation ---------------------------------------------------------------------------
 
@@ -230,10 +237,10 @@ class LocalBackend:
         m = self.model(req.model)
         prompt = req.prompt
         if isinstance(prompt, str):
+            m.check_fits(prompt)
             tokens = await self._off_loop(lambda: m.tokenize_text(prompt, True))
         else:
-            self._check_tokens(m, prompt)
-            tokens = list(prompt)
+            tokens = await self._off_loop(lambda: list(self._checked(m, prompt, "prompt")))
         return await self._generate(m, tokens, req)
 
     async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest, *,
@@ -250,9 +257,17 @@ class LocalBackend:
         ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len)
         try:
-            m.engine.validate(ereq)
+            try:
+                m.engine.validate(ereq)
+            except ContextOverflow as e:
+                if not (self.settings.clamp_max_tokens and e.max_tokens is not None and e.n_prompt < e.limit):
+                    raise
+                # --clamp-max-tokens: what is left of the context instead of a refusal
+                ereq.params = replace(ereq.params, max_tokens=e.limit - e.n_prompt)
+                m.engine.validate(ereq)
         except ContextOverflow as e:
-            raise ContextLimit(str(e), param="messages" if isinstance(req, ChatRequest) else "prompt") from e
+            raise ContextLimit(str(e), n_prompt=e.n_prompt, limit=e.limit, max_tokens=e.max_tokens,
+                               param="messages" if isinstance(req, ChatRequest) else "prompt") from e
         except ValueError as e:
             raise BadRequest(str(e)) from e
         if not await admit(m.admission, n, cancel, req.timeout):

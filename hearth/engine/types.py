@@ -53,6 +53,8 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     grammar: str | None = None  # GBNF, for constrained decoding
+    # Prompt-lookup speculative decoding (same tokens either way); None: the server's default.
+    speculative: bool | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, what: str) -> None:

@@ -30,7 +30,12 @@ COUNTERS = (("hearth_prompt_tokens", "Prompt tokens prefilled", "prompt_tokens")
             ("hearth_requests_finished", "Requests finished, any reason", "finished"),
             ("hearth_requests_cancelled", "Requests cancelled in the engine", "cancelled"),
             ("hearth_kv_swap_outs", "Session KV swapped out of a slot", "swap_outs"),
-            ("hearth_kv_swap_ins", "Session KV swapped back into a slot", "swap_ins"))
+            ("hearth_kv_swap_ins", "Session KV swapped back into a slot", "swap_ins"),
+            ("hearth_spec_drafted_tokens", "Speculative (prompt-lookup) draft tokens verified", "drafted_tokens"),
+            ("hearth_spec_accepted_tokens", "Draft tokens accepted (emitted without a step of their own)",
+             "accepted_tokens"),
+            ("hearth_interrupted_decodes", "Decodes stopped midway by an abort (neighbours re-run)",
+             "interrupted_decodes"))
 
 
 class BackendCollector(Collector):
@@ -85,6 +90,7 @@ class RequestTimer:
 
     def __init__(self, metrics: Metrics, endpoint: str, arrived: float) -> None:
         self.m, self.endpoint, self.arrived = metrics, endpoint, arrived
+        self._itl = metrics.itl.labels(endpoint)  # per-token path: no label lookup per event
         self.first: float | None = None
         self.last: float | None = None
         self.admitted: float | None = None
@@ -101,7 +107,7 @@ class RequestTimer:
                 self.first = now
                 self.m.ttft.labels(self.endpoint).observe(now - self.arrived)
             elif self.last is not None:
-                self.m.itl.labels(self.endpoint).observe((now - self.last) / ev.n_tokens)
+                self._itl.observe((now - self.last) / ev.n_tokens)
             self.last = now
         elif isinstance(ev, Finish) and ev.stop_reason == "timeout" and not self.timed_out:
             self.timed_out = True

@@ -40,7 +40,7 @@ from hearth.chat.types import (
 )
 from hearth.errors import BadRequest, Conflict, ContextLimit, HearthError, NotFound
 from hearth.sessions.ids import check_session_id, new_session_id
-from hearth.sessions.snapshots import SnapshotStore
+from hearth.sessions.snapshots import MemberLimits, SnapshotStore
 from hearth.sessions.store import SessionRow, SessionStore
 from hearth.sessions.transcript import message_to_json
 
@@ -229,6 +229,13 @@ class SessionManager:
 
     # ---- snapshots -----------------------------------------------------------------------------
 
+    async def import_limits(self) -> MemberLimits:
+        """What an imported snapshot may hold: the longest sequence of any model served here."""
+        kv = self._kv()
+        ids = [c.id for c in self.backend.models()] or [self.backend.resolve(None)]
+        return MemberLimits(kv_bytes=max([await kv.max_kv_bytes(mid) for mid in ids]),
+                            n_tokens=max(self.backend.limits(mid).seq_ctx for mid in ids))
+
     async def save(self, sid: str, title: str | None = None, description: str | None = None,
                    tags: list[str] | None = None) -> dict[str, Any]:
         s = self._get(sid)
@@ -303,7 +310,8 @@ class SessionManager:
                 raise ContextLimit(
                     f"{e.message} The session {sid} allows {s.row.max_seq_len} tokens (max_seq_len): raise it with "
                     f"POST /v1/sessions/{sid}/resize (or /resize/next_pow2), or drop old messages with "
-                    f"POST /v1/sessions/{sid}/rollback.", param="messages") from e
+                    f"POST /v1/sessions/{sid}/rollback.", n_prompt=e.n_prompt, limit=e.limit,
+                    max_tokens=e.max_tokens, param="messages") from e
         except BaseException:
             s.lock.release()
             self._forget_unborn(s)

@@ -56,7 +56,10 @@ class EchoKV:
         self.kv.pop(session_id, None)
 
     async def kv_identity(self, model: str) -> KVIdentity:
-        return KVIdentity({"id": model, "sha256": "echo-v1"}, {"engine": "echo", "kv_type": "chars"})
+        return KVIdentity({"id": model, "sha256": "ec" * 32}, {"engine": "echo", "kv_type": "chars"})
+
+    async def max_kv_bytes(self, model: str) -> int:
+        return 4 * 1024
 
 
 class EchoBackend:
@@ -169,7 +172,7 @@ async def test_chat_sessions_snapshots_and_metrics_through_the_contract(tmp_path
         snap = (await h.post("/v1/sessions/s/save")).json()
         assert snap["engine"] == {"engine": "echo", "kv_type": "chars"}
         loaded = await h.post(f"/v1/snapshots/{snap['snapshot_id']}/load", {"session_id": "t"})
-        assert loaded.status_code == 201 and loaded.json()["current_pos"] == info["current_pos"]
+        assert loaded.status_code == 201 and loaded.json()["current_pos"] == info["current_pos"], loaded.text
         assert backend._kv is not None and backend._kv.kv["t"] == backend._kv.kv["s"]
         resized = await h.post("/v1/sessions/s/resize", {"max_seq_len": 30, "strategy": "drop_oldest"})
         # 46 characters of transcript; the oldest two go to fit under 30 (counted by the backend)

@@ -32,6 +32,27 @@ async def test_tokenize_and_detokenize(h: Harness) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
 
 
+class _WatchedVocab(int):
+    """A vocabulary size that records the thread of every range check made against it
+    (`t < n_vocab` calls this reflected method first, as it is an int subclass)."""
+
+    threads: list[threading.Thread]
+
+    def __gt__(self, other: object) -> bool:
+        self.threads.append(threading.current_thread())
+        return int.__gt__(self, other)  # type: ignore[operator]
+
+
+async def test_token_ids_are_checked_off_the_event_loop(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A million ids take a while to check: never on the loop, where /health would wait."""
+    assert h.runner is not None
+    vocab = _WatchedVocab(h.runner.n_vocab)
+    vocab.threads = []
+    monkeypatch.setattr(h.runner, "n_vocab", vocab)
+    assert (await h.post("/detokenize", {"tokens": list(b"hey" * 100)})).status_code == 200
+    assert len(vocab.threads) == 300 and threading.current_thread() not in vocab.threads
+
+
 async def test_tokenizing_does_not_hold_the_event_loop(h: Harness) -> None:
     """A tokenize that takes long (held here by the test) leaves /health answering."""
     assert h.runner is not None

@@ -21,6 +21,8 @@ async def test_envelope_and_stream_agree(h: Harness) -> None:
 async def test_echo_of_a_token_prompt_is_detokenized(h: Harness) -> None:
     r = await h.post("/v1/completions", {**BODY, "prompt": list(b"abc"), "echo": True, "max_tokens": 1})
     assert r.json()["choices"][0]["text"].startswith("abc")
+    r = await h.post("/v1/completions", {**BODY, "prompt": [97, 10**9]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
 
 
 async def test_too_many_candidates_for_the_slots(h: Harness) -> None:

@@ -8,13 +8,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli.conftest import run, run_json
+from tests.cli.conftest import run
 from tests.conftest import Server, free_port
 
 
 @pytest.mark.slow
-def test_models_agree_with_the_loaded_model(cli_server: Server) -> None:
-    rows = run_json("models")
+def test_models_agree_with_the_loaded_model(cli_server: Server, tmp_path: Path) -> None:
+    rows = json.loads(run("models", "--json", env={"HEARTH_MODELS": str(tmp_path)}).stdout)
     served = httpx.get(f"{cli_server.url}/v1/models", timeout=10).json()["data"][0]
     assert len(rows) == 1
     local = rows[0]
@@ -34,17 +34,34 @@ def test_models_table_lists_a_named_gguf_too(tmp_path) -> None:
 
     link = tmp_path / "copy-of-default.gguf"
     link.symlink_to(embedded_model_path())
-    result = run("models", "--model", f"mine={link}")
+    no_catalog = {"HEARTH_MODELS": str(tmp_path / "models")}
+    result = run("models", "--model", f"mine={link}", env=no_catalog)
     assert result.exit_code == 0, result.output
     assert "smollm2-135m-instruct (default)" in result.stdout
     assert "mine" in result.stdout and "Q4_1" in result.stdout and "8192" in result.stdout
     # HEARTH_MODEL names models as --model does
-    rows = json.loads(run("models", "--json", env={"HEARTH_MODEL": str(link)}).stdout)
+    rows = json.loads(run("models", "--json", env={"HEARTH_MODEL": str(link), **no_catalog}).stdout)
     assert [r["id"] for r in rows] == ["smollm2-135m-instruct", "copy-of-default"]
     assert rows[1]["path"] == str(link.resolve()) and rows[1]["quantization"] == rows[0]["quantization"]
 
 
+def test_installed_catalog_models_are_listed_by_short_name(tmp_path: Path) -> None:
+    from hearth import catalog
+    from hearth.models import embedded_model_path
+
+    env = {"HEARTH_MODELS": str(tmp_path)}
+    result = run("models", env=env)
+    assert "not installed: qwen2.5-coder-0.5b" in result.stdout and "hearth models install" in result.stdout
+    # a file in the model cache under the catalog's name is what `install` leaves there
+    (tmp_path / catalog.QWEN_CODER.file).symlink_to(embedded_model_path())
+    rows = json.loads(run("models", "--json", env=env).stdout)
+    assert [r["id"] for r in rows] == ["smollm2-135m-instruct", "qwen2.5-coder-0.5b"]
+    assert rows[1]["path"] == str(tmp_path / catalog.QWEN_CODER.file) and rows[1]["default"] is False
+    assert "not installed" not in run("models", env=env).stdout
+
+
 @pytest.mark.parametrize("args, needle", [
+    (["models", "install", "no-such-model"], "no model 'no-such-model' in the catalog"),
     (["models", "--model", "/nonexistent/x.gguf"], "model not found"),
     (["sessions", "ls", "--url", "http://127.0.0.1:{port}"], "no Hearth server answers"),
     (["snapshots", "export", "snap_" + "0" * 32, "--url", "http://127.0.0.1:{port}"], "no Hearth server answers"),
@@ -72,7 +89,7 @@ def test_api_errors_carry_the_server_message(cli_server: Server) -> None:
 
 
 def test_every_verb_has_help_with_an_example() -> None:
-    verbs = [["chat"], ["models"], ["server", "start"], ["server", "stop"], ["server", "status"],
+    verbs = [["chat"], ["models"], ["models", "install"], ["server", "start"], ["server", "stop"], ["server", "status"],
              ["server", "logs"], *[["sessions", v] for v in ("ls", "show", "rm", "history")],
              *[["snapshots", v] for v in ("ls", "show", "rm", "load", "tag", "export", "import")]]
     for verb in verbs:

@@ -257,6 +257,21 @@ def test_v1_cancel_by_response_id_and_cancel_id(server: Server) -> None:
     wait_idle(server)
 
 
+def test_hosted_and_namespace_tools_are_accepted(client: OpenAI) -> None:
+    """Codex CLI's tools, in short: a hosted web_search (left out of the prompt) and a namespace
+    whose function comes back named as declared, with its namespace."""
+    ns = {"type": "namespace", "name": "crm", "description": "CRM tools", "tools": [
+        {"type": "function", "name": "lookup", "description": "Find a person.",
+         "parameters": {"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}}]}
+    r = client.responses.create(model=DEFAULT_MODEL_ID, input="Look up Ada.", temperature=0, max_output_tokens=60,
+                                store=False, extra_body={"tools": [{"type": "web_search"}, ns],
+                                                         "tool_choice": {"type": "function", "name": "lookup"}})
+    call = r.output[0]
+    assert (call.type, call.name, json.loads(call.arguments).keys()) == ("function_call", "lookup", {"who"})
+    assert call.model_dump()["namespace"] == "crm"
+    assert [t["type"] for t in r.model_dump()["tools"]] == ["web_search", "namespace"]
+
+
 def test_max_output_tokens_makes_an_incomplete_response(client: OpenAI) -> None:
     r = create(client, "Write a long essay about the history of Rome.", max_output_tokens=5)
     assert r.status == "incomplete" and r.incomplete_details is not None
@@ -267,7 +282,7 @@ def test_max_output_tokens_makes_an_incomplete_response(client: OpenAI) -> None:
 @pytest.mark.parametrize(("body", "param", "words"), [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
      "input[0].content", "no vision"),
-    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type", "not supported"),
+    ({"input": "x", "tools": [{"name": "untyped"}]}, "tools[0].type", "with a type"),
     ({"input": "x", "session_id": "s1", "previous_response_id": "resp_" + "0" * 32}, "session_id", "not both"),
     ({"input": "x", "session_id": "../x"}, "session_id", "session ids"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "X"}}}, "text.format.schema", "schema"),

@@ -112,7 +112,7 @@ def test_tool_result_without_content_is_empty() -> None:
      "must be an object"),
     ([{"role": "assistant", "content": [{"type": "tool_use", "name": "f", "input": {}}]}], "needs id and name"),
     ([{"role": "user", "content": [{"type": "tool_result"}]}], "needs tool_use_id"),
-    ([{"role": "system", "content": "x"}], "messages.0.role"),
+    ([{"role": "tool", "content": "x"}], "messages.0.role"),
     ([], "messages"),
 ])
 def test_malformed_messages(messages: list[Any], match: str) -> None:
@@ -183,3 +183,64 @@ def test_output_config_effort_and_json_schema_format() -> None:
     assert parse(output_config={"effort": "low"}).reasoning.effort == "low"
     assert parse().response_format is None
     bad("output_config.format.type", output_config={"format": {"type": "xml", "schema": {}}})
+
+
+def test_system_turns_inside_messages_stay_where_they_are() -> None:
+    """Claude Code puts its environment block in a `system` turn after the user's first message."""
+    r = parse(system="You are an agent.", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "List the files."}]},
+        {"role": "system", "content": [{"type": "text", "text": "# Environment",
+                                        "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": "Be brief."}])
+    assert [(m.role, m.content) for m in r.messages] == [
+        ("system", "You are an agent."), ("user", "List the files."), ("system", "# Environment"),
+        ("system", "Be brief.")]
+
+
+def test_blocks_a_local_model_cannot_use_are_skipped_not_refused() -> None:
+    r = parse(messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Search."},
+                                     {"type": "container_upload", "file_id": "f"}]},
+        {"role": "assistant", "content": [
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "q"}},
+            {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+            {"type": "text", "text": "Found nothing."}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "text", "text": "ok"}, {"type": "search_result", "source": "s", "title": "t", "content": []}]}]}])
+    assert [(m.role, m.content) for m in r.messages] == [("user", "Search."), ("assistant", "Found nothing."),
+                                                         ("tool", "ok")]
+
+
+def test_deferred_tools_join_the_prompt_once_a_tool_reference_loads_them() -> None:
+    deferred = {**WEATHER, "name": "get_time", "defer_loading": True}
+    search = {"name": "ToolSearch", "input_schema": {"type": "object"}}
+    assert [t.name for t in parse(tools=[search, deferred]).tools] == ["ToolSearch"]
+    r = parse(tools=[search, deferred], messages=[
+        {"role": "user", "content": "What time is it?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ToolSearch", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "tool_reference", "tool_name": "get_time"}]}]}])
+    assert [t.name for t in r.tools] == ["ToolSearch", "get_time"]
+    assert r.messages[-1] == Message("tool", "Tool loaded: get_time", tool_call_id="t1")
+
+
+def test_the_context_overflow_is_worded_as_anthropic_words_it() -> None:
+    from hearth.api.errors import anthropic_context_message as context_message
+    from hearth.errors import ContextLimit
+
+    e = ContextLimit("x", n_prompt=11695, limit=32768, max_tokens=32000)
+    assert context_message(e) == ("input length and `max_tokens` exceed context limit: 11695 + 32000 > 32768, "
+                                  "decrease input length or `max_tokens` and try again")
+    assert context_message(ContextLimit("x", n_prompt=40000, limit=32768)) == \
+        "prompt is too long: 40000 tokens > 32767 maximum"
+
+
+def test_claude_codes_billing_line_stays_out_of_the_prompt() -> None:
+    """It differs from session to session and would defeat the prefix cache at token one."""
+    def system(version: str) -> list[dict[str, str]]:
+        return [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.330.{version}; "
+                                         "cc_entrypoint=sdk-cli;"},
+                {"type": "text", "text": "You are a Claude agent."}]
+
+    a, b = parse(system=system("6da")), parse(system=system("83a"))
+    assert a.messages[0] == b.messages[0] == Message("system", "You are a Claude agent.")

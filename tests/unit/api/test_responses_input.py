@@ -77,27 +77,61 @@ def test_bad_items_are_400s_naming_the_field(items: list[Any], message: str, par
 
 
 def test_function_tools_and_their_echo() -> None:
-    tools, echo = to_tools([{"type": "function", "name": "get", "description": "d",
-                             "parameters": {"type": "object"}, "strict": True}])
-    assert tools == [Tool("get", "d", {"type": "object"})]
-    assert echo == [{"type": "function", "name": "get", "description": "d", "parameters": {"type": "object"},
-                     "strict": True}]
-    with pytest.raises(BadRequest, match="not supported"):
-        to_tools([{"type": "web_search"}])
+    ts = to_tools([{"type": "function", "name": "get", "description": "d",
+                    "parameters": {"type": "object"}, "strict": True}])
+    assert ts.tools == [Tool("get", "d", {"type": "object"})]
+    assert ts.echo == [{"type": "function", "name": "get", "description": "d", "parameters": {"type": "object"},
+                        "strict": True}]
     with pytest.raises(BadRequest, match="name"):
         to_tools([{"type": "function", "name": ""}])
+    with pytest.raises(BadRequest, match="type"):
+        to_tools([{"name": "untyped"}])
+
+
+# Codex CLI 0.169's first request declares these (tests/fixtures/agents/codex/first.json).
+NAMESPACE = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+             "tools": [{"type": "function", "name": "close_agent", "description": "Close an agent.",
+                        "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}},
+                       {"type": "function", "name": "get", "parameters": {"type": "object"}}]}
+HOSTED = [{"type": "web_search", "external_web_access": True}, {"type": "file_search", "vector_store_ids": ["v"]},
+          {"type": "code_interpreter", "container": {"type": "auto"}}, {"type": "image_generation"}]
+
+
+def test_namespace_tools_join_the_list_and_hosted_tools_are_left_out() -> None:
+    ts = to_tools([{"type": "function", "name": "get", "parameters": {"type": "object"}}, NAMESPACE, *HOSTED])
+    # the namespaced `get` collides with the top-level one, so the model knows it qualified
+    assert [t.name for t in ts.tools] == ["get", "close_agent", "multi_agent_v1.get"]
+    assert ts.namespaced == {"close_agent": ("multi_agent_v1", "close_agent"),
+                             "multi_agent_v1.get": ("multi_agent_v1", "get")}
+    assert ts.left_out == ["web_search", "file_search", "code_interpreter", "image_generation"]
+    assert ts.echo[1:] == [NAMESPACE, *HOSTED]  # echoed as given
+    assert ts.model_name("get", "multi_agent_v1") == "multi_agent_v1.get" and ts.model_name("get", None) == "get"
+    # a past call in a namespace is replayed under the name the model knows
+    msgs = to_messages([{"type": "function_call", "call_id": "c1", "name": "get", "namespace": "multi_agent_v1",
+                         "arguments": "{}"}], tools=ts)
+    assert msgs[0].tool_calls == [ToolCall("c1", "multi_agent_v1.get", "{}")]
+    only_hosted = to_tools(HOSTED)
+    assert only_hosted.tools == [] and len(only_hosted.echo) == 4
+    with pytest.raises(BadRequest, match="namespace needs"):
+        to_tools([{"type": "namespace", "name": "n"}])
 
 
 def test_tool_choice() -> None:
-    tools = [Tool("get")]
+    tools = to_tools([{"type": "function", "name": "get"}, NAMESPACE])
     assert to_tool_choice(None, tools) is None
     assert to_tool_choice("required", tools) == "required"
     assert to_tool_choice({"type": "function", "name": "get"}, tools) == "get"
-    for bad in ("sometimes", {"type": "function"}, {"type": "function", "name": "other"}, {"type": "mcp"}):
+    assert to_tool_choice({"type": "function", "name": "get", "namespace": "multi_agent_v1"},
+                          tools) == "multi_agent_v1.get"
+    assert to_tool_choice({"type": "function", "name": "close_agent"}, tools) == "close_agent"
+    # a hosted tool the server left out cannot be forced: the model chooses
+    assert to_tool_choice({"type": "web_search"}, tools) == "auto"
+    assert to_tool_choice({"type": "allowed_tools", "mode": "required", "tools": []}, tools) == "required"
+    for bad in ("sometimes", {"type": "function"}, {"type": "function", "name": "other"}):
         with pytest.raises(BadRequest):
             to_tool_choice(bad, tools)
     with pytest.raises(BadRequest, match="no tools"):
-        to_tool_choice("required", [])
+        to_tool_choice("required", to_tools(None))
 
 
 def test_text_format() -> None:

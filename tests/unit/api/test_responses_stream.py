@@ -166,3 +166,16 @@ def test_a_client_that_leaves_records_a_cancelled_response() -> None:
 
     asyncio.run(run())
     assert ended[0]["status"] == "incomplete" and ended[0]["incomplete_details"] == {"reason": "cancelled"}
+
+
+def test_a_call_to_a_namespaced_tool_names_its_namespace() -> None:
+    """Codex declares its sub-agent tools inside a namespace and expects calls back with
+    `namespace` and the inner name."""
+    asm = ResponseAssembler(skeleton(), namespaced={"close_agent": ("multi_agent_v1", "close_agent")})
+    for ev in [Started(3), ToolCallDelta(0, 0, "call_1", "close_agent", '{"id": "a"}'),
+               ToolCallDelta(0, 1, "call_2", "exec_command", "{}"), Finish(0, "tool_calls"), Done(Usage(3, 9))]:
+        asm.feed(ev)
+    asm.finish()
+    first, second = asm.response["output"]
+    assert (first["name"], first["namespace"], first["arguments"]) == ("close_agent", "multi_agent_v1", '{"id": "a"}')
+    assert second["name"] == "exec_command" and "namespace" not in second

@@ -112,6 +112,10 @@ async def test_prompt_too_long_and_overlong_max_tokens_are_rejected_before_queue
             eng.submit(req("b", prompt="x" * 10, max_tokens=10), lambda o: None)
         with pytest.raises(ValueError, match="n must be"):
             eng.submit(req("c", n=9), lambda o: None)
+        # the size is checked before the ids, so the linear id scan never runs on a huge prompt
+        huge = EngineRequest("d", [10**9] * 100_000, SamplingParams())
+        with pytest.raises(ContextOverflow):
+            eng.submit(huge, lambda o: None)
         assert eng.in_flight == 0
     finally:
         eng.stop()
@@ -349,4 +353,38 @@ def test_2000_cancels_racing_registration_leave_no_run_or_slot_behind() -> None:
         assert len(registry) == 0 and registry.pending == 0
         wait_until(lambda: eng.in_flight == 0 and eng.slots.n_free == 4 and not eng.scheduler.has_work())
     finally:
+        eng.stop()
+
+
+class _GatedRunner(FakeRunner):
+    """Every decode waits for the test to open the gate: a prefill that takes as long as we like."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def decode(self, entries):  # type: ignore[no-untyped-def]
+        self.entered.set()
+        if not self.gate.wait(10):
+            raise RuntimeError("the test never opened the gate")
+        return super().decode(entries)
+
+
+async def test_a_placed_request_hears_of_it_before_its_prefill_runs() -> None:
+    """The opening event of every protocol (and the ids a client cancels by) rides on this
+    first output: it must not wait for the prefill."""
+    runner = _GatedRunner()
+    eng = make(runner, seq_ctx=512, budget=64)
+    try:
+        agen = eng.generate(req("a", prompt="x" * 200, max_tokens=3))
+        first = await asyncio.wait_for(agen.__anext__(), 10)
+        assert runner.entered.wait(10) and not runner.calls  # the first chunk is still running
+        assert (first.prompt_tokens, first.cached_tokens, first.finished) == (200, 0, False)
+        assert all(not d.text and d.finish_reason is None for d in first.deltas)
+        runner.gate.set()
+        rest = [out async for out in agen]
+        assert "".join(d.text for o in rest for d in o.deltas) == expected_text(200, 3)
+    finally:
+        runner.gate.set()
         eng.stop()

@@ -1,0 +1,69 @@
+"""The stock Codex CLI (`codex exec`, Responses API) completes a tool round trip against Hearth.
+
+Test-only means used to make the first call happen: `ForceToolProxy` (tests/agents/force_tool.py)
+sits between the CLI and Hearth. In every request it narrows `exec_command`'s parameters to
+`{"cmd": <the test's echo command>}`; in the task's first request it also sets tool_choice to
+`exec_command` (one call, temperature 0). Later requests keep the client's tool_choice, so the
+final answer is the model's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agents.clients import CODEX, codex_env, run
+from tests.agents.conftest import statuses
+from tests.agents.force_tool import ForceToolProxy
+from tests.conftest import Server
+
+MARK = "hearth-tool-ok-7f3a"
+COMMAND = f"echo {MARK}"
+
+
+def events(stdout: str) -> list[dict[str, Any]]:
+    """`codex exec --json` prints one JSON event per line."""
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_codex_exec_runs_the_models_tool_call_and_answers(qwen_server: Server, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    log_start = qwen_server.log.stat().st_size
+    with ForceToolProxy(qwen_server.url, tool="exec_command", command_key="cmd", command=COMMAND) as proxy:
+        env = codex_env(tmp_path / "home", proxy.url)
+        result = run([str(CODEX), "exec", "--json", "--skip-git-repo-check",
+                      f"Run the shell command `{COMMAND}` and tell me what it printed."], env, work, timeout=3000)
+    out = events(result.stdout)
+    assert result.exit_code == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{proxy.report()}"
+
+    # the model's call was executed by Codex ...
+    runs = [e["item"] for e in out if e.get("type") == "item.completed"
+            and e["item"].get("type") == "command_execution"]
+    assert runs and MARK in runs[0]["aggregated_output"] and runs[0]["exit_code"] == 0, proxy.report()
+    # ... its result went back to Hearth in the next request ...
+    first, *later = proxy.requests
+    assert first.forced and later and not later[0].forced
+    outputs = [i for i in later[0].body["input"] if i.get("type") == "function_call_output"]
+    assert outputs and MARK in json.dumps(outputs[0]["output"])
+    # ... and a final answer arrived
+    answers = [e["item"]["text"] for e in out if e.get("type") == "item.completed"
+               and e["item"].get("type") == "agent_message"]
+    assert answers and answers[-1].strip(), proxy.report()
+    assert all(s.status == 200 for s in proxy.requests)
+    assert "event: response.completed" in proxy.requests[-1].answer(), proxy.report()  # it ended on its own
+    logged = statuses(qwen_server, log_start)
+    assert len([s for s in logged if s[0] == "POST"]) >= len(proxy.requests)  # the log was read
+    assert [s for s in logged if s[2] >= 400] == []
+    if os.environ.get("HEARTH_CAPTURE_FIXTURES"):  # refresh tests/fixtures/agents (see its README)
+        save = Path(os.environ["HEARTH_CAPTURE_FIXTURES"]) / "codex"
+        save.mkdir(parents=True, exist_ok=True)
+        for i, s in enumerate(proxy.requests):
+            record = {"path": s.path, "headers": s.headers, "body": s.body}
+            (save / f"request-{i}.json").write_text(json.dumps(record, indent=1))
