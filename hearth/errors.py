@@ -4,6 +4,7 @@
     ├── BadRequest          400  invalid_request_error
     │   └── ContextLimit    400  context_length_exceeded
     ├── Unauthorized        401  invalid_api_key
+    ├── Forbidden           403  insufficient_permissions (the admin key is needed)
     ├── NotFound            404  not_found (model_not_found, ...)
     ├── Conflict            409  conflict
     ├── TooManyRequests     429  rate_limit_exceeded
@@ -49,6 +50,12 @@ class Unauthorized(HearthError):
     status = 401
     code = "invalid_api_key"
     type = "authentication_error"
+
+
+class Forbidden(HearthError):
+    status = 403
+    code = "insufficient_permissions"
+    type = "permission_error"
 
 
 class NotFound(HearthError):

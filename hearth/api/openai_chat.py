@@ -11,7 +11,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
-from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling_params, session_turn, validate
+from hearth.api.parsing import (
+    first_set,
+    parse_logit_bias,
+    parse_stop,
+    read_json,
+    sampling_params,
+    session_turn,
+    validate,
+)
 from hearth.api.sse import DONE, sse_data
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
@@ -197,7 +205,7 @@ def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
     sampling = sampling_params(
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-        repetition_penalty=body.repetition_penalty or body.repeat_penalty, seed=body.seed,
+        repetition_penalty=first_set(body.repetition_penalty, body.repeat_penalty), seed=body.seed,
         stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
         max_tokens=body.max_completion_tokens or body.max_tokens, ignore_eos=body.ignore_eos,
         logprobs=body.logprobs, top_logprobs=body.top_logprobs, grammar=body.grammar,

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
 from hearth.api.openai_chat import StreamOptions, _Open, usage_dict
-from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling_params, validate
+from hearth.api.parsing import first_set, parse_logit_bias, parse_stop, read_json, sampling_params, validate
 from hearth.api.sse import DONE, sse_data
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
@@ -124,7 +124,7 @@ async def completions(request: Request) -> Response:
     sampling = sampling_params(
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-        repetition_penalty=body.repetition_penalty or body.repeat_penalty, seed=body.seed,
+        repetition_penalty=first_set(body.repetition_penalty, body.repeat_penalty), seed=body.seed,
         stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
         max_tokens=body.max_tokens, ignore_eos=body.ignore_eos,
         logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)

@@ -12,6 +12,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from hearth.api.auth import require_admin
 from hearth.api.parsing import read_json, read_json_or_empty, validate
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_snapshot_id
@@ -46,6 +47,11 @@ def snapshot_json(manifest: dict[str, Any]) -> dict[str, Any]:
             "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict))}
 
 
+def wrapped(info: dict[str, Any]) -> dict[str, Any]:
+    """A session as Hearth returns it, plus superlinear's `{"session": {...}}` wrapper (additive)."""
+    return {**info, "session": dict(info)}
+
+
 def session_manager(request: Request) -> SessionManager:
     return request.app.state.sessions  # type: ignore[no-any-return]
 
@@ -56,7 +62,8 @@ def _id(request: Request) -> str:
 
 async def list_snapshots(request: Request) -> Response:
     data = await run_in_threadpool(session_manager(request).snapshots.list)
-    return JSONResponse({"object": "list", "data": [snapshot_json(m) for m in data]})
+    snaps = [snapshot_json(m) for m in data]
+    return JSONResponse({"object": "list", "data": snaps, "snapshots": snaps})  # "snapshots": superlinear's name
 
 
 async def get_snapshot(request: Request) -> Response:
@@ -78,8 +85,10 @@ async def delete_snapshot(request: Request) -> Response:
 
 async def load_snapshot(request: Request) -> Response:
     body = validate(LoadIn, await read_json_or_empty(request))
+    if body.force:  # replacing an existing session is destructive (docs/api.md, "Admin key")
+        require_admin(request)
     info = await session_manager(request).load(_id(request), body.session_id, body.force)
-    return JSONResponse(info, status_code=201)
+    return JSONResponse(wrapped(info), status_code=201)
 
 
 async def archive(request: Request) -> Response:

@@ -252,6 +252,26 @@ class Engine:
             slot.owner = None
         self.swap.drop(owner)
 
+    def trim_kv(self, owner: str, tokens: list[int]) -> int:
+        """Engine thread: cut a session's KV back to its common prefix with `tokens` (after a
+        rollback or resize the transcript is shorter); returns the tokens kept. Swapped KV keeps
+        its bytes with a shorter token list: placement removes what lies past the tokens."""
+        slot = self.slots.owned_by(owner)
+        if slot is not None:
+            if slot.busy:
+                raise RuntimeError(f"session {owner!r} is running")
+            n = common_prefix_len(slot.tokens, tokens)
+            self.runner.kv_remove(slot.seq_id, n, -1)
+            del slot.tokens[n:]
+            return n
+        got = self.swap.peek(owner)
+        if got is None:
+            return 0
+        n = common_prefix_len(got[0], tokens)
+        if n < len(got[0]):
+            self.swap.put(owner, got[0][:n], got[1])
+        return n
+
     def import_kv(self, owner: str, tokens: list[int], data: bytes) -> None:
         """Engine thread: make `tokens`/`data` the session's KV (swapped in on its next turn)."""
         self.drop_kv(owner)
@@ -360,7 +380,8 @@ class Engine:
                 p = params
                 if i and params.seed is not None:  # candidates must differ, reproducibly
                     p = replace(params, seed=params.seed + i)
-                think = ThinkTracker(ar.req.think) if ar.req.think is not None else None
+                # A grammar owns every token: a forced end-of-thinking marker would break it.
+                think = ThinkTracker(ar.req.think) if ar.req.think is not None and p.grammar is None else None
                 ar.seqs.append(Sequence(i, slot, self.runner.new_sampler(p), Detokenizer(list(params.stop)),
                                         think=think))
         except Exception as e:

@@ -370,3 +370,21 @@ async def test_a_placed_request_hears_of_it_before_its_prefill_runs() -> None:
     finally:
         runner.gate.set()
         eng.stop()
+
+
+async def test_a_reasoning_budget_never_forces_tokens_into_grammar_constrained_output() -> None:
+    # regression: the budget's forced "</think>" went into output a grammar was constraining
+    from hearth.engine.thinking import ThinkBudget
+
+    eng = make()
+    try:
+        budget = ThinkBudget(0, list(b"</think>"), starts_inside=True)
+        free = EngineRequest("free", list(b"hello"), SamplingParams(temperature=0.0, max_tokens=12), think=budget)
+        texts, _, _ = await run(eng, free)
+        assert texts[0].startswith("</think>")  # without a grammar the budget does force the marker
+        constrained = EngineRequest("g", list(b"hello"), SamplingParams(temperature=0.0, max_tokens=12,
+                                                                        grammar='root ::= [a-z]+'), think=budget)
+        texts, _, _ = await run(eng, constrained)
+        assert texts[0] == expected_text(5, 12)
+    finally:
+        eng.stop()
