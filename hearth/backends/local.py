@@ -28,6 +28,7 @@ from hearth.chat.types import (
     Message,
     Started,
     TextDelta,
+    Timings,
     Usage,
 )
 from hearth.engine import Engine, EngineRequest
@@ -296,7 +297,8 @@ class LocalBackend:
         owner = req.session.session_id if isinstance(req, ChatRequest) and req.session else None
         max_len = req.max_len if isinstance(req, ChatRequest) else None
         ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
-                             cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len)
+                             cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len,
+                             repetition=req.repetition)
         try:
             try:
                 m.engine.validate(ereq)
@@ -353,24 +355,31 @@ async def _cancelled_while_queued(n_prompt: int, n: int) -> AsyncIterator[ChatEv
 async def _events(engine: Engine, ereq: EngineRequest, cancel: CancelToken | None) -> AsyncIterator[ChatEvent]:
     usage = Usage(prompt_tokens=len(ereq.prompt_tokens))
     started = False
+    placed = first_token = last_token = 0.0
 
     def watch_cancel() -> None:
         if cancel is not None:
             cancel.on_cancel(lambda: engine.abort(ereq.request_id))
 
     async for out in engine.generate(ereq, after_submit=watch_cancel):
+        now = time.monotonic()
         if not started:
-            started = True
+            started, placed = True, now
             usage.cached_tokens = out.cached_tokens
             yield Started(out.prompt_tokens, out.cached_tokens)
         for d in out.deltas:
+            if d.token_ids:
+                first_token, last_token = first_token or now, now
             usage.completion_tokens += len(d.token_ids)
             if d.text or d.logprobs:
                 yield TextDelta(d.index, d.text, d.logprobs, len(d.token_ids))
             if d.finish_reason is not None:
                 yield Finish(d.index, d.finish_reason.value, d.stop_reason)
         if out.finished:
-            yield Done(usage, error=out.error)
+            timings = Timings(usage.cached_tokens, usage.prompt_tokens - usage.cached_tokens,
+                              ((first_token or now) - placed) * 1000, usage.completion_tokens,
+                              (last_token - first_token) * 1000)
+            yield Done(usage, error=out.error, timings=timings)
 
 
 async def _parsed(events: AsyncIterator[ChatEvent], parsers: list[OutputParser]) -> AsyncIterator[ChatEvent]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from hearth.engine.detokenizer import Detokenizer, StopMatch
 from hearth.engine.kv import Placement, Slot, SlotTable, common_prefix_len
+from hearth.engine.repetition import RepetitionTracker
 from hearth.engine.runner import Runner
 from hearth.engine.sampler import token_logprob
 from hearth.engine.scheduler import Admission, Scheduler, Work
@@ -35,6 +36,7 @@ from hearth.engine.types import (
     FinishReason,
     RequestOutput,
     SeqDelta,
+    StopKind,
 )
 
 log = logging.getLogger("hearth.engine")
@@ -382,8 +384,10 @@ class Engine:
                     p = replace(params, seed=params.seed + i)
                 # A grammar owns every token: a forced end-of-thinking marker would break it.
                 think = ThinkTracker(ar.req.think) if ar.req.think is not None and p.grammar is None else None
+                rep = ar.req.repetition
+                repeat = RepetitionTracker(rep) if rep is not None and rep.enabled else None
                 ar.seqs.append(Sequence(i, slot, self.runner.new_sampler(p), Detokenizer(list(params.stop)),
-                                        think=think))
+                                        think=think, repeat=repeat))
         except Exception as e:
             ar.seqs.extend(Sequence(i, s, _NullSampler(), Detokenizer())
                            for i, s in enumerate(placement.slots) if i >= len(ar.seqs))
@@ -519,7 +523,10 @@ class Engine:
             else:
                 delta.text += pushed
                 at_max = params.max_tokens is not None and seq.n_generated >= params.max_tokens
-                if at_max or len(ar.prompt) + seq.n_generated >= ar.max_len:
+                if seq.repeat is not None and seq.repeat.observe(token):
+                    finish, delta.stop_reason = FinishReason.STOP, StopKind.REPETITION
+                    delta.text += seq.detok.flush()
+                elif at_max or len(ar.prompt) + seq.n_generated >= ar.max_len:
                     finish = FinishReason.LENGTH
                     delta.text += seq.detok.flush()
         if finish is None:

@@ -9,6 +9,7 @@ from enum import Enum
 
 from hearth.engine.detokenizer import Detokenizer
 from hearth.engine.kv import Slot
+from hearth.engine.repetition import RepetitionTracker
 from hearth.engine.runner import Sampler
 from hearth.engine.thinking import ThinkTracker
 from hearth.engine.types import EngineRequest, FinishReason, RequestOutput
@@ -33,6 +34,7 @@ class Sequence:
     pending: int | None = None  # sampled, emitted, not yet in the KV cache
     finish: FinishReason | None = None
     think: ThinkTracker | None = None
+    repeat: RepetitionTracker | None = None
 
 
 @dataclass(slots=True)

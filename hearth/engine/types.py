@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from hearth.engine.repetition import RepetitionSpec
 from hearth.engine.thinking import ThinkBudget
 
 MAX_TOP_LOGPROBS = 20
@@ -18,6 +19,12 @@ class FinishReason(StrEnum):
     LENGTH = "length"
     CANCELLED = "cancelled"
     ERROR = "error"
+
+
+class StopKind(StrEnum):
+    """A stop that is neither a stop string nor a token (those are `str` / `int` stop reasons)."""
+
+    REPETITION = "repetition"  # the loop detector ended it (hearth.engine.repetition)
 
 
 @dataclass(slots=True)
@@ -93,6 +100,7 @@ class EngineRequest:
     # kept for its next turn. None: a stateless request (it may still reuse a cached prefix).
     owner: str | None = None
     max_len: int | None = None  # prompt + generated tokens cap below the context (a session's max_seq_len)
+    repetition: RepetitionSpec | None = None  # stop a sequence that loops
 
 
 @dataclass(slots=True)
@@ -114,7 +122,7 @@ class SeqDelta:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None  # the stop string or token that ended it, if any
+    stop_reason: str | int | None = None  # the stop string or token that ended it, or a StopKind
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@ timings) and the bugs a careful user found, each reproduced."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -42,3 +43,76 @@ def test_a_reasoning_budget_leaves_grammar_constrained_output_alone(server: Serv
     assert r.status_code == 200, r.text
     content = r.json()["choices"][0]["message"]["content"]
     assert re.fullmatch(r"<think>[a-z]{2,6}</think>[a-z ]{1,12}", content), content
+
+
+# ---- repetition detection ---------------------------------------------------------------------
+
+LOOPING_CHAT = "Sing la la la la la la la la la la la la"  # SmolLM2 repeats one sentence at temperature 0
+LOOPING_PROMPT = "1\n1\n1\n1\n1\n1\n"  # and continues this with "1\n" forever
+
+
+def finish_of(path: str, data: dict[str, Any]) -> tuple[str, Any, int]:
+    """(finish reason, Hearth's stop marker, completion tokens) in each protocol's own shape."""
+    if path == "/messages":
+        return data["stop_reason"], data.get("stop_details"), data["usage"]["output_tokens"]
+    if path == "/responses":
+        return data["status"], data.get("stop_reason"), data["usage"]["output_tokens"]
+    c = data["choices"][0]
+    return c["finish_reason"], c.get("stop_reason"), data["usage"]["completion_tokens"]
+
+
+LOOPS: dict[str, dict[str, Any]] = {
+    "/chat/completions": ask(LOOPING_CHAT, max_tokens=300),
+    "/completions": {"prompt": LOOPING_PROMPT, "temperature": 0, "max_tokens": 300},
+    "/responses": {"input": LOOPING_CHAT, "temperature": 0, "max_output_tokens": 300, "store": False},
+    "/messages": {"messages": [{"role": "user", "content": LOOPING_CHAT}], "temperature": 0, "max_tokens": 300},
+}
+STOPPED = {"/chat/completions": ("stop", "repetition"), "/completions": ("stop", "repetition"),
+           "/responses": ("completed", "repetition"), "/messages": ("end_turn", {"type": "repetition"})}
+
+
+@pytest.mark.parametrize("path", list(LOOPS))
+def test_a_looping_generation_stops_with_a_repetition_stop(server: Server, path: str) -> None:
+    where = {"extra": {"repetition_detection": True}} if path == "/messages" else {"repetition_detection": True}
+    r = post(server, path, {**LOOPS[path], **where})
+    assert r.status_code == 200, r.text
+    reason, marker, n = finish_of(path, r.json())
+    assert (reason, marker) == STOPPED[path]
+    assert n < 300
+
+
+def test_without_detection_the_loop_runs_to_max_tokens_and_options_are_checked(server: Server) -> None:
+    r = post(server, "/completions", {**LOOPS["/completions"], "max_tokens": 80})
+    assert finish_of("/completions", r.json()) == ("length", None, 80)
+    off = post(server, "/completions", {**LOOPS["/completions"], "max_tokens": 80,
+                                        "repetition_detection": {"enabled": False}})
+    assert finish_of("/completions", off.json()) == ("length", None, 80)
+    # a stricter detector stops sooner: 4 repeats of "1\n" over at least 8 tokens
+    strict = post(server, "/completions", {**LOOPS["/completions"], "max_tokens": 80,
+                                           "repetition_detection": {"min_repeats": 4, "min_tokens": 8}})
+    assert finish_of("/completions", strict.json()) == ("stop", "repetition", 8)
+    for bad in ("yes", {"min_repeats": 1}, {"window": 3}):
+        r = post(server, "/chat/completions", ask("hi", max_tokens=2, repetition_detection=bad))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "repetition_detection", r.text
+    r = post(server, "/chat/completions", ask("hi", max_tokens=2, extra={"repetition_detection": 5}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "extra.repetition_detection", r.text
+
+
+def test_a_streamed_loop_stops_the_same_way(server: Server) -> None:
+    body = {**LOOPS["/chat/completions"], "repetition_detection": True}
+    whole = post(server, "/chat/completions", body).json()
+    chunks = sse(server, "/chat/completions", body)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+    assert text == whole["choices"][0]["message"]["content"]
+    final = [c for c in chunks if c.get("choices") and c["choices"][0]["finish_reason"]]
+    assert len(final) == 1 and final[0]["choices"][0]["stop_reason"] == "repetition"
+
+
+def sse(server: Server, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    with httpx.stream("POST", server.base_url + path, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                out.append(json.loads(line[6:]))
+    return out
