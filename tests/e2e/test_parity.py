@@ -47,7 +47,7 @@ def test_a_reasoning_budget_leaves_grammar_constrained_output_alone(server: Serv
 
 # ---- repetition detection ---------------------------------------------------------------------
 
-LOOPING_CHAT = "Sing la la la la la la la la la la la la"  # SmolLM2 repeats one sentence at temperature 0
+LOOPING_CHAT = "Write 123.123.123.123.123.123.123"  # SmolLM2 writes "123." on and on at temperature 0
 LOOPING_PROMPT = "1\n1\n1\n1\n1\n1\n"  # and continues this with "1\n" forever
 
 
@@ -62,10 +62,10 @@ def finish_of(path: str, data: dict[str, Any]) -> tuple[str, Any, int]:
 
 
 LOOPS: dict[str, dict[str, Any]] = {
-    "/chat/completions": ask(LOOPING_CHAT, max_tokens=300),
-    "/completions": {"prompt": LOOPING_PROMPT, "temperature": 0, "max_tokens": 300},
-    "/responses": {"input": LOOPING_CHAT, "temperature": 0, "max_output_tokens": 300, "store": False},
-    "/messages": {"messages": [{"role": "user", "content": LOOPING_CHAT}], "temperature": 0, "max_tokens": 300},
+    "/chat/completions": ask(LOOPING_CHAT, max_tokens=120),
+    "/completions": {"prompt": LOOPING_PROMPT, "temperature": 0, "max_tokens": 120},
+    "/responses": {"input": LOOPING_CHAT, "temperature": 0, "max_output_tokens": 120, "store": False},
+    "/messages": {"messages": [{"role": "user", "content": LOOPING_CHAT}], "temperature": 0, "max_tokens": 120},
 }
 STOPPED = {"/chat/completions": ("stop", "repetition"), "/completions": ("stop", "repetition"),
            "/responses": ("completed", "repetition"), "/messages": ("end_turn", {"type": "repetition"})}
@@ -78,34 +78,61 @@ def test_a_looping_generation_stops_with_a_repetition_stop(server: Server, path:
     assert r.status_code == 200, r.text
     reason, marker, n = finish_of(path, r.json())
     assert (reason, marker) == STOPPED[path]
-    assert n < 300
+    assert n < 120
+    timings = r.json()["timings"]  # llama-server's names, on every protocol
+    assert timings["predicted_n"] == n and timings["predicted_ms"] > 0 and timings["predicted_per_second"] > 0
+    assert timings["prompt_n"] + timings["cache_n"] > 0 and timings["prompt_ms"] > 0
 
 
 def test_without_detection_the_loop_runs_to_max_tokens_and_options_are_checked(server: Server) -> None:
-    r = post(server, "/completions", {**LOOPS["/completions"], "max_tokens": 80})
-    assert finish_of("/completions", r.json()) == ("length", None, 80)
-    off = post(server, "/completions", {**LOOPS["/completions"], "max_tokens": 80,
-                                        "repetition_detection": {"enabled": False}})
-    assert finish_of("/completions", off.json()) == ("length", None, 80)
-    # a stricter detector stops sooner: 4 repeats of "1\n" over at least 8 tokens
-    strict = post(server, "/completions", {**LOOPS["/completions"], "max_tokens": 80,
-                                           "repetition_detection": {"min_repeats": 4, "min_tokens": 8}})
-    assert finish_of("/completions", strict.json()) == ("stop", "repetition", 8)
+    strict = {"min_repeats": 4, "min_tokens": 8}  # 4 repeats of "1\n" over at least 8 tokens
+    base = {**LOOPS["/completions"], "max_tokens": 20}
+    assert finish_of("/completions", post(server, "/completions", base).json()) == ("length", None, 20)
+    off = post(server, "/completions", {**base, "repetition_detection": {"enabled": False, **strict}})
+    assert finish_of("/completions", off.json()) == ("length", None, 20)
+    on = post(server, "/completions", {**base, "repetition_detection": strict})
+    assert finish_of("/completions", on.json()) == ("stop", "repetition", 8)
     for bad in ("yes", {"min_repeats": 1}, {"window": 3}):
         r = post(server, "/chat/completions", ask("hi", max_tokens=2, repetition_detection=bad))
-        assert r.status_code == 400 and r.json()["error"]["param"] == "repetition_detection", r.text
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("repetition_detection"), r.text
     r = post(server, "/chat/completions", ask("hi", max_tokens=2, extra={"repetition_detection": 5}))
     assert r.status_code == 400 and r.json()["error"]["param"] == "extra.repetition_detection", r.text
 
 
-def test_a_streamed_loop_stops_the_same_way(server: Server) -> None:
+def test_a_streamed_loop_flushed_every_8_tokens_equals_the_non_streamed_one(server: Server) -> None:
     body = {**LOOPS["/chat/completions"], "repetition_detection": True}
     whole = post(server, "/chat/completions", body).json()
-    chunks = sse(server, "/chat/completions", body)
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
-    assert text == whole["choices"][0]["message"]["content"]
+    chunks = sse(server, "/chat/completions", {**body, "stream_options": {"flush_every_n_tokens": 8}})
+    contents = [c["choices"][0]["delta"]["content"] for c in chunks
+                if c.get("choices") and c["choices"][0]["delta"].get("content")]
+    assert "".join(contents) == whole["choices"][0]["message"]["content"]
+    n = whole["usage"]["completion_tokens"]
+    assert len(contents) <= 1 + -(-(n - 1) // 8)  # the first alone, then groups of 8 tokens
     final = [c for c in chunks if c.get("choices") and c["choices"][0]["finish_reason"]]
     assert len(final) == 1 and final[0]["choices"][0]["stop_reason"] == "repetition"
+    assert final[0]["timings"]["predicted_n"] == n  # the final chunk carries the timings
+
+
+def test_flush_every_ms_and_stream_thinking_keep_the_stream_equal(server: Server) -> None:
+    body = {"input": "Name three fruits.", "temperature": 0, "max_output_tokens": 24, "store": False}
+    whole = post(server, "/responses", body).json()["output_text"]
+    chunks = sse(server, "/responses", {**body, "stream_options": {"flush_every_ms": 200}, "stream_thinking": False})
+    assert "".join(c["delta"] for c in chunks if c.get("type") == "response.output_text.delta") == whole
+    for bad in ({"stream_thinking": "no"}, {"stream_options": {"flush_every_n_tokens": 0}},
+                {"stream_options": {"flush_every_ms": -5}}):
+        r = post(server, "/chat/completions", ask("hi", max_tokens=2, **bad))
+        assert r.status_code == 400, r.text
+
+
+def test_t_max_predict_ms_is_the_wall_clock_cap(server: Server) -> None:
+    r = post(server, "/chat/completions", ask("Tell me a long story.", max_tokens=1500, t_max_predict_ms=1))
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length", r.text
+    assert r.json()["usage"]["completion_tokens"] < 1500
+    both = post(server, "/chat/completions", ask("hi", max_tokens=2, timeout=5, t_max_predict_ms=5000))
+    assert both.status_code == 400 and both.json()["error"]["param"] == "t_max_predict_ms"
+    big = post(server, "/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                     "t_max_predict_ms": 10**9})
+    assert big.status_code == 400 and "t_max_predict_ms" in big.json()["error"]["message"]
 
 
 def sse(server: Server, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
