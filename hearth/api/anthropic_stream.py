@@ -207,7 +207,9 @@ def hearth_fields(finish: Finish | None, timings: Timings | None) -> dict[str, A
     """Hearth's extra keys on a message (and a stream's message_delta): why Hearth itself
     stopped it, and llama-server's timings."""
     out: dict[str, Any] = {}
-    if finish is not None and isinstance(finish.stop_reason, StopKind):
+    if finish is not None and finish.error:  # a malformed tool call, named
+        out["stop_details"] = {"type": "malformed_tool_call", "message": finish.error}
+    elif finish is not None and isinstance(finish.stop_reason, StopKind):
         out["stop_details"] = {"type": finish.stop_reason.value}
     if timings is not None:
         out["timings"] = timings.as_llama_server()

@@ -236,7 +236,7 @@ def usage_dict(u: Usage) -> dict[str, Any]:
 
 
 class _Choice:
-    __slots__ = ("finish_reason", "logprobs", "reasoning", "stop_reason", "text", "tool_calls")
+    __slots__ = ("finish", "finish_reason", "logprobs", "reasoning", "text", "tool_calls")
 
     def __init__(self) -> None:
         self.text: list[str] = []
@@ -244,7 +244,7 @@ class _Choice:
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.logprobs: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
-        self.stop_reason: str | int | None = None
+        self.finish: Finish | None = None
 
     def add_call(self, ev: ToolCallDelta) -> None:
         call = self.tool_calls.setdefault(ev.call_index, {"id": ev.id, "type": "function",
@@ -277,7 +277,7 @@ async def collect(events: AsyncIterator[ChatEvent], n: int
                 choices[ev.index].add_call(ev)
             elif isinstance(ev, Finish):
                 choices[ev.index].finish_reason = ev.reason
-                choices[ev.index].stop_reason = ev.stop_reason
+                choices[ev.index].finish = ev
             elif isinstance(ev, Done):
                 usage, error, timings = ev.usage, ev.error, ev.timings
     finally:
@@ -316,7 +316,7 @@ async def chat_completions(request: Request) -> Response:
             "message": c.message(),
             "logprobs": {"content": c.logprobs, "refusal": None} if want_logprobs else None,
             "finish_reason": c.finish_reason or ("error" if error else "stop"),
-            **stop_fields(c.stop_reason),
+            **stop_fields(c.finish),
         } for i, c in enumerate(choices)],
         "usage": usage_dict(usage),
         **timings_field(timings),
@@ -368,12 +368,12 @@ async def stream_chunks(events: AsyncIterator[ChatEvent], cid: str, model: str, 
             elif isinstance(ev, Finish):
                 finished += 1
                 if finished < n:
-                    yield chunk([choice(ev.index, {}, ev.reason) | stop_fields(ev.stop_reason)])
+                    yield chunk([choice(ev.index, {}, ev.reason) | stop_fields(ev)])
                 else:
                     last_finish = ev
             elif isinstance(ev, Done):
                 if last_finish is not None:
-                    final = choice(last_finish.index, {}, last_finish.reason) | stop_fields(last_finish.stop_reason)
+                    final = choice(last_finish.index, {}, last_finish.reason) | stop_fields(last_finish)
                     yield chunk([final], extra=timings_field(ev.timings))
                 if ev.error:
                     yield sse_data({"error": {"message": ev.error, "type": "server_error",

@@ -187,7 +187,7 @@ async def collect(events: EventStream, cid: str, model: str, created: int,
         "choices": [{"index": i, "text": "".join(texts[i]),
                      "logprobs": legacy_logprobs(lps[i], len(echoes[i // n])) if want_logprobs else None,
                      "finish_reason": f.reason if f else "stop",
-                     **stop_fields(f.stop_reason if f else None)} for i, f in enumerate(reasons)],
+                     **stop_fields(f)} for i, f in enumerate(reasons)],
         "usage": usage_dict(usage),
         **timings_field(timings),
     }
@@ -214,7 +214,7 @@ async def stream_chunks(events: EventStream, cid: str, model: str, created: int,
 
     def finish_choice(ev: Finish) -> dict[str, Any]:
         return {"index": ev.index, "text": "", "logprobs": None, "finish_reason": ev.reason,
-                **stop_fields(ev.stop_reason)}
+                **stop_fields(ev)}
 
     usage = Usage()
     timings: Timings | None = None

@@ -81,7 +81,7 @@ class ResponseAssembler:
         self.usage = Usage()
         self.reasoning_tokens = 0
         self.finish_reason: str | None = None
-        self.stop_reason: str | int | None = None
+        self.finish_event: Finish | None = None
         self.timings: Timings | None = None
         self.error: str | None = None
         self.finished = False
@@ -108,7 +108,7 @@ class ResponseAssembler:
         elif isinstance(ev, ToolCallDelta):
             return self._tool_call(ev)
         elif isinstance(ev, Finish):
-            self.finish_reason, self.stop_reason = ev.reason, ev.stop_reason
+            self.finish_reason, self.finish_event = ev.reason, ev
         elif isinstance(ev, Done):
             self.usage, self.error, self.timings = ev.usage, ev.error or self.error, ev.timings
         return []
@@ -130,7 +130,11 @@ class ResponseAssembler:
         r["usage"] = usage_object(self.usage, self.reasoning_tokens)
         r["output_text"] = output_text(self.output)
         r["completed_at"] = int(time.time()) if status == "completed" else None
-        r.update(stop_fields(self.stop_reason))
+        extra = stop_fields(self.finish_event)
+        if "stop_reason" in extra:
+            r["stop_reason"] = extra["stop_reason"]
+        if "error" in extra:  # a malformed tool call: Responses' own error field names it
+            r["error"] = {"code": "malformed_tool_call", "message": extra["error"]["message"]}
         if self.timings is not None:  # llama-server's timings, as an extra key
             r["timings"] = self.timings.as_llama_server()
         terminal = {"completed": "response.completed", "incomplete": "response.incomplete",

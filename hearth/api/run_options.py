@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from hearth.api import runs
 from hearth.api.stream_shaping import coalesce, hold_reasoning
-from hearth.chat.types import ChatEvent
+from hearth.chat.types import ChatEvent, Finish
 from hearth.engine.repetition import RepetitionSpec
 from hearth.engine.types import StopKind
 from hearth.errors import BadRequest
@@ -54,9 +54,15 @@ def shape(events: AsyncIterator[ChatEvent], body: RunFields) -> AsyncIterator[Ch
     return events
 
 
-def stop_fields(stop_reason: str | int | None) -> dict[str, str]:
-    """The extra key a choice / response / message carries when Hearth itself stopped it."""
-    return {"stop_reason": stop_reason.value} if isinstance(stop_reason, StopKind) else {}
+def stop_fields(finish: Finish | None) -> dict[str, Any]:
+    """The extra keys of a choice (or a response) that Hearth itself stopped: `stop_reason`
+    for the loop detector, `error` for a malformed tool call."""
+    out: dict[str, Any] = {}
+    if finish is not None and isinstance(finish.stop_reason, StopKind):
+        out["stop_reason"] = finish.stop_reason.value
+    if finish is not None and finish.error:
+        out["error"] = {"type": "malformed_tool_call", "message": finish.error}
+    return out
 
 
 def wall_cap(request: Request, body: RunFields) -> float:

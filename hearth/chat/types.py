@@ -164,6 +164,7 @@ class Finish:
     index: int
     reason: str  # stop | length | tool_calls | cancelled | error
     stop_reason: str | int | None = None
+    error: str | None = None  # what went wrong with this candidate (a malformed tool call)
 
 
 @dataclass(slots=True)

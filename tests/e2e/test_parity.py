@@ -143,3 +143,36 @@ def sse(server: Server, path: str, body: dict[str, Any]) -> list[dict[str, Any]]
             if line.startswith("data: ") and line != "data: [DONE]":
                 out.append(json.loads(line[6:]))
     return out
+
+
+# ---- a malformed tool call ----------------------------------------------------------------------
+
+WEATHER = {"name": "get_weather", "description": "Current weather in a city",
+           "parameters": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_a_tool_call_cut_by_max_tokens_ends_clearly_and_never_as_text(server: Server) -> None:
+    # the grammar of tool_choice "required" makes a call; max_tokens cuts it mid-JSON
+    body = {"messages": ASK_WEATHER, "temperature": 0, "max_tokens": 18, "tool_choice": "required",
+            "tools": [{"type": "function", "function": WEATHER}]}
+    c = post(server, "/chat/completions", body).json()["choices"][0]
+    assert c["finish_reason"] == "length"
+    assert c["error"]["type"] == "malformed_tool_call" and "malformed tool call 0" in c["error"]["message"]
+    assert "get_weather" in c["error"]["message"]
+    assert "<tool_call>" not in (c["message"]["content"] or "")
+    chunks = sse(server, "/chat/completions", body)
+    assert not any("<tool_call>" in (ch["choices"][0]["delta"].get("content") or "") for ch in chunks if ch["choices"])
+    final = [ch["choices"][0] for ch in chunks if ch["choices"] and ch["choices"][0]["finish_reason"]]
+    assert final[0]["finish_reason"] == "length" and final[0]["error"]["type"] == "malformed_tool_call"
+
+    m = post(server, "/messages", {"messages": ASK_WEATHER, "max_tokens": 18, "temperature": 0,
+                                   "tool_choice": {"type": "any"}, "tools": [
+                                       {"name": "get_weather", "input_schema": WEATHER["parameters"]}]}).json()
+    assert m["stop_reason"] == "max_tokens" and m["stop_details"]["type"] == "malformed_tool_call"
+    assert not any("<tool_call>" in b.get("text", "") for b in m["content"])
+    r = post(server, "/responses", {"input": "What is the weather in Paris?", "max_output_tokens": 18,
+                                    "temperature": 0, "store": False, "tool_choice": "required",
+                                    "tools": [{"type": "function", **WEATHER}]}).json()
+    assert r["status"] == "incomplete" and r["error"]["code"] == "malformed_tool_call"
+    assert "<tool_call>" not in r["output_text"]
