@@ -9,6 +9,8 @@ from pathlib import Path
 
 import platformdirs
 
+KV_TYPES = ("f16", "q8_0", "q4_0")  # llama.cpp KV cache element types Hearth offers
+
 
 def default_data_dir() -> Path:
     home = os.environ.get("HEARTH_HOME")
@@ -34,7 +36,9 @@ class Settings:
     threads: int | None = None
     batch: int = 512
     kv_unified: bool = False
-    tool_parser: str = "auto"  # auto | hermes | llama3 | mistral | pythonic | json
+    kv_type: str = "f16"  # f16 | q8_0 | q4_0
+    spec_draft: int = 8  # prompt-lookup speculative decoding: most drafted tokens per step (0: off)
+    tool_parser: str = "auto"  # auto | hermes | llama3 | mistral | pythonic | json (checked by the backend)
     data_dir: Path = field(default_factory=default_data_dir)
     session_ram_mb: int = 2048  # host RAM for swapped-out session KV; past it, KV spills to disk
     prompt_cache_mb: int = 1024  # host RAM for stateless prompts' KV pushed out of their slot
@@ -62,14 +66,14 @@ class Settings:
             raise ValueError("--ctx must be at least 16")
         if self.batch < self.parallel:
             raise ValueError("--batch must be at least --parallel")
+        if self.kv_type not in KV_TYPES:
+            raise ValueError(f"--kv-type must be one of {', '.join(KV_TYPES)}")
+        if not 0 <= self.spec_draft <= 64:
+            raise ValueError("--spec-draft must be between 0 and 64")
         if self.threads is not None and self.threads < 1:
             raise ValueError("--threads must be at least 1")
         if not 0 < self.port < 65536:
             raise ValueError("--port must be in 1..65535")
-        from hearth.chat.tool_parsers import PARSERS
-
-        if self.tool_parser != "auto" and self.tool_parser not in PARSERS:
-            raise ValueError(f"--tool-parser must be auto or one of {', '.join(PARSERS)}")
         if self.log_format not in ("text", "json"):
             raise ValueError("--log-format must be text or json")
         if self.session_ram_mb < 0 or self.prompt_cache_mb < 0:

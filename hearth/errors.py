@@ -2,13 +2,18 @@
 
     HearthError (status, code)
     ├── BadRequest          400  invalid_request_error
-    │   └── ContextLimit    400  context_length_exceeded
+    │   ├── ContextLimit    400  context_length_exceeded
+    │   └── PayloadTooLarge 413  request_too_large
     ├── Unauthorized        401  invalid_api_key
-    ├── Forbidden           403  insufficient_permissions (the admin key is needed)
+    ├── Forbidden           403  insufficient_permissions
     ├── NotFound            404  not_found (model_not_found, ...)
     ├── Conflict            409  conflict
     ├── TooManyRequests     429  rate_limit_exceeded
+    ├── GenerationFailed    500  generation_failed (the engine failed mid-run)
     └── Unavailable         503  unavailable (model still loading, shutting down)
+
+Each carries `param` (the offending request field) as data. `hearth.api.errors` maps the tree
+to each protocol's envelope.
 """
 
 from __future__ import annotations
@@ -44,6 +49,11 @@ class ContextLimit(BadRequest):
                  param: str | None = None) -> None:
         super().__init__(message, param=param)
         self.n_prompt, self.limit, self.max_tokens = n_prompt, limit, max_tokens
+
+
+class PayloadTooLarge(BadRequest):
+    status = 413
+    code = "request_too_large"
 
 
 class Unauthorized(HearthError):
@@ -83,4 +93,13 @@ class TooManyRequests(HearthError):
 class Unavailable(HearthError):
     status = 503
     code = "unavailable"
+    type = "server_error"
+
+
+class GenerationFailed(HearthError):
+    """The engine failed while generating (a decode or sampler failure). A response not yet
+    started answers 500 with this; a started stream ends with its protocol's in-band error."""
+
+    status = 500
+    code = "generation_failed"
     type = "server_error"

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,12 +31,20 @@ class Server:
     def base_url(self) -> str:
         return f"{self.url}/v1"
 
-    def metric(self, name: str) -> float:
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+    def metric(self, name: str, headers: dict[str, str] | None = None) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=10, headers=headers).text
         for line in text.splitlines():
             if line.startswith(name + "{") or line.startswith(name + " "):
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
+
+    def wait_metric(self, name: str, ok: Callable[[float], bool], headers: dict[str, str] | None = None,
+                    timeout: float = 120.0) -> None:
+        """Wait until the metric satisfies `ok` (the server got there), failing after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while not ok(self.metric(name, headers)):
+            assert time.monotonic() < deadline, f"{name} did not reach the expected value"
+            time.sleep(0.02)
 
 
 def start_server(tmp: Path, *args: str, ready_timeout: float = 120.0) -> Server:

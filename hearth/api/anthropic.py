@@ -1,15 +1,15 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API, streaming and not.
 
-Every answer from these routes, errors included, is in Anthropic's shapes; the output side
-(content blocks, SSE) is in `anthropic_stream.py`.
+Every answer from these routes is in Anthropic's shapes: errors by the one error policy
+(`hearth.api.errors`, which picks the envelope by path); the output side (content blocks,
+SSE) is in `anthropic_stream.py`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,13 +18,13 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
 from hearth.api.anthropic_stream import PING, collect, hearth_fields, message_body, stop_reason, stream_events
+from hearth.api.errors import ApiError, respond
 from hearth.api.parsing import read_json, sampling_params, session_turn, validate
 from hearth.api.run_options import RunFields, repetition, shape, wall_cap
-from hearth.api.sse import ClientGone
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, ReasoningOptions, ResponseFormat, Tool, ToolCall, new_id
-from hearth.errors import BadRequest, ContextLimit, HearthError, TooManyRequests
+from hearth.errors import BadRequest, GenerationFailed
 
 log = logging.getLogger("hearth.api")
 
@@ -319,59 +319,9 @@ def to_chat_request(body: CountTokensIn, request_id: str) -> ChatRequest:
     return creq
 
 
-# ---- errors -------------------------------------------------------------------------------
-
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                503: "overloaded_error", 529: "overloaded_error"}
-
-
-def error_type(status: int) -> str:
-    return _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-
-
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"type": "error", "error": {"type": error_type(status), "message": message}},
-                        status_code=status, headers=headers)
-
-
-def context_message(e: ContextLimit) -> str:
-    """Anthropic's own wording: Claude Code reads the numbers back and retries with a smaller
-    max_tokens, or compacts the conversation when the prompt alone is too long."""
-    if e.max_tokens is None:
-        return f"prompt is too long: {e.n_prompt} tokens > {e.limit - 1} maximum"
-    return (f"input length and `max_tokens` exceed context limit: {e.n_prompt} + {e.max_tokens} > {e.limit}, "
-            "decrease input length or `max_tokens` and try again")
-
-
-Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-def anthropic_errors(endpoint: Endpoint) -> Endpoint:
-    """Answer every failure of `endpoint` in Anthropic's error envelope, never OpenAI's."""
-
-    @functools.wraps(endpoint)
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except ContextLimit as e:
-            return error_response(e.status, context_message(e))
-        except HearthError as e:
-            headers = {"Retry-After": str(e.retry_after)} if isinstance(e, TooManyRequests) else None
-            return error_response(e.status, e.message, headers)
-        except ClientGone:
-            raise
-        except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.url.path)
-            return error_response(500, "internal server error")
-
-    return wrapped
-
-
 # ---- endpoints ----------------------------------------------------------------------------
 
 
-@anthropic_errors
 async def messages(request: Request) -> Response:
     backend: Backend = request.app.state.backend
     body = validate(MessagesIn, await read_json(request))
@@ -392,25 +342,26 @@ async def messages(request: Request) -> Response:
         return gen.stream(stream_events(shape(gen.events, body), msg_id, model, stops), beat=PING)
     out = await gen.collect(request, lambda: collect(gen.events))
     if out.error:
-        return error_response(500, out.error)
+        raise GenerationFailed(out.error)
     return JSONResponse(message_body(msg_id, model, out.content, stop_reason(out.finish, stops), out.usage)
                         | hearth_fields(out.finish, out.timings))
 
 
-@anthropic_errors
 async def count_tokens(request: Request) -> Response:
     backend: Backend = request.app.state.backend
     body = validate(CountTokensIn, await read_json(request))
     creq = to_chat_request(body, new_id("msg_"))
-    return JSONResponse({"input_tokens": len(backend.tokenize_request(creq))})
+    return JSONResponse({"input_tokens": await backend.count_tokens(creq)})
 
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 
 
 async def unrouted(request: Request) -> Response:
-    """Anthropic's envelope for a wrong method on the routes above, or an unknown /v1/messages/… path."""
-    if request.url.path in ("/v1/messages", "/v1/messages/count_tokens"):
-        return error_response(405, f"{request.method} is not allowed on {request.url.path}; use POST",
-                              {"Allow": "POST"})
-    return error_response(404, f"Unknown endpoint {request.method} {request.url.path}")
+    """A wrong method on the routes above (405), or an unknown /v1/messages/… path (404); the
+    error policy answers both in Anthropic's envelope."""
+    path = request.url.path
+    if path in ("/v1/messages", "/v1/messages/count_tokens"):
+        return respond(path, ApiError(405, f"{request.method} is not allowed on {path}; use POST",
+                                      headers={"Allow": "POST"}))
+    return respond(path, ApiError(404, f"Unknown endpoint {request.method} {path}"))

@@ -19,13 +19,13 @@ from hearth.chat.types import (
     Finish,
     ReasoningDelta,
     Started,
+    StopKind,
     TextDelta,
     Timings,
     ToolCallDelta,
     Usage,
     new_id,
 )
-from hearth.engine.types import StopKind
 
 log = logging.getLogger("hearth.api")
 

@@ -19,27 +19,30 @@ from hearth.api import (
     openai_chat,
     openai_completions,
     openai_responses,
+    openapi,
     sessions,
     snapshots,
     web,
 )
 from hearth.api.auth import AuthMiddleware
-from hearth.api.errors import handle_hearth_error, handle_http_exception, handle_unexpected
+from hearth.api.cancels import CancelRegistry
+from hearth.api.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
 from hearth.api.sse import ClientGone
-from hearth.backends.local import LocalBackend
-from hearth.chat.cancel import CancelRegistry
+from hearth.backends.base import Backend
 from hearth.config import Settings
 from hearth.errors import HearthError
-from hearth.observability.logging import RequestIdMiddleware
+from hearth.observability.logging import RequestIdMiddleware, note_error
 from hearth.observability.metrics import Metrics
 from hearth.sessions.manager import SessionManager
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
+    note_error(499, "client_gone", "the client disconnected before the response was ready")
     return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
 
 
-def create_app(backend: LocalBackend, settings: Settings | None = None) -> Starlette:
+def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
+    """The HTTP server over any backend: it sees only the contract in `hearth.backends.base`."""
     settings = settings or Settings()
     metrics = Metrics(backend)
     manager = SessionManager(backend, settings.data_dir)
@@ -97,6 +100,7 @@ def create_app(backend: LocalBackend, settings: Settings | None = None) -> Starl
         Route("/tokenize", control.tokenize, methods=["POST"]),
         Route("/detokenize", control.detokenize, methods=["POST"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name}", web.static_file, methods=["GET"]),
     ]
@@ -107,12 +111,12 @@ def create_app(backend: LocalBackend, settings: Settings | None = None) -> Starl
         middleware=[
             Middleware(RequestIdMiddleware, count=metrics.requests, endpoints=endpoints),
             Middleware(AuthMiddleware, settings=settings),
+            Middleware(UnexpectedErrors),
         ],
         exception_handlers={
             HearthError: handle_hearth_error,
             HTTPException: handle_http_exception,
             ClientGone: _client_gone,
-            Exception: handle_unexpected,
         },
     )
     app.state.backend = backend

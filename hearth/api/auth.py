@@ -5,22 +5,23 @@
 - an admin key, when configured, is accepted wherever an API key is (/metrics too) and is the
   only key for destructive operations: every DELETE (sessions, snapshots, stored responses),
   a snapshot load with `force: true` (it replaces a session; checked by the handler, which
-  sees the body) and /admin;
+  sees the body);
 - /metrics needs the metrics token (or an API key) unless it was made public.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hearth.api.errors import ApiError, respond
 from hearth.config import Settings
-from hearth.errors import Forbidden
+from hearth.errors import Forbidden, HearthError, Unauthorized
 
-OPEN_PATHS = ("/health", "/")
+OPEN_PATHS = ("/health", "/", "/openapi.json")  # the API document holds no data
 OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
 
 
@@ -41,18 +42,6 @@ def matches(key: str | None, allowed: list[str]) -> bool:
     return found
 
 
-def error_body(path: str, status: int, message: str) -> bytes:
-    """The error in the envelope of the protocol the path belongs to."""
-    if path.startswith("/v1/messages"):
-        kind = "authentication_error" if status == 401 else "permission_error"
-        return json.dumps({"type": "error", "error": {"type": kind, "message": message}},
-                          separators=(",", ":")).encode()
-    code = "invalid_api_key" if status == 401 else "insufficient_permissions"
-    return json.dumps({"error": {"message": message, "type": "authentication_error" if status == 401
-                                 else "permission_error", "param": None, "code": code}},
-                      separators=(",", ":")).encode()
-
-
 def require_admin(request: Request) -> None:
     """For a destructive operation the middleware cannot see (it depends on the body)."""
     admin = request.app.state.settings.admin_key
@@ -68,7 +57,7 @@ class AuthMiddleware:
         self.metrics_token = settings.metrics_token
         self.metrics_public = settings.metrics_public
 
-    def _verdict(self, method: str, path: str, key: str | None) -> tuple[int, str] | None:
+    def _verdict(self, method: str, path: str, key: str | None) -> HearthError | None:
         if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or method == "OPTIONS":
             return None
         if path == "/metrics":
@@ -76,14 +65,14 @@ class AuthMiddleware:
                 return None
             allowed = self.keys + [k for k in (self.metrics_token, self.admin_key) if k]
             if allowed and not matches(key, allowed):
-                return 401, "a valid metrics token or API key is required for /metrics"
+                return Unauthorized("a valid metrics token or API key is required for /metrics")
             return None
         if self.keys and not matches(key, self.keys + ([self.admin_key] if self.admin_key else [])):
-            return 401, ("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None
-                         else "invalid API key")
-        needs_admin = path.startswith("/admin") or method == "DELETE"
+            return Unauthorized("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None
+                                else "invalid API key")
+        needs_admin = method == "DELETE"  # every DELETE is destructive (docs/api.md)
         if needs_admin and self.admin_key and not matches(key, [self.admin_key]):
-            return 403, "this operation needs the admin key"
+            return Forbidden("this operation needs the admin key")
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -95,10 +84,7 @@ class AuthMiddleware:
         if verdict is None:
             await self.app(scope, receive, send)
             return
-        status, message = verdict
-        extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
-        body = error_body(scope["path"], status, message)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()), *extra]})
-        await send({"type": "http.response.body", "body": body})
+        err = ApiError.of(verdict)
+        if isinstance(verdict, Unauthorized):
+            err = replace(err, headers={"WWW-Authenticate": "Bearer"})
+        await respond(scope["path"], err)(scope, receive, send)

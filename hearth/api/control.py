@@ -8,11 +8,12 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hearth.api.cancels import CancelRegistry
 from hearth.api.openai_chat import MessageIn, _Open, to_message
 from hearth.api.parsing import read_json, validate
 from hearth.backends.base import Backend, ModelCard
-from hearth.chat.cancel import CancelRegistry
 from hearth.errors import BadRequest
+from hearth.observability.logging import note_error
 
 
 def _card(c: ModelCard) -> dict[str, Any]:
@@ -36,9 +37,11 @@ async def health(request: Request) -> Response:
     backend: Backend = request.app.state.backend
     if backend.ready:
         return JSONResponse({"status": "ok"})
-    error = getattr(backend, "load_error", None)
+    error = backend.load_error
     if error:
+        note_error(503, "model_load_failed", error)
         return JSONResponse({"status": "error", "error": error}, status_code=503)
+    note_error(503, "model_loading", "the model is still loading")
     return JSONResponse({"status": "loading"}, status_code=503)
 
 
@@ -63,22 +66,22 @@ async def tokenize(request: Request) -> Response:
     if body.messages is not None:
         if text is not None:
             raise BadRequest("give either content or messages, not both")
-        tokens = backend.tokenize_chat(body.model, [to_message(m, i) for i, m in enumerate(body.messages)])
+        tokens = await backend.tokenize_chat(body.model, [to_message(m, i) for i, m in enumerate(body.messages)])
     elif text is not None:
-        tokens = backend.tokenize(body.model, text, add_special=body.add_special)
+        tokens = await backend.tokenize(body.model, text, add_special=body.add_special)
     else:
         raise BadRequest("content (a string) or messages is required", param="content")
     out: dict[str, Any] = {"tokens": tokens, "count": len(tokens)}
     if body.with_pieces:
         out["tokens"] = [{"id": t, "piece": p}
-                         for t, p in zip(tokens, backend.token_pieces(body.model, tokens), strict=True)]
+                         for t, p in zip(tokens, await backend.token_pieces(body.model, tokens), strict=True)]
     return JSONResponse(out)
 
 
 async def detokenize(request: Request) -> Response:
     backend: Backend = request.app.state.backend
     body = validate(DetokenizeIn, await read_json(request))
-    return JSONResponse({"content": backend.detokenize(body.model, body.tokens)})
+    return JSONResponse({"content": await backend.detokenize(body.model, body.tokens)})
 
 
 class CancelIn(_Open):

@@ -36,14 +36,14 @@ from hearth.chat.types import (
     Started,
     TextDelta,
     Timings,
+    TokenLogprob,
     Tool,
     ToolCall,
     ToolCallDelta,
     Usage,
     new_id,
 )
-from hearth.engine.types import TokenLogprob
-from hearth.errors import BadRequest
+from hearth.errors import BadRequest, GenerationFailed
 
 
 class _Open(BaseModel):
@@ -117,6 +117,7 @@ class ChatCompletionIn(_Open, RunFields):
     chat_template_kwargs: dict[str, Any] | None = None
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     cache_prompt: bool = True
+    speculative: bool | None = None  # prompt-lookup speculative decoding (default: the server's --spec-draft)
     # Hearth sessions (docs/sessions.md): the messages are only the new ones
     session_id: str | None = None
     replace_system: bool = False
@@ -204,7 +205,7 @@ def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
         repetition_penalty=first_set(body.repetition_penalty, body.repeat_penalty), seed=body.seed,
         stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
         max_tokens=body.max_completion_tokens or body.max_tokens, ignore_eos=body.ignore_eos,
-        logprobs=body.logprobs, top_logprobs=body.top_logprobs, grammar=body.grammar,
+        logprobs=body.logprobs, top_logprobs=body.top_logprobs, grammar=body.grammar, speculative=body.speculative,
     )
     tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
     return ChatRequest(
@@ -308,6 +309,8 @@ async def chat_completions(request: Request) -> Response:
         return gen.stream(stream_chunks(shape(events, body), cid, model, created, body.n, want_logprobs,
                                         include_usage))
     choices, usage, error, timings = await gen.collect(request, lambda: collect(events, body.n))
+    if error:
+        raise GenerationFailed(error)
     return JSONResponse({
         "id": cid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": "hearth",
@@ -315,7 +318,7 @@ async def chat_completions(request: Request) -> Response:
             "index": i,
             "message": c.message(),
             "logprobs": {"content": c.logprobs, "refusal": None} if want_logprobs else None,
-            "finish_reason": c.finish_reason or ("error" if error else "stop"),
+            "finish_reason": c.finish_reason or "stop",
             **stop_fields(c.finish),
         } for i, c in enumerate(choices)],
         "usage": usage_dict(usage),

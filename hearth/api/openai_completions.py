@@ -19,9 +19,19 @@ from hearth.api.run_options import RunFields, repetition, shape, stop_fields, wa
 from hearth.api.sse import DONE, sse_data
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
-from hearth.chat.types import ChatEvent, CompletionRequest, Done, Finish, Started, TextDelta, Timings, Usage, new_id
-from hearth.engine.types import TokenLogprob
-from hearth.errors import BadRequest
+from hearth.chat.types import (
+    ChatEvent,
+    CompletionRequest,
+    Done,
+    Finish,
+    Started,
+    TextDelta,
+    Timings,
+    TokenLogprob,
+    Usage,
+    new_id,
+)
+from hearth.errors import BadRequest, GenerationFailed
 
 MAX_PROMPTS = 16
 
@@ -49,6 +59,7 @@ class CompletionIn(_Open, RunFields):
     ignore_eos: bool | None = None
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     cache_prompt: bool = True
+    speculative: bool | None = None  # prompt-lookup speculative decoding (default: the server's --spec-draft)
 
 
 def prompts_of(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -115,7 +126,8 @@ async def completions(request: Request) -> Response:
     prompts = prompts_of(body.prompt)
     if len(prompts) > MAX_PROMPTS:
         raise BadRequest(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
-    parallel = request.app.state.settings.parallel
+    model = backend.resolve(body.model)
+    parallel = backend.limits(model).parallel
     if len(prompts) * body.n > parallel:
         # each prompt's candidates run at once; more than the slots could never all start
         raise BadRequest(f"{len(prompts)} prompts x n={body.n} need {len(prompts) * body.n} slots; this server "
@@ -126,9 +138,8 @@ async def completions(request: Request) -> Response:
         repetition_penalty=first_set(body.repetition_penalty, body.repeat_penalty), seed=body.seed,
         stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
         max_tokens=body.max_tokens, ignore_eos=body.ignore_eos,
-        logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
+        logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0, speculative=body.speculative)
     cid = new_id("cmpl-")
-    model = backend.resolve(body.model)
     timeout = wall_cap(request, body)
     rep = repetition(request, body)
 
@@ -147,7 +158,7 @@ async def completions(request: Request) -> Response:
         return streams[0] if len(streams) == 1 else EventStream(merge(streams, body.n))
 
     gen = await runs.start(request, "completions", open_stream, cancel_id=body.cancel_id, ids=[cid])
-    echoes = [(p if isinstance(p, str) else backend.detokenize(model, p)) if body.echo else ""
+    echoes = [(p if isinstance(p, str) else await backend.detokenize(model, p)) if body.echo else ""
               for p in prompts]
     created = int(time.time())
     events = gen.events
@@ -179,6 +190,8 @@ async def collect(events: EventStream, cid: str, model: str, created: int,
                 usage.completion_tokens += ev.usage.completion_tokens
                 usage.cached_tokens += ev.usage.cached_tokens
                 timings = add_timings(timings, ev.timings)
+                if ev.error:
+                    raise GenerationFailed(ev.error)
     finally:
         await events.aclose()
     return {

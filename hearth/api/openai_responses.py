@@ -8,6 +8,7 @@ Input items → ChatRequest (responses_input), ChatEvents → response object an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable
@@ -19,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
+from hearth.api.cancels import CancelRegistry
 from hearth.api.openai_chat import _Open
 from hearth.api.parsing import parse_stop, read_json, sampling_params, session_turn, validate
 from hearth.api.responses_input import (
@@ -34,9 +36,9 @@ from hearth.api.responses_store import ResponseStore, valid_id
 from hearth.api.responses_stream import ResponseAssembler, collect, sse_events
 from hearth.api.run_options import RunFields, repetition, shape, wall_cap
 from hearth.backends.base import Backend, EventStream
-from hearth.chat.cancel import CancelRegistry, CancelToken
+from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, new_id
-from hearth.errors import BadRequest, NotFound
+from hearth.errors import BadRequest, GenerationFailed, NotFound
 
 log = logging.getLogger("hearth.api")
 
@@ -80,6 +82,14 @@ def response_store(app: Starlette) -> ResponseStore:
     if store is None:
         store = app.state.responses = ResponseStore(app.state.settings.data_dir / "hearth.db")
     return store
+
+
+def _settled(app: Starlette) -> dict[str, asyncio.Event]:
+    """Per in-flight response id: set once its outcome is stored (what .../cancel waits for)."""
+    events: dict[str, asyncio.Event] | None = getattr(app.state, "responses_settled", None)
+    if events is None:
+        events = app.state.responses_settled = {}
+    return events
 
 
 def _history(body: ResponsesIn, store: ResponseStore) -> list[dict[str, Any]]:
@@ -141,12 +151,17 @@ async def create_response(request: Request) -> Response:
     }, namespaced=toolset.namespaced)
 
     # Stored as in_progress before the wait for a slot, so GET and .../cancel see a queued run.
+    settled = _settled(request.app)
     if body.store:
         store.put(asm.response, items)
+        settled[rid] = asyncio.Event()
 
     def save(response: dict[str, Any]) -> None:
         if body.store:
             store.update(response)
+            event = settled.pop(rid, None)
+            if event is not None:
+                event.set()
 
     def open_stream(token: CancelToken) -> Awaitable[EventStream]:
         creq.cancel = token
@@ -158,6 +173,9 @@ async def create_response(request: Request) -> Response:
     except BaseException:
         if body.store:  # the client got an error, not a response: nothing to keep
             store.delete(rid)
+            event = settled.pop(rid, None)
+            if event is not None:
+                event.set()
         raise
     if body.stream:
         return gen.stream(sse_events(shape(gen.events, body), asm, save))
@@ -165,7 +183,9 @@ async def create_response(request: Request) -> Response:
         response = await gen.collect(request, lambda: collect(gen.events, asm))
     finally:
         asm.finish()  # no-op unless the client left
-        save(asm.response)
+        save(asm.response)  # a failed run is stored as failed: GET shows it
+    if asm.error:
+        raise GenerationFailed(asm.error)
     return JSONResponse(response)
 
 
@@ -205,11 +225,11 @@ async def cancel_response(request: Request) -> Response:
     if stored is None:
         raise _not_found(rid)
     registry: CancelRegistry = request.app.state.cancels
-    if registry.cancel(ids=[rid]):
-        deadline = time.monotonic() + CANCEL_SETTLE_SECONDS
-        while stored is not None and stored.response.get("status") == "in_progress" and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            stored = store.get(rid)
+    event = _settled(request.app).get(rid)
+    if registry.cancel(ids=[rid]) and event is not None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), CANCEL_SETTLE_SECONDS)
+        stored = store.get(rid)
         if stored is None:  # deleted meanwhile
             raise _not_found(rid)
     return JSONResponse(stored.response)

@@ -5,32 +5,25 @@ Every failure here is a BadRequest naming the offending field, never a 500.
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from hearth.chat.types import SessionTurn
-from hearth.engine.types import SamplingParams
+from hearth.api.body import parse_json, read_limited
+from hearth.chat.schema_bounds import check_grammar
+from hearth.chat.types import InvalidParam, SamplingParams, SessionTurn
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_session_id
 
 M = TypeVar("M", bound=BaseModel)
 
-MAX_BODY_BYTES = 32 * 1024 * 1024
-
 
 async def read_json(request: Request) -> dict[str, Any]:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise BadRequest(f"request body is larger than {MAX_BODY_BYTES} bytes")
+    body = await read_limited(request)
     if not body:
         raise BadRequest("the request body is empty; expected a JSON object")
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from e
+    data = await parse_json(body)
     if not isinstance(data, dict):
         raise BadRequest("the request body must be a JSON object")
     return data
@@ -38,7 +31,7 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 async def read_json_or_empty(request: Request) -> dict[str, Any]:
     """For endpoints whose body is optional: no body means {}."""
-    return await read_json(request) if await request.body() else {}
+    return await read_json(request) if await read_limited(request) else {}
 
 
 def validate(model: type[M], data: dict[str, Any]) -> M:
@@ -53,11 +46,12 @@ def validate(model: type[M], data: dict[str, Any]) -> M:
 def sampling_params(**kw: Any) -> SamplingParams:
     """Build SamplingParams from request fields (None means: the default)."""
     values = {k: v for k, v in kw.items() if v is not None}
+    if isinstance(values.get("grammar"), str):
+        check_grammar(values["grammar"], "grammar")
     try:
         return SamplingParams(**values)
-    except ValueError as e:
-        param = str(e).split(" ", 1)[0]
-        raise BadRequest(str(e), param=param) from e
+    except InvalidParam as e:
+        raise BadRequest(str(e), param=e.param) from e
 
 
 def first_set(*values: float | None) -> float | None:

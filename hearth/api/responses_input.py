@@ -13,7 +13,6 @@ from hearth.errors import BadRequest
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
 MEDIA_PARTS = ("input_image", "input_file", "input_audio", "image_url", "image", "file")
-SKIPPED_ITEMS = ("reasoning",)  # and any type we do not know: tolerated, not replayed
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 TOOL_CHOICES = ("none", "auto", "required")
 

@@ -12,9 +12,7 @@ from starlette.requests import Request
 
 from hearth.api import runs
 from hearth.api.stream_shaping import coalesce, hold_reasoning
-from hearth.chat.types import ChatEvent, Finish
-from hearth.engine.repetition import RepetitionSpec
-from hearth.engine.types import StopKind
+from hearth.chat.types import ChatEvent, Finish, RepetitionSpec, StopKind
 from hearth.errors import BadRequest
 
 

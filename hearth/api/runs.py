@@ -10,9 +10,10 @@ from typing import Any
 
 from starlette.requests import Request
 
+from hearth.api.cancels import CancelRegistry, Run
 from hearth.api.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
 from hearth.backends.base import EventStream
-from hearth.chat.cancel import CancelRegistry, CancelToken, Run
+from hearth.chat.cancel import CancelToken
 from hearth.errors import BadRequest
 from hearth.observability.metrics import Metrics, RequestTimer
 

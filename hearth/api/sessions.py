@@ -27,17 +27,17 @@ class ResizeIn(StrictBody):
 
 async def create_session(request: Request) -> Response:
     body = validate(CreateIn, await read_json_or_empty(request))
-    info = session_manager(request).create(body.session_id, body.model, body.max_seq_len)
+    info = await session_manager(request).create(body.session_id, body.model, body.max_seq_len)
     return JSONResponse(info, status_code=201)
 
 
 async def list_sessions(request: Request) -> Response:
-    data = session_manager(request).list()
+    data = await session_manager(request).list_all()
     return JSONResponse({"object": "list", "data": data, "sessions": data})  # "sessions": superlinear's name
 
 
 async def get_session(request: Request) -> Response:
-    return JSONResponse(session_manager(request).info(request.path_params["session_id"]))
+    return JSONResponse(await session_manager(request).info(request.path_params["session_id"]))
 
 
 async def delete_session(request: Request) -> Response:

@@ -13,12 +13,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hearth.api.auth import require_admin
+from hearth.api.body import stream_limited
 from hearth.api.parsing import read_json, read_json_or_empty, validate
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_snapshot_id
 from hearth.sessions.manager import SessionManager
-
-MAX_ARCHIVE_BYTES = 64 << 30
 
 
 class StrictBody(BaseModel):
@@ -47,13 +46,18 @@ def snapshot_json(manifest: dict[str, Any]) -> dict[str, Any]:
             "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict))}
 
 
+RESIZE_KEYS = ("old_max_seq_len", "strategy", "mode")  # about the change, not the session
+
+
 def wrapped(info: dict[str, Any]) -> dict[str, Any]:
     """A session as Hearth returns it, plus superlinear's `{"session": {...}}` wrapper (additive)."""
-    return {**info, "session": dict(info)}
+    session = {k: v for k, v in info.items() if k not in RESIZE_KEYS}
+    return {**info, "session": session}
 
 
 def session_manager(request: Request) -> SessionManager:
-    return request.app.state.sessions  # type: ignore[no-any-return]
+    manager: SessionManager = request.app.state.sessions
+    return manager
 
 
 def _id(request: Request) -> str:
@@ -100,20 +104,22 @@ async def archive(request: Request) -> Response:
 
 async def import_snapshot(request: Request) -> Response:
     """The archive is spooled to a temporary file (never held whole in memory), then unpacked
-    and verified; it becomes visible only if every check passes."""
-    store = session_manager(request).snapshots
+    and verified; it becomes visible only if every check passes. Its size is bounded by what
+    this server's KV could load: refused on Content-Length before reading, and cut off at the
+    limit when the length is not given."""
+    manager = session_manager(request)
+    store = manager.snapshots
+    limits = await manager.import_limits()
     spool = store.root / f".import-{uuid.uuid4().hex}"
     size = 0
     try:
         with spool.open("wb") as f:
-            async for chunk in request.stream():
+            async for chunk in stream_limited(request, limits.archive_bytes, "archive"):
                 size += len(chunk)
-                if size > MAX_ARCHIVE_BYTES:
-                    raise BadRequest(f"the archive is larger than {MAX_ARCHIVE_BYTES} bytes")
                 f.write(chunk)
         if size == 0:
             raise BadRequest("the request body is empty; send the archive from GET /v1/snapshots/{id}/archive")
-        manifest = await run_in_threadpool(store.import_archive, spool)
+        manifest = await run_in_threadpool(store.import_archive, spool, limits)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(spool)

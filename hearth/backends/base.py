@@ -1,19 +1,30 @@
-"""The backend contract: what every protocol module talks to.
+"""The backend contract: everything above `backends/` (api, sessions, observability, cli)
+talks to a backend through these types and nothing else, as vLLM's serving layer talks to
+one `EngineClient`. A backend may run the model here (`LocalBackend`) or elsewhere (a pool of
+remote engines reached over HTTP); nothing above this module can tell.
 
-A backend turns a `ChatRequest` (or a raw `CompletionRequest`) into a stream of
-`ChatEvent`s. `chat()` and `complete()` validate eagerly and raise a `HearthError` before
+Generation: `chat()` and `complete()` validate eagerly and raise a `HearthError` before
 returning the stream, so the HTTP layer can still answer with a 4xx; once the stream is
 returned, problems arrive as a `Finish(reason="error")` and `Done(error=...)`.
 Closing the stream (`aclose()`, or cancelling the task that iterates it) cancels the work.
+
+Token work (`tokenize`, `count_tokens`, ...) is async: a backend must not run it on the event
+loop (a long prompt takes seconds to template and tokenize), and a remote one makes a call.
+
+Capabilities: a backend that cannot do something optional says so by returning None from the
+capability's property (today: `session_kv`); `require_session_kv` turns that into the one
+error the API answers with, a 404 `sessions_unsupported` (what a client sees from a server
+without sessions), never an AttributeError.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from hearth.chat.types import ChatEvent, ChatRequest, CompletionRequest, Message
+from hearth.errors import NotFound
 
 
 @dataclass(slots=True)
@@ -24,35 +35,190 @@ class ModelCard:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """What a model accepts: `seq_ctx` tokens per sequence (prompt + output, the most a
+    session may hold) and `parallel` sequences decoded at once (candidates of one request
+    included)."""
+
+    seq_ctx: int
+    parallel: int
+
+
+@dataclass(slots=True)
+class ModelStats:
+    """One model's load and lifetime counters, read at scrape time (metrics, `hearth server
+    status`). Gauges first, then counters that only grow."""
+
+    running: int = 0  # sequences decoding or prefilling
+    waiting: int = 0  # requests queued for a slot
+    kv_tokens: int = 0  # tokens held in the KV cache, all slots
+    slots_busy: int = 0  # KV sequence slots in use
+    swapped_ram_bytes: int = 0  # swapped-out session KV held in host RAM
+    prompt_tokens: int = 0  # prefilled (reused prefixes not counted)
+    cached_tokens: int = 0  # prompt tokens reused from the KV cache
+    generated_tokens: int = 0
+    steps: int = 0  # engine steps (one decode call each)
+    finished: int = 0  # requests finished, any reason
+    cancelled: int = 0  # requests cancelled in the engine
+    swap_outs: int = 0  # session KV moved out of a slot
+    swap_ins: int = 0  # session KV moved back into a slot
+    drafted_tokens: int = 0  # speculative draft tokens verified
+    accepted_tokens: int = 0  # of those, the ones accepted (emitted without a step of their own)
+    interrupted_decodes: int = 0  # decodes stopped midway by an abort (their work re-run)
+
+
+# ---- session KV ----------------------------------------------------------------------------
+
+Residency = Literal["resident", "host", "disk", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class KVInfo:
+    """Where a session's KV lives and how many tokens it holds: `resident` in a slot, `host`
+    RAM or `disk` after a swap-out, `none` (never ran, dropped, or on a backend that lost it)."""
+
+    residency: Residency
+    n_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class KVState:
+    """A session's KV as it moves between backends and snapshots: the exact token ids it holds
+    and the engine's opaque bytes for them (llama.cpp seq-state here). Raw bytes only: never
+    pickled, never parsed above the backend."""
+
+    tokens: list[int]
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class KVIdentity:
+    """What KV bytes depend on. A snapshot saved under one identity loads only where
+    `model["sha256"]` and the whole `engine` dict are equal (409 otherwise).
+
+    model:  {id, sha256 (of the weights file, 64 lowercase hex digits), arch, n_ctx_train}
+    engine: the runner's fingerprint: engine build, KV layout and KV type (`kv_type`)."""
+
+    model: dict[str, Any]
+    engine: dict[str, Any]
+
+
+class SessionKV(Protocol):
+    """The session-KV capability, keyed by (model id, session id). Session ids are already
+    validated (`hearth.ids.is_session_id`). A session's KV must not be in use by a running turn
+    when it is exported, imported or dropped: those raise `Conflict(code="session_busy")`
+    then. A remote backend implements each method with one HTTP call to the node holding
+    the session."""
+
+    async def kv_info(self, model: str, session_id: str) -> KVInfo: ...
+
+    async def export_kv(self, model: str, session_id: str) -> KVState | None:
+        """A copy of the session's tokens and KV bytes, wherever they live; None if it has none."""
+        ...
+
+    async def import_kv(self, model: str, session_id: str, state: KVState) -> None:
+        """Make `state` the session's KV (replacing any), used from its next turn on.
+        ValueError if the bytes do not fit this engine."""
+        ...
+
+    async def drop_kv(self, model: str, session_id: str) -> None:
+        """Forget the session's KV, wherever it lives (a no-op if there is none)."""
+        ...
+
+    async def trim_kv(self, model: str, session_id: str, tokens: list[int]) -> int:
+        """Cut the session's KV to its common prefix with `tokens` (its transcript after a
+        rollback or resize); returns how many tokens it keeps (0 if it has none)."""
+        ...
+
+    async def kv_identity(self, model: str) -> KVIdentity: ...
+
+    async def max_kv_bytes(self, model: str) -> int:
+        """At most how many bytes `export_kv` gives for a session as long as the model's
+        longest sequence: imported KV past this is refused before it is read."""
+        ...
+
+
+# ---- the backend ---------------------------------------------------------------------------
+
+
 class Backend(Protocol):
+    # lifecycle
     @property
     def ready(self) -> bool: ...
 
+    @property
+    def load_error(self) -> str | None:
+        """Why the backend could not start (health answers 503 with it), or None."""
+        ...
+
+    async def start(self) -> None:
+        """Load or connect. Runs in the background while the server already answers (/health
+        says 503 until `ready`); a failure is recorded in `load_error`, not raised."""
+        ...
+
+    async def stop(self) -> None: ...
+
+    def cancel_all(self) -> None:
+        """Shutting down: end every run now with its final event (finish_reason "cancelled");
+        requests still waiting for a slot get 503. Callable from a signal handler."""
+        ...
+
+    # models
     def models(self) -> list[ModelCard]: ...
 
     def resolve(self, model: str | None) -> str:
-        """The canonical id for a requested model name; NotFound if there is none."""
+        """The canonical id for a requested model name (None or "": the default model);
+        NotFound if there is none, Unavailable while loading."""
         ...
 
-    async def chat(self, req: ChatRequest) -> EventStream: ...
+    def limits(self, model: str | None) -> ModelLimits: ...
+
+    # generation
+    async def chat(self, req: ChatRequest) -> EventStream:
+        """A chat turn. With `req.session` set (only the session manager sets it) `messages` is
+        the whole transcript and the session owns the KV the request builds."""
+        ...
 
     async def complete(self, req: CompletionRequest) -> EventStream: ...
 
-    def tokenize(self, model: str | None, text: str, *, add_special: bool = True) -> list[int]: ...
+    # tokens (off the event loop)
+    async def tokenize(self, model: str | None, text: str, *, add_special: bool = True) -> list[int]: ...
 
-    def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]: ...
-
-    def tokenize_request(self, req: ChatRequest) -> list[int]:
-        """The prompt tokens `chat(req)` would generate from (chat template, tools and all)."""
+    async def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]:
+        """The chat template's tokens for `messages` (no generation prompt, no tools)."""
         ...
 
-    def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]: ...
+    async def count_tokens(self, req: ChatRequest) -> int:
+        """How many prompt tokens `chat(req)` would start from (template, tools and all)."""
+        ...
 
-    def detokenize(self, model: str | None, tokens: list[int]) -> str: ...
+    async def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]: ...
 
-    async def start(self) -> None: ...
+    async def detokenize(self, model: str | None, tokens: list[int]) -> str: ...
 
-    async def stop(self) -> None: ...
+    # observability
+    def stats(self) -> dict[str, ModelStats]:
+        """Per model id. Cheap and non-blocking: called at every /metrics scrape."""
+        ...
+
+    # capabilities
+    @property
+    def session_kv(self) -> SessionKV | None:
+        """The session-KV capability, or None if this backend has none."""
+        ...
+
+
+def require_session_kv(backend: Backend) -> SessionKV:
+    kv = backend.session_kv
+    if kv is None:
+        raise NotFound("this server keeps no sessions: its backend cannot hold a session's KV, so the "
+                       "sessions and snapshots APIs (and session_id on requests) are not available",
+                       code="sessions_unsupported")
+    return kv
+
+
+# ---- event streams -------------------------------------------------------------------------
 
 
 class EventStream:

@@ -17,18 +17,28 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as L
 import numpy as np
 from llama_cpp import _logger as llama_logger
 
-from hearth.engine.runner import BatchEntry
+from hearth.backends.abort_flag import AbortFlag, callback_address
+from hearth.engine.runner import BatchEntry, DecodeAborted
 from hearth.engine.types import SamplingParams
 
 log = logging.getLogger("hearth.llamacpp")
 
+# ggml_type value → its name ("f16", "q8_0", ...), from the bindings' GGML_TYPE_* constants.
+GGML_TYPE_NAMES: dict[int, str] = {int(getattr(L, n)): n.removeprefix("GGML_TYPE_").lower()
+                                   for n in dir(L) if n.startswith("GGML_TYPE_") and n != "GGML_TYPE_COUNT"}
+
 _backend_lock = threading.Lock()
 _backend_ready = False
+
+# KV cache element types (`--kv-type`), as llama.cpp's ggml_type ids. A quantized V cache needs
+# flash attention, which llama.cpp's "auto" setting then turns on.
+KV_TYPES: dict[str, int] = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
 
 
 def _init_backend(verbose: bool) -> None:
@@ -51,14 +61,15 @@ class ModelInfo:
     chat_template: str | None
     bos_token: str
     eos_token: str
-    add_bos: bool
     architecture: str
 
 
 class LlamaCppRunner:
     def __init__(self, model_path: str | Path, *, seq_ctx: int | None = None, n_seq_max: int = 4,
                  n_batch: int = 512, n_threads: int | None = None, kv_unified: bool = False,
-                 verbose: bool = False) -> None:
+                 kv_type: str = "f16", verbose: bool = False) -> None:
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}")
         _init_backend(verbose)
         self.path = str(model_path)
         if not Path(self.path).is_file():
@@ -85,20 +96,31 @@ class LlamaCppRunner:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = kv_unified
+        cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
         cparams.no_perf = True
+        # interrupt(): a C callback polls this flag between graph nodes (see abort_flag.py).
+        self._abort = AbortFlag()
+        address = callback_address()
+        self.can_interrupt = address is not None
+        if address is not None:
+            self._abort_cb = L.ggml_abort_callback(address)  # kept alive as long as the context
+            cparams.abort_callback = self._abort_cb
+            cparams.abort_callback_data = self._abort.address
         ctx = L.llama_init_from_model(model, cparams)
         if not ctx:
             L.llama_model_free(model)
             raise RuntimeError("llama.cpp could not create a context (out of memory?)")
         self.ctx = ctx
         self.mem = L.llama_get_memory(ctx)
+        # The KV cache's element types, as the context was built with them (llama.cpp has no
+        # getter); saved KV only loads into a cache of the same types.
+        self.kv_type = _kv_type_name(int(cparams.type_k), int(cparams.type_v))
         self.n_threads = threads
         self.kv_unified = kv_unified
 
         self._eog = np.array([bool(L.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)])
         self.eog_tokens = [int(t) for t in np.flatnonzero(self._eog)]
         self._pieces: dict[int, bytes] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
         self._alloc_batch(self.n_batch)
         self.info = self._read_info()
         self._state_header: int | None = None
@@ -151,18 +173,27 @@ class LlamaCppRunner:
         base = self._seq.ctypes.data
         self._seq_ptrs = (ctypes.POINTER(L.llama_seq_id) * cap)(
             *[ctypes.cast(base + 4 * i, ctypes.POINTER(L.llama_seq_id)) for i in range(cap)])
-        self._batch = L.llama_batch()
-        self._batch.token = self._tok.ctypes.data_as(ctypes.POINTER(L.llama_token))
-        self._batch.embd = ctypes.POINTER(ctypes.c_float)()
-        self._batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
-        self._batch.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        self._batch.seq_id = self._seq_ptrs
-        self._batch.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        # Any: llama-cpp-python declares these pointer fields as arrays; they take pointers.
+        batch: Any = L.llama_batch()
+        batch.token = self._tok.ctypes.data_as(ctypes.POINTER(L.llama_token))
+        batch.embd = ctypes.POINTER(ctypes.c_float)()
+        batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
+        batch.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        batch.seq_id = self._seq_ptrs
+        batch.logits = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._batch = batch
 
     def decode(self, entries: list[BatchEntry]) -> list[int]:
+        # With one KV stream per sequence, llama.cpp cuts a batch into ubatches that each take
+        # the same number of tokens from a run of consecutive sequence ids, in batch order
+        # (llama_batch_allocr::split_equal), and computes the whole graph once per ubatch. Laid
+        # out by sequence id, the decode tokens of all running sequences share one ubatch;
+        # in arrival order they could take several (one graph pass each).
+        order = sorted(range(len(entries)), key=lambda i: entries[i].seq_id)
+        first_row = [0] * len(entries)
         n = 0
-        out_idx: list[int] = []
-        for e in entries:
+        for i in order:
+            e = entries[i]
             k = len(e.tokens)
             if n + k > self.n_batch:
                 raise RuntimeError(f"batch of {n + k} tokens exceeds n_batch {self.n_batch}")
@@ -170,15 +201,27 @@ class LlamaCppRunner:
             self._pos[n:n + k] = np.arange(e.pos0, e.pos0 + k, dtype=np.int32)
             self._seq[n:n + k] = e.seq_id
             self._out[n:n + k] = 0
-            if e.want_logits:
-                self._out[n + k - 1] = 1
-                out_idx.append(n + k - 1)
+            if e.n_logits:
+                self._out[n + k - e.n_logits:n + k] = 1
+                first_row[i] = n + k - e.n_logits
             n += k
         self._batch.n_tokens = n
         rc = L.llama_decode(self.ctx, self._batch)
+        if rc == 2:
+            # llama.cpp removed the aborted ubatch's positions; earlier ubatches stay written.
+            # Drop those too, so every sequence is exactly as before this call.
+            for e in entries:
+                L.llama_memory_seq_rm(self.mem, e.seq_id, e.pos0, -1)
+            raise DecodeAborted("llama_decode was interrupted")
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
-        return out_idx
+        return [first_row[i] for i, e in enumerate(entries) if e.n_logits]
+
+    def interrupt(self) -> None:
+        self._abort.set()
+
+    def clear_interrupt(self) -> None:
+        self._abort.clear()
 
     def logits(self, logits_index: int) -> np.ndarray:
         ptr = L.llama_get_logits_ith(self.ctx, logits_index)
@@ -259,12 +302,26 @@ class LlamaCppRunner:
             L.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
             raise ValueError("llama.cpp rejected the saved KV state (different model or KV layout)")
 
+    def state_bytes_bound(self, n_tokens: int) -> int:
+        """At most how many bytes `state_get` returns for a sequence of `n_tokens`: per cell its
+        position and sequence id, per layer an f16 K and V row of n_head_kv heads; a quarter and
+        16 MiB of headroom cover layer headers and architectures whose layout differs (used to
+        refuse imported KV that no sequence of this model could hold)."""
+        arch = self.info.architecture
+        n_head = max(1, int(L.llama_model_n_head(self.model)))
+        n_head_kv = max(1, int(L.llama_model_n_head_kv(self.model)))
+        n_embd = int(L.llama_model_n_embd(self.model))
+        k_len = int(self.meta(f"{arch}.attention.key_length") or n_embd // n_head)
+        v_len = int(self.meta(f"{arch}.attention.value_length") or k_len)
+        per_token = int(L.llama_model_n_layer(self.model)) * n_head_kv * (k_len + v_len) * 2 + 12
+        return per_token * n_tokens * 5 // 4 + (16 << 20)
+
     @property
-    def fingerprint(self) -> dict[str, object]:
+    def fingerprint(self) -> dict[str, Any]:
         """What saved KV state depends on: restoring needs the same model file and KV layout."""
         return {"model_size": self.info.size_bytes, "n_params": self.info.n_params,
                 "arch": self.info.architecture, "n_vocab": self.n_vocab, "kv_unified": self.kv_unified,
-                "llama_cpp_python": L.__version__}
+                "llama_cpp_python": L.__version__, "kv_type": self.kv_type}
 
     # ---- metadata ---------------------------------------------------------------------
 
@@ -293,7 +350,6 @@ class LlamaCppRunner:
             chat_template=self.meta("tokenizer.chat_template"),
             bos_token=self.token_text(bos).decode(errors="replace") if bos >= 0 else "",
             eos_token=self.token_text(eos).decode(errors="replace") if eos >= 0 else "",
-            add_bos=bool(L.llama_vocab_get_add_bos(self.vocab)),
             architecture=self.meta("general.architecture") or "unknown",
         )
 
@@ -306,6 +362,12 @@ class LlamaCppRunner:
             self.model = None
 
 
+def _kv_type_name(type_k: int, type_v: int) -> str:
+    """"f16", or "q8_0/f16" when K and V differ."""
+    k, v = (GGML_TYPE_NAMES.get(t, f"ggml_type_{t}") for t in (type_k, type_v))
+    return k if k == v else f"{k}/{v}"
+
+
 class NativeSampler:
     """A llama.cpp sampler chain for one sequence: grammar → logit bias → penalties → top-k →
     top-p → min-p → temperature → seeded draw (or greedy).
@@ -316,6 +378,16 @@ class NativeSampler:
 
     def __init__(self, runner: LlamaCppRunner, params: SamplingParams) -> None:
         self._runner = runner
+        # Plain greedy is an argmax over the logits row: llama.cpp's chain would first copy all
+        # n_vocab logits into a candidate array (~0.15 ms a token here, on the engine thread,
+        # while the compute threads wait). Same token: both take the first maximum.
+        self._argmax = (params.greedy and params.grammar is None and not params.logit_bias
+                        and params.repetition_penalty == 1.0
+                        and not params.frequency_penalty and not params.presence_penalty)
+        self._no_eog = params.ignore_eos
+        self._chain = None
+        if self._argmax:
+            return
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         self._chain = chain
         if params.grammar is not None:
@@ -329,7 +401,7 @@ class NativeSampler:
             for t in runner.eog_tokens:
                 bias[t] = float("-inf")
         if bias:
-            arr = (L.llama_logit_bias * len(bias))()
+            arr: Any = (L.llama_logit_bias * len(bias))()  # its fields are declared as ctypes, set as ints
             for i, (tok, b) in enumerate(bias.items()):
                 if not 0 <= tok < runner.n_vocab:
                     self.free()
@@ -355,6 +427,14 @@ class NativeSampler:
         L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
     def sample(self, logits_index: int) -> int:
+        if self._argmax:
+            row = self._runner.logits(logits_index)
+            token = int(np.argmax(row))
+            if self._no_eog and self._runner.is_eog(token):  # ignore_eos: as a -inf bias on them
+                row = row.copy()
+                row[self._runner.eog_tokens] = -np.inf
+                token = int(np.argmax(row))
+            return token
         return int(L.llama_sampler_sample(self._chain, self._runner.ctx, logits_index))
 
     def free(self) -> None:

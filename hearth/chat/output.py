@@ -7,7 +7,7 @@ events, and every protocol serializes the same calls.
 from __future__ import annotations
 
 from hearth.chat.reasoning import ReasoningParser
-from hearth.chat.tool_parsers import BadCall, CallPart, ToolParser
+from hearth.chat.tool_parsers import BadCall, Part, ToolParser
 from hearth.chat.types import ChatEvent, Finish, ReasoningDelta, TextDelta, ToolCallDelta, new_id
 from hearth.engine.types import TokenLogprob
 
@@ -48,7 +48,7 @@ class OutputParser:
                 events.append(TextDelta(self.index, text))
         return events
 
-    def _calls(self, parts: list[str | CallPart]) -> list[ChatEvent]:
+    def _calls(self, parts: list[Part]) -> list[ChatEvent]:
         events: list[ChatEvent] = []
         for p in parts:
             if isinstance(p, str):

@@ -14,9 +14,17 @@ from hearth.chat.types import ChatRequest
 
 START, END = "<think>", "</think>"
 
+# Thinking markers of template families that do not use <think>; a template that spells a pair
+# out (to strip old thinking, or to open it in the generation prompt) thinks in that pair.
+OTHER_MARKERS = (("<|START_THINKING|>", "<|END_THINKING|>"), ("<seed:think>", "</seed:think>"),
+                 ("◁think▷", "◁/think▷"))
+
 
 def think_markers(template_source: str) -> tuple[str, str]:
-    """The markers a model thinks in. Every template seen so far that thinks uses <think>."""
+    """The markers a model thinks in, read from its chat template; <think> by default."""
+    for start, end in OTHER_MARKERS:
+        if start in template_source and end in template_source:
+            return start, end
     return START, END
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hearth.chat.schema_bounds import check_grammar, check_schema
 from hearth.chat.types import ResponseFormat, Tool
 from hearth.errors import BadRequest
 
@@ -30,7 +31,9 @@ def forced_format(parser: str) -> str:
     return parser if parser in _WRAPPERS else "json"
 
 
-def _convert(schema: dict[str, Any], root: str, prop_order: list[str] | None = None) -> str:
+def _convert(schema: dict[str, Any], root: str, prop_order: list[str] | None = None,
+             param: str = "response_format") -> str:
+    check_schema(schema, param)  # before the converter, whose cost the schema's counts decide
     try:
         from llama_cpp.llama_grammar import SchemaConverter
     except ImportError as e:  # pragma: no cover - llama-cpp-python is always installed with Hearth
@@ -40,12 +43,13 @@ def _convert(schema: dict[str, Any], root: str, prop_order: list[str] | None = N
     try:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "input")
         conv.visit(resolved, root)
-        return conv.format_grammar()
+        grammar = str(conv.format_grammar())
     except BadRequest:
         raise
     except Exception as e:  # the converter raises bare exceptions on schemas it cannot handle
-        raise BadRequest(f"this JSON schema cannot be turned into a grammar: {e}",
-                         param="response_format") from e
+        raise BadRequest(f"this JSON schema cannot be turned into a grammar: {e}", param=param) from e
+    check_grammar(grammar, param)
+    return grammar
 
 
 def schema_grammar(schema: dict[str, Any]) -> str:
@@ -81,7 +85,7 @@ def tool_call_grammar(tools: list[Tool], parser: str, parallel: bool) -> str:
               "properties": {"name": {"const": t.name}, args_key: _parameters(t)},
               "required": ["name", args_key]} for t in tools]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    rules = _convert(schema, "call", prop_order=["name", args_key])
+    rules = _convert(schema, "call", prop_order=["name", args_key], param="tools")
     if parallel and len(tools) > 1:
         root = f"root ::= block ({_SEPARATORS[parser]} block){{0,{len(tools) - 1}}}\nblock ::= {wrapper}"
     else:

@@ -48,7 +48,6 @@ class ChatTemplate:
         self.eos_token = eos_token
         # Templates written before the "developer" role know only "system".
         self.knows_developer = "developer" in self.source
-        self.supports_tools = "tools" in self.source
 
     def render(self, messages: list[Message], *, tools: list[Tool] | None = None,
                add_generation_prompt: bool = True, kwargs: dict[str, Any] | None = None) -> str:

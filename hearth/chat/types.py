@@ -8,8 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hearth.chat.cancel import CancelToken
-from hearth.engine.repetition import RepetitionSpec
-from hearth.engine.types import SamplingParams, TokenLogprob
+
+# Re-exported: the layers above the backends take the engine's sampling, logprob, loop-detection
+# and stop types from here.
+from hearth.engine.repetition import RepetitionSpec as RepetitionSpec
+from hearth.engine.types import InvalidParam as InvalidParam
+from hearth.engine.types import SamplingParams as SamplingParams
+from hearth.engine.types import StopKind as StopKind
+from hearth.engine.types import TokenLogprob as TokenLogprob
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

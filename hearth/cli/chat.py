@@ -26,7 +26,7 @@ from hearth.cli.sessions import print_history, sessions_table
 from hearth.cli.snapshots import snapshots_table
 from hearth.cli.turn import TurnStats, run_turn
 from hearth.config import is_loopback
-from hearth.sessions.ids import is_session_id
+from hearth.ids import is_session_id
 
 PROMPT, CONTINUE = "you> ", "...  "
 

@@ -51,6 +51,12 @@ def serve(
     kv_unified: Annotated[bool, typer.Option(
         "--kv-unified/--no-kv-unified", envvar="HEARTH_KV_UNIFIED",
         help="One KV buffer shared by all sequences (default: one per sequence).")] = False,
+    kv_type: Annotated[str, typer.Option(
+        envvar="HEARTH_KV_TYPE",
+        help="KV cache element type: f16, q8_0 (about half the bytes) or q4_0 (about a quarter).")] = "f16",
+    spec_draft: Annotated[int, typer.Option(
+        envvar="HEARTH_SPEC_DRAFT",
+        help="Speculative decoding by prompt lookup: most tokens drafted per sequence per step (0: off).")] = 8,
     tool_parser: Annotated[str, typer.Option(
         envvar="HEARTH_TOOL_PARSER",
         help="Tool-call format: auto (from the chat template), hermes, llama3, mistral, pythonic, json.")] = "auto",
@@ -78,7 +84,7 @@ def serve(
     api_key_file: Annotated[str | None, typer.Option(
         envvar="HEARTH_API_KEY_FILE", help="File with one API key per line.")] = None,
     admin_key: Annotated[str | None, typer.Option(
-        envvar="HEARTH_ADMIN_KEY", help="Key needed to delete sessions/snapshots and for /admin.")] = None,
+        envvar="HEARTH_ADMIN_KEY", help="Key needed to delete sessions and snapshots.")] = None,
     metrics_token: Annotated[str | None, typer.Option(
         envvar="HEARTH_METRICS_TOKEN", help="Bearer token that may read /metrics.")] = None,
     metrics_public: Annotated[bool, typer.Option(
@@ -100,7 +106,7 @@ def serve(
     import uvicorn
 
     from hearth.api.app import create_app
-    from hearth.backends.local import EngineSettings, LocalBackend
+    from hearth.backends.build import build_backend
     from hearth.config import Settings, read_key_file
     from hearth.models import resolve_model
     from hearth.observability.logging import setup_logging
@@ -111,8 +117,8 @@ def serve(
         if api_key_file:
             keys += read_key_file(api_key_file)
         settings = Settings(models=model or ["default"], host=host, port=port, ctx=ctx, parallel=parallel,
-                            threads=threads, batch=batch, kv_unified=kv_unified, tool_parser=tool_parser,
-                            log_level=log_level,
+                            threads=threads, batch=batch, kv_unified=kv_unified, kv_type=kv_type,
+                            spec_draft=spec_draft, tool_parser=tool_parser, log_level=log_level,
                             log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,
                             request_timeout=request_timeout, max_request_timeout=max_request_timeout,
                             clamp_max_tokens=clamp_max_tokens, sse_heartbeat=sse_heartbeat,
@@ -122,22 +128,14 @@ def serve(
                             prompt_cache_mb=prompt_cache_mb,
                             **({"data_dir": Path(data_dir).expanduser()} if data_dir else {}))
         specs = [resolve_model(m) for m in settings.models]
+        ids = [s.id for s in specs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"two models share an id: {ids}; name them with ID=PATH")
+        backend = build_backend(settings, specs)
     except (ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
-    ids = [s.id for s in specs]
-    if len(set(ids)) != len(ids):
-        typer.echo(f"error: two models share an id: {ids}; name them with ID=PATH", err=True)
-        raise typer.Exit(2)
     setup_logging(settings.log_level, settings.log_format)
-    backend = LocalBackend(specs, EngineSettings(ctx=settings.ctx, parallel=settings.parallel,
-                                                 threads=settings.threads, batch=settings.batch,
-                                                 kv_unified=settings.kv_unified, max_waiting=settings.max_waiting,
-                                                 max_wait=settings.max_wait, tool_parser=settings.tool_parser,
-                                                 kv_dir=settings.data_dir / "kv",
-                                                 session_ram_mb=settings.session_ram_mb,
-                                                 prompt_cache_mb=settings.prompt_cache_mb,
-                                                 clamp_max_tokens=settings.clamp_max_tokens))
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key"
     typer.echo(f"hearth {__version__}: serving {', '.join(ids)} on http://{host}:{port} ({auth})", err=True)
     config = uvicorn.Config(create_app(backend, settings), host=settings.host, port=settings.port,

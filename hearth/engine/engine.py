@@ -1,13 +1,22 @@
 """The engine: one thread that owns the runner and steps all requests together.
 
     step = take new requests and aborts → apply aborts and deadlines → admit (and tell the
-           admitted) → schedule one batch → decode once → sample, detokenize, finish → deliver
+           admitted) → draft → schedule one batch → decode once → sample, detokenize, finish
+           → deliver
 
 Invariants:
 - only the engine thread touches the runner, the scheduler and the slots;
 - aborts are applied at the top of every step, before any decode, so a cancelled request
   never gets another token after the step in which the abort arrived;
-- every path that ends a request goes through `_end`, which frees its slots and samplers.
+- an abort that arrives while a decode holding a prompt chunk runs also interrupts that
+  decode (`Runner.interrupt`, polled by llama.cpp between graph nodes): the runner rolls every
+  sequence of the batch back to where it was, nothing of the step is applied, and the next
+  step ends the aborted request and schedules its neighbours' work again;
+- every token a sequence emits goes through `_emit` (finish reasons, stop strings, limits),
+  one at a time, also when a speculative draft is accepted several tokens at once;
+- every path that ends a request goes through `_end`, which frees its slots and samplers;
+- a slot's `tokens` are exactly what its KV holds: drafted tokens the sampler rejected are
+  removed from the KV in the same step.
 """
 
 from __future__ import annotations
@@ -24,10 +33,11 @@ from typing import Any
 from hearth.engine.detokenizer import Detokenizer, StopMatch
 from hearth.engine.kv import Placement, Slot, SlotTable, common_prefix_len
 from hearth.engine.repetition import RepetitionTracker
-from hearth.engine.runner import Runner
+from hearth.engine.runner import BatchEntry, DecodeAborted, Runner
 from hearth.engine.sampler import token_logprob
 from hearth.engine.scheduler import Admission, Scheduler, Work
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence, Sink
+from hearth.engine.speculate import Drafter, SpecConfig
 from hearth.engine.swap import SwapStore
 from hearth.engine.thinking import ThinkTracker
 from hearth.engine.types import (
@@ -54,6 +64,9 @@ class EngineStats:
     cancelled: int = 0
     swap_outs: int = 0  # session KV moved out of a slot (to RAM)
     swap_ins: int = 0  # session KV restored into a slot
+    drafted_tokens: int = 0  # speculative draft tokens verified
+    accepted_tokens: int = 0  # of those, the ones the sampler agreed with (emitted without a step of their own)
+    interrupted_decodes: int = 0  # decodes stopped midway by an abort (their work re-run)
 
 
 class _Outputs:
@@ -82,8 +95,10 @@ class _Outputs:
 
 class Engine:
     def __init__(self, runner: Runner, *, seq_ctx: int, token_budget: int | None = None,
-                 swap: SwapStore | None = None, name: str = "hearth-engine") -> None:
+                 swap: SwapStore | None = None, spec: SpecConfig | None = None,
+                 name: str = "hearth-engine") -> None:
         self.runner = runner
+        self.spec = spec  # None: no speculative decoding
         self.seq_ctx = seq_ctx
         self.slots = SlotTable(runner.n_seq_max)
         # Session KV that left its slot. Without a directory it lives in RAM only.
@@ -95,6 +110,7 @@ class Engine:
         self._aborts: dict[str, FinishReason] = {}
         self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
         self._known: set[str] = set()  # request ids submitted and not yet ended
+        self._in_decode: frozenset[str] = frozenset()  # requests of the interruptible decode running now
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -108,15 +124,17 @@ class Engine:
         with self._cv:
             for rid in self._known:
                 self._aborts.setdefault(rid, FinishReason.CANCELLED)
+            if self._in_decode:
+                self.runner.interrupt()
             self._cv.notify()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel everything in flight, write sessions' KV to disk (when the swap store has a
         directory: they survive a graceful restart), and stop the thread."""
         self.abort_all()
-        deadline = time.monotonic() + timeout
-        while self._known and time.monotonic() < deadline and self._thread.is_alive():
-            time.sleep(0.01)
+        if self._thread.is_alive():
+            with self._cv:  # _deliver notifies when the last request has ended
+                self._cv.wait_for(lambda: not self._known, timeout)
         if self.swap.dir is not None and self._thread.is_alive():
             try:
                 n = self.call(self.spill_all).result(timeout)
@@ -150,12 +168,7 @@ class Engine:
             raise ValueError("the prompt is empty")
         if not 1 <= req.n <= self.runner.n_seq_max:
             raise ValueError(f"n must be between 1 and {self.runner.n_seq_max} (the server's --parallel)")
-        bad = [t for t in req.prompt_tokens if not 0 <= t < self.runner.n_vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
-        bad = [t for t in (*req.params.logit_bias, *req.params.stop_token_ids) if not 0 <= t < self.runner.n_vocab]
-        if bad:
-            raise ValueError(f"logit_bias / stop token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
+        # Sizes before the id scans, so the linear scans (on the caller's thread) stay bounded.
         n_prompt = len(req.prompt_tokens)
         limit = self._max_len(req)
         if n_prompt >= limit:
@@ -163,6 +176,12 @@ class Engine:
         mt = req.params.max_tokens
         if mt is not None and n_prompt + mt > limit:
             raise ContextOverflow(n_prompt, limit, mt)
+        bad = [t for t in req.prompt_tokens if not 0 <= t < self.runner.n_vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
+        bad = [t for t in (*req.params.logit_bias, *req.params.stop_token_ids) if not 0 <= t < self.runner.n_vocab]
+        if bad:
+            raise ValueError(f"logit_bias / stop token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
 
     def _max_len(self, req: EngineRequest) -> int:
         return min(self.seq_ctx, req.max_len) if req.max_len else self.seq_ctx
@@ -181,10 +200,14 @@ class Engine:
             self._cv.notify()
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
-        """Stop a request at the start of the next step. Unknown or finished ids are ignored."""
+        """Stop a request at the start of the next step, and the decode running now if it holds
+        a prompt chunk and this request (see the module invariants). Unknown or finished ids
+        are ignored."""
         with self._cv:
             if request_id in self._known:
                 self._aborts.setdefault(request_id, reason)
+                if request_id in self._in_decode:
+                    self.runner.interrupt()
                 self._cv.notify()
 
     async def generate(self, req: EngineRequest,
@@ -328,9 +351,9 @@ class Engine:
         for ar in new:
             self.scheduler.add(ar)
         for rid, reason in aborts.items():
-            ar = self.scheduler.find(rid)
-            if ar is not None:
-                self._end(ar, reason, out)
+            found = self.scheduler.find(rid)
+            if found is not None:
+                self._end(found, reason, out)
         self._expire(out)
         # Calls run after aborts, so a session whose turn was just aborted is idle for them.
         for fn, fut in calls:
@@ -347,6 +370,8 @@ class Engine:
             # opens (and can be cancelled by id) while a long prefill is still ahead.
             self._deliver(out)
             out.by_request.clear()
+        if self.spec is not None:
+            self._draft()
         work = self.scheduler.schedule()
         if work:
             self._run_batch(work, out)
@@ -355,7 +380,8 @@ class Engine:
         now = time.monotonic()
         for ar in [*self.scheduler.running, *self.scheduler.waiting]:
             if ar.req.deadline is not None and now >= ar.req.deadline:
-                self._end(ar, FinishReason.LENGTH, out, stop_reason="timeout")
+                # The time cap is a cancellation (by the server), reported as such on every protocol.
+                self._end(ar, FinishReason.CANCELLED, out, stop_reason="timeout")
 
     def _setup(self, adm: Admission, out: _Outputs) -> None:
         ar, placement = adm.ar, adm.placement
@@ -453,9 +479,52 @@ class Engine:
                 first.tokens[:] = got[0]
         return min(common_prefix_len(first.tokens, prompt), limit)
 
+    def _draft(self) -> None:
+        """Give each decoding sequence this step's speculative draft, within the token budget
+        (one decode token per sequence comes first) and what the sequence may still grow."""
+        decoding = [(ar, seq) for ar in self.scheduler.running if ar.phase is Phase.DECODE
+                    for seq in ar.live_seqs()]
+        room = self.scheduler.token_budget - len(decoding)
+        for ar, seq in decoding:
+            seq.draft = []
+            if seq.drafter is None or room <= 0:
+                continue
+            mt = ar.req.params.max_tokens
+            # the pending token and a draft of k are positions len(tokens) .. len(tokens) + k
+            limit = min(room, ar.max_len - len(seq.slot.tokens) - 1,
+                        (mt - seq.n_generated - 1) if mt is not None else room)
+            if limit > 0:
+                seq.draft = seq.drafter.propose(limit, len(decoding))
+                room -= len(seq.draft)
+
+    def _decode(self, work: list[Work]) -> list[int]:
+        """One llama_decode. A batch holding a prompt chunk is long enough to be worth
+        stopping midway: while it runs, `abort` of any request in it interrupts it."""
+        entries = [w.entry for w in work]
+        if not any(w.seq is None for w in work):
+            return self.runner.decode(entries)
+        with self._cv:
+            self._in_decode = frozenset(w.ar.request_id for w in work)
+            if not self._in_decode.isdisjoint(self._aborts):  # arrived since this step began
+                self.runner.interrupt()
+        try:
+            return self.runner.decode(entries)
+        finally:
+            with self._cv:
+                self._in_decode = frozenset()
+                self.runner.clear_interrupt()
+
     def _run_batch(self, work: list[Work], out: _Outputs) -> None:
         try:
-            logit_idx = self.runner.decode([w.entry for w in work])
+            logit_idx = self._decode(work)
+        except DecodeAborted:
+            # Nothing of this step happened (the runner rolled the KV back): the aborts are
+            # applied at the top of the next step, and everyone else's work is scheduled again.
+            self.stats.interrupted_decodes += 1
+            for w in work:
+                if w.seq is not None:
+                    w.seq.draft = []
+            return
         except Exception as e:
             log.error("decode failed: %s", e)
             for ar in {id(w.ar): w.ar for w in work}.values():
@@ -474,13 +543,10 @@ class Engine:
                 first.tokens.extend(w.entry.tokens)
                 w.ar.prefill_pos += len(w.entry.tokens)
                 self.stats.prompt_tokens += len(w.entry.tokens)
-                if w.entry.want_logits:
+                if w.entry.n_logits:
                     self._start_decoding(w.ar, next(idx), out)
             else:
-                assert w.seq.pending is not None
-                w.seq.slot.tokens.append(w.seq.pending)
-                w.seq.pending = None
-                self._advance(w.ar, w.seq, next(idx), out)
+                self._accept(w.ar, w.seq, w.entry, next(idx), out)
 
     def _start_decoding(self, ar: ActiveRequest, logits_index: int, out: _Outputs) -> None:
         first = ar.seqs[0].slot
@@ -489,15 +555,55 @@ class Engine:
             self.runner.kv_copy(first.seq_id, seq.slot.seq_id, -1, -1)
             seq.slot.tokens[:] = first.tokens
         ar.phase = Phase.DECODE
+        speculate = self.spec is not None and ar.req.params.speculative is not False
         for seq in ar.seqs:
-            self._advance(ar, seq, logits_index, out)
+            token = self._sample(seq, logits_index)
+            if self._emit(ar, seq, token, logits_index, out):
+                seq.pending = token
+                if speculate:
+                    assert self.spec is not None
+                    seq.drafter = Drafter.start(self.spec, seq.slot.tokens)
+                    seq.drafter.push(token)
 
-    def _advance(self, ar: ActiveRequest, seq: Sequence, logits_index: int, out: _Outputs) -> None:
-        """Sample the next token of one candidate and decide whether it goes on."""
-        params = ar.req.params
+    def _accept(self, ar: ActiveRequest, seq: Sequence, entry: BatchEntry, first_row: int, out: _Outputs) -> None:
+        """After a decode: the pending token is in the KV; sample the row after it and, while
+        the sampled token equals the next drafted one (already in the KV too), the row after
+        that. The first disagreement (or a bonus token after a full accept) becomes the new
+        pending token; drafted tokens past it leave the KV."""
+        slot, drafted = seq.slot, entry.tokens[1:]
+        assert seq.pending is not None
+        slot.tokens.append(seq.pending)
+        seq.pending, seq.draft = None, []
+        accepted = 0
+        for j in range(len(entry.tokens)):
+            token = self._sample(seq, first_row + j)
+            if not self._emit(ar, seq, token, first_row + j, out):
+                break
+            if seq.drafter is not None:
+                seq.drafter.push(token)
+            if j < len(drafted) and token == drafted[j]:
+                slot.tokens.append(token)
+                accepted += 1
+                continue
+            seq.pending = token
+            break
+        if drafted:
+            self.stats.drafted_tokens += len(drafted)
+            self.stats.accepted_tokens += accepted
+            if seq.drafter is not None:
+                seq.drafter.observe(len(drafted), accepted)
+            if len(slot.tokens) < entry.pos0 + len(entry.tokens):
+                self.runner.kv_remove(slot.seq_id, len(slot.tokens), -1)
+
+    def _sample(self, seq: Sequence, logits_index: int) -> int:
         forced = seq.think.forced() if seq.think is not None else None
         # A forced token bypasses the sampler (grammars and thinking budgets do not mix).
-        token = forced if forced is not None else seq.sampler.sample(logits_index)
+        return forced if forced is not None else seq.sampler.sample(logits_index)
+
+    def _emit(self, ar: ActiveRequest, seq: Sequence, token: int, logits_index: int, out: _Outputs) -> bool:
+        """Emit one sampled token of one candidate and decide whether the candidate goes on.
+        The one place that decides per token (EOS, stop tokens and strings, limits)."""
+        params = ar.req.params
         if seq.think is not None:
             seq.think.observe(self.runner.token_text(token))
         seq.n_generated += 1
@@ -530,12 +636,12 @@ class Engine:
                     finish = FinishReason.LENGTH
                     delta.text += seq.detok.flush()
         if finish is None:
-            seq.pending = token
-            return
+            return True
         seq.finish = finish
         delta.finish_reason = finish
         if not ar.live_seqs():
             self._end(ar, finish, out)
+        return False
 
     def _end(self, ar: ActiveRequest, reason: FinishReason, out: _Outputs, error: str | None = None,
              stop_reason: str | None = None) -> None:
@@ -566,6 +672,8 @@ class Engine:
             if result.finished:
                 with self._cv:
                     self._known.discard(ar.request_id)
+                    if not self._known:
+                        self._cv.notify_all()  # stop() may be waiting for the engine to drain
             try:
                 ar.sink(result)
             except Exception:  # the consumer is gone (e.g. its event loop closed)

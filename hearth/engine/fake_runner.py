@@ -5,16 +5,20 @@ the token at position p, the byte `script[(p + 1) % len(script)]`, so the text a
 generates is predictable from its prompt length alone. It also keeps its own copy of each
 sequence's KV and checks that every decode places tokens exactly where the KV ends, so a
 scheduling bug that would corrupt a real cache fails loudly here.
+
+`interrupt()` behaves like the real runner's: a decode waiting in `step_delay` (or held by
+`hold`) stops, its tokens are rolled back from the KV, and it raises DecodeAborted.
 """
 
 from __future__ import annotations
 
-import time
+import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from hearth.engine.runner import BatchEntry
+from hearth.engine.runner import BatchEntry, DecodeAborted
 from hearth.engine.types import SamplingParams
 
 EOS = 256
@@ -32,7 +36,15 @@ class FakeRunner:
     fail_decodes: int = 0  # the next N decode calls raise
     calls: list[list[BatchEntry]] = field(default_factory=list)
     kv: dict[int, list[int]] = field(default_factory=dict)
+    kv_type: str = "fake"  # what the fingerprint names (snapshots refuse another)
+    # When set, a decode whose batch holds more than `hold_min_tokens` tokens waits (after
+    # writing its KV) until `hold` is cleared or it is interrupted; `held` is set meanwhile.
+    hold: threading.Event | None = None
+    hold_min_tokens: int = 1
+    held: threading.Event = field(default_factory=threading.Event)
+    aborted: list[list[BatchEntry]] = field(default_factory=list)  # decodes stopped by interrupt()
     _last_logits: list[np.ndarray] = field(default_factory=list)
+    _interrupted: threading.Event = field(default_factory=threading.Event)
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         return list(text.encode())
@@ -52,26 +64,53 @@ class FakeRunner:
             return EOS
         return self.script[nxt % len(self.script)]
 
+    def next_token(self, seq: list[int]) -> int:
+        """The token the "model" predicts after the sequence `seq` (its whole KV)."""
+        return self.predict(len(seq) - 1)
+
     def decode(self, entries: list[BatchEntry]) -> list[int]:
         if self.fail_decodes:
             self.fail_decodes -= 1
             raise RuntimeError("injected decode failure")
-        if sum(len(e.tokens) for e in entries) > self.n_batch:
+        n_tokens = sum(len(e.tokens) for e in entries)
+        if n_tokens > self.n_batch:
             raise RuntimeError("batch larger than n_batch")
         self.calls.append(entries)
-        if self.step_delay:
-            time.sleep(self.step_delay)
-        self._last_logits = []
         for e in entries:
             seq = self.kv.setdefault(e.seq_id, [])
             if e.pos0 != len(seq):
                 raise AssertionError(f"seq {e.seq_id}: decode at {e.pos0} but KV holds {len(seq)} tokens")
             seq.extend(e.tokens)
-            if e.want_logits:
+        if self.step_delay:
+            self._interrupted.wait(self.step_delay)
+        if self.hold is not None and n_tokens >= self.hold_min_tokens:
+            self.held.set()
+            while self.hold.is_set() and not self._interrupted.wait(0.005):
+                pass
+            self.held.clear()
+        if self._interrupted.is_set():
+            for e in entries:
+                del self.kv[e.seq_id][e.pos0:]
+            self.aborted.append(entries)
+            raise DecodeAborted("interrupted")
+        self._last_logits = []
+        first: list[int] = []
+        for e in entries:
+            if not e.n_logits:
+                continue
+            seq = self.kv[e.seq_id]
+            first.append(len(self._last_logits))
+            for end in range(e.pos0 + len(e.tokens) - e.n_logits + 1, e.pos0 + len(e.tokens) + 1):
                 logits = np.zeros(self.n_vocab, dtype=np.float32)
-                logits[self.predict(len(seq) - 1)] = 10.0
+                logits[self.next_token(seq[:end])] = 10.0
                 self._last_logits.append(logits)
-        return list(range(len(self._last_logits)))
+        return first
+
+    def interrupt(self) -> None:
+        self._interrupted.set()
+
+    def clear_interrupt(self) -> None:
+        self._interrupted.clear()
 
     def logits(self, logits_index: int) -> np.ndarray:
         return self._last_logits[logits_index]
@@ -90,9 +129,20 @@ class FakeRunner:
         assert p0 == -1 and p1 == -1, "the engine copies whole sequences"
         self.kv[dst] = list(self.kv.get(src, []))
 
+    def state_bytes_bound(self, n_tokens: int) -> int:
+        return 4 + 4 * n_tokens
+
     @property
-    def fingerprint(self) -> dict[str, object]:
-        return {"fake": 1}
+    def fingerprint(self) -> dict[str, Any]:
+        return {"fake": 1, "n_vocab": self.n_vocab, "kv_type": self.kv_type}
+
+    def check_grammar(self, grammar: str) -> None:
+        """Only the shape llama.cpp insists on: a `root` rule."""
+        if "root" not in grammar or "::=" not in grammar:
+            raise ValueError("the grammar is not valid GBNF (no root rule)")
+
+    def close(self) -> None:
+        self.kv.clear()
 
     def state_get(self, seq_id: int) -> bytes:
         return b"FAKE" + np.asarray(self.kv.get(seq_id, []), dtype="<i4").tobytes()

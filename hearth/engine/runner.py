@@ -8,7 +8,7 @@ the engine thread. `hearth.backends.llamacpp.LlamaCppRunner` is the real one;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -19,13 +19,20 @@ from hearth.engine.types import SamplingParams
 class BatchEntry:
     """Tokens of one sequence in one decode call, placed at positions pos0, pos0+1, ...
 
-    When `want_logits` is set, logits are computed for the entry's last token.
+    Logits are computed for the entry's last `n_logits` tokens (0: none; 1: the next-token
+    prediction; more: a speculative draft is verified, one prediction per drafted position).
     """
 
     seq_id: int
     tokens: list[int]
     pos0: int
-    want_logits: bool
+    n_logits: int = 0
+
+
+class DecodeAborted(RuntimeError):
+    """`Runner.decode` was stopped by `Runner.interrupt()`. Nothing of the batch remains: the
+    runner removed every position at or past each entry's `pos0` from the KV, so each sequence
+    holds exactly what it held before the call and its work can simply be scheduled again."""
 
 
 class Sampler(Protocol):
@@ -55,8 +62,18 @@ class Runner(Protocol):
     def is_eog(self, token: int) -> bool: ...
 
     def decode(self, entries: list[BatchEntry]) -> list[int]:
-        """Run one forward pass over all entries; return, per entry with want_logits (in order),
-        the index to pass to `Sampler.sample` / `logits`. Raises RuntimeError on failure."""
+        """Run one forward pass over all entries; return, per entry with n_logits > 0 (in order),
+        the index of its first logits row to pass to `Sampler.sample` / `logits` (row j of the
+        entry is that index + j). Raises DecodeAborted when interrupted, RuntimeError on failure."""
+        ...
+
+    def interrupt(self) -> None:
+        """Thread-safe: make the decode in progress (or the next one) stop as soon as it can and
+        raise DecodeAborted. A runner that cannot stop midway ignores it."""
+        ...
+
+    def clear_interrupt(self) -> None:
+        """Engine thread, between decodes: re-arm after `interrupt()`."""
         ...
 
     def logits(self, logits_index: int) -> np.ndarray: ...
@@ -73,6 +90,25 @@ class Runner(Protocol):
         """One sequence's KV as bytes (to swap it out or snapshot it)."""
         ...
 
+    def state_bytes_bound(self, n_tokens: int) -> int:
+        """An upper bound on `state_get`'s size for a sequence of `n_tokens` tokens."""
+        ...
+
     def state_set(self, seq_id: int, data: bytes) -> None:
         """Replace a sequence's KV with `state_get` bytes; ValueError if they do not fit."""
+        ...
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything `state_get` bytes depend on (model, KV layout, KV type as `kv_type`):
+        saved KV loads only into a runner with an equal fingerprint. JSON-serializable."""
+        ...
+
+    def check_grammar(self, grammar: str) -> None:
+        """Raise ValueError if `grammar` (GBNF with a `root` rule) cannot be used. Safe from
+        any thread."""
+        ...
+
+    def close(self) -> None:
+        """Free the model and context (after the engine thread has stopped)."""
         ...

@@ -2,7 +2,8 @@
 
 Pure bookkeeping (no runner calls), so it is unit-tested on its own. Policy:
 - FCFS admission while enough slots are free for all of a request's candidates;
-- every decoding sequence gets its one token first (decodes never starve behind prefill);
+- every decoding sequence gets its one token first (decodes never starve behind prefill),
+  followed by the tokens drafted for it this step, if any (speculative decoding);
 - the rest of the per-step token budget goes to prompt chunks, oldest request first
   (chunked prefill: a long prompt is spread over several steps, so running streams keep
   flowing and aborts are seen between chunks).
@@ -88,9 +89,10 @@ class Scheduler:
                 continue
             for seq in ar.live_seqs():
                 assert seq.pending is not None
-                entry = BatchEntry(seq.slot.seq_id, [seq.pending], len(seq.slot.tokens), True)
+                tokens = [seq.pending, *seq.draft]
+                entry = BatchEntry(seq.slot.seq_id, tokens, len(seq.slot.tokens), len(tokens))
                 work.append(Work(ar, seq, entry))
-                budget -= 1
+                budget -= len(tokens)
         for ar in self.running:
             if budget <= 0:
                 break
@@ -99,6 +101,6 @@ class Scheduler:
             first = ar.seqs[0].slot
             chunk = ar.prompt[ar.prefill_pos: ar.prefill_pos + budget]
             done = ar.prefill_pos + len(chunk) == len(ar.prompt)
-            work.append(Work(ar, None, BatchEntry(first.seq_id, chunk, ar.prefill_pos, done)))
+            work.append(Work(ar, None, BatchEntry(first.seq_id, chunk, ar.prefill_pos, int(done))))
             budget -= len(chunk)
         return work

@@ -11,6 +11,7 @@ from hearth.engine.detokenizer import Detokenizer
 from hearth.engine.kv import Slot
 from hearth.engine.repetition import RepetitionTracker
 from hearth.engine.runner import Sampler
+from hearth.engine.speculate import Drafter
 from hearth.engine.thinking import ThinkTracker
 from hearth.engine.types import EngineRequest, FinishReason, RequestOutput
 
@@ -35,6 +36,8 @@ class Sequence:
     finish: FinishReason | None = None
     think: ThinkTracker | None = None
     repeat: RepetitionTracker | None = None
+    drafter: Drafter | None = None  # prompt-lookup speculation, once decoding (None: off)
+    draft: list[int] = field(default_factory=list)  # this step's drafted tokens, after `pending`
 
 
 @dataclass(slots=True)

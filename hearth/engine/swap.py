@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hearth.sessions.ids import is_session_id
+from hearth.ids import is_session_id
 
 log = logging.getLogger("hearth.swap")
 

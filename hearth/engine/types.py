@@ -25,14 +25,20 @@ class StopKind(StrEnum):
     """A stop that is neither a stop string nor a token (those are `str` / `int` stop reasons)."""
 
     REPETITION = "repetition"  # the loop detector ended it (hearth.engine.repetition)
+class InvalidParam(ValueError):
+    """A parameter out of range; `param` names it (the API reports it as the error's param)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(slots=True)
 class SamplingParams:
     """Per-request sampling. `temperature == 0` means greedy decoding.
 
-    Raises ValueError from `__post_init__` on out-of-range values; the API layer turns
-    that into a 400, so nothing invalid ever reaches the native sampler.
+    Raises InvalidParam from `__post_init__` on out-of-range values; the API layer turns
+    that into a 400 naming the parameter, so nothing invalid ever reaches the native sampler.
     """
 
     temperature: float = 1.0
@@ -52,11 +58,13 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     grammar: str | None = None  # GBNF, for constrained decoding
+    # Prompt-lookup speculative decoding (same tokens either way); None: the server's default.
+    speculative: bool | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, what: str) -> None:
             if not ok:
-                raise ValueError(f"{name} {what}")
+                raise InvalidParam(name, f"{name} {what}")
 
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                      "frequency_penalty"):

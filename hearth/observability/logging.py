@@ -13,6 +13,10 @@ import uuid
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+# The error answer of the current request, for its log line: (status, code, reason). A mutable
+# holder, so a handler running in a copied context (a task group) still reaches it.
+_error: contextvars.ContextVar[list[tuple[int, str | None, str]] | None] = contextvars.ContextVar(
+    "http_error", default=None)
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 
@@ -49,9 +53,17 @@ def setup_logging(level: str, fmt: str) -> None:
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # we log requests ourselves
 
 
+def note_error(status: int, code: str | None, reason: str) -> None:
+    """Record why the current request gets an error answer (its log line says so)."""
+    holder = _error.get()
+    if holder is not None:
+        holder.append((status, code, reason))
+
+
 class RequestIdMiddleware:
     """Honours a well-formed `x-request-id` or makes one, echoes it on the response, binds it to
-    every log line of the request, and counts requests by endpoint and status."""
+    every log line of the request, and counts requests by endpoint and status. Each request gets
+    one log line; an error answer's line carries its code and reason (WARNING for a 5xx but 503)."""
 
     def __init__(self, app: ASGIApp, count: object | None = None, endpoints: set[str] | None = None) -> None:
         self.app = app
@@ -66,6 +78,8 @@ class RequestIdMiddleware:
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         rid = given if _VALID_ID.match(given) else f"req_{uuid.uuid4().hex[:24]}"
         token = request_id.set(rid)
+        errors: list[tuple[int, str | None, str]] = []
+        error_token = _error.set(errors)
         status = [500]
         t0 = time.monotonic()
 
@@ -82,5 +96,14 @@ class RequestIdMiddleware:
             endpoint = path if path in self.endpoints else "other"
             if self.count is not None:
                 self.count.labels(endpoint, str(status[0])).inc()  # type: ignore[attr-defined]
-            self.log.info("%s %s %d %.1fms", scope["method"], path, status[0], 1000 * (time.monotonic() - t0))
+            ms = 1000 * (time.monotonic() - t0)
+            if status[0] < 400:
+                self.log.info("%s %s %d %.1fms", scope["method"], path, status[0], ms)
+            else:
+                _, code, reason = errors[-1] if errors else (status[0], None, "no reason recorded")
+                # 503 is an expected state (loading, shutting down) that clients poll through
+                level = logging.WARNING if status[0] >= 500 and status[0] != 503 else logging.INFO
+                self.log.log(level, "%s %s %d %.1fms %s: %s",
+                             scope["method"], path, status[0], ms, code or "error", reason)
+            _error.reset(error_token)
             request_id.reset(token)

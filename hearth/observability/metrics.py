@@ -1,5 +1,5 @@
-"""Prometheus metrics. Engine counters are read at scrape time (nothing on the hot path);
-request latencies are observed per request by a `RequestTimer` on its event stream."""
+"""Prometheus metrics. The backend's per-model stats are read at scrape time (nothing on the
+hot path); request latencies are observed per request by a `RequestTimer` on its event stream."""
 
 from __future__ import annotations
 
@@ -10,55 +10,54 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hearth.backends.local import LocalBackend
+from hearth.backends.base import Backend, ModelStats
 from hearth.chat.types import ChatEvent, Finish, TextDelta
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
 
-class EngineCollector(Collector):
-    def __init__(self, backend: LocalBackend) -> None:
+# (metric, help, ModelStats field); gauges then counters
+GAUGES = (("hearth_running_sequences", "Requests decoding or prefilling", "running"),
+          ("hearth_waiting_requests", "Requests queued for a slot", "waiting"),
+          ("hearth_kv_tokens", "Tokens held in the KV cache (all slots)", "kv_tokens"),
+          ("hearth_kv_slots_busy", "KV sequence slots in use", "slots_busy"),
+          ("hearth_swapped_kv_ram_bytes", "Swapped-out session KV held in RAM", "swapped_ram_bytes"))
+COUNTERS = (("hearth_prompt_tokens", "Prompt tokens prefilled", "prompt_tokens"),
+            ("hearth_cached_tokens", "Prompt tokens reused from the KV cache", "cached_tokens"),
+            ("hearth_generated_tokens", "Tokens generated", "generated_tokens"),
+            ("hearth_engine_steps", "Engine steps (one llama_decode each)", "steps"),
+            ("hearth_requests_finished", "Requests finished, any reason", "finished"),
+            ("hearth_requests_cancelled", "Requests cancelled in the engine", "cancelled"),
+            ("hearth_kv_swap_outs", "Session KV swapped out of a slot", "swap_outs"),
+            ("hearth_kv_swap_ins", "Session KV swapped back into a slot", "swap_ins"),
+            ("hearth_spec_drafted_tokens", "Speculative (prompt-lookup) draft tokens verified", "drafted_tokens"),
+            ("hearth_spec_accepted_tokens", "Draft tokens accepted (emitted without a step of their own)",
+             "accepted_tokens"),
+            ("hearth_interrupted_decodes", "Decodes stopped midway by an abort (neighbours re-run)",
+             "interrupted_decodes"))
+
+
+class BackendCollector(Collector):
+    """The backend's `stats()`, one sample per model for each field."""
+
+    def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
     def collect(self) -> Iterator[Metric]:
-        running = GaugeMetricFamily("hearth_running_sequences", "Requests decoding or prefilling", labels=["model"])
-        waiting = GaugeMetricFamily("hearth_waiting_requests", "Requests queued for a slot", labels=["model"])
-        kv = GaugeMetricFamily("hearth_kv_tokens", "Tokens held in the KV cache (all slots)", labels=["model"])
-        kv_use = GaugeMetricFamily("hearth_kv_slots_busy", "KV sequence slots in use", labels=["model"])
-        swapped = GaugeMetricFamily("hearth_swapped_kv_ram_bytes", "Swapped-out session KV held in RAM",
-                                    labels=["model"])
-        counters = {
-            name: CounterMetricFamily(f"hearth_{name}", doc, labels=["model"])
-            for name, doc in (("prompt_tokens", "Prompt tokens prefilled"),
-                              ("cached_tokens", "Prompt tokens reused from the KV cache"),
-                              ("generated_tokens", "Tokens generated"),
-                              ("engine_steps", "Engine steps (one llama_decode each)"),
-                              ("requests_finished", "Requests finished, any reason"),
-                              ("requests_cancelled", "Requests cancelled in the engine"),
-                              ("kv_swap_outs", "Session KV swapped out of a slot"),
-                              ("kv_swap_ins", "Session KV swapped back into a slot"))
-        }
-        load = self.backend.load()
-        for mid, e in self.backend.engines().items():
-            n_running, n_waiting = load.get(mid, (0, 0))
-            running.add_metric([mid], n_running)
-            waiting.add_metric([mid], n_waiting)
-            kv.add_metric([mid], e.slots.kv_tokens)
-            kv_use.add_metric([mid], e.slots.n_busy)
-            swapped.add_metric([mid], e.swap.ram_bytes())
-            s = e.stats
-            for name, value in (("prompt_tokens", s.prompt_tokens), ("cached_tokens", s.cached_tokens),
-                                ("generated_tokens", s.generated_tokens), ("engine_steps", s.steps),
-                                ("requests_finished", s.finished), ("requests_cancelled", s.cancelled),
-                                ("kv_swap_outs", s.swap_outs), ("kv_swap_ins", s.swap_ins)):
-                counters[name].add_metric([mid], value)
-        yield from (running, waiting, kv, kv_use, swapped)
-        yield from counters.values()
+        stats: dict[str, ModelStats] = self.backend.stats()
+        families: list[GaugeMetricFamily | CounterMetricFamily] = []
+        for kind, table in ((GaugeMetricFamily, GAUGES), (CounterMetricFamily, COUNTERS)):
+            for name, doc, attr in table:
+                family = kind(name, doc, labels=["model"])
+                for mid, st in stats.items():
+                    family.add_metric([mid], getattr(st, attr))
+                families.append(family)
+        yield from families
 
 
 class Metrics:
-    def __init__(self, backend: LocalBackend) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("hearth_http_requests", "HTTP requests by endpoint and status",
@@ -77,7 +76,7 @@ class Metrics:
                                      registry=r)
         self.cancels_pending = Gauge("hearth_cancel_registry_pending", "Early cancel_ids waiting for their run",
                                      registry=r)
-        r.register(EngineCollector(backend))
+        r.register(BackendCollector(backend))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -91,6 +90,7 @@ class RequestTimer:
 
     def __init__(self, metrics: Metrics, endpoint: str, arrived: float) -> None:
         self.m, self.endpoint, self.arrived = metrics, endpoint, arrived
+        self._itl = metrics.itl.labels(endpoint)  # per-token path: no label lookup per event
         self.first: float | None = None
         self.last: float | None = None
         self.admitted: float | None = None
@@ -107,7 +107,7 @@ class RequestTimer:
                 self.first = now
                 self.m.ttft.labels(self.endpoint).observe(now - self.arrived)
             elif self.last is not None:
-                self.m.itl.labels(self.endpoint).observe((now - self.last) / ev.n_tokens)
+                self._itl.observe((now - self.last) / ev.n_tokens)
             self.last = now
         elif isinstance(ev, Finish) and ev.stop_reason == "timeout" and not self.timed_out:
             self.timed_out = True

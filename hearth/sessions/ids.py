@@ -1,21 +1,12 @@
-"""Session and snapshot ids: checked before they reach a path, a query or the engine."""
+"""Session and snapshot ids: checked before they reach a path, a query or the engine (the
+rules themselves are in `hearth.ids`; these raise the API's 400)."""
 
 from __future__ import annotations
 
-import re
 import uuid
-from typing import TypeGuard
 
 from hearth.errors import BadRequest
-
-SESSION_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-SNAPSHOT_ID = re.compile(r"^snap_[0-9a-f]{32}$")
-
-
-def is_session_id(sid: object) -> TypeGuard[str]:
-    """The one rule for session ids, which also name files (swapped KV). "." and ".." match
-    the character class but name directories, so they are refused too."""
-    return isinstance(sid, str) and SESSION_ID.fullmatch(sid) is not None and set(sid) != {"."}
+from hearth.ids import is_session_id, is_snapshot_id
 
 
 def check_session_id(sid: object, param: str = "session_id") -> str:
@@ -26,7 +17,7 @@ def check_session_id(sid: object, param: str = "session_id") -> str:
 
 
 def check_snapshot_id(snap: object, param: str = "snapshot_id") -> str:
-    if not isinstance(snap, str) or not SNAPSHOT_ID.fullmatch(snap):
+    if not is_snapshot_id(snap):
         raise BadRequest("snapshot ids look like snap_ followed by 32 hex digits", param=param,
                          code="invalid_snapshot_id")
     return snap

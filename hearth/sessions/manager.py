@@ -1,13 +1,13 @@
-"""Sessions: transcripts that own KV, one turn at a time.
+"""Sessions: transcripts that own KV, one turn at a time, over any backend with the session-KV
+capability (`hearth.backends.base.SessionKV`).
 
 A turn takes the stored transcript, adds the request's new messages, and hands the whole
-conversation to the backend with `session` still set, so the session owns the engine
-request's KV: the engine finds the
-longest common token prefix between the rendered prompt and the tokens in the session's KV
-(wherever that KV is: in a slot, in RAM, on disk) and prefills only the rest. The reply is
-recorded from the event stream and committed with the new messages when the turn ends, by
-whatever path (done, cancelled, failed, client gone), so the transcript always describes the
-tokens in the KV up to reconciliation.
+conversation to the backend with `session` still set, so the session owns the KV the backend
+builds: the local engine finds the longest common token prefix between the rendered prompt and
+the tokens in the session's KV (wherever that KV is: in a slot, in RAM, on disk) and prefills
+only the rest. The reply is recorded from the event stream and committed with the new messages
+when the turn ends, by whatever path (done, cancelled, failed, client gone), so the transcript
+always describes the tokens in the KV up to reconciliation.
 
 Invariants:
 - at most one turn per session runs; others wait on the session's lock (or get 409);
@@ -18,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -26,8 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hearth.backends.base import EventStream
-from hearth.backends.local import LocalBackend, LocalModel
+from hearth.backends.base import Backend, EventStream, KVState, SessionKV, require_session_kv
 from hearth.chat.types import (
     ChatEvent,
     ChatRequest,
@@ -39,9 +38,9 @@ from hearth.chat.types import (
     ToolCall,
     ToolCallDelta,
 )
-from hearth.errors import BadRequest, Conflict, ContextLimit, NotFound
+from hearth.errors import BadRequest, Conflict, ContextLimit, HearthError, NotFound
 from hearth.sessions.ids import check_session_id, new_session_id
-from hearth.sessions.snapshots import SnapshotStore
+from hearth.sessions.snapshots import MemberLimits, SnapshotStore
 from hearth.sessions.store import SessionRow, SessionStore
 from hearth.sessions.transcript import message_to_json
 
@@ -92,34 +91,45 @@ class _Reply:
 
 
 class SessionManager:
-    def __init__(self, backend: LocalBackend, data_dir: Path) -> None:
+    """Sessions over any backend that has the session-KV capability; without it every
+    operation answers the contract's one error (404 `sessions_unsupported`)."""
+
+    def __init__(self, backend: Backend, data_dir: Path) -> None:
         self.backend = backend
         self.store = SessionStore(data_dir / "sessions.db")
-        self.snapshots = SnapshotStore(data_dir / "snapshots")
+        self._snapshots = SnapshotStore(data_dir / "snapshots")
         self._sessions: dict[str, _Session] = {s.id: _Session(s) for s in self.store.load_all()}
-        self._model_sha: dict[str, str] = {}
 
     def close(self) -> None:
         self.store.close()
 
+    def _kv(self) -> SessionKV:
+        """The backend's session-KV capability; checked first by every operation, so a backend
+        without it answers 404 sessions_unsupported everywhere, never a later error."""
+        return require_session_kv(self.backend)
+
+    @property
+    def snapshots(self) -> SnapshotStore:
+        self._kv()  # snapshots hold KV: no capability, no snapshots
+        return self._snapshots
+
     # ---- lookups -----------------------------------------------------------------------------
 
     def _get(self, sid: str) -> _Session:
+        self._kv()
         s = self._sessions.get(check_session_id(sid))
         if s is None:
             raise NotFound(f"session {sid} not found", param="session_id", code="session_not_found")
         return s
 
-    def _model(self, s: _Session) -> LocalModel:
-        return self.backend.model(s.row.model)
+    async def info(self, sid: str) -> dict[str, Any]:
+        return await self._describe(self._get(sid))
 
-    def info(self, sid: str) -> dict[str, Any]:
-        return self._describe(self._get(sid))
-
-    def _describe(self, s: _Session) -> dict[str, Any]:
+    async def _describe(self, s: _Session) -> dict[str, Any]:
         try:
-            where, n_tokens = self._model(s).engine.kv_where(s.id)
-        except Exception:  # model not loaded (yet): the transcript is still there
+            kv = await self._kv().kv_info(s.row.model, s.id)
+            where, n_tokens = kv.residency, kv.n_tokens
+        except HearthError:  # model not loaded (yet), or no longer served: the transcript is still there
             where, n_tokens = "none", 0
         row = s.row
         return {"object": "session", "session_id": s.id, "model": row.model, "created_at": int(row.created_at),
@@ -128,17 +138,19 @@ class SessionManager:
                 # superlinear's names for the same facts (docs/sessions.md)
                 "cache_position": n_tokens, "status": "busy" if s.lock.locked() else "idle"}
 
-    def list(self) -> list[dict[str, Any]]:
+    async def list_all(self) -> list[dict[str, Any]]:
+        self._kv()
         ordered = sorted(self._sessions.values(), key=lambda s: s.row.last_used_at, reverse=True)
-        return [self._describe(s) for s in ordered]
+        return list(await asyncio.gather(*(self._describe(s) for s in ordered)))
 
     def history(self, sid: str) -> list[dict[str, Any]]:
         return [message_to_json(m) for m in self._get(sid).row.messages]
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
-    def create(self, sid: str | None = None, model: str | None = None, max_seq_len: int | None = None,
-               messages: list[Message] | None = None) -> dict[str, Any]:
+    async def create(self, sid: str | None = None, model: str | None = None, max_seq_len: int | None = None,
+                     messages: list[Message] | None = None) -> dict[str, Any]:
+        self._kv()
         sid = check_session_id(sid) if sid is not None else new_session_id()
         if sid in self._sessions:
             raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
@@ -147,25 +159,29 @@ class SessionManager:
             s.row.messages = list(messages)
         self.store.save(s.row, replace_messages=True)
         self._sessions[sid] = s
-        return self._describe(s)
+        return await self._describe(s)
 
     def _new(self, sid: str, model: str | None, max_seq_len: int | None) -> _Session:
-        m = self.backend.model(model)
-        limit = m.engine.seq_ctx
+        model_id = self.backend.resolve(model)
+        limit = self.backend.limits(model_id).seq_ctx
         if max_seq_len is None:
             max_seq_len = limit
         if not 16 <= max_seq_len <= limit:
             raise BadRequest(f"max_seq_len must be between 16 and {limit} (the server's per-sequence context)",
                              param="max_seq_len")
         now = time.time()
-        return _Session(SessionRow(sid, m.spec.id, now, now, max_seq_len))
+        return _Session(SessionRow(sid, model_id, now, now, max_seq_len))
 
     async def delete(self, sid: str) -> None:
         s = self._get(sid)
         async with self._exclusive(s):
-            await self._engine_call(s, lambda e: e.drop_kv(s.id))
+            await self._drop_kv(s)
             self.store.delete(s.id)
             del self._sessions[s.id]
+
+    async def _drop_kv(self, s: _Session) -> None:
+        with contextlib.suppress(NotFound):  # its model is no longer served: no KV of it to drop
+            await self._kv().drop_kv(s.row.model, s.id)
 
     async def rollback(self, sid: str, keep_messages: int) -> dict[str, Any]:
         s = self._get(sid)
@@ -177,7 +193,7 @@ class SessionManager:
             s.row.last_used_at = time.time()
             self.store.save(s.row, replace_messages=True)
             await self._trim(s)
-        return self._describe(s)  # outside the lock: an idle session is not busy
+        return await self._describe(s)  # outside the lock: an idle session is not busy
 
     async def resize(self, sid: str, max_seq_len: int, strategy: str = "reject") -> dict[str, Any]:
         s = self._get(sid)
@@ -185,108 +201,97 @@ class SessionManager:
             raise BadRequest(f"strategy must be one of {', '.join(RESIZE_STRATEGIES)}", param="strategy")
         mode = "drop_oldest" if strategy == "drop_oldest" else "reject"  # superlinear's auto|gpu|disk: no loss
         async with self._exclusive(s):
-            m = self._model(s)
-            limit = m.engine.seq_ctx
+            limit = self.backend.limits(s.row.model).seq_ctx
             if not 16 <= max_seq_len <= limit:
                 raise BadRequest(f"max_seq_len must be between 16 and {limit} (the server's per-sequence "
                                  "context; start the server with a larger --ctx for more)", param="max_seq_len")
             messages = list(s.row.messages)
-            needed = self._count(m, messages)
+            needed = await self._count(s.row.model, messages)
             if needed >= max_seq_len:
                 if mode == "reject":
                     raise BadRequest(f"session {s.id} already holds {needed} tokens of transcript, more than "
                                      f"max_seq_len {max_seq_len}; roll back first or use strategy drop_oldest",
                                      param="max_seq_len")
                 head = 1 if messages and messages[0].role in SYSTEM_ROLES else 0
-                while len(messages) > head and self._count(m, messages) >= max_seq_len:
+                while len(messages) > head and await self._count(s.row.model, messages) >= max_seq_len:
                     del messages[head]
-                if self._count(m, messages) >= max_seq_len:
+                if await self._count(s.row.model, messages) >= max_seq_len:
                     raise BadRequest(f"the system message alone does not fit in {max_seq_len} tokens",
                                      param="max_seq_len")
             old_max = s.row.max_seq_len
             s.row.messages, s.row.max_seq_len = messages, max_seq_len
             self.store.save(s.row, replace_messages=True)
             await self._trim(s)
-        return {**self._describe(s), "old_max_seq_len": old_max, "strategy": strategy, "mode": mode}
+        return {**await self._describe(s), "old_max_seq_len": old_max, "strategy": strategy, "mode": mode}
 
     async def _trim(self, s: _Session) -> None:
         """Cut the session's KV to what its (shorter) transcript still starts with, so
         `current_pos` never counts dropped turns or exceeds `max_seq_len`."""
-        m = self._model(s)
-        tokens = m.tokenize_text(m.template.render(s.row.messages), False) if s.row.messages else []
-        await self._engine_call(s, lambda e: e.trim_kv(s.id, tokens))
+        tokens = await self.backend.tokenize_chat(s.row.model, s.row.messages) if s.row.messages else []
+        await self._kv().trim_kv(s.row.model, s.id, tokens)
 
     async def resize_next_pow2(self, sid: str) -> dict[str, Any]:
         s = self._get(sid)
-        limit = self._model(s).engine.seq_ctx
+        limit = self.backend.limits(s.row.model).seq_ctx
         if s.row.max_seq_len >= limit:
             raise BadRequest(f"session {s.id} is already at the server's per-sequence context ({limit} tokens); "
                              "start the server with a larger --ctx", param="max_seq_len")
         return await self.resize(sid, min(1 << s.row.max_seq_len.bit_length(), limit))
 
-    @staticmethod
-    def _count(m: LocalModel, messages: list[Message]) -> int:
-        return len(m.tokenize_text(m.template.render(messages), False)) if messages else 0
+    async def _count(self, model: str, messages: list[Message]) -> int:
+        return len(await self.backend.tokenize_chat(model, messages)) if messages else 0
 
     # ---- snapshots -----------------------------------------------------------------------------
 
-    def _model_identity(self, m: LocalModel) -> dict[str, Any]:
-        sha = self._model_sha.get(m.spec.id)
-        if sha is None:
-            h = hashlib.sha256()
-            with m.spec.path.open("rb") as f:
-                while block := f.read(1 << 20):
-                    h.update(block)
-            sha = self._model_sha[m.spec.id] = h.hexdigest()
-        return {"id": m.spec.id, "sha256": sha, "arch": m.card.meta.get("architecture"),
-                "n_ctx_train": m.card.meta.get("n_ctx_train")}
-
-    @staticmethod
-    def _engine_identity(m: LocalModel) -> dict[str, Any]:
-        return {**m.runner.fingerprint, "kv_type": "f16"}  # type: ignore[attr-defined]
+    async def import_limits(self) -> MemberLimits:
+        """What an imported snapshot may hold: the longest sequence of any model served here."""
+        kv = self._kv()
+        ids = [c.id for c in self.backend.models()] or [self.backend.resolve(None)]
+        return MemberLimits(kv_bytes=max([await kv.max_kv_bytes(mid) for mid in ids]),
+                            n_tokens=max(self.backend.limits(mid).seq_ctx for mid in ids))
 
     async def save(self, sid: str, title: str | None = None, description: str | None = None,
                    tags: list[str] | None = None) -> dict[str, Any]:
         s = self._get(sid)
         async with self._exclusive(s):
-            m = self._model(s)
-            got = await self._engine_call(s, lambda e: e.export_kv(s.id))
-            tokens, kv = got if got is not None else ([], b"")
-            model = await asyncio.to_thread(self._model_identity, m)
-            session = {"session_id": s.id, "n_tokens": len(tokens), "max_seq_len": s.row.max_seq_len,
+            kv = self._kv()
+            state = await kv.export_kv(s.row.model, s.id) or KVState([], b"")
+            identity = await kv.kv_identity(s.row.model)
+            session = {"session_id": s.id, "n_tokens": len(state.tokens), "max_seq_len": s.row.max_seq_len,
                        "message_count": len(s.row.messages)}
             return await asyncio.to_thread(
-                self.snapshots.create, model=model, engine=self._engine_identity(m), session=session,
-                messages=list(s.row.messages), tokens=tokens, kv=kv, title=title, description=description,
-                tags=tags)
+                self._snapshots.create, model=identity.model, engine=identity.engine, session=session,
+                messages=list(s.row.messages), tokens=state.tokens, kv=state.data, title=title,
+                description=description, tags=tags)
 
     async def load(self, snap_id: str, sid: str | None = None, force: bool = False) -> dict[str, Any]:
-        manifest = self.snapshots.get(snap_id)
+        kv = self._kv()
+        manifest = self._snapshots.get(snap_id)
         model_id = (manifest.get("model") or {}).get("id")
         try:
-            m = self.backend.model(model_id)
+            model_id = self.backend.resolve(model_id or None)
         except NotFound as e:
             raise Conflict(f"snapshot {snap_id} needs model {model_id!r}, which this server does not serve",
                            code="snapshot_incompatible") from e
-        model = await asyncio.to_thread(self._model_identity, m)
-        data = await asyncio.to_thread(self.snapshots.read, snap_id, model, self._engine_identity(m))
+        identity = await kv.kv_identity(model_id)
+        data = await asyncio.to_thread(self._snapshots.read, snap_id, identity.model, identity.engine)
         sid = check_session_id(sid) if sid is not None else new_session_id()
-        max_seq_len = min(int((manifest.get("session") or {}).get("max_seq_len") or m.engine.seq_ctx),
-                          m.engine.seq_ctx)
+        limit = self.backend.limits(model_id).seq_ctx
+        max_seq_len = min(int((manifest.get("session") or {}).get("max_seq_len") or limit), limit)
         existing = self._sessions.get(sid)
         if existing is not None:
             if not force:
                 raise Conflict(f"session {sid} already exists; pass force: true to replace it",
                                param="session_id", code="session_exists")
             await self.delete(sid)
-        s = self._new(sid, m.spec.id, max_seq_len)
+        s = self._new(sid, model_id, max_seq_len)
         s.row.messages = data.messages
         async with s.lock:
             self._sessions[sid] = s
             self.store.save(s.row, replace_messages=True)
             if data.tokens:
-                await self._engine_call(s, lambda e: e.import_kv(sid, data.tokens, data.kv))
-        return self._describe(s)
+                await kv.import_kv(model_id, sid, KVState(data.tokens, data.kv))
+        return await self._describe(s)
 
     # ---- turns ---------------------------------------------------------------------------------
 
@@ -294,6 +299,7 @@ class SessionManager:
         """A request: stateless straight to the backend, or a turn of its session."""
         if req.session is None:
             return await self.backend.chat(req)
+        self._kv()
         turn = req.session
         sid = check_session_id(turn.session_id)
         if req.n != 1:
@@ -388,12 +394,3 @@ class SessionManager:
         if s.lock.locked():
             raise Conflict(f"session {s.id} is busy with a turn", param="session_id", code="session_busy")
         return s.lock
-
-    async def _engine_call(self, s: _Session, fn: Callable[[Any], Any]) -> Any:
-        engine = self._model(s).engine
-        try:
-            return await asyncio.wrap_future(engine.call(lambda: fn(engine)))
-        except RuntimeError as e:  # its last turn is still leaving the engine
-            raise Conflict(f"session {s.id} is busy: {e}; retry shortly", param="session_id",
-                           code="session_busy") from e
-

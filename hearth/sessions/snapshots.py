@@ -1,4 +1,4 @@
-"""Snapshots on disk (format version 1, DESIGN.md): immutable copies of a session.
+"""Snapshots on disk (format version 1, docs/sessions.md): immutable copies of a session.
 
     <root>/<snapshot_id>/manifest.json    metadata, model and engine identity, file checksums
                          transcript.json  the session's messages
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tarfile
@@ -30,22 +31,45 @@ from typing import IO, Any
 
 import numpy as np
 
+from hearth import jsonsafe
 from hearth.chat.types import Message
 from hearth.errors import BadRequest, Conflict, HearthError, NotFound
-from hearth.sessions.ids import SNAPSHOT_ID, check_snapshot_id, new_snapshot_id
+from hearth.ids import is_snapshot_id
+from hearth.sessions.ids import check_snapshot_id, new_snapshot_id
+from hearth.sessions.manifest import DATA_FILES, ManifestInvalid, check_manifest
 from hearth.sessions.transcript import message_from_json, message_to_json
 
+log = logging.getLogger("hearth.snapshots")
+
 FORMAT_VERSION = 1
-DATA_FILES = ("transcript.json", "tokens.bin", "kv.bin")
 ALL_FILES = ("manifest.json", *DATA_FILES)
-MAX_META_BYTES = 64 << 20  # manifest / transcript
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_TRANSCRIPT_BYTES = 64 << 20
 CHUNK = 1 << 20
+# Tar framing around the four members: a PAX and a ustar header each, padding, the end blocks.
+TAR_OVERHEAD = 64 << 10
 
 
 class SnapshotCorrupt(HearthError):
     status = 422
     code = "snapshot_corrupt"
     type = "invalid_request_error"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberLimits:
+    """The most an imported snapshot's members may hold: what this server's KV can take back."""
+
+    kv_bytes: int
+    n_tokens: int
+
+    def member_bytes(self, name: str) -> int:
+        return {"manifest.json": MAX_MANIFEST_BYTES, "transcript.json": MAX_TRANSCRIPT_BYTES,
+                "tokens.bin": 4 * self.n_tokens, "kv.bin": self.kv_bytes}[name]
+
+    @property
+    def archive_bytes(self) -> int:
+        return sum(self.member_bytes(n) for n in ALL_FILES) + TAR_OVERHEAD
 
 
 @dataclass(slots=True)
@@ -125,6 +149,8 @@ class SnapshotStore:
                 "model": model, "engine": engine, "session": session,
                 "title": title or "", "description": description or "", "tags": tags or [], "files": files,
             }
+            # A backend's identity that the reader would refuse fails the save, not every later load.
+            check_manifest(manifest, repair_text=False)
             _write(tmp / "manifest.json", json.dumps(manifest, indent=1).encode())
             _fsync_dir(tmp)
             os.rename(tmp, self.root / snap_id)
@@ -163,22 +189,29 @@ class SnapshotStore:
         if not path.is_file():
             raise NotFound(f"snapshot {snap_id} not found", param="snapshot_id", code="snapshot_not_found")
         try:
-            manifest = json.loads(path.read_bytes())
-            if not isinstance(manifest, dict) or manifest.get("id") != snap_id:
-                raise ValueError("manifest id does not match its directory")
-        except ValueError as e:
+            if path.stat().st_size > MAX_MANIFEST_BYTES:
+                raise ManifestInvalid(f"larger than {MAX_MANIFEST_BYTES} bytes")
+            # Repaired, not refused: an older server could write lone surrogates into a title.
+            manifest = check_manifest(jsonsafe.loads(path.read_bytes(), repair_surrogates=True), repair_text=True)
+            if manifest["id"] != snap_id:
+                raise ManifestInvalid("the manifest id does not match its directory")
+        except (ValueError, OSError) as e:  # JSONRejected and ManifestInvalid are ValueErrors
             raise SnapshotCorrupt(f"snapshot {snap_id} has an unreadable manifest: {e}") from e
         return manifest
 
     def list(self) -> list[dict[str, Any]]:
+        """Every readable snapshot, newest first. A corrupt one is left out (and logged, with
+        its id, so an admin can delete it): it never hides the others."""
         out = []
         for d in self.root.iterdir():
-            if SNAPSHOT_ID.fullmatch(d.name):
+            if is_snapshot_id(d.name):
                 try:
                     out.append(self.get(d.name))
-                except HearthError:
-                    continue
-        return sorted(out, key=lambda m: m.get("created_at", 0), reverse=True)
+                except NotFound:
+                    continue  # deleted meanwhile
+                except HearthError as e:
+                    log.warning("snapshot listing skips %s: %s", d.name, e.message)
+        return sorted(out, key=lambda m: m["created_at"], reverse=True)
 
     def read(self, snap_id: str, model: dict[str, Any], engine: dict[str, Any]) -> SnapshotData:
         """The snapshot's contents, after checking it fits this server (409) and its
@@ -187,45 +220,44 @@ class SnapshotStore:
         if manifest.get("format_version") != FORMAT_VERSION:
             raise Conflict(f"snapshot format {manifest.get('format_version')} is not supported "
                            f"(this server reads version {FORMAT_VERSION})", code="snapshot_incompatible")
-        theirs = manifest.get("model") or {}
+        theirs = manifest["model"]
         if theirs.get("sha256") != model.get("sha256"):
             raise Conflict(f"snapshot {snap_id} was made with model {theirs.get('id')!r} "
                            f"(sha256 {str(theirs.get('sha256'))[:12]}…), not the one this server runs "
                            f"({model.get('id')!r}, {str(model.get('sha256'))[:12]}…)", code="snapshot_incompatible")
+        theirs_kv = (manifest.get("engine") or {}).get("kv_type")
+        if theirs_kv != engine.get("kv_type"):
+            raise Conflict(f"snapshot {snap_id} holds a {theirs_kv} KV cache; this server runs "
+                           f"--kv-type {engine.get('kv_type')}", code="snapshot_incompatible")
         if manifest.get("engine") != engine:
             raise Conflict(f"snapshot {snap_id} was made by another engine build or KV layout "
                            f"({manifest.get('engine')} vs {engine})", code="snapshot_incompatible")
         d = self._dir(snap_id)
-        blobs = self._verified(d, manifest)
+        self._verify(d, manifest, ("transcript.json",))
         try:
-            raw = json.loads(blobs["transcript.json"])
-            if not isinstance(raw, list):
-                raise ValueError("the transcript is not a list")
-            messages = [message_from_json(m) for m in raw]
+            messages = _transcript(d / "transcript.json", repair=True)
         except ValueError as e:
             raise SnapshotCorrupt(f"snapshot {snap_id} has a malformed transcript: {e}") from e
+        # The KV is loaded whole anyway: checked on the very bytes that are loaded.
+        blobs = {name: _read_checked(d / name, manifest["files"][name]) for name in ("tokens.bin", "kv.bin")}
         if len(blobs["tokens.bin"]) % 4:
             raise SnapshotCorrupt(f"snapshot {snap_id} has a malformed tokens.bin")
         tokens = np.frombuffer(blobs["tokens.bin"], dtype="<i4").tolist()
         return SnapshotData(manifest, messages, tokens, blobs["kv.bin"])
 
     @staticmethod
-    def _verified(d: Path, manifest: dict[str, Any]) -> dict[str, bytes]:
-        files = manifest.get("files")
-        if not isinstance(files, dict) or set(files) != set(DATA_FILES):
-            raise SnapshotCorrupt("the manifest does not list the snapshot's files")
-        out = {}
-        for name in DATA_FILES:
+    def _verify(d: Path, manifest: dict[str, Any], names: tuple[str, ...] = DATA_FILES) -> None:
+        """Each of `names` has the size and checksum its (validated) manifest lists; files are
+        hashed in chunks, never read whole."""
+        for name in names:
+            meta = manifest["files"][name]
             try:
-                data = (d / name).read_bytes()
+                size = (d / name).stat().st_size
+                ok = size == meta["bytes"] and _sha256_file(d / name) == meta["sha256"]
             except OSError as e:
                 raise SnapshotCorrupt(f"{name} is missing: {e}") from e
-            meta = files[name]
-            if (not isinstance(meta, dict) or len(data) != meta.get("bytes")
-                    or hashlib.sha256(data).hexdigest() != meta.get("sha256")):
+            if not ok:
                 raise SnapshotCorrupt(f"{name} does not match its checksum: the snapshot is corrupt")
-            out[name] = data
-        return out
 
     # ---- archives ----------------------------------------------------------------------------
 
@@ -253,18 +285,29 @@ class SnapshotStore:
 
         return stream()
 
-    def import_archive(self, archive: Path) -> dict[str, Any]:
-        """Unpack and verify an archive (a file on disk); it becomes visible only when whole."""
+    def import_archive(self, archive: Path, limits: MemberLimits) -> dict[str, Any]:
+        """Unpack and verify an archive (a file on disk); it becomes visible only when whole.
+        Members are bounded by `limits`, the manifest must have its exact shape and the
+        transcript must parse as messages, so what is imported can be listed and loaded."""
         tmp = self.root / f".tmp-{uuid.uuid4().hex}"
         tmp.mkdir()
         try:
-            snap_id = self._unpack(archive, tmp)
-            manifest = json.loads((tmp / "manifest.json").read_bytes())
-            if not isinstance(manifest, dict) or manifest.get("id") != snap_id:
+            snap_id = self._unpack(archive, tmp, limits)
+            try:
+                manifest = check_manifest(jsonsafe.loads((tmp / "manifest.json").read_bytes()), repair_text=False)
+            except ValueError as e:
+                raise SnapshotCorrupt(f"the archive's manifest is invalid: {e}") from e
+            if manifest["id"] != snap_id:
                 raise SnapshotCorrupt("the archive's manifest does not name its snapshot")
-            if manifest.get("format_version") != FORMAT_VERSION:
-                raise SnapshotCorrupt(f"unsupported snapshot format {manifest.get('format_version')}")
-            self._verified(tmp, manifest)
+            if manifest["format_version"] != FORMAT_VERSION:
+                raise SnapshotCorrupt(f"unsupported snapshot format {manifest['format_version']}")
+            self._verify(tmp, manifest)
+            try:
+                _transcript(tmp / "transcript.json", repair=False)
+            except ValueError as e:
+                raise SnapshotCorrupt(f"the archive's transcript is invalid: {e}") from e
+            if (tmp / "tokens.bin").stat().st_size % 4:
+                raise SnapshotCorrupt("the archive's tokens.bin is not a list of int32 token ids")
             dest = self.root / snap_id
             if dest.exists():
                 raise Conflict(f"snapshot {snap_id} already exists here", code="snapshot_exists")
@@ -272,13 +315,11 @@ class SnapshotStore:
             os.rename(tmp, dest)
             _fsync_dir(self.root)
             return manifest
-        except ValueError as e:  # json
-            raise SnapshotCorrupt(f"the archive's manifest is not valid JSON: {e}") from e
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
     @staticmethod
-    def _unpack(archive: Path, dest: Path) -> str:
+    def _unpack(archive: Path, dest: Path, limits: MemberLimits) -> str:
         snap_id: str | None = None
         seen: set[str] = set()
         try:
@@ -286,12 +327,13 @@ class SnapshotStore:
                 for member in tar:
                     parts = member.name.split("/")
                     if (not member.isfile() or len(parts) != 2 or parts[1] not in ALL_FILES
-                            or not SNAPSHOT_ID.fullmatch(parts[0]) or parts[1] in seen
+                            or not is_snapshot_id(parts[0]) or parts[1] in seen
                             or (snap_id is not None and parts[0] != snap_id)):
                         raise SnapshotCorrupt(f"unexpected archive member {member.name!r}: a snapshot archive "
                                               "holds only <snapshot_id>/{" + ",".join(ALL_FILES) + "}")
-                    if parts[1] != "kv.bin" and member.size > MAX_META_BYTES:
-                        raise SnapshotCorrupt(f"{member.name} is too large")
+                    if member.size > limits.member_bytes(parts[1]):
+                        raise SnapshotCorrupt(f"{member.name} is {member.size} bytes, more than this server can "
+                                              f"load ({limits.member_bytes(parts[1])} bytes)")
                     snap_id = parts[0]
                     seen.add(parts[1])
                     src: IO[bytes] | None = tar.extractfile(member)
@@ -305,3 +347,24 @@ class SnapshotStore:
         if snap_id is None or seen != set(ALL_FILES):
             raise SnapshotCorrupt(f"the archive lacks {sorted(set(ALL_FILES) - seen)}")
         return snap_id
+
+
+def _transcript(path: Path, *, repair: bool) -> list[Message]:
+    """The messages of a transcript.json; ValueError if it is not one. With `repair`, lone
+    surrogates an older server stored become U+FFFD; otherwise they are refused."""
+    if path.stat().st_size > MAX_TRANSCRIPT_BYTES:
+        raise ValueError(f"larger than {MAX_TRANSCRIPT_BYTES} bytes")
+    raw = jsonsafe.loads(path.read_bytes(), repair_surrogates=repair)
+    if not isinstance(raw, list):
+        raise ValueError("the transcript is not a list")
+    return [message_from_json(m) for m in raw]
+
+
+def _read_checked(path: Path, meta: dict[str, Any]) -> bytes:
+    try:
+        data = path.read_bytes() if path.stat().st_size == meta["bytes"] else None
+    except OSError as e:
+        raise SnapshotCorrupt(f"{path.name} is missing: {e}") from e
+    if data is None or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+        raise SnapshotCorrupt(f"{path.name} does not match its checksum: the snapshot is corrupt")
+    return data

@@ -16,6 +16,7 @@ from pathlib import Path
 from hearth.chat.types import Message
 from hearth.db import connect
 from hearth.sessions.transcript import message_from_json, message_to_json
+from hearth.text import scrub_value
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -64,8 +65,8 @@ class SessionStore:
             out = {r[0]: SessionRow(*r) for r in rows}
             query = "SELECT session_id, message FROM messages ORDER BY session_id, idx"
             for sid, text in self._db.execute(query):
-                if sid in out:
-                    out[sid].messages.append(message_from_json(json.loads(text)))
+                if sid in out:  # scrubbed: an older server could store lone surrogates (hearth.text)
+                    out[sid].messages.append(message_from_json(scrub_value(json.loads(text))))
         return list(out.values())
 
     def save(self, row: SessionRow, *, replace_messages: bool = False, append: list[Message] | None = None) -> None:

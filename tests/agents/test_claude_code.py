@@ -6,7 +6,7 @@ sits between the CLI and Hearth. In every request it narrows `Bash`'s parameters
 `{"command": <the test's echo command>}`; in the task's first request it also sets tool_choice to
 `Bash` (one call, temperature 0). Later requests keep the client's tool_choice, so the final
 answer is the model's own. Claude Code runs with `--tools Bash` (its other tools' definitions
-would quadruple a cold prompt that CI prefills on two cores; tests/unit/test_agent_requests.py
+would quadruple a cold prompt that CI prefills on two cores; tests/api/test_agent_requests.py
 covers the default first request) and may run only the test's echo command (`--allowedTools`).
 """
 

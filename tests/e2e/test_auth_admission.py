@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -101,12 +100,13 @@ def test_full_queue_and_queue_timeout_are_429_with_retry_after(locked: Server) -
         results[name] = httpx.post(f"{locked.base_url}/chat/completions", headers=auth, timeout=180,
                                    json=chat_body(max_tokens=250, ignore_eos=True))
 
+    metrics = {"Authorization": f"Bearer {METRICS}"}
     running = threading.Thread(target=hold, args=("running",))
     running.start()
-    time.sleep(0.3)
+    locked.wait_metric("hearth_running_sequences", lambda v: v == 1, metrics)
     waiting = threading.Thread(target=hold, args=("waiting",))
     waiting.start()
-    time.sleep(0.3)
+    locked.wait_metric("hearth_waiting_requests", lambda v: v == 1, metrics)
     full = httpx.post(f"{locked.base_url}/chat/completions", headers=auth, json=chat_body(max_tokens=2), timeout=30)
     assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
     assert int(full.headers["retry-after"]) >= 1

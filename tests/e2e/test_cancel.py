@@ -6,7 +6,6 @@ import asyncio
 import collections
 import json
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -83,9 +82,10 @@ def test_non_streaming_cancel_returns_the_text_so_far(server: Server) -> None:
         out["r"] = httpx.post(f"{server.base_url}/chat/completions", timeout=60,
                               json=long_body(cancel_id="ns-1")).json()
 
+    before = server.metric("hearth_generated_tokens_total")
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.8)
+    server.wait_metric("hearth_generated_tokens_total", lambda v: v > before)  # it runs and has text
     assert cancel(server, cancel_id="ns-1") == 1
     t.join(30)
     choice = out["r"]["choices"][0]
@@ -108,12 +108,10 @@ def test_cancel_naming_nothing_is_a_400(server: Server) -> None:
     assert r.status_code == 400 and "name what to cancel" in r.json()["error"]["message"]
 
 
-def test_time_cap_ends_generation_with_length(server: Server) -> None:
+def test_time_cap_ends_generation_as_cancelled(server: Server) -> None:
     wait_idle(server)
-    t0 = time.monotonic()
     body = httpx.post(f"{server.base_url}/chat/completions", json=long_body(timeout=0.4), timeout=60).json()
-    assert time.monotonic() - t0 < 5
-    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["finish_reason"] == "cancelled"
     assert body["usage"]["completion_tokens"] < 1500
     too_long = httpx.post(f"{server.base_url}/chat/completions", json=chat_body(timeout=10**6), timeout=10)
     assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "timeout"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -36,6 +37,21 @@ async def run(eng: Engine, req: EngineRequest) -> tuple[dict[int, str], dict[int
             if d.finish_reason:
                 reasons[d.index] = d.finish_reason
     return texts, reasons, outs
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait for the engine thread to reach `condition`, failing after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        time.sleep(0.002)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        await asyncio.sleep(0.002)
 
 
 def req(rid: str, prompt: str = "hello", **kw: object) -> EngineRequest:
@@ -96,6 +112,10 @@ async def test_prompt_too_long_and_overlong_max_tokens_are_rejected_before_queue
             eng.submit(req("b", prompt="x" * 10, max_tokens=10), lambda o: None)
         with pytest.raises(ValueError, match="n must be"):
             eng.submit(req("c", n=9), lambda o: None)
+        # the size is checked before the ids, so the linear id scan never runs on a huge prompt
+        huge = EngineRequest("d", [10**9] * 100_000, SamplingParams())
+        with pytest.raises(ContextOverflow):
+            eng.submit(huge, lambda o: None)
         assert eng.in_flight == 0
     finally:
         eng.stop()
@@ -132,8 +152,7 @@ async def test_fifth_request_waits_for_a_free_slot_then_runs() -> None:
     eng = make(runner)
     try:
         tasks = [asyncio.create_task(run(eng, req(f"r{i}", max_tokens=15))) for i in range(5)]
-        await asyncio.sleep(0.01)
-        assert eng.running == 4 and eng.waiting == 1
+        await until(lambda: eng.running == 4 and eng.waiting == 1)
         results = await asyncio.gather(*tasks)
         assert all(r[1][0] is FinishReason.LENGTH for r in results)
         assert eng.slots.n_free == 4 and eng.in_flight == 0
@@ -177,7 +196,7 @@ async def test_closing_the_iterator_aborts_within_a_step() -> None:
                 break
         await agen.aclose()
         steps_at_close = len(runner.calls)
-        await asyncio.sleep(0.1)
+        await until(lambda: eng.in_flight == 0)  # the abort has been applied
         assert len(runner.calls) - steps_at_close <= 1
         assert eng.in_flight == 0 and eng.slots.n_free == runner.n_seq_max
         assert eng.stats.cancelled == 1
@@ -191,8 +210,7 @@ async def test_abort_while_waiting_ends_with_cancelled() -> None:
     try:
         hog = asyncio.create_task(run(eng, req("hog", max_tokens=50)))
         waiter = asyncio.create_task(run(eng, req("w", max_tokens=50)))
-        await asyncio.sleep(0.01)
-        assert eng.waiting == 1
+        await until(lambda: eng.waiting == 1)
         eng.abort("w")
         _texts, reasons, outs = await waiter
         assert reasons[0] is FinishReason.CANCELLED and outs[-1].finished
@@ -201,14 +219,16 @@ async def test_abort_while_waiting_ends_with_cancelled() -> None:
         eng.stop()
 
 
-async def test_deadline_ends_generation_with_length() -> None:
+async def test_the_time_cap_cancels_with_reason_timeout() -> None:
     runner = FakeRunner(step_delay=0.002)
     eng = make(runner, seq_ctx=100000)
     try:
         r = req("a", max_tokens=90000)
         r.deadline = time.monotonic() + 0.05
-        _, reasons, _ = await run(eng, r)
-        assert reasons[0] is FinishReason.LENGTH
+        _, reasons, outs = await run(eng, r)
+        assert reasons[0] is FinishReason.CANCELLED
+        assert [d.stop_reason for o in outs for d in o.deltas if d.finish_reason] == ["timeout"]
+        assert eng.stats.cancelled == 1
     finally:
         eng.stop()
 
@@ -268,8 +288,7 @@ def test_many_threads_submitting_and_aborting_leave_nothing_behind() -> None:
             t.join()
         assert done.wait(10)
         assert sorted(finished) == sorted(f"{b}-{i}" for b in range(4) for i in range(50))
-        time.sleep(0.05)
-        assert eng.in_flight == 0 and eng.slots.n_free == 4 and not eng.scheduler.has_work()
+        wait_until(lambda: eng.in_flight == 0 and eng.slots.n_free == 4 and not eng.scheduler.has_work())
     finally:
         eng.stop()
 
@@ -292,7 +311,7 @@ def test_2000_cancels_racing_registration_leave_no_run_or_slot_behind() -> None:
     """Cancels by cancel_id race the registration and submission of 2000 runs (some arrive
     first and are stashed, some hit the run mid-flight): every run ends, the registry is empty,
     no engine slot is held."""
-    from hearth.chat.cancel import CancelRegistry
+    from hearth.api.cancels import CancelRegistry
 
     runner = FakeRunner(n_seq_max=4)
     eng = make(runner, seq_ctx=100000)
@@ -332,8 +351,7 @@ def test_2000_cancels_racing_registration_leave_no_run_or_slot_behind() -> None:
         assert len(reasons) == n
         assert all(r is FinishReason.CANCELLED for r in reasons.values())
         assert len(registry) == 0 and registry.pending == 0
-        time.sleep(0.05)
-        assert eng.in_flight == 0 and eng.slots.n_free == 4 and not eng.scheduler.has_work()
+        wait_until(lambda: eng.in_flight == 0 and eng.slots.n_free == 4 and not eng.scheduler.has_work())
     finally:
         eng.stop()
 

@@ -19,13 +19,14 @@ from starlette.testclient import TestClient
 
 from hearth.api.app import create_app
 from hearth.backends.base import ModelCard
-from hearth.backends.local import EngineSettings, LocalBackend
+from hearth.backends.local import LocalBackend
+from hearth.backends.local_model import EngineSettings
 from hearth.chat.template import ChatTemplate
 from hearth.config import Settings
 from hearth.engine.fake_runner import FakeSampler
 from hearth.engine.types import SamplingParams
 from hearth.models import ModelSpec
-from tests.unit.test_chat_output import ScriptedRunner
+from tests.fakes import ScriptedRunner
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 QWEN = (FIXTURES / "templates" / "qwen2.5-coder-0.5b-instruct.jinja").read_text()
@@ -73,7 +74,7 @@ class Agent:
 
 @contextmanager
 def agent(tmp_path: Path, answer: str, *, n_ctx: int = 262_144, clamp: bool = False) -> Iterator[Agent]:
-    runner = Scripted(n_ctx_train=n_ctx)
+    runner = Scripted(n_ctx_train=n_ctx, n_batch=4096)  # as EngineSettings(batch=4096) below
     runner.answer = answer.encode()
 
     def factory(spec: ModelSpec, settings: EngineSettings) -> Any:

@@ -3,14 +3,11 @@ the fake runner standing in for the model."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from hearth.backends.base import ModelCard
-from hearth.backends.local import EngineSettings, LocalBackend
+from hearth.backends.local import LocalBackend
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs
 from hearth.chat.template import ChatTemplate
@@ -29,16 +26,13 @@ from hearth.chat.types import (
     ToolCall,
     ToolCallDelta,
 )
-from hearth.engine.fake_runner import EOS, FakeRunner
-from hearth.engine.runner import BatchEntry
+from hearth.engine.fake_runner import EOS
 from hearth.engine.thinking import ThinkBudget, ThinkTracker
 from hearth.engine.types import SamplingParams
 from hearth.errors import BadRequest
-from hearth.models import ModelSpec
+from tests.fakes import SMOL, scripted_backend
 
 WEATHER = Tool("get_weather", "Weather", {"type": "object", "properties": {"location": {"type": "string"}}})
-SMOL = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-        "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 NATIVE = "{% for t in tools or [] %}{{ t.function.name }}{% endfor %}" + SMOL
 
 
@@ -136,35 +130,8 @@ def test_output_parser_ids_finish_reason_and_parallel_flag() -> None:
 # ---- the backend with a scripted model -----------------------------------------------------
 
 
-class ScriptedRunner(FakeRunner):
-    """Answers every prompt with `answer` (bytes), then EOS: the reply is found by its offset
-    from the end of the prompt, which ends with the assistant header."""
-
-    answer: bytes = b""
-
-    def decode(self, entries: list[BatchEntry]) -> list[int]:
-        self.calls.append(entries)
-        self._last_logits = []
-        for e in entries:
-            seq = self.kv.setdefault(e.seq_id, [])
-            assert e.pos0 == len(seq)
-            seq.extend(e.tokens)
-            if e.want_logits:
-                text = bytes(t for t in seq if t < 256)
-                k = len(text) - text.rfind(b"assistant\n") - len(b"assistant\n")
-                logits = np.zeros(self.n_vocab, dtype=np.float32)
-                logits[self.answer[k] if k < len(self.answer) else EOS] = 10.0
-                self._last_logits.append(logits)
-        return list(range(len(self._last_logits)))
-
-
 async def backend_for(answer: str, template: str = SMOL) -> LocalBackend:
-    def factory(spec: ModelSpec, settings: EngineSettings) -> Any:
-        runner = ScriptedRunner()
-        runner.answer = answer.encode()
-        return runner, ModelCard(spec.id, 0, meta={"n_ctx": 2048}), ChatTemplate(template)
-
-    b = LocalBackend([ModelSpec("fake", Path("fake.gguf"))], EngineSettings(parallel=2, batch=64), factory)
+    b, _ = scripted_backend(answer, template)
     await b.start()
     return b
 
@@ -222,3 +189,13 @@ async def test_reasoning_budget_forces_the_end_of_thinking() -> None:
         assert "".join(e.text for e in evs if isinstance(e, TextDelta)) == "The answer."
     finally:
         await b.stop()
+
+
+def test_think_markers_come_from_the_template() -> None:
+    from hearth.chat.reasoning import think_markers
+
+    assert think_markers(SMOL) == ("<think>", "</think>")
+    command_r = "{{ '<|START_THINKING|>' }}{{ m.reasoning }}{{ '<|END_THINKING|>' }}" + SMOL
+    assert think_markers(command_r) == ("<|START_THINKING|>", "<|END_THINKING|>")
+    seed = "{% if t %}<seed:think>{{ t }}</seed:think>{% endif %}"
+    assert think_markers(seed) == ("<seed:think>", "</seed:think>")

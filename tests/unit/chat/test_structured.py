@@ -21,14 +21,13 @@ TIME = Tool("get_time", "", {"type": "object", "properties": {"tz": {"type": "st
 
 @pytest.fixture(scope="module")
 def vocab() -> Iterator[Any]:
-    """The default model's vocabulary only (no weights): enough to parse grammars."""
-    L = pytest.importorskip("llama_cpp")
+    """The default model's vocabulary only (no weights): enough to parse grammars. llama.cpp and
+    the default model are part of every setup (scripts/setup.sh): no skip if they are missing."""
+    import llama_cpp as L
+
     from hearth.models import embedded_model_path
 
-    try:
-        path = embedded_model_path()
-    except FileNotFoundError:
-        pytest.skip("the default model is not installed")
+    path = embedded_model_path()
     params = L.llama_model_default_params()
     params.vocab_only = True
     model = L.llama_model_load_from_file(str(path).encode(), params)

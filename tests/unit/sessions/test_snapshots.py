@@ -12,10 +12,11 @@ import pytest
 from hearth.chat.types import Message, ToolCall
 from hearth.errors import BadRequest, Conflict, NotFound
 from hearth.sessions import snapshots as snapmod
-from hearth.sessions.snapshots import SnapshotCorrupt, SnapshotStore
+from hearth.sessions.snapshots import MemberLimits, SnapshotCorrupt, SnapshotStore
 
 MODEL = {"id": "m", "sha256": "ab" * 32, "arch": "llama", "n_ctx_train": 8192}
 ENGINE = {"kv_type": "f16", "v": 1}
+LIMITS = MemberLimits(kv_bytes=1 << 20, n_tokens=4096)
 MESSAGES = [Message("system", "sys"), Message("user", "hi"),
             Message("assistant", "", tool_calls=[ToolCall("c1", "f", '{"a": 1}')], reasoning="hmm")]
 
@@ -40,6 +41,14 @@ def test_round_trip_and_metadata_edits(tmp_path: Path) -> None:
     store.delete(m["id"])
     with pytest.raises(NotFound):
         store.get(m["id"])
+
+
+def test_an_identity_the_reader_would_refuse_fails_the_save_not_the_loads(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    with pytest.raises(ValueError, match="sha256"):
+        store.create(model={**MODEL, "sha256": "v1"}, engine=ENGINE, session={"session_id": "s", "n_tokens": 3},
+                     messages=MESSAGES, tokens=[1, 2, 3], kv=b"kv")
+    assert store.list() == [] and [p.name for p in tmp_path.iterdir()] == []
 
 
 def test_a_save_that_dies_midway_leaves_no_visible_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,6 +82,8 @@ def test_corruption_and_incompatibility_are_detected(tmp_path: Path) -> None:
         store.read(m["id"], {**MODEL, "sha256": "cd" * 32}, ENGINE)
     with pytest.raises(Conflict):
         store.read(m["id"], MODEL, {**ENGINE, "v": 2})
+    with pytest.raises(Conflict, match="holds a f16 KV cache; this server runs --kv-type q8_0"):
+        store.read(m["id"], MODEL, {**ENGINE, "kv_type": "q8_0"})
     kv = tmp_path / m["id"] / "kv.bin"
     kv.write_bytes(b"x" + kv.read_bytes()[1:])
     with pytest.raises(SnapshotCorrupt):
@@ -110,10 +121,10 @@ def test_archives_round_trip_and_hostile_ones_are_refused(tmp_path: Path) -> Non
     tar_path.write_bytes(b"".join(src.archive(m["id"])))
     with tarfile.open(tar_path) as tar:  # a standard tar, readable by any tool
         assert sorted(tar.getnames()) == sorted(f"{m['id']}/{n}" for n in snapmod.ALL_FILES)
-    assert dst.import_archive(tar_path)["id"] == m["id"]
+    assert dst.import_archive(tar_path, LIMITS)["id"] == m["id"]
     assert dst.read(m["id"], MODEL, ENGINE).kv == b"kv-bytes" * 100
     with pytest.raises(Conflict):
-        dst.import_archive(tar_path)
+        dst.import_archive(tar_path, LIMITS)
 
     sid = "snap_" + "1" * 32
     good = {f"{sid}/{n}": (tmp_path / "a" / m["id"] / n).read_bytes() for n in snapmod.ALL_FILES}
@@ -129,11 +140,11 @@ def test_archives_round_trip_and_hostile_ones_are_refused(tmp_path: Path) -> Non
         p = tmp_path / f"h{i}.tar"
         p.write_bytes(_archive(members))
         with pytest.raises(SnapshotCorrupt):
-            dst.import_archive(p)
+            dst.import_archive(p, LIMITS)
     p = tmp_path / "link.tar"
     p.write_bytes(_archive(good, link=f"{sid}/extra"))
     with pytest.raises(SnapshotCorrupt):
-        dst.import_archive(p)
+        dst.import_archive(p, LIMITS)
     assert [s["id"] for s in dst.list()] == [m["id"]], "no refused archive became visible"
     assert not list((tmp_path / "b").glob(".tmp-*"))
     assert not (tmp_path.parent / "evil").exists() and not (tmp_path / "evil").exists()

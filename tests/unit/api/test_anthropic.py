@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hearth.api.anthropic import CountTokensIn, MessagesIn, error_type, to_chat_request
+from hearth.api.anthropic import CountTokensIn, MessagesIn, to_chat_request
 from hearth.api.parsing import validate
 from hearth.chat.types import ChatRequest, Message, ToolCall
 from hearth.errors import BadRequest
@@ -173,15 +173,6 @@ def test_out_of_range_sampling_is_a_bad_request() -> None:
     bad("temperature", temperature=-1)
 
 
-@pytest.mark.parametrize(("status", "kind"), [
-    (400, "invalid_request_error"), (401, "authentication_error"), (403, "permission_error"),
-    (404, "not_found_error"), (409, "invalid_request_error"), (429, "rate_limit_error"), (500, "api_error"),
-    (503, "overloaded_error"), (529, "overloaded_error"),
-])
-def test_error_types(status: int, kind: str) -> None:
-    assert error_type(status) == kind
-
-
 def test_output_config_effort_and_json_schema_format() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     r = parse(output_config={"effort": "max", "format": {"type": "json_schema", "schema": schema}},
@@ -234,7 +225,7 @@ def test_deferred_tools_join_the_prompt_once_a_tool_reference_loads_them() -> No
 
 
 def test_the_context_overflow_is_worded_as_anthropic_words_it() -> None:
-    from hearth.api.anthropic import context_message
+    from hearth.api.errors import anthropic_context_message as context_message
     from hearth.errors import ContextLimit
 
     e = ContextLimit("x", n_prompt=11695, limit=32768, max_tokens=32000)

@@ -1,6 +1,7 @@
 import threading
 
-from hearth.chat.cancel import CancelRegistry, CancelToken
+from hearth.api.cancels import CancelRegistry
+from hearth.chat.cancel import CancelToken
 
 
 def test_token_runs_callbacks_once_and_late_callbacks_at_once() -> None:
@@ -45,6 +46,21 @@ def test_early_cancel_is_remembered_then_expires() -> None:
     reg.cancel(cancel_id="late")
     now[0] = 31.0
     assert not reg.open(cancel_id="late").token.cancelled
+
+
+def test_the_pending_count_drops_expired_cancels_without_a_new_request() -> None:
+    """The hearth_cancel_registry_pending gauge reads `pending`: an expired stash must leave it
+    at once, not at the next registration."""
+    now = [0.0]
+    reg = CancelRegistry(clock=lambda: now[0], ttl=30)
+    reg.cancel(cancel_id="a")
+    now[0] = 10.0
+    reg.cancel(cancel_id="b")
+    assert reg.pending == 2
+    now[0] = 30.0
+    assert reg.pending == 1
+    now[0] = 40.0
+    assert reg.pending == 0
 
 
 def test_racing_cancels_against_registration_drop_nothing() -> None:

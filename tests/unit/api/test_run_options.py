@@ -54,7 +54,7 @@ def test_t_max_predict_ms_is_timeout_in_milliseconds() -> None:
 def verdict(method: str, path: str, key: str | None) -> int | None:
     mw = AuthMiddleware(lambda *a: None, Settings(api_keys=["k"], admin_key="adm", metrics_token="m"))  # type: ignore[arg-type]
     v = mw._verdict(method, path, key)
-    return v[0] if v else None
+    return v.status if v else None
 
 
 @pytest.mark.parametrize("path", ["/v1/sessions/s", "/v1/snapshots/snap_x", "/v1/responses/resp_x", "/v1/other"])

@@ -11,7 +11,7 @@ from hearth.chat.system_turns import place_system_turns, renders_late_system
 from hearth.chat.template import ChatTemplate
 from hearth.chat.types import Message
 
-QWEN = (Path(__file__).parents[1] / "fixtures" / "templates" / "qwen2.5-coder-0.5b-instruct.jinja").read_text()
+QWEN = (Path(__file__).parents[2] / "fixtures" / "templates" / "qwen2.5-coder-0.5b-instruct.jinja").read_text()
 RAISES = ("{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
           "{{ raise_exception('System message must be at the beginning') }}{% endif %}"
           "[{{ m.role }}] {{ m.content }}\n{% endfor %}")

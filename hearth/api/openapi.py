@@ -1,0 +1,225 @@
+"""`GET /openapi.json`: an OpenAPI 3.1 document for every route, built from the models the
+handlers validate requests with and the response models in `hearth.api.wire`.
+
+One table, OPERATIONS, says per route what it takes and what it answers (status → shape). A
+test checks that every route of the app is in it, and the schema fuzzer checks real answers
+against it. Errors are documented in the envelope of the route's protocol: Anthropic's on
+/v1/messages*, OpenAI's everywhere else.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hearth.api import anthropic, web, wire
+from hearth.api.anthropic import CountTokensIn, MessagesIn
+from hearth.api.control import CancelIn, DetokenizeIn, TokenizeIn
+from hearth.api.openai_chat import ChatCompletionIn
+from hearth.api.openai_completions import CompletionIn
+from hearth.api.openai_responses import ResponsesIn
+from hearth.api.sessions import CreateIn, ResizeIn, RollbackIn
+from hearth.api.snapshots import LoadIn, SnapshotMetaIn
+
+Body = type[BaseModel] | Literal["tar"] | None
+
+ERROR_TEXT = {400: "Invalid request", 401: "Missing or invalid API key", 403: "Needs the admin key",
+              404: "Not found", 409: "Conflict (busy session, existing id, incompatible snapshot)",
+              413: "Body larger than the limit", 422: "Corrupt snapshot or archive",
+              429: "Too many requests waiting (see Retry-After)", 500: "Generation failed in the engine",
+              503: "Model loading or server shutting down"}
+GENERATE = (400, 401, 404, 409, 413, 429, 500, 503)
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    method: str
+    path: str  # as routed, e.g. /v1/models/{model:path}
+    summary: str
+    tag: str
+    ok: type[BaseModel] | Literal["sse", "tar", "text", "html", "static"] | None
+    body: Body = None
+    body_required: bool = True
+    status: int = 200
+    streams: bool = False  # also answers text/event-stream when the body asks for stream: true
+    errors: tuple[int, ...] = (400, 401, 413)
+    anthropic: bool = False
+    params: dict[str, str] = field(default_factory=dict)  # path parameter → description
+
+
+def _ops() -> list[Operation]:
+    sid = {"session_id": "A session id: 1-128 characters of A-Z a-z 0-9 . _ -"}
+    snap = {"snapshot_id": "A snapshot id: snap_ and 32 hex digits"}
+    rid = {"response_id": "A stored response id: resp_ and 32 hex digits"}
+    return [
+        Operation("POST", "/v1/chat/completions", "Create a chat completion (OpenAI)", "openai", wire.ChatCompletion,
+                  ChatCompletionIn, streams=True, errors=GENERATE),
+        Operation("POST", "/chat/completions", "Create a chat completion (OpenAI, unversioned path)", "openai",
+                  wire.ChatCompletion, ChatCompletionIn, streams=True, errors=GENERATE),
+        Operation("POST", "/v1/completions", "Create a completion from a raw prompt (OpenAI legacy)", "openai",
+                  wire.TextCompletion, CompletionIn, streams=True, errors=GENERATE),
+        Operation("POST", "/completions", "Create a completion (OpenAI legacy, unversioned path)", "openai",
+                  wire.TextCompletion, CompletionIn, streams=True, errors=GENERATE),
+        Operation("POST", "/v1/messages", "Create a message (Anthropic)", "anthropic", wire.AnthropicMessage,
+                  MessagesIn, streams=True, errors=GENERATE, anthropic=True),
+        Operation("POST", "/v1/messages/count_tokens", "Count a message's input tokens (Anthropic)", "anthropic",
+                  wire.TokenCount, CountTokensIn, errors=(400, 401, 404, 413, 503), anthropic=True),
+        Operation("POST", "/v1/responses", "Create a response (OpenAI Responses)", "openai", wire.Response,
+                  ResponsesIn, streams=True, errors=GENERATE),
+        Operation("POST", "/responses", "Create a response (OpenAI Responses, unversioned path)", "openai",
+                  wire.Response, ResponsesIn, streams=True, errors=GENERATE),
+        Operation("GET", "/v1/responses/{response_id}", "Get a stored response", "openai", wire.Response,
+                  errors=(401, 404), params=rid),
+        Operation("DELETE", "/v1/responses/{response_id}", "Delete a stored response", "openai",
+                  wire.ResponseDeleted, errors=(401, 403, 404), params=rid),
+        Operation("POST", "/v1/responses/{response_id}/cancel", "Cancel a response's run", "openai", wire.Response,
+                  errors=(401, 404), params=rid),
+        Operation("POST", "/v1/sessions", "Create a session", "sessions", wire.Session, CreateIn,
+                  body_required=False, status=201, errors=(400, 401, 404, 409, 413, 503)),
+        Operation("GET", "/v1/sessions", "List sessions", "sessions", wire.SessionList, errors=(401,)),
+        Operation("GET", "/v1/sessions/{session_id}", "Get a session", "sessions", wire.Session,
+                  errors=(400, 401, 404), params=sid),
+        Operation("DELETE", "/v1/sessions/{session_id}", "Delete a session and its KV", "sessions",
+                  wire.SessionDeleted, errors=(400, 401, 403, 404, 409), params=sid),
+        Operation("GET", "/v1/sessions/{session_id}/history", "A session's transcript", "sessions",
+                  wire.SessionHistory, errors=(400, 401, 404), params=sid),
+        Operation("POST", "/v1/sessions/{session_id}/rollback", "Keep only a session's first messages", "sessions",
+                  wire.SessionChange, RollbackIn, errors=(400, 401, 404, 409, 413), params=sid),
+        Operation("POST", "/v1/sessions/{session_id}/resize", "Change a session's max_seq_len", "sessions",
+                  wire.SessionChange, ResizeIn, errors=(400, 401, 404, 409, 413, 503), params=sid),
+        Operation("POST", "/v1/sessions/{session_id}/resize/next_pow2", "Grow max_seq_len to the next power of 2",
+                  "sessions", wire.SessionChange, errors=(400, 401, 404, 409, 503), params=sid),
+        Operation("POST", "/v1/sessions/{session_id}/save", "Snapshot a session", "snapshots", wire.Snapshot,
+                  SnapshotMetaIn, body_required=False, status=201, errors=(400, 401, 404, 409, 413, 503),
+                  params=sid),
+        Operation("GET", "/v1/snapshots", "List snapshots", "snapshots", wire.SnapshotList, errors=(401,)),
+        Operation("POST", "/v1/snapshots/import", "Import a snapshot archive", "snapshots", wire.Snapshot, "tar",
+                  status=201, errors=(400, 401, 409, 413, 422, 503)),
+        Operation("GET", "/v1/snapshots/{snapshot_id}", "Get a snapshot's manifest", "snapshots", wire.Snapshot,
+                  errors=(400, 401, 404, 422), params=snap),
+        Operation("PATCH", "/v1/snapshots/{snapshot_id}", "Edit a snapshot's title, description, tags",
+                  "snapshots", wire.Snapshot, SnapshotMetaIn, errors=(400, 401, 404, 413, 422), params=snap),
+        Operation("DELETE", "/v1/snapshots/{snapshot_id}", "Delete a snapshot", "snapshots", wire.SnapshotDeleted,
+                  errors=(400, 401, 403, 404), params=snap),
+        Operation("POST", "/v1/snapshots/{snapshot_id}/load", "Load a snapshot into a session", "snapshots",
+                  wire.SessionChange, LoadIn, body_required=False, status=201,
+                  errors=(400, 401, 403, 404, 409, 413, 422, 503), params=snap),
+        Operation("GET", "/v1/snapshots/{snapshot_id}/archive", "Download a snapshot as a tar archive", "snapshots",
+                  "tar", errors=(400, 401, 404, 422), params=snap),
+        Operation("POST", "/v1/cancel", "Cancel runs by cancel_id, session or id", "control", wire.Cancelled,
+                  CancelIn),
+        Operation("GET", "/v1/models", "List models", "control", wire.ModelList, errors=(401, 503)),
+        Operation("GET", "/v1/models/{model:path}", "Get a model", "control", wire.ModelObject,
+                  errors=(401, 404, 503), params={"model": "A model id or alias"}),
+        Operation("GET", "/health", "Health: 200 once the model is loaded", "control", wire.Health, errors=()),
+        Operation("POST", "/tokenize", "Tokenize text or messages", "control", wire.Tokenized, TokenizeIn,
+                  errors=(400, 401, 404, 413, 503)),
+        Operation("POST", "/detokenize", "Turn token ids into text", "control", wire.Detokenized, DetokenizeIn,
+                  errors=(400, 401, 404, 413, 503)),
+        Operation("GET", "/metrics", "Prometheus metrics", "control", "text", errors=(401,)),
+        Operation("GET", "/openapi.json", "This document", "control", None, errors=()),
+        Operation("GET", "/", "The built-in chat page", "web", "html", errors=()),
+        Operation("GET", "/web/{name}", "The chat page's static files", "web", "static", errors=(404,),
+                  params={"name": "index.html, app.js or style.css"}),
+    ]
+
+
+OPERATIONS = _ops()
+PARAM_SCHEMAS: dict[str, dict[str, Any]] = {"name": {"type": "string", "enum": sorted(web.FILES)}}
+# Endpoints that only ever answer an error (Anthropic's 404/405 for wrong methods and unknown
+# /v1/messages/... paths): not operations of the API.
+UNDOCUMENTED = {anthropic.unrouted}
+
+
+def openapi_path(route_path: str) -> str:
+    return re.sub(r"\{(\w+):\w+\}", r"{\1}", route_path)
+
+
+Refs = dict[type[BaseModel], dict[str, Any]]
+# One server-sent event (each `data` is a JSON chunk of the protocol's stream, or [DONE]).
+SSE_EVENT = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+             "required": ["data"]}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _ok(op: Operation, ref: Refs) -> dict[str, Any]:
+    if op.ok is None:  # this document
+        return {"description": "OpenAPI 3.1 document", "content": _json({"type": "object"})}
+    if isinstance(op.ok, type):
+        content = _json(ref[op.ok])
+        if op.streams:
+            content["text/event-stream"] = {"schema": SSE_EVENT}
+        return {"description": "Server-sent events when stream is true" if op.streams else "OK", "content": content}
+    media = {"tar": "application/x-tar", "text": "text/plain", "html": "text/html"}
+    if op.ok == "static":
+        return {"description": "The file", "content": {
+            t: {"schema": {"type": "string"}} for t in ("text/html", "text/javascript", "text/css")}}
+    schema = {"type": "string", "format": "binary"} if op.ok == "tar" else {"type": "string"}
+    return {"description": "OK", "content": {media[op.ok]: {"schema": schema}}}
+
+
+def _operation(op: Operation, ref: Refs) -> dict[str, Any]:
+    error = wire.AnthropicError if op.anthropic else wire.OpenAIError
+    responses: dict[str, Any] = {str(op.status): _ok(op, ref)}
+    for code in op.errors:
+        responses[str(code)] = {"description": ERROR_TEXT[code], "content": _json(ref[error])}
+    if op.path == "/health":
+        responses["503"] = {"description": "Loading, or the model failed to load", "content": _json(ref[wire.Health])}
+    if op.ok in ("html", "static"):
+        responses["304"] = {"description": "Not modified (If-None-Match)"}
+    out: dict[str, Any] = {"summary": op.summary, "tags": [op.tag], "responses": responses,
+                           "operationId": f"{op.method.lower()}_{re.sub(r'[^A-Za-z0-9]+', '_', op.path).strip('_')}"}
+    if op.params:
+        out["parameters"] = [{"name": name, "in": "path", "required": True, "description": text,
+                              "schema": PARAM_SCHEMAS.get(name, {"type": "string"})}
+                             for name, text in op.params.items()]
+    if op.body == "tar":
+        out["requestBody"] = {"required": True, "content": {
+            "application/x-tar": {"schema": {"type": "string", "format": "binary"}}}}
+    elif op.body is not None:
+        out["requestBody"] = {"required": op.body_required, "content": _json(ref[op.body])}
+    return out
+
+
+@cache
+def document() -> dict[str, Any]:
+    requests = {op.body for op in OPERATIONS if isinstance(op.body, type)}
+    responses = {op.ok for op in OPERATIONS if isinstance(op.ok, type)}
+    responses |= {wire.OpenAIError, wire.AnthropicError, wire.Health}
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        *((m, "validation") for m in sorted(requests, key=lambda m: m.__name__)),
+        *((m, "serialization") for m in sorted(responses, key=lambda m: m.__name__))]
+    schemas, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    ref: Refs = {model: schema for (model, _), schema in schemas.items() if issubclass(model, BaseModel)}
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(openapi_path(op.path), {})[op.method.lower()] = _operation(op, ref)
+    from hearth import __version__
+
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Hearth", "version": __version__,
+                 "description": "OpenAI Chat Completions, Responses and Completions, Anthropic Messages, and "
+                                "Hearth's sessions and snapshots, over llama.cpp."},
+        "paths": paths,
+        "components": {
+            "schemas": defs.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
+        },
+        "security": [{"bearer": []}, {"apiKey": []}, {}],
+    }
+
+
+async def openapi_json(request: Request) -> Response:
+    return JSONResponse(document())

@@ -1,0 +1,370 @@
+"""Response shapes, as pydantic models, for the OpenAPI document (`hearth.api.openapi`).
+
+The handlers build these objects as dicts (the wire format is the protocols' own, field for
+field); these models describe them, and tests check real responses against them (the in-process
+API tests and the schema fuzzer), so the document cannot drift from what the server sends.
+Hearth's own objects forbid unknown fields; the protocol objects (OpenAI, Anthropic) allow
+them, as their clients do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Own(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Protocol(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+
+class OpenAIErrorBody(_Own):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(_Own):
+    error: OpenAIErrorBody
+
+
+class AnthropicErrorBody(_Own):
+    type: str
+    message: str
+
+
+class AnthropicError(_Own):
+    type: Literal["error"]
+    error: AnthropicErrorBody
+
+
+# ---- OpenAI Chat Completions and Completions -------------------------------------------------
+
+
+class CompletionUsageDetails(_Protocol):
+    cached_tokens: int
+
+
+class CompletionUsage(_Protocol):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: CompletionUsageDetails | None = None
+
+
+class FunctionCall(_Protocol):
+    name: str | None
+    arguments: str
+
+
+class ToolCall(_Protocol):
+    id: str | None
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class TopLogprob(_Protocol):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(_Protocol):
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(_Protocol):
+    role: Literal["assistant"]
+    content: str | None
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class LlamaTimings(_Protocol):
+    """llama-server's `timings` (docs/api.md, "Run options")."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+
+
+class HearthStopError(_Protocol):
+    type: Literal["malformed_tool_call"]
+    message: str
+
+
+class ChatChoice(_Protocol):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None
+    finish_reason: str
+    stop_reason: Literal["repetition"] | None = None  # the loop detector stopped it
+    error: HearthStopError | None = None  # a malformed tool call
+
+
+class ChatCompletion(_Protocol):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChoice]
+    usage: CompletionUsage
+    timings: LlamaTimings | None = None
+
+
+class LegacyLogprobs(_Protocol):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TextChoice(_Protocol):
+    index: int
+    text: str
+    logprobs: LegacyLogprobs | None
+    finish_reason: str
+    stop_reason: Literal["repetition"] | None = None
+
+
+class TextCompletion(_Protocol):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[TextChoice]
+    usage: CompletionUsage
+    timings: LlamaTimings | None = None
+
+
+# ---- OpenAI Responses --------------------------------------------------------------------------
+
+
+class ResponseUsage(_Protocol):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: dict[str, int] | None = None
+    output_tokens_details: dict[str, int] | None = None
+
+
+class ResponseErrorInfo(_Protocol):
+    code: str
+    message: str
+
+
+class OutputItem(_Protocol):
+    """A message, reasoning or function_call item (OpenAI's shapes; fields by type)."""
+
+    type: str
+    id: str | None = None
+
+
+class Response(_Protocol):
+    id: str
+    object: Literal["response"]
+    created_at: int
+    model: str
+    status: Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
+    output: list[OutputItem]
+    output_text: str | None = None
+    incomplete_details: dict[str, Any] | None
+    error: ResponseErrorInfo | None
+    usage: ResponseUsage | None
+    instructions: str | None = None
+    metadata: dict[str, Any] | None = None
+    previous_response_id: str | None = None
+    stop_reason: Literal["repetition"] | None = None
+    timings: LlamaTimings | None = None
+
+
+class ResponseDeleted(_Protocol):
+    id: str
+    object: Literal["response"]
+    deleted: bool
+
+
+# ---- Anthropic Messages -----------------------------------------------------------------------
+
+
+class AnthropicUsage(_Protocol):
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+
+
+class ContentBlock(_Protocol):
+    """A text, thinking or tool_use block (Anthropic's shapes; fields by type)."""
+
+    type: str
+
+
+class AnthropicMessage(_Protocol):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[ContentBlock]
+    stop_reason: str | None
+    stop_sequence: str | None
+    usage: AnthropicUsage
+    stop_details: dict[str, str] | None = None  # {"type": "repetition" | "malformed_tool_call", "message"?}
+    timings: LlamaTimings | None = None
+
+
+class TokenCount(_Protocol):
+    input_tokens: int
+
+
+# ---- models, health, tokenizer, cancel ----------------------------------------------------------
+
+
+class ModelObject(_Protocol):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelList(_Own):
+    object: Literal["list"]
+    data: list[ModelObject]
+
+
+class Health(_Own):
+    status: Literal["ok", "loading", "error"]
+    error: str | None = None
+
+
+class TokenPiece(_Own):
+    id: int
+    piece: str
+
+
+class Tokenized(_Own):
+    tokens: list[int] | list[TokenPiece]
+    count: int
+
+
+class Detokenized(_Own):
+    content: str
+
+
+class Cancelled(_Own):
+    cancelled: int
+
+
+# ---- sessions and snapshots ------------------------------------------------------------------
+
+
+class Session(_Own):
+    object: Literal["session"]
+    session_id: str
+    model: str
+    created_at: int
+    last_used_at: int
+    current_pos: int
+    max_seq_len: int
+    message_count: int
+    residency: str
+    busy: bool
+    cache_position: int  # superlinear's name for current_pos
+    status: Literal["idle", "busy"]  # superlinear's
+
+
+class SessionChange(Session):
+    """A rollback, resize or load: the session, with superlinear's `{"session": {...}}` beside it."""
+
+    session: Session
+    old_max_seq_len: int | None = None  # resize
+    strategy: str | None = None  # resize, as sent
+    mode: Literal["reject", "drop_oldest"] | None = None  # resize, as applied
+
+
+class SessionList(_Own):
+    object: Literal["list"]
+    data: list[Session]
+    sessions: list[Session]  # superlinear's name for data
+
+
+class SessionDeleted(_Own):
+    session_id: str
+    object: Literal["session.deleted"]
+    deleted: bool
+
+
+class TranscriptFunction(_Own):
+    name: str
+    arguments: str
+
+
+class TranscriptToolCall(_Own):
+    id: str
+    type: Literal["function"]
+    function: TranscriptFunction
+
+
+class TranscriptMessage(_Own):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | None
+    name: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[TranscriptToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class SessionHistory(_Own):
+    object: Literal["list"]
+    session_id: str
+    data: list[TranscriptMessage]
+    messages: list[TranscriptMessage]  # superlinear's name for data
+
+
+class Snapshot(_Own):
+    object: Literal["snapshot"]
+    snapshot_id: str
+    created_at: int | float
+    title: str
+    description: str
+    tags: list[str]
+    model: dict[str, Any]
+    engine: dict[str, Any]
+    session: dict[str, Any]
+    format_version: int
+    bytes: int
+
+
+class SnapshotList(_Own):
+    object: Literal["list"]
+    data: list[Snapshot]
+    snapshots: list[Snapshot]  # superlinear's name for data
+
+
+class SnapshotDeleted(_Own):
+    snapshot_id: str
+    object: Literal["snapshot.deleted"]
+    deleted: bool

@@ -1,0 +1,94 @@
+"""The local backend's run, from slot to events: wait for admission, turn the engine's token
+outputs into ChatEvents, and pass the text through the output parsers (reasoning, tool calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from hearth.backends.admission import AdmissionQueue
+from hearth.chat.cancel import CancelToken
+from hearth.chat.output import OutputParser
+from hearth.chat.types import ChatEvent, Done, Finish, Started, TextDelta, Timings, Usage
+from hearth.engine import Engine, EngineRequest
+from hearth.engine.types import FinishReason
+
+
+async def admit(admission: AdmissionQueue, n: int, cancel: CancelToken | None, timeout: float | None) -> bool:
+    """Wait for `n` slots (the request's own time cap bounds the wait too); False if the run
+    was cancelled while it waited."""
+    if cancel is None:
+        await admission.acquire(n, timeout)
+        return True
+    if cancel.cancelled:
+        return False
+    loop = asyncio.get_running_loop()
+    acquiring = asyncio.ensure_future(admission.acquire(n, timeout))
+    cancel.on_cancel(lambda: loop.call_soon_threadsafe(acquiring.cancel))
+    try:
+        await acquiring
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if cancel.cancelled and not (task and task.cancelling()):
+            return False
+        raise
+    if cancel.cancelled:  # granted in the same instant it was cancelled
+        admission.release(n)
+        return False
+    return True
+
+
+async def cancelled_while_queued(n_prompt: int, n: int) -> AsyncIterator[ChatEvent]:
+    yield Started(n_prompt)
+    for i in range(n):
+        yield Finish(i, FinishReason.CANCELLED.value)
+    yield Done(Usage(prompt_tokens=n_prompt))
+
+
+async def engine_events(engine: Engine, ereq: EngineRequest,
+                        cancel: CancelToken | None) -> AsyncGenerator[ChatEvent, None]:
+    usage = Usage(prompt_tokens=len(ereq.prompt_tokens))
+    started = False
+    placed = first_token = last_token = 0.0
+
+    def watch_cancel() -> None:
+        if cancel is not None:
+            cancel.on_cancel(lambda: engine.abort(ereq.request_id))
+
+    async for out in engine.generate(ereq, after_submit=watch_cancel):
+        now = time.monotonic()
+        if not started:
+            started, placed = True, now
+            usage.cached_tokens = out.cached_tokens
+            yield Started(out.prompt_tokens, out.cached_tokens)
+        for d in out.deltas:
+            if d.token_ids:
+                first_token, last_token = first_token or now, now
+            usage.completion_tokens += len(d.token_ids)
+            if d.text or d.logprobs:
+                yield TextDelta(d.index, d.text, d.logprobs, len(d.token_ids))
+            if d.finish_reason is not None:
+                yield Finish(d.index, d.finish_reason.value, d.stop_reason)
+        if out.finished:
+            timings = Timings(usage.cached_tokens, usage.prompt_tokens - usage.cached_tokens,
+                              ((first_token or now) - placed) * 1000, usage.completion_tokens,
+                              (last_token - first_token) * 1000)
+            yield Done(usage, error=out.error, timings=timings)
+
+
+async def parsed(events: AsyncGenerator[ChatEvent, None],
+                 parsers: list[OutputParser]) -> AsyncGenerator[ChatEvent, None]:
+    """Engine text → reasoning, tool calls and text, per candidate."""
+    try:
+        async for ev in events:
+            if isinstance(ev, TextDelta):
+                for out in parsers[ev.index].feed(ev.text, ev.logprobs, ev.n_tokens):
+                    yield out
+            elif isinstance(ev, Finish):
+                for out in parsers[ev.index].finish(ev.reason, ev.stop_reason):
+                    yield out
+            else:
+                yield ev
+    finally:
+        await events.aclose()

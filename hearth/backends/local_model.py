@@ -1,0 +1,119 @@
+"""One model served by the local backend: its runner, engine thread, chat template, admission
+queue and the settings they are built from."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hearth.backends.admission import AdmissionQueue
+from hearth.backends.base import ModelCard, ModelLimits
+from hearth.backends.prompt_size import check_fits, longest_token
+from hearth.chat.reasoning import think_markers
+from hearth.chat.system_turns import renders_late_system
+from hearth.chat.template import ChatTemplate
+from hearth.chat.tool_parsers import PARSERS
+from hearth.chat.tools import knows_tools, resolve_parser
+from hearth.engine import Engine
+from hearth.engine.runner import Runner
+from hearth.engine.speculate import SpecConfig
+from hearth.engine.swap import SwapStore
+from hearth.models import ModelSpec
+
+
+@dataclass(slots=True)
+class EngineSettings:
+    ctx: int | None = None  # tokens per sequence (prompt + completion); None: the model's own
+    parallel: int = 4  # sequence slots decoded together
+    threads: int | None = None
+    batch: int = 512  # tokens per engine step (decode tokens + prefill chunks)
+    # One KV stream per sequence (not one buffer shared by all): each sequence attends only to
+    # its own cells, which is faster, and where other traffic left its cells cannot change this
+    # sequence's logits, so temperature 0 is reproducible. Same memory either way.
+    kv_unified: bool = False
+    kv_type: str = "f16"  # KV cache element type: f16, q8_0 or q4_0 (recorded in snapshots)
+    # Prompt-lookup speculative decoding: most tokens drafted per sequence per step (0: off).
+    spec_draft: int = 8
+    max_waiting: int = 64  # requests queued for a slot before new ones get 429
+    max_wait: float = 60.0  # seconds a request may queue before it gets 429
+    tool_parser: str = "auto"  # auto (from the chat template) or a name in hearth.chat.tool_parsers
+    kv_dir: Path | None = None  # where swapped session KV spills (per model); None: RAM only
+    session_ram_mb: int = 2048  # host RAM for swapped-out session KV before it spills to disk
+    prompt_cache_mb: int = 1024  # host RAM for stateless prompts' KV pushed out of their slot
+    clamp_max_tokens: bool = False  # lower a max_tokens past the context to what is left (else 400)
+
+    def __post_init__(self) -> None:
+        if self.tool_parser != "auto" and self.tool_parser not in PARSERS:
+            raise ValueError(f"--tool-parser must be auto or one of {', '.join(PARSERS)}")
+
+
+@dataclass(slots=True)
+class LocalModel:
+    spec: ModelSpec
+    runner: Runner
+    engine: Engine
+    template: ChatTemplate
+    card: ModelCard
+    admission: AdmissionQueue
+    longest_token: int  # bytes of text the longest token stands for (hearth.backends.prompt_size)
+    aliases: set[str] = field(default_factory=set)
+    tool_parser: str = "hermes"
+    native_tools: bool = False  # the template renders tools (else Hearth describes them as text)
+    late_system: bool = True  # the template renders a system message after a user message, in place
+    think: tuple[str, str] = ("<think>", "</think>")
+
+    def check_fits(self, text: str) -> None:
+        """ContextLimit when the length of `text` alone proves it cannot fit a sequence; O(1)."""
+        check_fits(text, self.longest_token, self.engine.seq_ctx)
+
+    def tokenize_text(self, text: str, add_special: bool) -> list[int]:
+        """Special tokens spelled in `text` are parsed (a rendered template carries its own).
+        Text that cannot fit is refused before the tokenizer's linear work starts."""
+        self.check_fits(text)
+        return self.runner.tokenize(text, add_special=add_special, parse_special=True)
+
+    @property
+    def limits(self) -> ModelLimits:
+        return ModelLimits(self.engine.seq_ctx, self.runner.n_seq_max)
+
+
+RunnerFactory = Callable[[ModelSpec, EngineSettings], tuple[Runner, ModelCard, ChatTemplate]]
+
+
+def llamacpp_factory(spec: ModelSpec, settings: EngineSettings) -> tuple[Runner, ModelCard, ChatTemplate]:
+    from hearth.backends.llamacpp import LlamaCppRunner
+
+    runner = LlamaCppRunner(spec.path, seq_ctx=settings.ctx, n_seq_max=settings.parallel,
+                            n_batch=settings.batch, n_threads=settings.threads,
+                            kv_unified=settings.kv_unified, kv_type=settings.kv_type)
+    info = runner.info
+    card = ModelCard(id=spec.id, created=int(spec.path.stat().st_mtime), meta={
+        "path": str(spec.path), "description": info.description, "n_params": info.n_params,
+        "size_bytes": info.size_bytes, "n_ctx_train": info.n_ctx_train, "n_ctx": runner.seq_ctx,
+        "n_vocab": info.n_vocab, "architecture": info.architecture, "parallel": settings.parallel,
+        "kv_type": settings.kv_type,
+    })
+    template = ChatTemplate(info.chat_template, bos_token=info.bos_token, eos_token=info.eos_token)
+    return runner, card, template
+
+
+def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory) -> LocalModel:
+    """Build the runner and start its engine thread (blocking: call it in a worker thread)."""
+    runner, card, template = factory(spec, settings)
+    seq_ctx = int(card.meta.get("n_ctx") or runner.n_ctx_train)
+    kv_dir = settings.kv_dir
+    swap = SwapStore(kv_dir / re.sub(r"[^A-Za-z0-9._-]", "_", spec.id) if kv_dir else None,
+                     settings.session_ram_mb << 20, runner.fingerprint,
+                     prefix_budget=settings.prompt_cache_mb << 20)
+    speculation = SpecConfig(k_max=settings.spec_draft) if settings.spec_draft > 0 else None
+    engine = Engine(runner, seq_ctx=seq_ctx, token_budget=settings.batch, swap=swap, spec=speculation,
+                    name=f"engine-{spec.id}")
+    engine.start()
+    aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path), *spec.aliases}
+    admission = AdmissionQueue(runner.n_seq_max, settings.max_waiting, settings.max_wait)
+    return LocalModel(spec, runner, engine, template, card, admission, longest_token(runner), aliases,
+                      tool_parser=resolve_parser(settings.tool_parser, template),
+                      native_tools=knows_tools(template), late_system=renders_late_system(template),
+                      think=think_markers(template.source))

@@ -1,0 +1,96 @@
+"""In-process API tests: the real app on a LocalBackend over the scripted fake runner, driven
+through httpx.ASGITransport. No port, no model: the whole suite runs in seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from hearth.api.app import create_app
+from hearth.backends.base import Backend
+from hearth.config import Settings
+from tests.fakes import ScriptedRunner, scripted_backend
+
+ANSWER = "Hello there, friend."
+
+
+@dataclass
+class Harness:
+    app: Starlette
+    backend: Backend
+    runner: ScriptedRunner | None
+    client: httpx.AsyncClient
+
+    async def post(self, path: str, body: dict[str, Any] | None = None, **kw: Any) -> httpx.Response:
+        return await self.client.post(path, json=body, **kw)
+
+    async def sse(self, path: str, body: dict[str, Any]) -> list[tuple[str | None, Any]]:
+        """(event name or None, parsed data) for each SSE event of a streamed answer."""
+        r = await self.post(path, {**body, "stream": True})
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return parse_sse(r.text)
+
+    async def until(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+        """Wait for `condition` (work another thread finishes), failing after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, "the condition did not hold in time"
+            await asyncio.sleep(0.005)
+
+    def metric(self, text: str, name: str) -> float:
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+
+def parse_sse(text: str) -> list[tuple[str | None, Any]]:
+    out: list[tuple[str | None, Any]] = []
+    for block in text.split("\n\n"):
+        if not block.strip() or block.startswith(":"):
+            continue
+        event, data = None, []
+        for line in block.splitlines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                data.append(line[6:])
+        payload = "\n".join(data)
+        out.append((event, payload if payload == "[DONE]" else json.loads(payload)))
+    return out
+
+
+@contextlib.asynccontextmanager
+async def serve(tmp_path: Path, backend: Backend | None = None, runner: ScriptedRunner | None = None,
+                answer: str = ANSWER, **settings: Any) -> AsyncIterator[Harness]:
+    """The app on `backend` (default: a scripted LocalBackend answering `answer`), started."""
+    if backend is None:
+        weights = tmp_path / "fake.gguf"
+        weights.write_bytes(b"fake weights")
+        backend, runner = scripted_backend(answer, parallel=settings.get("parallel", 2), path=weights)
+    app = create_app(backend, Settings(data_dir=tmp_path, **settings))
+    await backend.start()
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://hearth.test", timeout=30) as client:
+            yield Harness(app, backend, runner, client)
+    finally:
+        await backend.stop()
+        app.state.sessions.close()
+
+
+@pytest.fixture
+async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+    async with serve(tmp_path) as harness:
+        yield harness
