@@ -79,7 +79,9 @@ def stop_server(server: Server) -> None:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One server for the e2e suite: the embedded default model, 8 slots."""
-    s = start_server(tmp_path_factory.mktemp("hearth"), "--parallel", "8", "--ctx", "2048")
+    """One server for the e2e suite: the embedded default model, 8 slots. A queued request may
+    wait 10 minutes for a slot: on a machine shared with other llama.cpp processes a step can
+    take seconds, and the default 60 s would turn a test's deliberately queued request into a 429."""
+    s = start_server(tmp_path_factory.mktemp("hearth"), "--parallel", "8", "--ctx", "2048", "--max-wait", "600")
     yield s
     stop_server(s)
