@@ -51,6 +51,7 @@ class Settings:
     clamp_max_tokens: bool = False  # lower a max_tokens past the context to what is left, instead of a 400
     sse_heartbeat: float = 5.0  # seconds of silence on a stream before a heartbeat (SSE comment / ping)
     max_request_timeout: float = 3600.0  # the most a request may ask for
+    repetition_detection: bool = False  # stop looping generations unless a request says otherwise
     # access
     api_keys: list[str] = field(default_factory=list)
     admin_key: str | None = None

@@ -17,9 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
-from hearth.api.anthropic_stream import PING, collect, message_body, stop_reason, stream_events
+from hearth.api.anthropic_stream import PING, collect, hearth_fields, message_body, stop_reason, stream_events
 from hearth.api.errors import ApiError, respond
 from hearth.api.parsing import read_json, sampling_params, session_turn, validate
+from hearth.api.run_options import RunFields, repetition, shape, wall_cap
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, ReasoningOptions, ResponseFormat, Tool, ToolCall, new_id
@@ -102,7 +103,7 @@ class CountTokensIn(_Open):
     session_id: str | None = None  # Hearth sessions (docs/sessions.md); count_tokens ignores it
 
 
-class MessagesIn(CountTokensIn):
+class MessagesIn(CountTokensIn, RunFields):
     max_tokens: int = Field(ge=1)
     replace_system: bool = False
     discard_thinking: bool = False
@@ -113,7 +114,6 @@ class MessagesIn(CountTokensIn):
     top_p: float | None = None
     top_k: int | None = None
     metadata: dict[str, Any] | None = None
-    timeout: float | None = Field(default=None, gt=0)  # Hearth: wall-clock cap in seconds
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)  # Hearth
     cache_prompt: bool = True  # Hearth
 
@@ -327,7 +327,8 @@ async def messages(request: Request) -> Response:
     body = validate(MessagesIn, await read_json(request))
     msg_id = new_id("msg_")
     creq = to_chat_request(body, msg_id)
-    creq.timeout = runs.time_cap(request, body.timeout)
+    creq.timeout = wall_cap(request, body)
+    creq.repetition = repetition(request, body)
     model = backend.resolve(creq.model)
     stops = creq.sampling.stop
 
@@ -338,11 +339,12 @@ async def messages(request: Request) -> Response:
     gen = await runs.start(request, "messages", open_stream, cancel_id=body.cancel_id, session_id=body.session_id,
                            ids=[msg_id])
     if body.stream:
-        return gen.stream(stream_events(gen.events, msg_id, model, stops), beat=PING)
+        return gen.stream(stream_events(shape(gen.events, body), msg_id, model, stops), beat=PING)
     out = await gen.collect(request, lambda: collect(gen.events))
     if out.error:
         raise GenerationFailed(out.error)
-    return JSONResponse(message_body(msg_id, model, out.content, stop_reason(out.finish, stops), out.usage))
+    return JSONResponse(message_body(msg_id, model, out.content, stop_reason(out.finish, stops), out.usage)
+                        | hearth_fields(out.finish, out.timings))
 
 
 async def count_tokens(request: Request) -> Response:

@@ -19,7 +19,9 @@ from hearth.chat.types import (
     Finish,
     ReasoningDelta,
     Started,
+    StopKind,
     TextDelta,
+    Timings,
     ToolCallDelta,
     Usage,
     new_id,
@@ -43,7 +45,8 @@ def stop_reason(finish: Finish | None, stop_sequences: list[str]) -> tuple[str, 
     if finish is None:
         return "end_turn", None
     if finish.reason == "stop":
-        if isinstance(finish.stop_reason, str) and finish.stop_reason in stop_sequences:
+        if (isinstance(finish.stop_reason, str) and not isinstance(finish.stop_reason, StopKind)
+                and finish.stop_reason in stop_sequences):
             return "stop_sequence", finish.stop_reason
         return "end_turn", None
     return _STOP_REASONS.get(finish.reason, "end_turn"), None
@@ -179,11 +182,12 @@ class Outcome:
     finish: Finish | None
     usage: Usage
     error: str | None
+    timings: Timings | None = None
 
 
 async def collect(events: AsyncIterator[ChatEvent]) -> Outcome:
     writer, content = BlockWriter(), Content()
-    finish, usage, error = None, Usage(), None
+    finish, usage, error, timings = None, Usage(), None, None
     try:
         async for ev in events:
             for payload in block_events(writer, ev):
@@ -191,12 +195,25 @@ async def collect(events: AsyncIterator[ChatEvent]) -> Outcome:
             if isinstance(ev, Finish) and ev.index == 0:
                 finish = ev
             elif isinstance(ev, Done):
-                usage, error = ev.usage, ev.error
+                usage, error, timings = ev.usage, ev.error, ev.timings
     finally:
         await events.aclose()  # type: ignore[attr-defined]
     for payload in writer.close():
         content.apply(payload)
-    return Outcome(content.final(), finish, usage, error)
+    return Outcome(content.final(), finish, usage, error, timings)
+
+
+def hearth_fields(finish: Finish | None, timings: Timings | None) -> dict[str, Any]:
+    """Hearth's extra keys on a message (and a stream's message_delta): why Hearth itself
+    stopped it, and llama-server's timings."""
+    out: dict[str, Any] = {}
+    if finish is not None and finish.error:  # a malformed tool call, named
+        out["stop_details"] = {"type": "malformed_tool_call", "message": finish.error}
+    elif finish is not None and isinstance(finish.stop_reason, StopKind):
+        out["stop_details"] = {"type": finish.stop_reason.value}
+    if timings is not None:
+        out["timings"] = timings.as_llama_server()
+    return out
 
 
 def message_body(msg_id: str, model: str, content: list[dict[str, Any]], stop: tuple[str | None, str | None],
@@ -238,7 +255,7 @@ async def stream_events(events: AsyncIterator[ChatEvent], msg_id: str, model: st
                     return
                 reason, sequence = stop_reason(finish, stop_sequences)
                 yield send({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                            "usage": usage_dict(ev.usage)})
+                            "usage": usage_dict(ev.usage), **hearth_fields(finish, ev.timings)})
                 yield send({"type": "message_stop"})
                 return
         yield error_event("the generation ended without a result")

@@ -2,7 +2,10 @@
 
 - no keys configured: everything is open (the default bind is loopback);
 - keys configured: every endpoint but /health and the chat page (/ and /web/*) needs one of them;
-- an admin key, when configured, is needed to delete sessions and snapshots;
+- an admin key, when configured, is accepted wherever an API key is (/metrics too) and is the
+  only key for destructive operations: every DELETE (sessions, snapshots, stored responses),
+  a snapshot load with `force: true` (it replaces a session; checked by the handler, which
+  sees the body);
 - /metrics needs the metrics token (or an API key) unless it was made public.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import replace
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hearth.api.errors import ApiError, respond
@@ -38,6 +42,13 @@ def matches(key: str | None, allowed: list[str]) -> bool:
     return found
 
 
+def require_admin(request: Request) -> None:
+    """For a destructive operation the middleware cannot see (it depends on the body)."""
+    admin = request.app.state.settings.admin_key
+    if admin and not matches(presented_key({k.lower(): v for k, v in request.headers.raw}), [admin]):
+        raise Forbidden("this operation needs the admin key")
+
+
 class AuthMiddleware:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
@@ -52,14 +63,14 @@ class AuthMiddleware:
         if path == "/metrics":
             if self.metrics_public:
                 return None
-            allowed = self.keys + ([self.metrics_token] if self.metrics_token else [])
+            allowed = self.keys + [k for k in (self.metrics_token, self.admin_key) if k]
             if allowed and not matches(key, allowed):
                 return Unauthorized("a valid metrics token or API key is required for /metrics")
             return None
         if self.keys and not matches(key, self.keys + ([self.admin_key] if self.admin_key else [])):
             return Unauthorized("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None
                                 else "invalid API key")
-        needs_admin = method == "DELETE" and path.startswith(("/v1/sessions", "/v1/snapshots"))
+        needs_admin = method == "DELETE"  # every DELETE is destructive (docs/api.md)
         if needs_admin and self.admin_key and not matches(key, [self.admin_key]):
             return Forbidden("this operation needs the admin key")
         return None

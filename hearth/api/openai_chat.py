@@ -11,7 +11,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
-from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling_params, session_turn, validate
+from hearth.api.parsing import (
+    first_set,
+    parse_logit_bias,
+    parse_stop,
+    read_json,
+    sampling_params,
+    session_turn,
+    validate,
+)
+from hearth.api.run_options import RunFields, repetition, shape, stop_fields, wall_cap
 from hearth.api.sse import DONE, sse_data
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
@@ -26,6 +35,7 @@ from hearth.chat.types import (
     ResponseFormat,
     Started,
     TextDelta,
+    Timings,
     TokenLogprob,
     Tool,
     ToolCall,
@@ -76,15 +86,10 @@ class ToolIn(_Open):
     function: FunctionDef
 
 
-class StreamOptions(_Open):
-    include_usage: bool = False
-
-
-class ChatCompletionIn(_Open):
+class ChatCompletionIn(_Open, RunFields):
     model: str | None = None
     messages: list[MessageIn] = Field(min_length=1)
     stream: bool = False
-    stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=16)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -110,7 +115,6 @@ class ChatCompletionIn(_Open):
     reasoning_budget: int | None = Field(default=None, ge=0)  # thinking tokens before the answer is forced
     grammar: str | None = Field(default=None, min_length=1)  # GBNF (llama.cpp's extension)
     chat_template_kwargs: dict[str, Any] | None = None
-    timeout: float | None = Field(default=None, gt=0)
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     cache_prompt: bool = True
     speculative: bool | None = None  # prompt-lookup speculative decoding (default: the server's --spec-draft)
@@ -198,7 +202,7 @@ def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
     sampling = sampling_params(
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-        repetition_penalty=body.repetition_penalty or body.repeat_penalty, seed=body.seed,
+        repetition_penalty=first_set(body.repetition_penalty, body.repeat_penalty), seed=body.seed,
         stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
         max_tokens=body.max_completion_tokens or body.max_tokens, ignore_eos=body.ignore_eos,
         logprobs=body.logprobs, top_logprobs=body.top_logprobs, grammar=body.grammar, speculative=body.speculative,
@@ -233,7 +237,7 @@ def usage_dict(u: Usage) -> dict[str, Any]:
 
 
 class _Choice:
-    __slots__ = ("finish_reason", "logprobs", "reasoning", "text", "tool_calls")
+    __slots__ = ("finish", "finish_reason", "logprobs", "reasoning", "text", "tool_calls")
 
     def __init__(self) -> None:
         self.text: list[str] = []
@@ -241,6 +245,7 @@ class _Choice:
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.logprobs: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
+        self.finish: Finish | None = None
 
     def add_call(self, ev: ToolCallDelta) -> None:
         call = self.tool_calls.setdefault(ev.call_index, {"id": ev.id, "type": "function",
@@ -258,9 +263,10 @@ class _Choice:
         return msg
 
 
-async def collect(events: AsyncIterator[ChatEvent], n: int) -> tuple[list[_Choice], Usage, str | None]:
+async def collect(events: AsyncIterator[ChatEvent], n: int
+                  ) -> tuple[list[_Choice], Usage, str | None, Timings | None]:
     choices = [_Choice() for _ in range(n)]
-    usage, error = Usage(), None
+    usage, error, timings = Usage(), None, None
     try:
         async for ev in events:
             if isinstance(ev, TextDelta):
@@ -272,11 +278,12 @@ async def collect(events: AsyncIterator[ChatEvent], n: int) -> tuple[list[_Choic
                 choices[ev.index].add_call(ev)
             elif isinstance(ev, Finish):
                 choices[ev.index].finish_reason = ev.reason
+                choices[ev.index].finish = ev
             elif isinstance(ev, Done):
-                usage, error = ev.usage, ev.error
+                usage, error, timings = ev.usage, ev.error, ev.timings
     finally:
         await events.aclose()  # type: ignore[attr-defined]
-    return choices, usage, error
+    return choices, usage, error, timings
 
 
 async def chat_completions(request: Request) -> Response:
@@ -284,7 +291,8 @@ async def chat_completions(request: Request) -> Response:
     body = validate(ChatCompletionIn, await read_json(request))
     cid = new_id("chatcmpl-")
     creq = to_chat_request(body, cid)
-    creq.timeout = runs.time_cap(request, body.timeout)
+    creq.timeout = wall_cap(request, body)
+    creq.repetition = repetition(request, body)
     model = backend.resolve(creq.model)
 
     def open_stream(token: CancelToken) -> Awaitable[EventStream]:
@@ -298,8 +306,9 @@ async def chat_completions(request: Request) -> Response:
     want_logprobs = bool(body.logprobs)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return gen.stream(stream_chunks(events, cid, model, created, body.n, want_logprobs, include_usage))
-    choices, usage, error = await gen.collect(request, lambda: collect(events, body.n))
+        return gen.stream(stream_chunks(shape(events, body), cid, model, created, body.n, want_logprobs,
+                                        include_usage))
+    choices, usage, error, timings = await gen.collect(request, lambda: collect(events, body.n))
     if error:
         raise GenerationFailed(error)
     return JSONResponse({
@@ -310,19 +319,27 @@ async def chat_completions(request: Request) -> Response:
             "message": c.message(),
             "logprobs": {"content": c.logprobs, "refusal": None} if want_logprobs else None,
             "finish_reason": c.finish_reason or "stop",
+            **stop_fields(c.finish),
         } for i, c in enumerate(choices)],
         "usage": usage_dict(usage),
+        **timings_field(timings),
     })
+
+
+def timings_field(timings: Timings | None) -> dict[str, Any]:
+    """llama-server's `timings`, on a response or its final chunk."""
+    return {"timings": timings.as_llama_server()} if timings is not None else {}
 
 
 async def stream_chunks(events: AsyncIterator[ChatEvent], cid: str, model: str, created: int, n: int,
                         want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None,
+              extra: dict[str, Any] | None = None) -> bytes:
         obj: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
                                "model": model, "system_fingerprint": "hearth", "choices": choices}
         if include_usage:
             obj["usage"] = usage
-        return sse_data(obj)
+        return sse_data(obj | (extra or {}))
 
     def choice(index: int, delta: dict[str, Any], finish: str | None = None,
                logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -330,6 +347,9 @@ async def stream_chunks(events: AsyncIterator[ChatEvent], cid: str, model: str, 
                 "logprobs": {"content": logprobs, "refusal": None} if logprobs is not None else None,
                 "finish_reason": finish}
 
+    # The last finish chunk waits for the totals (they follow at once) to carry the timings.
+    last_finish: Finish | None = None
+    finished = 0
     try:
         async for ev in events:
             if isinstance(ev, Started):
@@ -349,8 +369,15 @@ async def stream_chunks(events: AsyncIterator[ChatEvent], cid: str, model: str, 
                     call["function"] = {"arguments": ev.arguments}
                 yield chunk([choice(ev.index, {"tool_calls": [call]})])
             elif isinstance(ev, Finish):
-                yield chunk([choice(ev.index, {}, ev.reason)])
+                finished += 1
+                if finished < n:
+                    yield chunk([choice(ev.index, {}, ev.reason) | stop_fields(ev)])
+                else:
+                    last_finish = ev
             elif isinstance(ev, Done):
+                if last_finish is not None:
+                    final = choice(last_finish.index, {}, last_finish.reason) | stop_fields(last_finish)
+                    yield chunk([final], extra=timings_field(ev.timings))
                 if ev.error:
                     yield sse_data({"error": {"message": ev.error, "type": "server_error",
                                               "param": None, "code": "generation_failed"}})

@@ -13,8 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api import runs
-from hearth.api.openai_chat import StreamOptions, _Open, usage_dict
-from hearth.api.parsing import parse_logit_bias, parse_stop, read_json, sampling_params, validate
+from hearth.api.openai_chat import _Open, timings_field, usage_dict
+from hearth.api.parsing import first_set, parse_logit_bias, parse_stop, read_json, sampling_params, validate
+from hearth.api.run_options import RunFields, repetition, shape, stop_fields, wall_cap
 from hearth.api.sse import DONE, sse_data
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
@@ -25,6 +26,7 @@ from hearth.chat.types import (
     Finish,
     Started,
     TextDelta,
+    Timings,
     TokenLogprob,
     Usage,
     new_id,
@@ -34,11 +36,10 @@ from hearth.errors import BadRequest, GenerationFailed
 MAX_PROMPTS = 16
 
 
-class CompletionIn(_Open):
+class CompletionIn(_Open, RunFields):
     model: str | None = None
     prompt: str | list[str] | list[int] | list[list[int]]
     stream: bool = False
-    stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=16)
     max_tokens: int | None = Field(default=16, ge=1)
     temperature: float | None = None
@@ -56,7 +57,6 @@ class CompletionIn(_Open):
     echo: bool = False
     suffix: str | None = None
     ignore_eos: bool | None = None
-    timeout: float | None = Field(default=None, gt=0)
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     cache_prompt: bool = True
     speculative: bool | None = None  # prompt-lookup speculative decoding (default: the server's --spec-draft)
@@ -135,12 +135,13 @@ async def completions(request: Request) -> Response:
     sampling = sampling_params(
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-        repetition_penalty=body.repetition_penalty or body.repeat_penalty, seed=body.seed,
+        repetition_penalty=first_set(body.repetition_penalty, body.repeat_penalty), seed=body.seed,
         stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
         max_tokens=body.max_tokens, ignore_eos=body.ignore_eos,
         logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0, speculative=body.speculative)
     cid = new_id("cmpl-")
-    timeout = runs.time_cap(request, body.timeout)
+    timeout = wall_cap(request, body)
+    rep = repetition(request, body)
 
     async def open_stream(token: CancelToken) -> EventStream:
         # One engine request per prompt, merged; all of them share the run's cancel token.
@@ -149,7 +150,7 @@ async def completions(request: Request) -> Response:
             for i, p in enumerate(prompts):
                 streams.append(await backend.complete(CompletionRequest(
                     model, p, sampling, n=body.n, request_id=f"{cid}-{i}", timeout=timeout, cancel=token,
-                    cache_prompt=body.cache_prompt)))
+                    cache_prompt=body.cache_prompt, repetition=rep)))
         except BaseException:
             for s in streams:
                 await s.aclose()
@@ -163,7 +164,7 @@ async def completions(request: Request) -> Response:
     events = gen.events
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return gen.stream(stream_chunks(events, cid, model, created, body.n, echoes,
+        return gen.stream(stream_chunks(EventStream(shape(events, body)), cid, model, created, body.n, echoes,
                                         body.logprobs is not None, include_usage))
     return JSONResponse(await gen.collect(
         request, lambda: collect(events, cid, model, created, body.n, echoes, body.logprobs is not None)))
@@ -174,19 +175,21 @@ async def collect(events: EventStream, cid: str, model: str, created: int,
     k = len(echoes) * n
     texts: list[list[str]] = [[echoes[i // n]] for i in range(k)]
     lps: list[list[TokenLogprob]] = [[] for _ in range(k)]
-    reasons: list[str | None] = [None] * k
+    reasons: list[Finish | None] = [None] * k
     usage = Usage()
+    timings: Timings | None = None
     try:
         async for ev in events:
             if isinstance(ev, TextDelta):
                 texts[ev.index].append(ev.text)
                 lps[ev.index].extend(ev.logprobs or [])
             elif isinstance(ev, Finish):
-                reasons[ev.index] = ev.reason
+                reasons[ev.index] = ev
             elif isinstance(ev, Done):
                 usage.prompt_tokens += ev.usage.prompt_tokens
                 usage.completion_tokens += ev.usage.completion_tokens
                 usage.cached_tokens += ev.usage.cached_tokens
+                timings = add_timings(timings, ev.timings)
                 if ev.error:
                     raise GenerationFailed(ev.error)
     finally:
@@ -196,23 +199,42 @@ async def collect(events: EventStream, cid: str, model: str, created: int,
         "system_fingerprint": "hearth",
         "choices": [{"index": i, "text": "".join(texts[i]),
                      "logprobs": legacy_logprobs(lps[i], len(echoes[i // n])) if want_logprobs else None,
-                     "finish_reason": reasons[i] or "stop"} for i in range(k)],
+                     "finish_reason": f.reason if f else "stop",
+                     **stop_fields(f)} for i, f in enumerate(reasons)],
         "usage": usage_dict(usage),
+        **timings_field(timings),
     }
+
+
+def add_timings(a: Timings | None, b: Timings | None) -> Timings | None:
+    """Several prompts' timings as one: their tokens add up, they ran side by side."""
+    if a is None or b is None:
+        return a or b
+    return Timings(a.cached_tokens + b.cached_tokens, a.prompt_tokens + b.prompt_tokens, max(a.prompt_ms, b.prompt_ms),
+                   a.predicted_tokens + b.predicted_tokens, max(a.predicted_ms, b.predicted_ms))
 
 
 async def stream_chunks(events: EventStream, cid: str, model: str, created: int,
                         n: int, echoes: list[str], want_logprobs: bool,
                         include_usage: bool) -> AsyncIterator[bytes]:
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None,
+              extra: dict[str, Any] | None = None) -> bytes:
         obj: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model,
                                "system_fingerprint": "hearth", "choices": choices}
         if include_usage:
             obj["usage"] = usage
-        return sse_data(obj)
+        return sse_data(obj | (extra or {}))
+
+    def finish_choice(ev: Finish) -> dict[str, Any]:
+        return {"index": ev.index, "text": "", "logprobs": None, "finish_reason": ev.reason,
+                **stop_fields(ev)}
 
     usage = Usage()
-    offsets = [len(echoes[i // n]) for i in range(len(echoes) * n)]
+    timings: Timings | None = None
+    k = len(echoes) * n
+    finished = 0
+    last_finish: Finish | None = None  # sent after every prompt's totals, with the timings
+    offsets = [len(echoes[i // n]) for i in range(k)]
     try:
         for i, echo in enumerate(echoes):
             if echo:
@@ -230,15 +252,21 @@ async def stream_chunks(events: EventStream, cid: str, model: str, created: int,
                 offsets[idx] += len(ev.text)
                 yield chunk([{"index": idx, "text": ev.text, "logprobs": lp, "finish_reason": None}])
             elif isinstance(ev, Finish):
-                yield chunk([{"index": ev.index, "text": "", "logprobs": None,
-                              "finish_reason": ev.reason}])
+                finished += 1
+                if finished < k:
+                    yield chunk([finish_choice(ev)])
+                else:
+                    last_finish = ev
             elif isinstance(ev, Done):
                 usage.prompt_tokens += ev.usage.prompt_tokens
                 usage.completion_tokens += ev.usage.completion_tokens
                 usage.cached_tokens += ev.usage.cached_tokens
+                timings = add_timings(timings, ev.timings)
                 if ev.error:
                     yield sse_data({"error": {"message": ev.error, "type": "server_error", "param": None,
                                               "code": "generation_failed"}})
+        if last_finish is not None:
+            yield chunk([finish_choice(last_finish)], extra=timings_field(timings))
         if include_usage:
             yield chunk([], usage_dict(usage))
         yield DONE

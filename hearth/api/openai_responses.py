@@ -34,6 +34,7 @@ from hearth.api.responses_input import (
 )
 from hearth.api.responses_store import ResponseStore, valid_id
 from hearth.api.responses_stream import ResponseAssembler, collect, sse_events
+from hearth.api.run_options import RunFields, repetition, shape, wall_cap
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, new_id
@@ -44,7 +45,7 @@ log = logging.getLogger("hearth.api")
 CANCEL_SETTLE_SECONDS = 5.0  # how long POST .../cancel waits for the run to record its outcome
 
 
-class ResponsesIn(_Open):
+class ResponsesIn(_Open, RunFields):
     model: str | None = None
     input: str | list[Any]
     instructions: str | None = None
@@ -68,7 +69,6 @@ class ResponsesIn(_Open):
     discard_thinking: bool = False
     session_wait: bool = True
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
-    timeout: float | None = Field(default=None, gt=0)
     cache_prompt: bool = True
     seed: int | None = None
     top_k: int | None = None
@@ -137,7 +137,7 @@ async def create_response(request: Request) -> Response:
         model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools,
         tool_choice=to_tool_choice(body.tool_choice, toolset), parallel_tool_calls=body.parallel_tool_calls,
         response_format=response_format, reasoning=reasoning, request_id=rid,
-        timeout=runs.time_cap(request, body.timeout), cache_prompt=body.cache_prompt,
+        timeout=wall_cap(request, body), cache_prompt=body.cache_prompt, repetition=repetition(request, body),
         session=session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait))
     model = backend.resolve(creq.model)
 
@@ -178,7 +178,7 @@ async def create_response(request: Request) -> Response:
                 event.set()
         raise
     if body.stream:
-        return gen.stream(sse_events(gen.events, asm, save))
+        return gen.stream(sse_events(shape(gen.events, body), asm, save))
     try:
         response = await gen.collect(request, lambda: collect(gen.events, asm))
     finally:

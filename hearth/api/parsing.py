@@ -54,6 +54,11 @@ def sampling_params(**kw: Any) -> SamplingParams:
         raise BadRequest(str(e), param=e.param) from e
 
 
+def first_set(*values: float | None) -> float | None:
+    """The first value given, 0 included (`a or b` would take 0 for "not given")."""
+    return next((v for v in values if v is not None), None)
+
+
 def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     if bias is None:
         return None

@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from hearth.api.run_options import stop_fields
 from hearth.api.sse import sse_event
 from hearth.chat.types import (
     ChatEvent,
@@ -26,6 +27,7 @@ from hearth.chat.types import (
     ReasoningDelta,
     Started,
     TextDelta,
+    Timings,
     ToolCallDelta,
     Usage,
     new_id,
@@ -79,6 +81,8 @@ class ResponseAssembler:
         self.usage = Usage()
         self.reasoning_tokens = 0
         self.finish_reason: str | None = None
+        self.finish_event: Finish | None = None
+        self.timings: Timings | None = None
         self.error: str | None = None
         self.finished = False
         self._open: _OpenItem | None = None
@@ -104,9 +108,9 @@ class ResponseAssembler:
         elif isinstance(ev, ToolCallDelta):
             return self._tool_call(ev)
         elif isinstance(ev, Finish):
-            self.finish_reason = ev.reason
+            self.finish_reason, self.finish_event = ev.reason, ev
         elif isinstance(ev, Done):
-            self.usage, self.error = ev.usage, ev.error or self.error
+            self.usage, self.error, self.timings = ev.usage, ev.error or self.error, ev.timings
         return []
 
     def finish(self) -> list[Event]:
@@ -126,6 +130,13 @@ class ResponseAssembler:
         r["usage"] = usage_object(self.usage, self.reasoning_tokens)
         r["output_text"] = output_text(self.output)
         r["completed_at"] = int(time.time()) if status == "completed" else None
+        extra = stop_fields(self.finish_event)
+        if "stop_reason" in extra:
+            r["stop_reason"] = extra["stop_reason"]
+        if "error" in extra:  # a malformed tool call: Responses' own error field names it
+            r["error"] = {"code": "malformed_tool_call", "message": extra["error"]["message"]}
+        if self.timings is not None:  # llama-server's timings, as an extra key
+            r["timings"] = self.timings.as_llama_server()
         terminal = {"completed": "response.completed", "incomplete": "response.incomplete",
                     "failed": "response.failed"}[status]
         events.append({"type": terminal, "response": r})

@@ -47,14 +47,14 @@ class Generation:
             await self.events.aclose()
 
 
-def time_cap(request: Request, asked: float | None) -> float:
+def time_cap(request: Request, asked: float | None, param: str = "timeout") -> float:
     """The wall-clock cap for a run: the server default, or the client's own up to the maximum."""
     settings = request.app.state.settings
     if asked is None:
         return float(settings.request_timeout)
     if asked > settings.max_request_timeout:
-        raise BadRequest(f"timeout may be at most {settings.max_request_timeout:g} seconds on this server",
-                         param="timeout")
+        raise BadRequest(f"{param} may be at most {settings.max_request_timeout:g} seconds on this server",
+                         param=param)
     return asked
 
 

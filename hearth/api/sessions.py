@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.parsing import read_json, read_json_or_empty, validate
-from hearth.api.snapshots import SnapshotMetaIn, StrictBody, session_manager, snapshot_json
+from hearth.api.snapshots import SnapshotMetaIn, StrictBody, session_manager, snapshot_json, wrapped
 from hearth.errors import BadRequest
 from hearth.sessions.transcript import message_from_json
 
@@ -43,7 +43,8 @@ async def create_session(request: Request) -> Response:
 
 
 async def list_sessions(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": await session_manager(request).list_all()})
+    data = await session_manager(request).list_all()
+    return JSONResponse({"object": "list", "data": data, "sessions": data})  # "sessions": superlinear's name
 
 
 async def get_session(request: Request) -> Response:
@@ -58,22 +59,24 @@ async def delete_session(request: Request) -> Response:
 
 async def history(request: Request) -> Response:
     sid = request.path_params["session_id"]
-    return JSONResponse({"object": "list", "session_id": sid, "data": session_manager(request).history(sid)})
+    data = session_manager(request).history(sid)
+    return JSONResponse({"object": "list", "session_id": sid, "data": data, "messages": data})
 
 
 async def rollback(request: Request) -> Response:
     body = validate(RollbackIn, await read_json(request))
-    return JSONResponse(await session_manager(request).rollback(request.path_params["session_id"], body.keep_messages))
+    return JSONResponse(wrapped(await session_manager(request).rollback(request.path_params["session_id"],
+                                                                        body.keep_messages)))
 
 
 async def resize(request: Request) -> Response:
     body = validate(ResizeIn, await read_json(request))
     sid = request.path_params["session_id"]
-    return JSONResponse(await session_manager(request).resize(sid, body.max_seq_len, body.strategy))
+    return JSONResponse(wrapped(await session_manager(request).resize(sid, body.max_seq_len, body.strategy)))
 
 
 async def resize_next_pow2(request: Request) -> Response:
-    return JSONResponse(await session_manager(request).resize_next_pow2(request.path_params["session_id"]))
+    return JSONResponse(wrapped(await session_manager(request).resize_next_pow2(request.path_params["session_id"])))
 
 
 async def save(request: Request) -> Response:

@@ -12,6 +12,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from hearth.api.auth import require_admin
 from hearth.api.body import stream_limited
 from hearth.api.parsing import read_json, read_json_or_empty, validate
 from hearth.errors import BadRequest
@@ -45,6 +46,15 @@ def snapshot_json(manifest: dict[str, Any]) -> dict[str, Any]:
             "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict))}
 
 
+RESIZE_KEYS = ("old_max_seq_len", "strategy", "mode")  # about the change, not the session
+
+
+def wrapped(info: dict[str, Any]) -> dict[str, Any]:
+    """A session as Hearth returns it, plus superlinear's `{"session": {...}}` wrapper (additive)."""
+    session = {k: v for k, v in info.items() if k not in RESIZE_KEYS}
+    return {**info, "session": session}
+
+
 def session_manager(request: Request) -> SessionManager:
     manager: SessionManager = request.app.state.sessions
     return manager
@@ -56,7 +66,8 @@ def _id(request: Request) -> str:
 
 async def list_snapshots(request: Request) -> Response:
     data = await run_in_threadpool(session_manager(request).snapshots.list)
-    return JSONResponse({"object": "list", "data": [snapshot_json(m) for m in data]})
+    snaps = [snapshot_json(m) for m in data]
+    return JSONResponse({"object": "list", "data": snaps, "snapshots": snaps})  # "snapshots": superlinear's name
 
 
 async def get_snapshot(request: Request) -> Response:
@@ -78,8 +89,10 @@ async def delete_snapshot(request: Request) -> Response:
 
 async def load_snapshot(request: Request) -> Response:
     body = validate(LoadIn, await read_json_or_empty(request))
+    if body.force:  # replacing an existing session is destructive (docs/api.md, "Admin key")
+        require_admin(request)
     info = await session_manager(request).load(_id(request), body.session_id, body.force)
-    return JSONResponse(info, status_code=201)
+    return JSONResponse(wrapped(info), status_code=201)
 
 
 async def archive(request: Request) -> Response:

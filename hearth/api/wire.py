@@ -94,11 +94,32 @@ class AssistantMessage(_Protocol):
     tool_calls: list[ToolCall] | None = None
 
 
+class LlamaTimings(_Protocol):
+    """llama-server's `timings` (docs/api.md, "Run options")."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+
+
+class HearthStopError(_Protocol):
+    type: Literal["malformed_tool_call"]
+    message: str
+
+
 class ChatChoice(_Protocol):
     index: int
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None
     finish_reason: str
+    stop_reason: Literal["repetition"] | None = None  # the loop detector stopped it
+    error: HearthStopError | None = None  # a malformed tool call
 
 
 class ChatCompletion(_Protocol):
@@ -109,6 +130,7 @@ class ChatCompletion(_Protocol):
     system_fingerprint: str | None = None
     choices: list[ChatChoice]
     usage: CompletionUsage
+    timings: LlamaTimings | None = None
 
 
 class LegacyLogprobs(_Protocol):
@@ -123,6 +145,7 @@ class TextChoice(_Protocol):
     text: str
     logprobs: LegacyLogprobs | None
     finish_reason: str
+    stop_reason: Literal["repetition"] | None = None
 
 
 class TextCompletion(_Protocol):
@@ -133,6 +156,7 @@ class TextCompletion(_Protocol):
     system_fingerprint: str | None = None
     choices: list[TextChoice]
     usage: CompletionUsage
+    timings: LlamaTimings | None = None
 
 
 # ---- OpenAI Responses --------------------------------------------------------------------------
@@ -172,6 +196,8 @@ class Response(_Protocol):
     instructions: str | None = None
     metadata: dict[str, Any] | None = None
     previous_response_id: str | None = None
+    stop_reason: Literal["repetition"] | None = None
+    timings: LlamaTimings | None = None
 
 
 class ResponseDeleted(_Protocol):
@@ -205,6 +231,8 @@ class AnthropicMessage(_Protocol):
     stop_reason: str | None
     stop_sequence: str | None
     usage: AnthropicUsage
+    stop_details: dict[str, str] | None = None  # {"type": "repetition" | "malformed_tool_call", "message"?}
+    timings: LlamaTimings | None = None
 
 
 class TokenCount(_Protocol):
@@ -264,11 +292,23 @@ class Session(_Own):
     message_count: int
     residency: str
     busy: bool
+    cache_position: int  # superlinear's name for current_pos
+    status: Literal["idle", "busy"]  # superlinear's
+
+
+class SessionChange(Session):
+    """A rollback, resize or load: the session, with superlinear's `{"session": {...}}` beside it."""
+
+    session: Session
+    old_max_seq_len: int | None = None  # resize
+    strategy: str | None = None  # resize, as sent
+    mode: Literal["reject", "drop_oldest"] | None = None  # resize, as applied
 
 
 class SessionList(_Own):
     object: Literal["list"]
     data: list[Session]
+    sessions: list[Session]  # superlinear's name for data
 
 
 class SessionDeleted(_Own):
@@ -301,6 +341,7 @@ class SessionHistory(_Own):
     object: Literal["list"]
     session_id: str
     data: list[TranscriptMessage]
+    messages: list[TranscriptMessage]  # superlinear's name for data
 
 
 class Snapshot(_Own):
@@ -320,6 +361,7 @@ class Snapshot(_Own):
 class SnapshotList(_Own):
     object: Literal["list"]
     data: list[Snapshot]
+    snapshots: list[Snapshot]  # superlinear's name for data
 
 
 class SnapshotDeleted(_Own):

@@ -126,6 +126,11 @@ class SessionKV(Protocol):
         """Forget the session's KV, wherever it lives (a no-op if there is none)."""
         ...
 
+    async def trim_kv(self, model: str, session_id: str, tokens: list[int]) -> int:
+        """Cut the session's KV to its common prefix with `tokens` (its transcript after a
+        rollback or resize); returns how many tokens it keeps (0 if it has none)."""
+        ...
+
     async def kv_identity(self, model: str) -> KVIdentity: ...
 
     async def max_kv_bytes(self, model: str) -> int:

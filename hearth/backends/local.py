@@ -255,7 +255,8 @@ class LocalBackend:
         owner = req.session.session_id if isinstance(req, ChatRequest) and req.session else None
         max_len = req.max_len if isinstance(req, ChatRequest) else None
         ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
-                             cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len)
+                             cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len,
+                             repetition=req.repetition)
         try:
             try:
                 m.engine.validate(ereq)

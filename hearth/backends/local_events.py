@@ -4,12 +4,13 @@ outputs into ChatEvents, and pass the text through the output parsers (reasoning
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from hearth.backends.admission import AdmissionQueue
 from hearth.chat.cancel import CancelToken
 from hearth.chat.output import OutputParser
-from hearth.chat.types import ChatEvent, Done, Finish, Started, TextDelta, Usage
+from hearth.chat.types import ChatEvent, Done, Finish, Started, TextDelta, Timings, Usage
 from hearth.engine import Engine, EngineRequest
 from hearth.engine.types import FinishReason
 
@@ -49,24 +50,31 @@ async def engine_events(engine: Engine, ereq: EngineRequest,
                         cancel: CancelToken | None) -> AsyncGenerator[ChatEvent, None]:
     usage = Usage(prompt_tokens=len(ereq.prompt_tokens))
     started = False
+    placed = first_token = last_token = 0.0
 
     def watch_cancel() -> None:
         if cancel is not None:
             cancel.on_cancel(lambda: engine.abort(ereq.request_id))
 
     async for out in engine.generate(ereq, after_submit=watch_cancel):
+        now = time.monotonic()
         if not started:
-            started = True
+            started, placed = True, now
             usage.cached_tokens = out.cached_tokens
             yield Started(out.prompt_tokens, out.cached_tokens)
         for d in out.deltas:
+            if d.token_ids:
+                first_token, last_token = first_token or now, now
             usage.completion_tokens += len(d.token_ids)
             if d.text or d.logprobs:
                 yield TextDelta(d.index, d.text, d.logprobs, len(d.token_ids))
             if d.finish_reason is not None:
                 yield Finish(d.index, d.finish_reason.value, d.stop_reason)
         if out.finished:
-            yield Done(usage, error=out.error)
+            timings = Timings(usage.cached_tokens, usage.prompt_tokens - usage.cached_tokens,
+                              ((first_token or now) - placed) * 1000, usage.completion_tokens,
+                              (last_token - first_token) * 1000)
+            yield Done(usage, error=out.error, timings=timings)
 
 
 async def parsed(events: AsyncGenerator[ChatEvent, None],

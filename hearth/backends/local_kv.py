@@ -47,6 +47,9 @@ class LocalSessionKV:
     async def drop_kv(self, model: str, session_id: str) -> None:
         await self._on_engine(model, session_id, lambda e: e.drop_kv(session_id))
 
+    async def trim_kv(self, model: str, session_id: str, tokens: list[int]) -> int:
+        return await self._on_engine(model, session_id, lambda e: e.trim_kv(session_id, tokens))
+
     async def kv_identity(self, model: str) -> KVIdentity:
         m = self._lookup(model)
         sha = self._model_sha.get(m.spec.id)

@@ -7,7 +7,7 @@ events, and every protocol serializes the same calls.
 from __future__ import annotations
 
 from hearth.chat.reasoning import ReasoningParser
-from hearth.chat.tool_parsers import CallPart, ToolParser
+from hearth.chat.tool_parsers import BadCall, Part, ToolParser
 from hearth.chat.types import ChatEvent, Finish, ReasoningDelta, TextDelta, ToolCallDelta, new_id
 from hearth.engine.types import TokenLogprob
 
@@ -20,6 +20,7 @@ class OutputParser:
         self._tools = tools
         self._parallel = parallel_tool_calls
         self._ids: dict[int, str] = {}
+        self._bad: list[str] = []  # malformed calls, described
 
     def feed(self, text: str, logprobs: list[TokenLogprob] | None = None, n_tokens: int = 0) -> list[ChatEvent]:
         events = self._route(self._reasoning.feed(text) if self._reasoning else [(False, text)])
@@ -29,9 +30,11 @@ class OutputParser:
         events = self._route(self._reasoning.finish()) if self._reasoning else []
         if self._tools is not None:
             events += self._calls(self._tools.finish())
-            if self._ids and reason == "stop":
+            if self._bad:  # SIE's contract: a clear finish, and a message naming the call
+                reason = "length" if reason == "length" else "error"
+            elif self._ids and reason == "stop":
                 reason = "tool_calls"
-        events.append(Finish(self.index, reason, stop_reason))
+        events.append(Finish(self.index, reason, stop_reason, "; ".join(self._bad) or None))
         return events
 
     def _route(self, pieces: list[tuple[bool, str]]) -> list[ChatEvent]:
@@ -45,11 +48,16 @@ class OutputParser:
                 events.append(TextDelta(self.index, text))
         return events
 
-    def _calls(self, parts: list[str | CallPart]) -> list[ChatEvent]:
+    def _calls(self, parts: list[Part]) -> list[ChatEvent]:
         events: list[ChatEvent] = []
         for p in parts:
             if isinstance(p, str):
                 events.append(TextDelta(self.index, p))
+            elif isinstance(p, BadCall):
+                who = " ".join(x for x in (self._ids.get(p.call_index), p.name and f"({p.name})") if x)
+                snippet = p.text if len(p.text) <= 200 else p.text[:200] + "…"
+                self._bad.append(f"malformed tool call {p.call_index}{' ' + who if who else ''}: "
+                                 f"{p.problem}: {snippet!r}")
             elif p.call_index > 0 and not self._parallel:
                 continue  # parallel_tool_calls false: the first call only
             elif p.name is not None:

@@ -9,9 +9,12 @@ from typing import Any
 
 from hearth.chat.cancel import CancelToken
 
-# Re-exported: the layers above the backends take the engine's sampling and logprob types from here.
+# Re-exported: the layers above the backends take the engine's sampling, logprob, loop-detection
+# and stop types from here.
+from hearth.engine.repetition import RepetitionSpec as RepetitionSpec
 from hearth.engine.types import InvalidParam as InvalidParam
 from hearth.engine.types import SamplingParams as SamplingParams
+from hearth.engine.types import StopKind as StopKind
 from hearth.engine.types import TokenLogprob as TokenLogprob
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -96,6 +99,7 @@ class ChatRequest:
     session: SessionTurn | None = None
     # Set by the session manager, with `messages` the whole transcript: the session's length cap.
     max_len: int | None = None
+    repetition: RepetitionSpec | None = None  # loop detection (None: off)
 
 
 @dataclass(slots=True)
@@ -110,6 +114,7 @@ class CompletionRequest:
     timeout: float | None = None
     cancel: CancelToken | None = None
     cache_prompt: bool = True
+    repetition: RepetitionSpec | None = None
 
 
 @dataclass(slots=True)
@@ -165,6 +170,36 @@ class Finish:
     index: int
     reason: str  # stop | length | tool_calls | cancelled | error
     stop_reason: str | int | None = None
+    error: str | None = None  # what went wrong with this candidate (a malformed tool call)
+
+
+@dataclass(slots=True)
+class Timings:
+    """Where a run's time went, measured in the backend. The prompt phase runs from the moment
+    the request has its slot to its first generated token (prefill plus one sample); the
+    generation phase from that token to the last."""
+
+    cached_tokens: int = 0  # prompt tokens reused from the KV cache (not prefilled)
+    prompt_tokens: int = 0  # prompt tokens prefilled
+    prompt_ms: float = 0.0
+    predicted_tokens: int = 0
+    predicted_ms: float = 0.0
+
+    def as_llama_server(self) -> dict[str, float | int]:
+        """llama-server's `timings` object, field for field."""
+        def per_ms(n: int, ms: float) -> float:
+            return ms / n if n else 0.0
+
+        def per_s(n: int, ms: float) -> float:
+            return n * 1000.0 / ms if ms > 0 else 0.0
+
+        return {"cache_n": self.cached_tokens,
+                "prompt_n": self.prompt_tokens, "prompt_ms": round(self.prompt_ms, 3),
+                "prompt_per_token_ms": round(per_ms(self.prompt_tokens, self.prompt_ms), 3),
+                "prompt_per_second": round(per_s(self.prompt_tokens, self.prompt_ms), 3),
+                "predicted_n": self.predicted_tokens, "predicted_ms": round(self.predicted_ms, 3),
+                "predicted_per_token_ms": round(per_ms(self.predicted_tokens, self.predicted_ms), 3),
+                "predicted_per_second": round(per_s(self.predicted_tokens, self.predicted_ms), 3)}
 
 
 @dataclass(slots=True)
@@ -173,6 +208,7 @@ class Done:
 
     usage: Usage
     error: str | None = None
+    timings: Timings | None = None
 
 
 ChatEvent = Started | TextDelta | ReasoningDelta | ToolCallDelta | Finish | Done

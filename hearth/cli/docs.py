@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -234,6 +234,10 @@ def citations(passages: list[Chunk], answer: str) -> list[str]:
 
 ANSWER_ROOM = 256  # tokens kept free past the documents for a question and its template
 PROMPT = "docs> "
+HELP = """commands (anything else is a question about the documents):
+  /help      this help
+  /sources   the documents in the session, and the passages the last answer cited
+  /quit      leave (also /exit, Ctrl-D)"""
 
 
 @dataclass
@@ -250,6 +254,28 @@ class DocsSession:
     base: int = 0  # messages kept when the session is rolled back to make room
     index: Index | None = None
     tokens: dict[Chunk, int] | None = None
+    docs: list[Document] = field(default_factory=list)
+    last_sources: list[str] = field(default_factory=list)  # what the last answer cited
+
+    def command(self, line: str) -> bool:
+        """A /command of the question loop; True when it asks to leave."""
+        name = line.split(maxsplit=1)[0].lower()
+        if name in ("/quit", "/exit", "/q"):
+            return True
+        if name == "/help":
+            self.out.print(HELP, markup=False, highlight=False)
+        elif name == "/sources":
+            how = "whole" if self.whole else "retrieved per question"
+            self.out.print(f"{len(self.docs)} documents in session {self.session} ({how}):", markup=False)
+            for d in self.docs:
+                self.out.print(f"  {d.path} ({len(d.text.splitlines())} lines)", markup=False, highlight=False)
+            if self.last_sources:
+                self.out.print("cited by the last answer:", markup=False)
+                for line in self.last_sources:
+                    self.out.print(f"  {line}", markup=False, highlight=False)
+        else:
+            self.err.print(f"unknown command {name}; /help lists them", markup=False)
+        return False
 
     def info(self) -> dict[str, Any]:
         return self.client.get(f"/v1/sessions/{seg(self.session)}")
@@ -268,6 +294,7 @@ class DocsSession:
         return int(self.client.post("/tokenize", {"messages": messages})["count"])
 
     def prepare(self, docs: list[Document], chunk_tokens: int, retrieve: bool) -> None:
+        self.docs = docs
         s = self.open()
         history = self.client.get(f"/v1/sessions/{seg(self.session)}/history")["data"]
         first = str(history[0].get("content") or "") if history else ""
@@ -383,9 +410,10 @@ class DocsSession:
         st = result.stats
         self.err.print(Text(f"prompt {st.prompt_tokens} tokens (cached {st.cached_tokens}) · completion "
                             f"{st.completion_tokens} · {st.seconds:.1f} s", style="dim"))
+        self.last_sources = citations(passages, result.content) if passages else []
         if passages:
             self.out.print("Sources:", style="bold")
-            for line in citations(passages, result.content):
+            for line in self.last_sources:
                 self.out.print(f"  {line}", markup=False, highlight=False)
         elif not self.whole:
             self.out.print("Sources: none (no passage matched the question)", markup=False)
@@ -443,7 +471,8 @@ def docs(
         if ask is not None:
             ds.ask(ask)
             return
-        err.print("ask about the documents; Ctrl-C stops an answer, Ctrl-D leaves", style="dim")
+        err.print("ask about the documents; /help lists commands, Ctrl-C stops an answer, Ctrl-D leaves",
+                  style="dim")
         interactive_sigint()
         while True:
             try:
@@ -453,7 +482,10 @@ def docs(
             except KeyboardInterrupt:
                 out.print()
                 continue
-            if question:
+            if question.startswith("/"):
+                if ds.command(question):
+                    return
+            elif question:
                 try:
                     ds.ask(question)
                 except CLIError as e:

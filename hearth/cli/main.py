@@ -77,6 +77,9 @@ def serve(
     sse_heartbeat: Annotated[float, typer.Option(
         envvar="HEARTH_SSE_HEARTBEAT",
         help="Seconds a stream may stay silent (e.g. during a long prefill) before a heartbeat.")] = 5.0,
+    repetition_detection: Annotated[bool, typer.Option(
+        "--repetition-detection/--no-repetition-detection", envvar="HEARTH_REPETITION_DETECTION",
+        help="Stop generations that loop (a request's repetition_detection overrides it).")] = False,
     api_key: Annotated[list[str] | None, typer.Option(
         "--api-key", help="Require this key (repeatable). Env: HEARTH_API_KEYS, comma-separated.")] = None,
     api_key_file: Annotated[str | None, typer.Option(
@@ -120,6 +123,7 @@ def serve(
                             log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,
                             request_timeout=request_timeout, max_request_timeout=max_request_timeout,
                             clamp_max_tokens=clamp_max_tokens, sse_heartbeat=sse_heartbeat,
+                            repetition_detection=repetition_detection,
                             api_keys=keys, admin_key=admin_key, metrics_token=metrics_token,
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
                             prompt_cache_mb=prompt_cache_mb,

@@ -1,4 +1,5 @@
-"""`hearth sessions ls|show|rm|history`: the conversations a server keeps (docs/sessions.md)."""
+"""`hearth sessions ls|show|rm|history|rollback|resize`: the conversations a server keeps
+(docs/sessions.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from rich.text import Text
 from hearth.cli.client import Client, seg
 from hearth.cli.common import ApiKeyOpt, JsonOpt, UrlOpt, ago, cli_errors, console, print_json
 
-app = typer.Typer(help="List, inspect and delete server sessions.", no_args_is_help=True)
+app = typer.Typer(help="List, inspect, roll back, resize and delete server sessions.", no_args_is_help=True)
 
 IdArg = Annotated[str, typer.Argument(help="Session id.", show_default=False)]
 
@@ -116,3 +117,50 @@ def history(session_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None, as
         print_json(messages)
     else:
         print_history(console(), messages)
+
+
+@app.command()
+@cli_errors
+def rollback(session_id: IdArg,
+             keep: Annotated[int, typer.Argument(help="Messages to keep (numbers as in `history`).",
+                                                 show_default=False)],
+             url: UrlOpt = None, api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Keep only the first KEEP messages of a session; the KV keeps what they still cover.
+
+    Example: hearth sessions rollback demo 2
+    """
+    with Client(url, api_key) as client:
+        s = client.post(f"/v1/sessions/{seg(session_id)}/rollback", {"keep_messages": keep})
+    if as_json:
+        print_json(s)
+    else:
+        console().print(f"session {session_id}: {s.get('message_count')} messages kept "
+                        f"({s.get('current_pos')} tokens)", markup=False)
+
+
+@app.command()
+@cli_errors
+def resize(session_id: IdArg,
+           max_seq_len: Annotated[int | None, typer.Argument(
+               help="New token limit; omit with --next-pow2.", show_default=False)] = None,
+           strategy: Annotated[str, typer.Option(
+               help="reject (refuse if the transcript does not fit) or drop_oldest (drop the oldest "
+                    "turns until it does); superlinear's auto, gpu and disk mean reject.")] = "reject",
+           next_pow2: Annotated[bool, typer.Option(
+               "--next-pow2", help="Double the limit to the next power of two.")] = False,
+           url: UrlOpt = None, api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Change a session's token limit (max_seq_len).
+
+    Example: hearth sessions resize demo 4096 --strategy drop_oldest
+    """
+    if (max_seq_len is None) == (not next_pow2):
+        raise typer.BadParameter("give MAX_SEQ_LEN or --next-pow2 (one of them)")
+    with Client(url, api_key) as client:
+        sid = seg(session_id)
+        s = (client.post(f"/v1/sessions/{sid}/resize/next_pow2", {}) if next_pow2 else
+             client.post(f"/v1/sessions/{sid}/resize", {"max_seq_len": max_seq_len, "strategy": strategy}))
+    if as_json:
+        print_json(s)
+    else:
+        console().print(f"session {session_id}: max_seq_len {s.get('old_max_seq_len')} -> {s.get('max_seq_len')}, "
+                        f"{s.get('message_count')} messages, {s.get('current_pos')} tokens", markup=False)

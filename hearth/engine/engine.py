@@ -32,6 +32,7 @@ from typing import Any
 
 from hearth.engine.detokenizer import Detokenizer, StopMatch
 from hearth.engine.kv import Placement, Slot, SlotTable, common_prefix_len
+from hearth.engine.repetition import RepetitionTracker
 from hearth.engine.runner import BatchEntry, DecodeAborted, Runner
 from hearth.engine.sampler import token_logprob
 from hearth.engine.scheduler import Admission, Scheduler, Work
@@ -45,6 +46,7 @@ from hearth.engine.types import (
     FinishReason,
     RequestOutput,
     SeqDelta,
+    StopKind,
 )
 
 log = logging.getLogger("hearth.engine")
@@ -275,6 +277,26 @@ class Engine:
             slot.owner = None
         self.swap.drop(owner)
 
+    def trim_kv(self, owner: str, tokens: list[int]) -> int:
+        """Engine thread: cut a session's KV back to its common prefix with `tokens` (after a
+        rollback or resize the transcript is shorter); returns the tokens kept. Swapped KV keeps
+        its bytes with a shorter token list: placement removes what lies past the tokens."""
+        slot = self.slots.owned_by(owner)
+        if slot is not None:
+            if slot.busy:
+                raise RuntimeError(f"session {owner!r} is running")
+            n = common_prefix_len(slot.tokens, tokens)
+            self.runner.kv_remove(slot.seq_id, n, -1)
+            del slot.tokens[n:]
+            return n
+        got = self.swap.peek(owner)
+        if got is None:
+            return 0
+        n = common_prefix_len(got[0], tokens)
+        if n < len(got[0]):
+            self.swap.put(owner, got[0][:n], got[1])
+        return n
+
     def import_kv(self, owner: str, tokens: list[int], data: bytes) -> None:
         """Engine thread: make `tokens`/`data` the session's KV (swapped in on its next turn)."""
         self.drop_kv(owner)
@@ -386,9 +408,12 @@ class Engine:
                 p = params
                 if i and params.seed is not None:  # candidates must differ, reproducibly
                     p = replace(params, seed=params.seed + i)
-                think = ThinkTracker(ar.req.think) if ar.req.think is not None else None
+                # A grammar owns every token: a forced end-of-thinking marker would break it.
+                think = ThinkTracker(ar.req.think) if ar.req.think is not None and p.grammar is None else None
+                rep = ar.req.repetition
+                repeat = RepetitionTracker(rep) if rep is not None and rep.enabled else None
                 ar.seqs.append(Sequence(i, slot, self.runner.new_sampler(p), Detokenizer(list(params.stop)),
-                                        think=think))
+                                        think=think, repeat=repeat))
         except Exception as e:
             ar.seqs.extend(Sequence(i, s, _NullSampler(), Detokenizer())
                            for i, s in enumerate(placement.slots) if i >= len(ar.seqs))
@@ -604,7 +629,10 @@ class Engine:
             else:
                 delta.text += pushed
                 at_max = params.max_tokens is not None and seq.n_generated >= params.max_tokens
-                if at_max or len(ar.prompt) + seq.n_generated >= ar.max_len:
+                if seq.repeat is not None and seq.repeat.observe(token):
+                    finish, delta.stop_reason = FinishReason.STOP, StopKind.REPETITION
+                    delta.text += seq.detok.flush()
+                elif at_max or len(ar.prompt) + seq.n_generated >= ar.max_len:
                     finish = FinishReason.LENGTH
                     delta.text += seq.detok.flush()
         if finish is None:

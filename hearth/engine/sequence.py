@@ -9,6 +9,7 @@ from enum import Enum
 
 from hearth.engine.detokenizer import Detokenizer
 from hearth.engine.kv import Slot
+from hearth.engine.repetition import RepetitionTracker
 from hearth.engine.runner import Sampler
 from hearth.engine.speculate import Drafter
 from hearth.engine.thinking import ThinkTracker
@@ -34,6 +35,7 @@ class Sequence:
     pending: int | None = None  # sampled, emitted, not yet in the KV cache
     finish: FinishReason | None = None
     think: ThinkTracker | None = None
+    repeat: RepetitionTracker | None = None
     drafter: Drafter | None = None  # prompt-lookup speculation, once decoding (None: off)
     draft: list[int] = field(default_factory=list)  # this step's drafted tokens, after `pending`
 

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from hearth.engine.repetition import RepetitionSpec
 from hearth.engine.thinking import ThinkBudget
 
 MAX_TOP_LOGPROBS = 20
@@ -20,6 +21,10 @@ class FinishReason(StrEnum):
     ERROR = "error"
 
 
+class StopKind(StrEnum):
+    """A stop that is neither a stop string nor a token (those are `str` / `int` stop reasons)."""
+
+    REPETITION = "repetition"  # the loop detector ended it (hearth.engine.repetition)
 class InvalidParam(ValueError):
     """A parameter out of range; `param` names it (the API reports it as the error's param)."""
 
@@ -103,6 +108,7 @@ class EngineRequest:
     # kept for its next turn. None: a stateless request (it may still reuse a cached prefix).
     owner: str | None = None
     max_len: int | None = None  # prompt + generated tokens cap below the context (a session's max_seq_len)
+    repetition: RepetitionSpec | None = None  # stop a sequence that loops
 
 
 @dataclass(slots=True)
@@ -124,7 +130,7 @@ class SeqDelta:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None  # the stop string or token that ended it, if any
+    stop_reason: str | int | None = None  # the stop string or token that ended it, or a StopKind
 
 
 @dataclass(slots=True)

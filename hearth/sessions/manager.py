@@ -44,6 +44,9 @@ from hearth.sessions.snapshots import MemberLimits, SnapshotStore
 from hearth.sessions.store import SessionRow, SessionStore
 from hearth.sessions.transcript import message_to_json
 
+# Hearth's own two, then superlinear's names, which here all mean "reject" (nothing is dropped).
+RESIZE_STRATEGIES = ("reject", "drop_oldest", "auto", "gpu", "disk")
+
 log = logging.getLogger("hearth.sessions")
 
 SYSTEM_ROLES = ("system", "developer")
@@ -131,7 +134,9 @@ class SessionManager:
         row = s.row
         return {"object": "session", "session_id": s.id, "model": row.model, "created_at": int(row.created_at),
                 "last_used_at": int(row.last_used_at), "current_pos": n_tokens, "max_seq_len": row.max_seq_len,
-                "message_count": len(row.messages), "residency": where, "busy": s.lock.locked()}
+                "message_count": len(row.messages), "residency": where, "busy": s.lock.locked(),
+                # superlinear's names for the same facts (docs/sessions.md)
+                "cache_position": n_tokens, "status": "busy" if s.lock.locked() else "idle"}
 
     async def list_all(self) -> list[dict[str, Any]]:
         self._kv()
@@ -187,13 +192,14 @@ class SessionManager:
             s.row.messages = s.row.messages[:keep_messages]
             s.row.last_used_at = time.time()
             self.store.save(s.row, replace_messages=True)
-            # The KV keeps its tokens: the next turn's reconciliation reuses the kept part.
-            return await self._describe(s)
+            await self._trim(s)
+        return await self._describe(s)  # outside the lock: an idle session is not busy
 
     async def resize(self, sid: str, max_seq_len: int, strategy: str = "reject") -> dict[str, Any]:
         s = self._get(sid)
-        if strategy not in ("reject", "drop_oldest"):
-            raise BadRequest("strategy must be reject or drop_oldest", param="strategy")
+        if strategy not in RESIZE_STRATEGIES:
+            raise BadRequest(f"strategy must be one of {', '.join(RESIZE_STRATEGIES)}", param="strategy")
+        mode = "drop_oldest" if strategy == "drop_oldest" else "reject"  # superlinear's auto|gpu|disk: no loss
         async with self._exclusive(s):
             limit = self.backend.limits(s.row.model).seq_ctx
             if not 16 <= max_seq_len <= limit:
@@ -202,7 +208,7 @@ class SessionManager:
             messages = list(s.row.messages)
             needed = await self._count(s.row.model, messages)
             if needed >= max_seq_len:
-                if strategy == "reject":
+                if mode == "reject":
                     raise BadRequest(f"session {s.id} already holds {needed} tokens of transcript, more than "
                                      f"max_seq_len {max_seq_len}; roll back first or use strategy drop_oldest",
                                      param="max_seq_len")
@@ -212,9 +218,17 @@ class SessionManager:
                 if await self._count(s.row.model, messages) >= max_seq_len:
                     raise BadRequest(f"the system message alone does not fit in {max_seq_len} tokens",
                                      param="max_seq_len")
+            old_max = s.row.max_seq_len
             s.row.messages, s.row.max_seq_len = messages, max_seq_len
             self.store.save(s.row, replace_messages=True)
-            return await self._describe(s)
+            await self._trim(s)
+        return {**await self._describe(s), "old_max_seq_len": old_max, "strategy": strategy, "mode": mode}
+
+    async def _trim(self, s: _Session) -> None:
+        """Cut the session's KV to what its (shorter) transcript still starts with, so
+        `current_pos` never counts dropped turns or exceeds `max_seq_len`."""
+        tokens = await self.backend.tokenize_chat(s.row.model, s.row.messages) if s.row.messages else []
+        await self._kv().trim_kv(s.row.model, s.id, tokens)
 
     async def resize_next_pow2(self, sid: str) -> dict[str, Any]:
         s = self._get(sid)

@@ -55,6 +55,15 @@ class EchoKV:
     async def drop_kv(self, model: str, session_id: str) -> None:
         self.kv.pop(session_id, None)
 
+    async def trim_kv(self, model: str, session_id: str, tokens: list[int]) -> int:
+        state = self.kv.get(session_id)
+        if state is None:
+            return 0
+        n = next((i for i, (a, b) in enumerate(zip(state.tokens, tokens, strict=False)) if a != b),
+                 min(len(state.tokens), len(tokens)))
+        self.kv[session_id] = KVState(state.tokens[:n], state.data)
+        return n
+
     async def kv_identity(self, model: str) -> KVIdentity:
         return KVIdentity({"id": model, "sha256": "ec" * 32}, {"engine": "echo", "kv_type": "chars"})
 

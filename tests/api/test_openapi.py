@@ -59,13 +59,13 @@ async def test_answers_have_the_documented_shapes(h: Harness) -> None:
     check(wire.Session, await c.get("/v1/sessions/s1"))
     check(wire.SessionHistory, await c.get("/v1/sessions/s1/history"))
     snap = check(wire.Snapshot, await c.post("/v1/sessions/s1/save", json={"title": "t"}), 201)["snapshot_id"]
-    check(wire.Session, await c.post("/v1/sessions/s1/rollback", json={"keep_messages": 1}))
-    check(wire.Session, await c.post("/v1/sessions/s1/resize", json={"max_seq_len": 256}))
-    check(wire.Session, await c.post("/v1/sessions/s1/resize/next_pow2"))
+    check(wire.SessionChange, await c.post("/v1/sessions/s1/rollback", json={"keep_messages": 1}))
+    check(wire.SessionChange, await c.post("/v1/sessions/s1/resize", json={"max_seq_len": 256}))
+    check(wire.SessionChange, await c.post("/v1/sessions/s1/resize/next_pow2"))
     check(wire.SnapshotList, await c.get("/v1/snapshots"))
     check(wire.Snapshot, await c.get(f"/v1/snapshots/{snap}"))
     check(wire.Snapshot, await c.patch(f"/v1/snapshots/{snap}", json={"tags": ["a"]}))
-    check(wire.Session, await c.post(f"/v1/snapshots/{snap}/load", json={"session_id": "s2"}), 201)
+    check(wire.SessionChange, await c.post(f"/v1/snapshots/{snap}/load", json={"session_id": "s2"}), 201)
     check(wire.SessionDeleted, await c.delete("/v1/sessions/s2"))
     check(wire.SnapshotDeleted, await c.delete(f"/v1/snapshots/{snap}"))
 

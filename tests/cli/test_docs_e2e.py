@@ -139,9 +139,13 @@ def test_documents_too_large_are_retrieved_and_cited(live: Server, tmp_path: Pat
 def test_question_loop_answers_until_end_of_input(live: Server, tmp_path: Path) -> None:
     folder = small_folder(tmp_path)
     out, err = docs(live, str(folder), "--session", "docs-e2e-loop", "--retrieve", "--max-tokens", "16",
-                    input="What is the kiln called?\n\nHow long is a loaf baked?\n")
-    assert len(stats(err)) == 2, "two questions, two answers"
+                    input="What is the kiln called?\n\nHow long is a loaf baked?\n/help\n/sources\n/nope\n"
+                          "/quit\nNot asked: the loop has ended.\n")
+    assert len(stats(err)) == 2, "two questions, two answers; /commands are not questions"
     assert out.count("Sources:") == 2
+    assert "/sources" in out and "/quit" in out  # the help
+    assert "2 documents in session docs-e2e-loop (retrieved per question):" in out and "kb/kiln.md (" in out
+    assert "cited by the last answer:" in out and "unknown command /nope" in err
     assert re.search(r"\[1\] kb/kiln\.md:\d+", out)
     assert re.search(r"\[\d\] kb/src/bake\.py:\d+", out)
     history = httpx.get(f"{live.url}/v1/sessions/docs-e2e-loop/history", timeout=10).json()["data"]

@@ -180,3 +180,15 @@ def test_foreign_sessions_and_servers_without_sessions_are_refused() -> None:
         session(fake, "chat")[0].prepare(DOCS, chunk_tokens=200, retrieve=False)
     with pytest.raises(CLIError, match="no sessions API"):
         session(FakeServer(sessions_api=False))[0].prepare(DOCS, chunk_tokens=200, retrieve=False)
+
+
+def test_slash_commands_are_not_questions() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    ds = DocsSession(Client("http://unused"), Console(file=out, width=200), Console(file=err, width=200), None,
+                     "docs-x", 16, 0.0, 4, docs=[Document("a.md", "one\ntwo\n")], last_sources=["[1] a.md:2"])
+    assert ds.command("/QUIT") and ds.command("/exit")
+    assert not ds.command("/help") and "/sources" in out.getvalue()
+    assert not ds.command("/sources")
+    assert "1 documents in session docs-x (whole):" in out.getvalue() and "a.md (2 lines)" in out.getvalue()
+    assert "[1] a.md:2" in out.getvalue()
+    assert not ds.command("/what") and "unknown command /what" in err.getvalue()

@@ -64,6 +64,25 @@ def test_sessions_ls_show_history_rm(server: Server) -> None:
     assert again.exit_code == 1 and "HTTP 404" in again.stderr and "session_not_found" in again.stderr
 
 
+def test_sessions_rollback_and_resize_verbs(server: Server) -> None:
+    url = server.url
+    turn(url, "cli-rb", "Say hi.")
+    turn(url, "cli-rb", "Name a color.")
+    full = run_json("sessions", "show", "cli-rb", "--url", url)["current_pos"]
+    rolled = run_json("sessions", "rollback", "cli-rb", "2", "--url", url)
+    assert rolled["message_count"] == 2 and 0 < rolled["current_pos"] < full and rolled["busy"] is False
+    printed = run("sessions", "rollback", "cli-rb", "1", "--url", url)
+    assert printed.exit_code == 0 and "1 messages kept" in printed.stdout
+    resized = run_json("sessions", "resize", "cli-rb", "512", "--url", url)
+    assert resized["max_seq_len"] == 512 and resized["old_max_seq_len"] == 2048
+    doubled = run("sessions", "resize", "cli-rb", "--next-pow2", "--url", url)
+    assert doubled.exit_code == 0 and "max_seq_len 512 -> 1024" in doubled.stdout
+    bad = run("sessions", "resize", "cli-rb", "--url", url)
+    assert bad.exit_code == 2
+    refused = run("sessions", "resize", "cli-rb", "100", "--strategy", "tape", "--url", url)
+    assert refused.exit_code == 1 and "strategy" in refused.stderr
+
+
 def test_snapshot_save_tag_export_import_load_rm(server: Server, tmp_path: Path) -> None:
     url = server.url
     turn(url, "cli-s2", "Say hi.")

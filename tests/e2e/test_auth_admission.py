@@ -59,11 +59,37 @@ def test_metrics_need_the_metrics_token_or_a_key(locked: Server) -> None:
     assert httpx.get(f"{locked.url}/metrics", headers={"x-api-key": KEY}).status_code == 200
 
 
-def test_admin_paths_need_the_admin_key(locked: Server) -> None:
-    r = httpx.delete(f"{locked.base_url}/sessions/x", headers={"x-api-key": KEY})
-    assert r.status_code == 403
-    r = httpx.delete(f"{locked.base_url}/sessions/x", headers={"x-api-key": ADMIN})
-    assert r.status_code != 403  # past auth (the route itself may not exist yet)
+def test_the_admin_key_opens_metrics_too(locked: Server) -> None:
+    # regression: the admin key works as an API key everywhere, /metrics included (it was a 401)
+    assert httpx.get(f"{locked.url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
+
+
+# Every destructive route (docs/api.md, "One rule for destructive operations").
+DESTRUCTIVE = [
+    ("DELETE", "/sessions/x", None),
+    ("DELETE", "/snapshots/snap_0123456789abcdef0123456789abcdef", None),
+    ("DELETE", "/responses/resp_x", None),
+    ("POST", "/snapshots/snap_0123456789abcdef0123456789abcdef/load", {"session_id": "x", "force": True}),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), DESTRUCTIVE)
+def test_destructive_operations_need_the_admin_key(locked: Server, method: str, path: str,
+                                                   body: dict[str, object] | None) -> None:
+    def call(key: str) -> httpx.Response:
+        return httpx.request(method, locked.base_url + path, json=body, headers={"x-api-key": key}, timeout=10)
+
+    plain = call(KEY)
+    assert plain.status_code == 403, plain.text
+    assert plain.json()["error"]["code"] == "insufficient_permissions"
+    admin = call(ADMIN)
+    assert admin.status_code not in (401, 403), admin.text  # past auth: the resource does not exist
+
+
+def test_a_load_without_force_needs_only_an_api_key(locked: Server) -> None:
+    r = httpx.post(f"{locked.base_url}/snapshots/snap_0123456789abcdef0123456789abcdef/load", json={"session_id": "x"},
+                   headers={"x-api-key": KEY}, timeout=10)
+    assert r.status_code == 404, r.text
 
 
 def test_full_queue_and_queue_timeout_are_429_with_retry_after(locked: Server) -> None:

@@ -195,6 +195,46 @@ def test_resize_and_a_turn_that_would_overflow(srv: Server) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_seq_len"
 
 
+def test_rollback_and_resize_answer_idle_with_a_current_pos_within_the_transcript(srv: Server) -> None:
+    # regressions: "busy": true on an idle session; current_pos counting dropped turns and
+    # exceeding the new max_seq_len
+    two_turns(srv, "pos")
+    full = info(srv, "pos")["current_pos"]
+    r = httpx.post(f"{srv.base_url}/sessions/pos/rollback", json={"keep_messages": 2}, timeout=10).json()
+    assert r["busy"] is False and r["status"] == "idle"
+    assert 0 < r["current_pos"] < full and r["cache_position"] == r["current_pos"]
+    assert r["session"]["session_id"] == "pos" and r["session"]["current_pos"] == r["current_pos"]
+    assert info(srv, "pos")["current_pos"] == r["current_pos"]
+    turn(srv, "pos", [Q2])
+    assert info(srv, "pos")["current_pos"] > 64
+    r = httpx.post(f"{srv.base_url}/sessions/pos/resize", json={"max_seq_len": 64, "strategy": "drop_oldest"},
+                   timeout=10).json()
+    assert r["busy"] is False and r["max_seq_len"] == 64 and r["old_max_seq_len"] == 2048
+    assert r["current_pos"] <= 64 and r["mode"] == "drop_oldest"
+    r = httpx.post(f"{srv.base_url}/sessions/pos/resize/next_pow2", timeout=10).json()
+    assert r["busy"] is False and r["max_seq_len"] == 128 and r["old_max_seq_len"] == 64
+    for strategy in ("auto", "gpu", "disk"):  # superlinear's values: nothing is dropped
+        r = httpx.post(f"{srv.base_url}/sessions/pos/resize", json={"max_seq_len": 256, "strategy": strategy},
+                       timeout=10)
+        assert r.status_code == 200 and r.json()["mode"] == "reject" and r.json()["strategy"] == strategy
+    bad = httpx.post(f"{srv.base_url}/sessions/pos/resize", json={"max_seq_len": 256, "strategy": "tape"}, timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "strategy"
+
+
+def test_superlinear_shapes_sit_beside_hearths_own(srv: Server) -> None:
+    turn(srv, "shapes", [Q1], max_tokens=4)
+    h = httpx.get(f"{srv.base_url}/sessions/shapes/history", timeout=10).json()
+    assert h["messages"] == h["data"] and len(h["messages"]) == 2
+    listed = httpx.get(f"{srv.base_url}/sessions", timeout=10).json()
+    assert listed["sessions"] == listed["data"] and any(x["session_id"] == "shapes" for x in listed["sessions"])
+    snap = httpx.post(f"{srv.base_url}/sessions/shapes/save", json={}, timeout=60).json()["snapshot_id"]
+    snaps = httpx.get(f"{srv.base_url}/snapshots", timeout=10).json()
+    assert snaps["snapshots"] == snaps["data"] and any(x["snapshot_id"] == snap for x in snaps["snapshots"])
+    loaded = httpx.post(f"{srv.base_url}/snapshots/{snap}/load", json={"session_id": "shapes-2"}, timeout=60).json()
+    assert loaded["session"]["session_id"] == loaded["session_id"] == "shapes-2"
+    assert loaded["session"]["message_count"] == 2 and loaded["status"] == "idle"
+
+
 def test_a_busy_session_serializes_or_refuses(srv: Server) -> None:
     turn(srv, "busy", [Q1], max_tokens=4)
     results: dict[str, Any] = {}

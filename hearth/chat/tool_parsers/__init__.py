@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hearth.chat.tool_parsers.base import CallPart, Part, ToolParser
+from hearth.chat.tool_parsers.base import BadCall, CallPart, Part, ToolParser
 from hearth.chat.tool_parsers.hermes import HermesParser
 from hearth.chat.tool_parsers.llama3 import JsonParser, Llama3Parser
 from hearth.chat.tool_parsers.mistral import MistralParser
@@ -27,4 +27,4 @@ def parser_for_template(source: str) -> str:
     return "hermes"
 
 
-__all__ = ["PARSERS", "CallPart", "Part", "ToolParser", "parser_for_template"]
+__all__ = ["PARSERS", "BadCall", "CallPart", "Part", "ToolParser", "parser_for_template"]

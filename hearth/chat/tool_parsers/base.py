@@ -5,7 +5,8 @@ A parser is fed the model's text in arbitrary pieces (one character or the whole
 returns parts: plain text, or `CallPart`s (a call announced with its name, then argument text).
 Invariants: a prefix of a marker is held back until it completes or cannot, so it is never
 streamed as text; fed the same text in any split, a parser returns the same parts once joined;
-malformed calls come back as text, never as an exception.
+malformed calls come back as text (or, in the hermes parser, as a `BadCall`), never as an
+exception.
 """
 
 from __future__ import annotations
@@ -28,7 +29,19 @@ class CallPart:
     arguments: str = ""
 
 
-Part = str | CallPart
+@dataclass(slots=True)
+class BadCall:
+    """Call number `call_index` could not be read (SIE's contract: the run ends with a clear
+    finish and a message naming the call, and the markup never becomes text). `name` is set
+    when the call had been announced; `text` is what the model wrote for it."""
+
+    call_index: int
+    name: str | None
+    text: str
+    problem: str
+
+
+Part = str | CallPart | BadCall
 
 
 class ToolParser(ABC):
@@ -124,6 +137,10 @@ class JsonCall:
     @property
     def announced(self) -> bool:
         return self._announced
+
+    @property
+    def name(self) -> str | None:
+        return self._name
 
     def feed(self, text: str) -> list[Part]:
         if self.done or self.failed:

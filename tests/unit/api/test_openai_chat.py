@@ -34,7 +34,7 @@ async def gen(events: list[ChatEvent]) -> AsyncIterator[ChatEvent]:
 
 
 async def test_message_with_calls_has_null_content_and_reasoning() -> None:
-    choices, _, _ = await collect(gen(EVENTS), 1)
+    choices, _, _, _ = await collect(gen(EVENTS), 1)
     msg = choices[0].message()
     assert msg["content"] is None and msg["reasoning_content"] == "hmm"
     assert msg["tool_calls"] == [

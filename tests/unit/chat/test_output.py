@@ -93,6 +93,22 @@ def test_tool_history_and_prompt_as_text() -> None:
     assert as_text_messages([Message("user", "x")], [WEATHER])[0].role == "system"
 
 
+def test_a_malformed_call_ends_with_a_clear_finish_and_a_message_naming_it() -> None:
+    cut = OutputParser(0, None, PARSERS["hermes"]([WEATHER]))
+    evs = cut.feed('Checking. <tool_call>{"name": "get_weather", "arguments": {"location": "Ro')
+    evs += cut.finish("length")
+    assert not any("<tool_call>" in e.text for e in evs if isinstance(e, TextDelta))
+    call_id = next(e.id for e in evs if isinstance(e, ToolCallDelta) and e.id)
+    last = evs[-1]
+    assert isinstance(last, Finish) and last.reason == "length" and last.error is not None
+    assert f"malformed tool call 0 {call_id} (get_weather)" in last.error
+    assert "before the call was complete" in last.error
+    junk = OutputParser(0, None, PARSERS["hermes"]([WEATHER]))
+    evs = junk.feed("<tool_call>get_weather please</tool_call>") + junk.finish("stop")
+    assert [type(e) for e in evs] == [Finish] and evs[0].reason == "error"
+    assert evs[0].error is not None and "malformed tool call 0" in evs[0].error
+
+
 def test_template_tool_support_is_probed() -> None:
     assert not knows_tools(ChatTemplate(SMOL)) and knows_tools(ChatTemplate(NATIVE))
 

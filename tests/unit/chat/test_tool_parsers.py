@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hearth.chat.tool_parsers import PARSERS, CallPart, Part, parser_for_template
+from hearth.chat.tool_parsers import PARSERS, BadCall, CallPart, Part, parser_for_template
 from hearth.chat.types import Tool
 
 TOOLS = [Tool("get_weather", "", {"type": "object", "properties": {"location": {"type": "string"}}}),
@@ -12,10 +12,13 @@ TOOLS = [Tool("get_weather", "", {"type": "object", "properties": {"location": {
 
 
 def joined(parts: list[Part]) -> list[str | list[object]]:
-    """Adjacent text merged; each call as [index, name, arguments]."""
+    """Adjacent text merged; each call as [index, name, arguments]; a malformed call as
+    ("bad", index, name, text)."""
     out: list[str | list[object]] = []
     for p in parts:
-        if isinstance(p, str):
+        if isinstance(p, BadCall):
+            out.append(["bad", p.call_index, p.name, p.text])
+        elif isinstance(p, str):
             if out and isinstance(out[-1], str):
                 out[-1] += p
             else:
@@ -45,12 +48,15 @@ CASES = [
      [[0, "get_weather", "{}"], [1, "get_time", '{"tz": "UTC"}']]),
     ("hermes", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', [[0, "f", '{"a": 1}']]),
     ("hermes", "plain answer, no calls", ["plain answer, no calls"]),
-    ("hermes", "a <tool_call>oops</tool_call> b", ["a <tool_call>oops</tool_call> b"]),
-    ("hermes", 'x <tool_call>{"name": 1}</tool_call>', ['x <tool_call>{"name": 1}</tool_call>']),
+    # malformed calls are reported, never text (SIE's contract)
+    ("hermes", "a <tool_call>oops</tool_call> b", ["a", ["bad", 0, None, "<tool_call>oops</tool_call>"], "b"]),
+    ("hermes", 'x <tool_call>{"name": 1}</tool_call>', ["x", ["bad", 0, None, '<tool_call>{"name": 1}</tool_call>']]),
     ("hermes", "1 < 2 and <tool_cal is not a tag", ["1 < 2 and <tool_cal is not a tag"]),
     ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"location": "Ro',
-     [[0, "get_weather", '{"location": "Ro']]),  # cut off by max_tokens: the call stands
-    ("hermes", "<tool_call>{not json", ["<tool_call>{not json"]),
+     [[0, "get_weather", '{"location": "Ro'],  # cut off by max_tokens: what was sent stands, and is reported
+      ["bad", 0, "get_weather", '<tool_call>{"name": "get_weather", "arguments": {"location": "Ro']]),
+    ("hermes", '<tool_call>{"name": "get_wea', [["bad", 0, None, '<tool_call>{"name": "get_wea']]),
+    ("hermes", "<tool_call>{not json", [["bad", 0, None, "<tool_call>{not json"]]),
     ("hermes", "ends with a partial marker <tool_ca", ["ends with a partial marker "]),
     ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"location": "X"}}; '
                '{"name": "get_time", "arguments": {}}',

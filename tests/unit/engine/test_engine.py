@@ -388,3 +388,42 @@ async def test_a_placed_request_hears_of_it_before_its_prefill_runs() -> None:
     finally:
         runner.gate.set()
         eng.stop()
+
+
+async def test_a_reasoning_budget_never_forces_tokens_into_grammar_constrained_output() -> None:
+    # regression: the budget's forced "</think>" went into output a grammar was constraining
+    from hearth.engine.thinking import ThinkBudget
+
+    eng = make()
+    try:
+        budget = ThinkBudget(0, list(b"</think>"), starts_inside=True)
+        free = EngineRequest("free", list(b"hello"), SamplingParams(temperature=0.0, max_tokens=12), think=budget)
+        texts, _, _ = await run(eng, free)
+        assert texts[0].startswith("</think>")  # without a grammar the budget does force the marker
+        constrained = EngineRequest("g", list(b"hello"), SamplingParams(temperature=0.0, max_tokens=12,
+                                                                        grammar='root ::= [a-z]+'), think=budget)
+        texts, _, _ = await run(eng, constrained)
+        assert texts[0] == expected_text(5, 12)
+    finally:
+        eng.stop()
+
+
+async def test_the_loop_detector_stops_a_sequence_with_a_repetition_stop() -> None:
+    from hearth.engine.repetition import RepetitionSpec
+    from hearth.engine.types import StopKind
+
+    eng = make(seq_ctx=1024)
+    period = len(SCRIPT)  # the fake model recites its script forever
+    try:
+        looping = req("loop", max_tokens=500)
+        looping.repetition = RepetitionSpec(min_repeats=3, max_period=64, min_tokens=10)
+        texts, reasons, outs = await run(eng, looping)
+        assert reasons[0] is FinishReason.STOP
+        assert [d.stop_reason for o in outs for d in o.deltas if d.finish_reason] == [StopKind.REPETITION]
+        assert texts[0] == expected_text(5, 3 * period)
+        off = req("off", max_tokens=200)
+        off.repetition = RepetitionSpec(enabled=False)
+        _, reasons, _ = await run(eng, off)
+        assert reasons[0] is FinishReason.LENGTH
+    finally:
+        eng.stop()

@@ -198,3 +198,25 @@ def test_the_stash_is_bounded_by_its_budget() -> None:
     assert len(keys) == 2 and store.take_prefix(keys[-1]) == ([9], b"x" * 40)
     store.stash_prefix([0], b"y" * 101)  # larger than the whole share: not kept
     assert len(store.prefix_candidates()) == 1
+
+
+async def test_trim_cuts_resident_and_swapped_kv_to_the_kept_transcript() -> None:
+    eng, runner = make(1)
+    try:
+        prompt = list(range(1, 31))
+        await run(eng, sreq("a", prompt, "a"))
+        assert eng.kv_where("a") == ("resident", 32)
+        kept = eng.call(lambda: eng.trim_kv("a", [*prompt[:20], 77, 78])).result(5)
+        assert kept == 20 and eng.kv_where("a") == ("resident", 20)
+        kv_consistent(eng, runner)
+        _, _, outs = await run(eng, sreq("a2", [*prompt[:20], 5, 6], "a"))  # continues from the cut
+        assert outs[0].cached_tokens == 20
+        await run(eng, sreq("b", [9] * 12, "b"))  # one slot: "a" is swapped out to RAM
+        assert eng.kv_where("a")[0] == "host"
+        kept = eng.call(lambda: eng.trim_kv("a", prompt[:10])).result(5)
+        assert kept == 10 and eng.kv_where("a") == ("host", 10)
+        _, _, outs = await run(eng, sreq("a3", [*prompt[:10], 4, 4], "a"))
+        assert outs[0].cached_tokens == 10
+        kv_consistent(eng, runner)
+    finally:
+        eng.stop()

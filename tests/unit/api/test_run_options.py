@@ -1,0 +1,72 @@
+"""The run fields every generating protocol shares, and the one admin rule, without a server."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from hearth.api.auth import AuthMiddleware
+from hearth.api.run_options import RunFields, repetition, wall_cap
+from hearth.config import Settings
+from hearth.engine.repetition import RepetitionSpec
+from hearth.errors import BadRequest
+
+
+def request(**settings: Any) -> Any:
+    return SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(settings=Settings(**settings))))
+
+
+def fields(**kw: Any) -> RunFields:
+    return RunFields.model_validate(kw)
+
+
+def test_repetition_detection_top_level_in_extra_and_the_server_default() -> None:
+    assert repetition(request(), fields()) is None
+    assert repetition(request(repetition_detection=True), fields()) == RepetitionSpec()
+    assert repetition(request(repetition_detection=True), fields(repetition_detection=False)) == \
+        RepetitionSpec(enabled=False)
+    assert repetition(request(), fields(extra={"repetition_detection": {"min_repeats": 3}})) == \
+        RepetitionSpec(min_repeats=3)
+    # the top-level field wins over extra
+    assert repetition(request(), fields(repetition_detection=True, extra={"repetition_detection": False})) == \
+        RepetitionSpec()
+    with pytest.raises(BadRequest) as e:
+        repetition(request(), fields(repetition_detection={"max_period": 0}))
+    assert e.value.param == "repetition_detection"
+    with pytest.raises(BadRequest) as e:
+        repetition(request(), fields(extra={"repetition_detection": "on"}))
+    assert e.value.param == "extra.repetition_detection"
+
+
+def test_t_max_predict_ms_is_timeout_in_milliseconds() -> None:
+    assert wall_cap(request(), fields(t_max_predict_ms=2500)) == 2.5
+    assert wall_cap(request(), fields(timeout=7)) == 7
+    assert wall_cap(request(request_timeout=30), fields()) == 30
+    for kw, param in (({"timeout": 1, "t_max_predict_ms": 1000}, "t_max_predict_ms"),
+                      ({"t_max_predict_ms": 4_000_000}, "t_max_predict_ms"), ({"timeout": 4000}, "timeout")):
+        with pytest.raises(BadRequest) as e:
+            wall_cap(request(), fields(**kw))
+        assert e.value.param == param
+
+
+def verdict(method: str, path: str, key: str | None) -> int | None:
+    mw = AuthMiddleware(lambda *a: None, Settings(api_keys=["k"], admin_key="adm", metrics_token="m"))  # type: ignore[arg-type]
+    v = mw._verdict(method, path, key)
+    return v.status if v else None
+
+
+@pytest.mark.parametrize("path", ["/v1/sessions/s", "/v1/snapshots/snap_x", "/v1/responses/resp_x", "/v1/other"])
+def test_every_delete_needs_the_admin_key(path: str) -> None:
+    assert verdict("DELETE", path, "k") == 403
+    assert verdict("DELETE", path, "adm") is None
+    assert verdict("DELETE", path, None) == 401
+
+
+def test_the_admin_key_reads_metrics_and_other_keys_do_what_they_did() -> None:
+    assert verdict("GET", "/metrics", "adm") is None
+    assert verdict("GET", "/metrics", "m") is None and verdict("GET", "/metrics", "k") is None
+    assert verdict("GET", "/metrics", "x") == 401
+    assert verdict("POST", "/v1/sessions/s/rollback", "k") is None  # not destructive: any key
+    assert verdict("GET", "/v1/models", "m") == 401  # the metrics token is for /metrics only
