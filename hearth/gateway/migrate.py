@@ -94,7 +94,8 @@ class Mover:
                 if archive.status_code != 200:
                     raise _MoveFailed(f"archive answered {archive.status_code}")
                 await self._call(dst, "POST", "/v1/snapshots/import", content=archive.aiter_raw(), ok=(201, 409))
-            await self._call(dst, "POST", f"/v1/snapshots/{snap}/load", json={"session_id": sid, "force": True})
+            await self._call(dst, "POST", f"/v1/snapshots/{snap}/load", json={"session_id": sid, "force": True},
+                             admin=True)  # force replaces a session: an admin operation on a node
         except (_MoveFailed, httpx.HTTPError) as e:
             self.metrics.migrations.labels("failed").inc()
             await self._call(src, "DELETE", f"/v1/snapshots/{snap}", admin=True, ok=(200, 404))

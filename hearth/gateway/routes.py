@@ -165,7 +165,9 @@ async def _gather_lists(request: Request) -> Response:
         return [{**i, "node": node.name} for i in items if isinstance(i, dict)]
 
     lists = await asyncio.gather(*(one(n) for n in nodes))
-    return JSONResponse({"object": "list", "data": [i for sub in lists for i in sub]})
+    items = [i for sub in lists for i in sub]
+    kind = request.url.path.rsplit("/", 1)[-1]  # "sessions" or "snapshots": superlinear's key, as on a node
+    return JSONResponse({"object": "list", "data": items, kind: items})
 
 
 # ---- sessions and snapshots -----------------------------------------------------------------
@@ -219,10 +221,24 @@ async def list_snapshots(request: Request) -> Response:
 async def snapshot_route(request: Request) -> Response:
     """/v1/snapshots/{id}…: to whichever node holds the snapshot."""
     pool = _pool(request)
-    node, r = await _first_found(request, _live(pool), admin=request.method == "DELETE")
+    destructive = request.method == "DELETE" or await _forced_load(request)
+    if destructive:
+        _require_admin(request)  # the node's admin key goes upstream only for the gateway's admin
+    node, r = await _first_found(request, _live(pool), admin=destructive)
     if request.url.path.endswith("/load") and r.status_code == 201:
         pool.store.assign(f"session:{r.json()['session_id']}", node.name)
     return _answer(r)
+
+
+async def _forced_load(request: Request) -> bool:
+    """A snapshot load with `force: true` replaces a session: destructive, as on a node."""
+    if request.method != "POST" or not request.url.path.endswith("/load"):
+        return False
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError:
+        return False  # the node answers the malformed body with its 400
+    return isinstance(body, dict) and body.get("force") is True
 
 
 async def import_snapshot(request: Request) -> Response:

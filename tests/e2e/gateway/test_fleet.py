@@ -170,12 +170,20 @@ def test_move_carries_the_kv_and_continues_as_the_original_would(gw: Gateway, oa
     snap = gw.admin("POST", "/v1/sessions/mv/save", json={}).json()["snapshot_id"]
     assert gw.admin("POST", f"/v1/snapshots/{snap}/load", json={"session_id": "mv-ref"}).status_code == 201
     assert gw.session_node("mv-ref") == src
+    # Replacing a session (force) is an admin operation at the gateway as on a node (docs/api.md).
+    force = {"session_id": "mv-ref", "force": True}
+    plain = httpx.post(f"{gw.url}/v1/snapshots/{snap}/load", json=force,
+                       headers={"Authorization": f"Bearer {GW_KEY}"}, timeout=120)
+    assert plain.status_code == 403 and plain.json()["error"]["code"] == "insufficient_permissions"
+    assert gw.admin("POST", f"/v1/snapshots/{snap}/load", json=force).status_code == 201
     archive = gw.admin("GET", f"/v1/snapshots/{snap}/archive")  # snapshots through the gateway too
     assert archive.status_code == 200 and archive.headers["content-type"] == "application/x-tar"
     assert gw.admin("DELETE", f"/v1/snapshots/{snap}").json()["deleted"] is True
     imported = gw.admin("POST", "/v1/snapshots/import", content=archive.content)
     assert imported.status_code == 201 and imported.json()["snapshot_id"] == snap
-    listed = gw.admin("GET", "/v1/snapshots").json()["data"]
+    answer = gw.admin("GET", "/v1/snapshots").json()
+    listed = answer["data"]
+    assert answer["snapshots"] == listed  # superlinear's key, as on a node
     assert [(s["snapshot_id"], s["node"]) for s in listed] == [(snap, imported.headers["x-hearth-upstream"])]
     moved = gw.admin("POST", "/admin/sessions/mv/move", json={}).json()
     dst = moved["to"]
