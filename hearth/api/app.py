@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -39,6 +40,27 @@ from hearth.sessions.manager import SessionManager
 async def _client_gone(request: Request, exc: Exception) -> Response:
     note_error(499, "client_gone", "the client disconnected before the response was ready")
     return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
+
+
+def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]],
+             requests: object, access: Settings) -> Starlette:
+    """The Starlette app a node and the gateway share: request ids (counted in `requests`),
+    API keys as `access` says, and the one error policy of api/errors.py."""
+    endpoints = {r.path for r in routes if "{" not in r.path}
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[
+            Middleware(RequestIdMiddleware, count=requests, endpoints=endpoints),
+            Middleware(AuthMiddleware, settings=access),
+            Middleware(UnexpectedErrors),
+        ],
+        exception_handlers={
+            HearthError: handle_hearth_error,
+            HTTPException: handle_http_exception,
+            ClientGone: _client_gone,
+        },
+    )
 
 
 def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
@@ -104,21 +126,7 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name}", web.static_file, methods=["GET"]),
     ]
-    endpoints = {r.path for r in routes if "{" not in r.path}
-    app = Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        middleware=[
-            Middleware(RequestIdMiddleware, count=metrics.requests, endpoints=endpoints),
-            Middleware(AuthMiddleware, settings=settings),
-            Middleware(UnexpectedErrors),
-        ],
-        exception_handlers={
-            HearthError: handle_hearth_error,
-            HTTPException: handle_http_exception,
-            ClientGone: _client_gone,
-        },
-    )
+    app = assemble(routes, lifespan, metrics.requests, settings)
     app.state.backend = backend
     app.state.sessions = manager
     app.state.settings = settings

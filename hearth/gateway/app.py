@@ -9,19 +9,13 @@ from collections.abc import AsyncIterator
 
 import httpx
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from hearth.api import anthropic, web
-from hearth.api.app import _client_gone, create_app
-from hearth.api.auth import AuthMiddleware
-from hearth.api.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
-from hearth.api.sse import ClientGone
+from hearth.api.app import assemble, create_app
 from hearth.config import Settings
-from hearth.errors import HearthError
 from hearth.gateway import routes
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.metrics import GatewayMetrics
@@ -30,7 +24,6 @@ from hearth.gateway.openai_backend import OpenAIUpstreamBackend
 from hearth.gateway.pool import Pool
 from hearth.gateway.proxy import Proxy
 from hearth.gateway.transcripts import TranscriptStore
-from hearth.observability.logging import RequestIdMiddleware
 
 GENERATION = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/v1/messages",
               "/v1/responses", "/responses")
@@ -106,21 +99,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name}", web.static_file, methods=["GET"]),
     ]
-    endpoints = {r.path for r in route_list if "{" not in r.path}
-    app = Starlette(
-        routes=route_list,
-        lifespan=lifespan,
-        middleware=[
-            Middleware(RequestIdMiddleware, count=metrics.requests, endpoints=endpoints),
-            Middleware(AuthMiddleware, settings=access_settings(settings)),
-            Middleware(UnexpectedErrors),
-        ],
-        exception_handlers={
-            HearthError: handle_hearth_error,
-            HTTPException: handle_http_exception,
-            ClientGone: _client_gone,
-        },
-    )
+    app = assemble(route_list, lifespan, metrics.requests, access_settings(settings))
     app.state.settings = settings
     app.state.pool = pool
     app.state.proxy = proxy
