@@ -8,6 +8,7 @@ stream, which aborts the request in the engine.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,7 +25,7 @@ T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
 
 
-def _json(obj: Any) -> bytes:
+def json_bytes(obj: Any) -> bytes:
     """Compact UTF-8 JSON. orjson, because one chunk per token is encoded on the event loop,
     which shares the CPU with llama.cpp's threads (stdlib json was ~1/6 of the loop's time per
     token); what orjson refuses (non-str keys) goes through the stdlib."""
@@ -35,11 +36,11 @@ def _json(obj: Any) -> bytes:
 
 
 def sse_data(obj: Any) -> bytes:
-    return b"data: " + _json(obj) + b"\n\n"
+    return b"data: " + json_bytes(obj) + b"\n\n"
 
 
 def sse_event(event: str, obj: Any) -> bytes:
-    return f"event: {event}\n".encode() + b"data: " + _json(obj) + b"\n\n"
+    return f"event: {event}\n".encode() + b"data: " + json_bytes(obj) + b"\n\n"
 
 
 class ClientGone(Exception):
@@ -89,7 +90,7 @@ class _Sender:
 
     def __init__(self, send: Send) -> None:
         self._send = send
-        self._lock = anyio.Lock()
+        self._lock = asyncio.Lock()  # not anyio.Lock: that yields to the loop on every acquire, once per chunk
         self.last = time.monotonic()
         self.closed = False
 

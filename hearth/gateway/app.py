@@ -24,6 +24,7 @@ from hearth.gateway.openai_backend import OpenAIUpstreamBackend
 from hearth.gateway.pool import Pool
 from hearth.gateway.proxy import Proxy
 from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.upstream_http import HttpxSender, UpstreamHttp
 
 GENERATION = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/v1/messages",
               "/v1/responses", "/responses")
@@ -44,7 +45,10 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     client = httpx.AsyncClient(transport=transport, limits=httpx.Limits(max_connections=limit,
                                                                         max_keepalive_connections=limit))
     pool = Pool(settings, store, metrics, client)
-    proxy = Proxy(settings, pool, store, metrics, client)
+    # Generation requests go over the fast client (upstream_http.py), unless a test hands in an
+    # httpx transport standing for the fleet.
+    http: UpstreamHttp | HttpxSender = UpstreamHttp() if transport is None else HttpxSender(client)
+    proxy = Proxy(settings, pool, store, metrics, client, http)
     # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
     # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.
     translated = OpenAIUpstreamBackend(pool, client)
@@ -66,6 +70,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         finally:
             await pool.stop()
             await proxy.continuity.idle()
+            await http.aclose()
             await client.aclose()
             store.close()
 

@@ -8,7 +8,8 @@ ends the stream with the protocol's terminal error (`terminal.py`). The first by
 upstream's first event, or a heartbeat comment once `heartbeat` seconds pass without one (a
 long prefill), whichever comes first.
 
-Upstream streams are relayed event by event (split at the blank line), never cut inside one.
+Upstream streams are relayed read by read: the whole events of each read (split at the blank
+line) in one write, never an event cut in two.
 The client's Authorization / x-api-key are never forwarded: each node gets its own key.
 """
 
@@ -20,7 +21,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
-from hearth.api.sse import EventStreamResponse
+from hearth.api.sse import EventStreamResponse, json_bytes
 from hearth.errors import TooManyRequests, Unavailable
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.continuity import Continuity
@@ -38,6 +39,7 @@ from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.terminal import Protocol, first_response, is_terminal, protocol_of, terminal_error
 from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.upstream_http import Answer, Sender
 from hearth.observability.logging import request_id
 from hearth.sessions.ids import check_session_id
 
@@ -67,6 +69,7 @@ def forwarded_headers(request: Request) -> dict[str, str]:
 class Scan:
     """What the gateway learns from an answer as it passes: usage and a Responses id."""
 
+    responses: bool = False  # a Responses answer: look for its id and output
     cached: int | None = None
     prompt: int | None = None
     response_id: str | None = None
@@ -87,7 +90,7 @@ class Scan:
             self.output = r["output"]
 
     def feed(self, data: bytes) -> None:
-        if self.response_id is None and (r := _RESPONSE_ID.search(data)):
+        if self.responses and self.response_id is None and (r := _RESPONSE_ID.search(data)):
             self.response_id = r.group(1).decode()
         if b'"usage"' not in data:  # most events: text deltas
             return
@@ -118,17 +121,15 @@ class _Broken(Exception):
     """The upstream stream failed (transport error, or it ended with no terminal event)."""
 
 
-_END = object()
-
-
 class Proxy:
     def __init__(self, settings: GatewaySettings, pool: Pool, store: TranscriptStore, metrics: GatewayMetrics,
-                 client: httpx.AsyncClient) -> None:
+                 client: httpx.AsyncClient, http: Sender) -> None:
         self.settings = settings
         self.pool = pool
         self.store = store
         self.metrics = metrics
         self.client = client
+        self.http = http  # generation requests; `client` for the rest
         self.continuity = Continuity(store, client, metrics)
 
     # ---- the request ---------------------------------------------------------------------------
@@ -183,10 +184,9 @@ class Proxy:
             if turn.session_id is not None:
                 await self.continuity.ensure_session(node, turn.alias, turn.session_id)
             payload = {**self.continuity.rechained(node, turn.body), "model": node.up.models[turn.alias]}
-            req = self.client.build_request("POST", node.up.url + turn.path, json=payload,
-                                            headers={**turn.headers, **node.up.headers()},
-                                            timeout=httpx.Timeout(None, connect=self.settings.connect_timeout))
-            resp = await self.client.send(req, stream=True)
+            resp = await self.http.send("POST", node.up.url + turn.path,
+                                        {**turn.headers, "content-type": "application/json", **node.up.headers()},
+                                        json_bytes(payload), self.settings.connect_timeout)
             node.last_bytes = self.pool.clock()
         except httpx.TransportError as e:
             release(False)
@@ -213,7 +213,7 @@ class Proxy:
             ok = None if resp.status_code < 500 else False
             if resp.status_code < 300:
                 content = _renamer(node.up.models[turn.alias], turn.alias)(content)
-                scan = Scan()
+                scan = Scan(responses=turn.protocol == "responses")
                 scan.feed(content)
                 if turn.protocol == "responses":
                     scan.feed_response(content)
@@ -228,71 +228,73 @@ class Proxy:
 
     # ---- streams -------------------------------------------------------------------------------
 
-    async def _stream(self, lease: Lease, turn: Turn, resp: httpx.Response,
+    async def _stream(self, lease: Lease, turn: Turn, resp: Answer,
                       release: Callable[[bool | None], None]) -> Response:
-        # Bounded: a slow client slows the upstream read (TCP backpressure) instead of buffering it all.
-        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=256)
-        reader = asyncio.create_task(_read_events(resp, queue, lease.node, self.pool.clock))
         node = lease.node
+        events = _events(resp, node, self.pool.clock)
+        # The first read runs as a task so that waiting for it can time out (a heartbeat goes out)
+        # without cancelling the read; every later read is awaited by the response body itself.
+        first_read: asyncio.Task[list[bytes]] = asyncio.create_task(_next(events))
 
         async def abandon() -> None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            first_read.cancel()
+            with contextlib.suppress(BaseException):
+                await first_read
+            with contextlib.suppress(Exception):
+                await events.aclose()
             await resp.aclose()
 
         try:  # before the first byte: a failure here is still retried elsewhere
-            first = await asyncio.wait_for(_get(queue), self.settings.heartbeat)
-        except TimeoutError:
-            first = None
+            await asyncio.wait((first_read,), timeout=self.settings.heartbeat)
+            first = first_read.result() if first_read.done() else None
         except _Broken as e:
             await abandon()
             release(False)
             raise _Retry("broken_before_first_byte", f"{node.name}: {e}") from e
+        except StopAsyncIteration:  # closed without a single event: nothing reached the client, retry
+            await abandon()
+            release(False)
+            raise _Retry("broken_before_first_byte", f"{node.name} sent an empty stream") from None
         except BaseException:
             await abandon()
             release(None)
             raise
-        if first is _END:  # closed without a single event: nothing reached the client, retry
-            await abandon()
-            release(False)
-            raise _Retry("broken_before_first_byte", f"{node.name} sent an empty stream")
-        scan = Scan()
+        scan = Scan(responses=turn.protocol == "responses")
         state: dict[str, Any] = {"terminal": False, "events": 0, "response": None}
         rename = _renamer(node.up.models[turn.alias], turn.alias)
 
-        def forward(event: bytes) -> bytes:
-            event = rename(event)
-            scan.feed(event)
-            state["events"] += 1
-            if state["response"] is None and turn.protocol == "responses":
-                state["response"] = first_response(event)
-            if is_terminal(turn.protocol, event):
-                state["terminal"] = True
-                if turn.protocol == "responses":
-                    scan.feed_response(event)
-            return event + b"\n\n"
+        def forward(batch: list[bytes]) -> bytes:
+            """The events of one upstream read, relayed as one write."""
+            out = []
+            for event in batch:
+                event = rename(event)
+                scan.feed(event)
+                state["events"] += 1
+                if state["response"] is None and turn.protocol == "responses":
+                    state["response"] = first_response(event)
+                if is_terminal(turn.protocol, event):
+                    state["terminal"] = True
+                    if turn.protocol == "responses":
+                        scan.feed_response(event)
+                out.append(event)
+            return b"\n\n".join(out) + b"\n\n"
 
         async def body() -> AsyncIterator[bytes]:
             outcome: bool | None = None
             try:
                 self.metrics.ttft.observe(time.monotonic() - turn.started)
-                yield forward(first) if isinstance(first, bytes) else HEARTBEAT
-                while True:
-                    try:  # the common case, an event already waiting, costs no timer
-                        item = queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        try:
-                            item = await asyncio.wait_for(queue.get(), self.settings.heartbeat)
-                        except TimeoutError:
-                            yield HEARTBEAT
-                            continue
-                    if isinstance(item, _Broken):
-                        raise item
-                    if item is _END:
-                        break
-                    assert isinstance(item, bytes)
-                    yield forward(item)
+                if first is None:  # a long prefill: keep the client's connection warm until it ends
+                    while not first_read.done():
+                        yield HEARTBEAT
+                        await asyncio.wait((first_read,), timeout=self.settings.heartbeat)
+                    try:
+                        yield forward(first_read.result())
+                    except StopAsyncIteration:
+                        raise _Broken("the upstream closed the stream before its first event") from None
+                else:
+                    yield forward(first)
+                async for batch in events:
+                    yield forward(batch)
                 if not state["terminal"] and turn.protocol != "other":
                     raise _Broken("the upstream closed the stream without its final event")
                 outcome = True
@@ -309,7 +311,10 @@ class Proxy:
                 await abandon()
                 release(outcome)
 
-        return EventStreamResponse(body(), headers=_passed_headers(resp, node.name))
+        # Later silences (a slow tool-call argument, a stalled node) get keep-alive comments from
+        # the response itself.
+        return EventStreamResponse(body(), headers=_passed_headers(resp, node.name),
+                                   heartbeat=self.settings.heartbeat, beat=HEARTBEAT)
 
     # ---- after the answer ----------------------------------------------------------------------
 
@@ -339,30 +344,28 @@ class _Retry(Exception):
         self.retry_after = retry_after
 
 
-async def _get(queue: asyncio.Queue[object]) -> object:
-    item = await queue.get()
-    if isinstance(item, _Broken):
-        raise item
-    return item
+async def _next(events: AsyncIterator[list[bytes]]) -> list[bytes]:
+    return await anext(events)
 
 
-async def _read_events(resp: httpx.Response, queue: asyncio.Queue[object], node: Node,
-                       clock: Callable[[], float]) -> None:
-    """Upstream bytes → whole SSE events (without their blank line) → queue; then _END, or a
-    _Broken if the transport failed. Every chunk marks the node as alive (`Node.last_bytes`)."""
+async def _events(resp: Answer, node: Node, clock: Callable[[], float]) -> AsyncGenerator[list[bytes], None]:
+    """Upstream bytes → the whole SSE events (without their blank line) of each read, never an
+    event cut in two; a transport failure raises _Broken. Every read marks the node as alive
+    (`Node.last_bytes`)."""
     buf = b""
     try:
         async for chunk in resp.aiter_raw():
             node.last_bytes = clock()
-            buf += chunk.replace(b"\r\n", b"\n")
-            while (i := buf.find(b"\n\n")) >= 0:
-                event, buf = buf[:i], buf[i + 2:]
-                if event:
-                    await queue.put(event)
+            buf += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
+            end = buf.rfind(b"\n\n")
+            if end < 0:
+                continue
+            whole, buf = buf[:end], buf[end + 2:]
+            batch = [e for e in whole.split(b"\n\n") if e]
+            if batch:
+                yield batch
     except httpx.HTTPError as e:
-        await queue.put(_Broken(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__))
-        return
-    await queue.put(_END)
+        raise _Broken(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
 
 
 def _renamer(upstream_id: str, alias: str) -> Callable[[bytes], bytes]:
@@ -374,14 +377,14 @@ def _renamer(upstream_id: str, alias: str) -> Callable[[bytes], bytes]:
     return lambda data: data.replace(old, new)
 
 
-def _retry_after(resp: httpx.Response) -> float:
+def _retry_after(resp: Answer) -> float:
     try:
         return min(60.0, max(0.0, float(resp.headers.get("retry-after", "1"))))
     except ValueError:
         return 1.0
 
 
-def _passed_headers(resp: httpx.Response, node: str) -> dict[str, str]:
+def _passed_headers(resp: Answer, node: str) -> dict[str, str]:
     """The upstream's answer headers worth keeping, and which node answered (X-Hearth-Upstream)."""
     kept = {k: v for k, v in resp.headers.items() if k in ("x-request-id", "retry-after", "openai-processing-ms")}
     return {**kept, "X-Hearth-Upstream": node}

@@ -1,0 +1,290 @@
+"""The gateway's HTTP/1.1 client for generation requests: kept-alive connections per node, the
+response parsed by httptools (the C parser uvicorn uses), body bytes handed over as they arrive.
+
+Why not httpx here: on the relay path httpx/httpcore cost ~60 % of the gateway's CPU per
+request (request building, cookie handling, h11's pure-Python parser, anyio locks and cancel
+scopes on every read), and on a busy machine every bit of the gateway's CPU is added latency.
+httpx still serves everything that is not per-token (probes, sessions, admin, migration).
+
+Invariants:
+- A connection carries one request at a time and goes back to its node's idle list only when its
+  response was read to the end and both sides keep it alive; anything else closes it. So an
+  abandoned stream (the client left, a stall) closes the upstream connection, which is how a node
+  learns that nobody is listening and cancels the generation.
+- An idle connection is reused for at most `IDLE_REUSE` seconds, under uvicorn's default 5 s
+  keep-alive, so the node does not close it under a request. If a reused connection dies before a
+  single response byte arrived, the request is sent once more on a new connection (the node never
+  started on it: that is the race with a keep-alive close).
+- Failures raise httpx's transport exceptions (ConnectError, ReadError, RemoteProtocolError), so
+  callers treat both clients alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol, cast
+from urllib.parse import urlsplit
+
+import httptools
+import httpx
+
+IDLE_REUSE = 4.0  # seconds an idle connection may be reused (uvicorn closes idle ones after 5 s)
+MAX_IDLE = 64  # idle connections kept per node
+HIGH_WATER = 1 << 20  # buffered body bytes past which reading from the node pauses
+
+
+class Answer(Protocol):
+    """An upstream response as the proxy reads it (httpx.Response is one too)."""
+
+    status_code: int
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+    async def aread(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Sender(Protocol):
+    async def send(self, method: str, url: str, headers: Mapping[str, str], body: bytes,
+                   connect_timeout: float) -> Answer: ...
+
+
+class HttpxSender:
+    """The same calls over an httpx client: for in-process tests whose fake fleet is an httpx
+    transport (the fast client needs real sockets; it has its own tests)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def send(self, method: str, url: str, headers: Mapping[str, str], body: bytes,
+                   connect_timeout: float) -> Answer:
+        request = self.client.build_request(method, url, content=body, headers=dict(headers),
+                                            timeout=httpx.Timeout(None, connect=connect_timeout))
+        return await self.client.send(request, stream=True)
+
+    async def aclose(self) -> None:
+        return None  # the client is the app's; it closes it
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection to a node and the response being read on it."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.idle_since = 0.0
+        self._begin()
+
+    def _begin(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.header_list: list[tuple[str, str]] = []
+        self.headers_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.received = False  # any byte of this response
+        self.error: Exception | None = None
+        self.body: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.paused = False
+        self.waiter: asyncio.Future[None] | None = None
+
+    # ---- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self.error = httpx.RemoteProtocolError(f"malformed response from the upstream: {e}")
+            self.close()
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if not self.complete and self.error is None:
+            reason = f": {exc}" if exc else ""
+            self.error = httpx.ReadError(f"the upstream closed the connection{reason}")
+        self._wake()
+
+    # ---- httptools callbacks -------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_list.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()  # only valid until the parser resets
+
+    # ---- for the response ----------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Until something new happened (bytes, the end, an error)."""
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+    def take(self) -> bytes:
+        data = b"".join(self.body) if len(self.body) > 1 else self.body[0]
+        self.body.clear()
+        self.buffered = 0
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
+
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.lost and self.error is None
+
+    def close(self) -> None:
+        if self.transport is not None and not self.lost:
+            self.transport.close()
+        self.lost = True
+
+
+class UpstreamResponse:
+    """A response whose headers have arrived; its body is read with `aiter_raw` or `aread`,
+    then `aclose` (always: it returns the connection or closes it)."""
+
+    def __init__(self, conn: _Connection, pool: UpstreamHttp, key: tuple[str, int]) -> None:
+        self._conn: _Connection | None = conn
+        self._pool = pool
+        self._key = key
+        self.status_code = conn.status
+        self.headers: Mapping[str, str] = dict(conn.header_list)
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        if conn is None:
+            return
+        while True:
+            if conn.body:
+                yield conn.take()
+                continue
+            if conn.error is not None:
+                raise conn.error
+            if conn.complete:
+                return
+            await conn.wait()
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_raw()])
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if conn.reusable() and not conn.body:
+            self._pool.give_back(self._key, conn)
+        else:
+            conn.close()
+
+
+class UpstreamHttp:
+    """Kept-alive HTTP/1.1 connections to the nodes (plain http; loopback or a private network)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], collections.deque[_Connection]] = {}
+        self._clock = time.monotonic
+
+    async def send(self, method: str, url: str, headers: Mapping[str, str], body: bytes,
+                   connect_timeout: float) -> UpstreamResponse:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or parts.hostname is None:
+            raise httpx.UnsupportedProtocol(f"the fast upstream client speaks plain http only, not {url!r}")
+        key = (parts.hostname, parts.port or 80)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        head = [f"{method} {target} HTTP/1.1", f"host: {parts.netloc}", f"content-length: {len(body)}"]
+        head += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in ("host", "content-length")]
+        request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        conn, reused = self._take(key), True
+        if conn is None:
+            conn, reused = await self._connect(key, connect_timeout), False
+        try:
+            return await self._exchange(conn, key, request)
+        except httpx.TransportError:
+            if not reused or conn.received:
+                raise
+        # A kept-alive connection the node closed as we sent on it: the node never saw the request.
+        return await self._exchange(await self._connect(key, connect_timeout), key, request)
+
+    async def _exchange(self, conn: _Connection, key: tuple[str, int], request: bytes) -> UpstreamResponse:
+        conn._begin()
+        assert conn.transport is not None
+        try:
+            if conn.lost:
+                raise httpx.ReadError("the upstream closed the connection")
+            conn.transport.write(request)
+            while not conn.headers_done:
+                if conn.error is not None:
+                    raise conn.error
+                await conn.wait()
+        except BaseException:
+            conn.close()
+            raise
+        return UpstreamResponse(conn, self, key)
+
+    def _take(self, key: tuple[str, int]) -> _Connection | None:
+        idle = self._idle.get(key)
+        now = self._clock()
+        while idle:
+            conn = idle.pop()  # the most recently used: the likeliest to be alive
+            if not conn.lost and now - conn.idle_since < IDLE_REUSE:
+                return conn
+            conn.close()
+        return None
+
+    async def _connect(self, key: tuple[str, int], timeout: float) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(_Connection, *key), timeout)
+        except TimeoutError as e:
+            raise httpx.ConnectTimeout(f"no connection to {key[0]}:{key[1]} within {timeout:g} s") from e
+        except OSError as e:
+            raise httpx.ConnectError(f"{key[0]}:{key[1]}: {e}") from e
+        return conn
+
+    def give_back(self, key: tuple[str, int], conn: _Connection) -> None:
+        conn.idle_since = self._clock()
+        idle = self._idle.setdefault(key, collections.deque())
+        idle.append(conn)
+        while len(idle) > MAX_IDLE:
+            idle.popleft().close()
+
+    async def aclose(self) -> None:
+        for idle in self._idle.values():
+            while idle:
+                idle.pop().close()
+        with contextlib.suppress(Exception):
+            await asyncio.sleep(0)  # let the transports close
