@@ -7,7 +7,10 @@
 - overhead: one Hearth node, and a gateway over it. Rounds alternate direct / through the gateway
   (A/B, same run); each round sends `c` concurrent streams (c in --concurrency) of --max-tokens
   tokens. Reports TTFT p50 added by the gateway (ms) and throughput (completion tokens / s) as
-  gateway ÷ direct.
+  gateway ÷ direct. Once per --overhead-threads value: with the node's llama.cpp on both cores
+  (2) the gateway and the client wait for a core on every relayed token, as they would on one
+  machine packed full; with 1, a core is left to them, as a gateway on its own machine or core
+  has one.
 - multiturn: --nodes Hearth nodes behind a gateway, --conversations stateless conversations
   (full history each turn, temperature 0) × --turns turns, interleaved; once with the gateway's
   cost model (affinity + cache-aware) and once with --routing round_robin. Reports the share of
@@ -103,6 +106,15 @@ def start_gateway(tmp: Path, nodes: dict[str, Proc], args: argparse.Namespace, *
 
 
 async def overhead(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for threads in args.overhead_threads:
+        (tmp / f"t{threads}").mkdir()
+        out[f"threads_{threads}"] = await overhead_run(tmp / f"t{threads}", argparse.Namespace(**{
+            **vars(args), "threads": threads}))
+    return out
+
+
+async def overhead_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     node = await start_node(tmp, "solo", args).ready()
     gw = await start_gateway(tmp, {"solo": node}, args).ready()
     out: dict[str, Any] = {}
@@ -131,7 +143,7 @@ async def overhead(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
                     "added_ttft_p50_ms": (g - d) * 1000 if d is not None and g is not None else None,
                     "throughput_direct_tok_s": td, "throughput_gateway_tok_s": tg,
                     "throughput_ratio": tg / td if td and tg else None}
-                log(f"overhead c={c}: {out[f'streams_{c}']}")
+                log(f"overhead threads={args.threads} c={c}: {out[f'streams_{c}']}")
     finally:
         gw.stop()
         node.stop()
@@ -238,6 +250,37 @@ async def drain(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
             p.stop()
 
 
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Overhead (added TTFT, throughput ratio) and multi-turn TTFT at the last turn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    runs = [(f"{t.split('_')[1]} thr, {c.split('_')[1]} str", v) for t, per in (result.get("overhead") or {}).items()
+            for c, v in per.items()]
+    labels = [name for name, _ in runs]
+    x = range(len(runs))
+    axes[0].bar(list(x), [v["added_ttft_p50_ms"] or 0 for _, v in runs])
+    axes[0].axhline(2.0, color="red", linestyle="--", label="2 ms target")
+    axes[0].set(title="TTFT p50 added by the gateway (ms)", xticks=list(x))
+    axes[0].set_xticklabels(labels, rotation=20)
+    axes[0].legend()
+    axes[1].bar(list(x), [v["throughput_ratio"] or 0 for _, v in runs])
+    axes[1].axhline(0.98, color="red", linestyle="--", label="0.98 target")
+    axes[1].set(title="throughput gateway / direct", xticks=list(x), ylim=(0.9, 1.05))
+    axes[1].set_xticklabels(labels, rotation=20)
+    axes[1].legend()
+    mt = result.get("multiturn") or {}
+    policies = [p for p in ("cost", "round_robin") if p in mt]
+    axes[2].bar(policies, [mt[p]["ttft_p50_last_turn_s"] or 0 for p in policies])
+    axes[2].set(title="multi-turn: TTFT p50 at the last turn (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"bench": "gateway", "started_at": dt.datetime.now(dt.UTC).isoformat(),
                               "machine": machine_info(), "settings": vars(args).copy()}
@@ -254,11 +297,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=["overhead", "multiturn", "drain"])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads per node (multiturn, drain)")
+    ap.add_argument("--overhead-threads", type=int, nargs="+", default=[2, 1],
+                    help="overhead: the node's llama.cpp threads, one run each")
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=5, help="overhead: rounds per path and concurrency")
+    ap.add_argument("--rounds", type=int, default=12, help="overhead: rounds per path and concurrency")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--conversations", type=int, default=16)
@@ -274,6 +319,9 @@ def main() -> int:
     text = json.dumps(result, indent=2, default=str)
     (args.out / f"gateway-{stamp}.json").write_text(text)
     (args.out / "latest-gateway.json").write_text(text)
+    png = args.out / f"gateway-{stamp}.png"
+    plot(result, png)
+    (args.out / "latest-gateway.png").write_bytes(png.read_bytes())
     print(text)
     return 0
 
