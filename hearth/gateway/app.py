@@ -45,9 +45,10 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     client = httpx.AsyncClient(transport=transport, limits=httpx.Limits(max_connections=limit,
                                                                         max_keepalive_connections=limit))
     pool = Pool(settings, store, metrics, client)
-    # Generation requests go over the fast client (upstream_http.py), unless a test hands in an
-    # httpx transport standing for the fleet.
-    http: UpstreamHttp | HttpxSender = UpstreamHttp() if transport is None else HttpxSender(client)
+    # Generation requests go over the fast client (upstream_http.py; httpx for https upstreams),
+    # unless a test hands in an httpx transport standing for the fleet.
+    http: UpstreamHttp | HttpxSender = UpstreamHttp(HttpxSender(client)) if transport is None \
+        else HttpxSender(client)
     proxy = Proxy(settings, pool, store, metrics, client, http)
     # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
     # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.

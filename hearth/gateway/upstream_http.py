@@ -212,17 +212,19 @@ class UpstreamResponse:
 
 
 class UpstreamHttp:
-    """Kept-alive HTTP/1.1 connections to the nodes (plain http; loopback or a private network)."""
+    """Kept-alive HTTP/1.1 connections to the nodes over plain http (loopback or a private
+    network); other URLs (https) go to `fallback`."""
 
-    def __init__(self) -> None:
+    def __init__(self, fallback: Sender) -> None:
         self._idle: dict[tuple[str, int], collections.deque[_Connection]] = {}
         self._clock = time.monotonic
+        self._fallback = fallback
 
     async def send(self, method: str, url: str, headers: Mapping[str, str], body: bytes,
-                   connect_timeout: float) -> UpstreamResponse:
+                   connect_timeout: float) -> Answer:
         parts = urlsplit(url)
         if parts.scheme != "http" or parts.hostname is None:
-            raise httpx.UnsupportedProtocol(f"the fast upstream client speaks plain http only, not {url!r}")
+            return await self._fallback.send(method, url, headers, body, connect_timeout)
         key = (parts.hostname, parts.port or 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         head = [f"{method} {target} HTTP/1.1", f"host: {parts.netloc}", f"content-length: {len(body)}"]

@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from hearth.gateway import upstream_http
-from hearth.gateway.upstream_http import UpstreamHttp
+from hearth.gateway.upstream_http import HttpxSender, UpstreamHttp
 
+NO_FALLBACK = HttpxSender(httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(599))))
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
 
@@ -62,7 +63,7 @@ async def test_a_chunked_stream_arrives_in_order_and_the_connection_is_reused() 
             writer.write(SSE_HEAD + chunked(b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"))
             await writer.drain()
 
-    http = UpstreamHttp()
+    http = UpstreamHttp(NO_FALLBACK)
     async with serve(handler) as (url, seen):
         for _ in range(3):
             resp = await http.send("POST", url + "/v1/chat/completions?x=1", {"x-api-key": "k"}, b'{"a":1}', 5)
@@ -84,7 +85,7 @@ async def test_a_sized_body_and_a_closing_answer() -> None:
         writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 5\r\nconnection: close\r\n\r\nnope!")
         await writer.drain()
 
-    http = UpstreamHttp()
+    http = UpstreamHttp(NO_FALLBACK)
     async with serve(handler) as (url, seen):
         for _ in range(2):
             resp = await http.send("GET", url + "/x", {}, b"", 5)
@@ -101,7 +102,7 @@ async def test_a_large_body_passes_flow_control_intact() -> None:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload)
         await writer.drain()
 
-    http = UpstreamHttp()
+    http = UpstreamHttp(NO_FALLBACK)
     async with serve(handler) as (url, _):
         resp = await http.send("POST", url + "/", {}, b"{}", 5)
         got = bytearray()
@@ -119,7 +120,7 @@ async def test_refused_and_cut_connections_are_httpx_transport_errors() -> None:
         writer.write(SSE_HEAD + b"9\r\ndata: 1\n\n\r\n")  # one event, then the node dies
         await writer.drain()
 
-    http = UpstreamHttp()
+    http = UpstreamHttp(NO_FALLBACK)
     async with serve(cut) as (url, _):
         resp = await http.send("POST", url + "/", {}, b"{}", 5)
         chunks = []
@@ -141,7 +142,7 @@ async def test_garbage_is_a_protocol_error() -> None:
 
     async with serve(garbage) as (url, _):
         with pytest.raises(httpx.RemoteProtocolError):
-            await UpstreamHttp().send("POST", url + "/", {}, b"{}", 5)
+            await UpstreamHttp(NO_FALLBACK).send("POST", url + "/", {}, b"{}", 5)
 
 
 async def test_a_keep_alive_close_racing_the_next_request_is_sent_again_on_a_new_connection() -> None:
@@ -153,7 +154,7 @@ async def test_a_keep_alive_close_racing_the_next_request_is_sent_again_on_a_new
         # (it never read it), as a server's keep-alive timeout does.
         await reader.read(1)
 
-    http = UpstreamHttp()
+    http = UpstreamHttp(NO_FALLBACK)
     async with serve(once_per_connection) as (url, seen):
         for _ in range(3):
             resp = await http.send("POST", url + "/", {}, b"{}", 5)
@@ -170,7 +171,7 @@ async def test_an_old_idle_connection_is_not_reused(monkeypatch: pytest.MonkeyPa
             await writer.drain()
 
     now = [1000.0]
-    http = UpstreamHttp()
+    http = UpstreamHttp(NO_FALLBACK)
     monkeypatch.setattr(http, "_clock", lambda: now[0])
     async with serve(handler) as (url, seen):
         for step in (0.0, upstream_http.IDLE_REUSE / 2, upstream_http.IDLE_REUSE + 0.1):
@@ -201,7 +202,7 @@ async def test_an_abandoned_stream_closes_its_connection() -> None:
                 closed.set()
                 return
 
-    http = UpstreamHttp()
+    http = UpstreamHttp(NO_FALLBACK)
     async with serve(endless_loop) as (url, seen):
         resp = await http.send("POST", url + "/", {}, b"{}", 5)
         async for _ in resp.aiter_raw():
@@ -211,3 +212,18 @@ async def test_an_abandoned_stream_closes_its_connection() -> None:
         resp = await http.send("POST", url + "/", {}, b"{}", 5)  # not the abandoned connection
         await resp.aclose()
         assert len(seen) == 2
+
+
+async def test_https_upstreams_go_to_the_fallback() -> None:
+    seen: list[httpx.Request] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"ok": True})
+
+    http = UpstreamHttp(HttpxSender(httpx.AsyncClient(transport=httpx.MockTransport(engine))))
+    resp = await http.send("POST", "https://node.example:8443/v1/chat/completions", {"x-api-key": "k"}, b"{}", 5)
+    assert (resp.status_code, await resp.aread()) == (200, b'{"ok":true}')
+    await resp.aclose()
+    assert str(seen[0].url) == "https://node.example:8443/v1/chat/completions"
+    assert seen[0].headers["x-api-key"] == "k"
