@@ -91,6 +91,10 @@ class GatewaySettings:
         if not is_loopback(self.host) and not self.api_keys and not self.insecure:
             raise ValueError(f"refusing to bind {self.host} (not loopback) without an API key: give --api-key, "
                              "or --insecure to serve it open")
+        for alias, ups in self.aliases().items():
+            if len({u.kind for u in ups}) > 1:  # why: docs/gateway.md, "Protocols at the edge"
+                raise ValueError(f"alias {alias!r} is served by both hearth and openai upstreams "
+                                 f"({', '.join(u.name for u in ups)}): an alias needs upstreams of one kind")
         if self.default_model is not None and self.default_model not in self.aliases():
             raise ValueError(f"--default-model {self.default_model!r} is not an alias of any upstream")
 

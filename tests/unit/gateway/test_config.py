@@ -59,4 +59,9 @@ def test_settings_checks() -> None:
         GatewaySettings(upstreams=[up], default_model="nope")
     with pytest.raises(ValueError, match="at least one upstream"):
         GatewaySettings(upstreams=[])
+    foreign = Upstream(name="f", url="http://y", kind="openai", models={"m": "m"})
+    with pytest.raises(ValueError, match="alias 'm' is served by both hearth and openai upstreams"):
+        GatewaySettings(upstreams=[up, foreign])
+    own = Upstream(name="f", url="http://y", kind="openai", models={"other": "m"})
+    assert list(GatewaySettings(upstreams=[up, own]).aliases()) == ["m", "other"]
     assert GatewaySettings(upstreams=[up], host="0.0.0.0", api_keys=["k"]).host == "0.0.0.0"
