@@ -232,7 +232,8 @@ class Proxy:
                       release: Callable[[bool | None], None]) -> Response:
         # Bounded: a slow client slows the upstream read (TCP backpressure) instead of buffering it all.
         queue: asyncio.Queue[object] = asyncio.Queue(maxsize=256)
-        reader = asyncio.create_task(_read_events(resp, queue, lease.node, self.pool.clock))
+        reader = asyncio.create_task(_read_events(resp, queue, lease.node, self.pool.clock,
+                                                  self.settings.stall_timeout_for(lease.node.up)))
         node = lease.node
 
         async def abandon() -> None:
@@ -347,12 +348,20 @@ async def _get(queue: asyncio.Queue[object]) -> object:
 
 
 async def _read_events(resp: httpx.Response, queue: asyncio.Queue[object], node: Node,
-                       clock: Callable[[], float]) -> None:
+                       clock: Callable[[], float], stall: float | None = None) -> None:
     """Upstream bytes → whole SSE events (without their blank line) → queue; then _END, or a
-    _Broken if the transport failed. Every chunk marks the node as alive (`Node.last_bytes`)."""
+    _Broken if the transport failed or `stall` seconds passed without a byte (only the read is
+    timed: a slow client holding up `queue.put` is not the upstream stalling). Every chunk marks
+    the node as alive (`Node.last_bytes`)."""
     buf = b""
+    chunks = resp.aiter_raw()
     try:
-        async for chunk in resp.aiter_raw():
+        while True:
+            try:
+                async with asyncio.timeout(stall):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
             node.last_bytes = clock()
             buf += chunk.replace(b"\r\n", b"\n")
             while (i := buf.find(b"\n\n")) >= 0:
@@ -361,6 +370,9 @@ async def _read_events(resp: httpx.Response, queue: asyncio.Queue[object], node:
                     await queue.put(event)
     except httpx.HTTPError as e:
         await queue.put(_Broken(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__))
+        return
+    except TimeoutError:
+        await queue.put(_Broken(f"no bytes from the upstream for {stall:g} s (the stall timeout)"))
         return
     await queue.put(_END)
 
