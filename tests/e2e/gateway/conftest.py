@@ -29,7 +29,9 @@ import pytest
 from hearth.models import resolve_model
 from tests.conftest import Server, free_port, start_server, stop_server
 
-NODE_ARGS = ("--parallel", "2", "--ctx", "1024", "--threads", "1")  # several nodes share the cores
+NODE_ARGS = ("--parallel", "2", "--ctx", "1024", "--threads", "1",  # several nodes share the cores
+             "--sse-heartbeat", "0.5")  # a silent stream beats often: the gateway's stall timeout can be short
+STALL_TIMEOUT = 5.0  # the fleet gateway's --stall-timeout (10 heartbeats of a Hearth node)
 GW_KEY = "gw-key"
 GW_ADMIN = "gw-admin"
 FOREIGN_KEY = "foreign-key"
@@ -202,7 +204,8 @@ def whole_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         foreign_f = ex.submit(start_foreign, tmp)
         nodes = {n: f.result() for n, f in futures.items()}
         foreign = foreign_f.result()
-    gw = start_gateway(tmp, fleet_toml(nodes, foreign), "--probe-interval", "0.3", "--probe-timeout", "1")
+    gw = start_gateway(tmp, fleet_toml(nodes, foreign), "--probe-interval", "0.3", "--probe-timeout", "1",
+                       "--stall-timeout", str(STALL_TIMEOUT))
     fleet = Fleet(gw, nodes, foreign, tmp)
     yield fleet
     stop(gw.proc)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
 import httpx
 import openai
 import pytest
 
-from tests.e2e.gateway.conftest import GW_KEY, Fleet, Gateway, node_get
+from tests.e2e.gateway.conftest import GW_KEY, STALL_TIMEOUT, Fleet, Gateway, node_get
 
 pytestmark = pytest.mark.slow
 
@@ -55,24 +57,53 @@ def continued_elsewhere(fleet: Fleet, sid: str, owner: str, turns: list[str], re
 
 
 def test_sigstopped_node_is_routed_around_and_comes_back_without_flapping(fleet: Fleet) -> None:
+    """A stream in flight on the stopped node ends with the terminal error after the stall
+    timeout, while the node is still stopped; new requests go around it; it comes back up once."""
     gw = fleet.gw
-    frozen = fleet.alive()[0]
+    frozen, _ = open_session(fleet, "frozen", "Say hi.")
+    oai = openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
+    started, received, ended = threading.Event(), [], threading.Event()
+
+    def stream() -> None:
+        chunks = oai.chat.completions.create(model="smol", max_tokens=400, stream=True,
+                                             extra_body={"session_id": "frozen", "ignore_eos": True},
+                                             messages=[{"role": "user", "content": STORY}])
+        try:
+            for chunk in chunks:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    received.append(chunk.choices[0].delta.content)
+                    if len(received) == 3:
+                        started.set()
+        except openai.APIError as e:
+            received.append(e)
+        finally:
+            ended.set()
+
     before = gw.status()
-    os.kill(fleet.nodes[frozen].proc.pid, signal.SIGSTOP)
-    try:
-        gw.wait(lambda: not gw.status()[frozen]["up"], "the stopped node to be marked down")
-        for i in range(4):  # none may wait on the stopped node: the client timeout would fire
-            r = httpx.post(gw.base_url + "/chat/completions", headers={"Authorization": f"Bearer {GW_KEY}"},
-                           timeout=60, json={"model": "smol", "max_tokens": 4,
-                                             "messages": [{"role": "user", "content": f"Ping {i}"}]})
-            assert r.status_code == 200 and r.headers["x-hearth-upstream"] != frozen
-    finally:
-        os.kill(fleet.nodes[frozen].proc.pid, signal.SIGCONT)
+    with ThreadPoolExecutor(1) as ex:
+        streaming = ex.submit(stream)
+        assert started.wait(60), "the stream did not start"
+        os.kill(fleet.nodes[frozen].proc.pid, signal.SIGSTOP)
+        try:
+            gw.wait(lambda: not gw.status()[frozen]["up"], "the stopped node to be marked down")
+            for i in range(4):  # none may wait on the stopped node: the client timeout would fire
+                r = httpx.post(gw.base_url + "/chat/completions", headers={"Authorization": f"Bearer {GW_KEY}"},
+                               timeout=60, json={"model": "smol", "max_tokens": 4,
+                                                 "messages": [{"role": "user", "content": f"Ping {i}"}]})
+                assert r.status_code == 200 and r.headers["x-hearth-upstream"] != frozen
+            # the stream in flight ends while the node is still stopped (it would wait for ever without a stall timeout)
+            assert ended.wait(STALL_TIMEOUT + 60), "the stream on the stopped node did not end"
+        finally:
+            os.kill(fleet.nodes[frozen].proc.pid, signal.SIGCONT)
+        streaming.result()
+    error = received[-1]
+    assert isinstance(error, openai.APIError), received[-3:]
+    assert f"no bytes from the upstream for {STALL_TIMEOUT:g} s" in str(error)
     gw.wait(lambda: gw.status()[frozen]["up"], "the node to come back")
     after = gw.status()
     assert after[frozen]["transitions"] == before[frozen]["transitions"] + 2  # down once, up once
     assert all(after[n]["transitions"] == before[n]["transitions"] for n in after if n != frozen)
-    assert after[frozen]["breaker"] == "closed"
+    assert after[frozen]["breaker"] == "closed"  # one failed stream, not enough to open it
 
 
 def test_kill_mid_chat_stream_ends_with_an_error_chunk_and_the_session_continues_elsewhere(
