@@ -331,3 +331,26 @@ def test_a_rollback_through_the_gateway_refreshes_its_transcript_copy(client: Te
     assert r.status_code == 200 and fleet.calls("/v1/sessions/s/rollback")[0].url.port == 9101
     client.portal.call(client.app.state.proxy.continuity.idle)  # type: ignore[attr-defined]
     assert store.transcript("s") == ("smol", kept)
+
+
+def test_drain_drops_a_stale_copy_instead_of_moving_it_over_the_live_session(client: TestClient,
+                                                                             fleet: Fleet) -> None:
+    # `a` crashed and came back with its data dir: it still lists "moved-on", which continued on
+    # `b` meanwhile. Moving a's copy would overwrite b's newer one; drain deletes it instead.
+    store = pool_of(client).store
+    store.assign("session:moved-on", "b")
+
+    def node_a(r: httpx.Request) -> httpx.Response:
+        if r.method == "GET" and r.url.path == "/v1/sessions":
+            return httpx.Response(200, json={"object": "list", "data": [{"session_id": "moved-on"}]})
+        if r.method == "DELETE" and r.url.path == "/v1/sessions/moved-on":
+            return httpx.Response(200, json={"deleted": True})
+        return httpx.Response(500, json={"error": {"message": f"unexpected {r.method} {r.url.path}"}})
+
+    fleet.behave["a"] = node_a
+    report = client.post("/admin/nodes/a/drain").json()
+    assert report["moved"] == [] and report["failed"] == [] and report["stale"] == ["moved-on"]
+    assert [(r.method, r.url.path) for r in fleet.seen if r.url.port == 9101 and r.url.path != "/health"] == [
+        ("GET", "/v1/sessions"), ("DELETE", "/v1/sessions/moved-on")]
+    assert [r for r in fleet.seen if r.url.port == 9102 and r.url.path != "/health"] == []  # b's copy untouched
+    assert store.node_of("session:moved-on") == "b"
