@@ -47,12 +47,14 @@ class Server:
             time.sleep(0.02)
 
 
-def start_server(tmp: Path, *args: str, ready_timeout: float = 120.0) -> Server:
-    port = free_port()
-    log = tmp / f"server-{port}.log"
+def start_server(tmp: Path, *args: str, ready_timeout: float = 120.0, port: int | None = None) -> Server:
+    """A server on `port` (default: a free one); `tmp` holds its log and data dir (`tmp/home`), so
+    a server started again with the same `tmp` and port is the same node restarted."""
+    port = port or free_port()
+    log = tmp / f"server-{port}.log"  # appended to: a restarted node keeps its earlier log
     env = {**os.environ, "HEARTH_HOME": str(tmp / "home")}
     cmd = [sys.executable, "-m", "hearth.cli.main", "serve", "--port", str(port), "--threads", "2", *args]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:

@@ -48,6 +48,9 @@ def serve(
     probe_timeout: Annotated[float, typer.Option(envvar="HEARTH_PROBE_TIMEOUT")] = 2.0,
     heartbeat: Annotated[float, typer.Option(
         envvar="HEARTH_HEARTBEAT", help="Seconds without upstream bytes before an SSE keep-alive comment.")] = 5.0,
+    stall_timeout: Annotated[float, typer.Option(
+        envvar="HEARTH_STALL_TIMEOUT", help="Seconds a stream from a Hearth node may send nothing (its own heartbeats "
+        "included) before it counts as broken; 0: never. Per upstream: stall_timeout in the TOML.")] = 30.0,
     routing: Annotated[str, typer.Option(
         envvar="HEARTH_GATEWAY_ROUTING", help="cost (affinity + cache-aware) or round_robin (a baseline).")] = "cost",
     data_dir: Annotated[str | None, typer.Option(
@@ -78,7 +81,7 @@ def serve(
             upstreams=load_upstreams(upstreams), host=host, port=port, default_model=default_model, api_keys=keys,
             admin_key=admin_key, metrics_token=metrics_token, metrics_public=metrics_public, insecure=insecure,
             max_waiting=max_waiting, max_wait=max_wait, probe_interval=probe_interval, probe_timeout=probe_timeout,
-            heartbeat=heartbeat, log_level=log_level, data_dir=home, routing=routing)
+            heartbeat=heartbeat, stall_timeout=stall_timeout, log_level=log_level, data_dir=home, routing=routing)
     except (ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e

@@ -9,6 +9,8 @@ file:
     admin_key = "node-admin"   # for session moves (DELETE on the node); default: api_key
     models = { "smol" = "smollm2-135m-instruct" }   # alias -> the upstream's model id
     max_in_flight = 8
+    stall_timeout = 30         # seconds a stream may send nothing; 0: never (default: --stall-timeout
+                               # for hearth upstreams, never for openai ones)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Upstream:
     admin_key: str | None = None
     models: dict[str, str] = field(default_factory=dict)  # alias -> upstream model id
     max_in_flight: int = 8
+    stall_timeout: float | None = None  # None: the gateway's default for the kind; 0: never
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -46,6 +49,8 @@ class Upstream:
             raise ValueError(f"upstream {self.name}: models (alias = \"model id\") must name at least one model")
         if self.max_in_flight < 1:
             raise ValueError(f"upstream {self.name}: max_in_flight must be at least 1")
+        if self.stall_timeout is not None and not self.stall_timeout >= 0:
+            raise ValueError(f"upstream {self.name}: stall_timeout must be >= 0 seconds (0: never)")
         object.__setattr__(self, "url", self.url.rstrip("/"))
 
     def headers(self, admin: bool = False) -> dict[str, str]:
@@ -71,6 +76,10 @@ class GatewaySettings:
     probe_timeout: float = 2.0
     connect_timeout: float = 3.0
     heartbeat: float = 5.0  # SSE comment while an upstream has not sent its first byte
+    # A stream from a Hearth node that sends nothing this long is broken (0: never). Hearth nodes
+    # beat every --sse-heartbeat seconds (5) while a stream is silent, so silence means a stopped
+    # or wedged node; engines of the openai kind may say nothing during a long prefill: never by default.
+    stall_timeout: float = 30.0
     log_level: str = "info"
     routing: str = "cost"  # cost | round_robin (a baseline for benchmarks)
 
@@ -84,6 +93,8 @@ class GatewaySettings:
             raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
         if self.routing not in ("cost", "round_robin"):
             raise ValueError("--routing must be cost or round_robin")
+        if not self.stall_timeout >= 0:
+            raise ValueError("--stall-timeout must be >= 0 seconds (0: never)")
         if self.probe_interval <= 0 or self.probe_timeout <= 0:
             raise ValueError("--probe-interval and --probe-timeout must be > 0")
         if any(not k.strip() for k in self.api_keys):
@@ -91,6 +102,10 @@ class GatewaySettings:
         if not is_loopback(self.host) and not self.api_keys and not self.insecure:
             raise ValueError(f"refusing to bind {self.host} (not loopback) without an API key: give --api-key, "
                              "or --insecure to serve it open")
+        for alias, ups in self.aliases().items():
+            if len({u.kind for u in ups}) > 1:  # why: docs/gateway.md, "Protocols at the edge"
+                raise ValueError(f"alias {alias!r} is served by both hearth and openai upstreams "
+                                 f"({', '.join(u.name for u in ups)}): an alias needs upstreams of one kind")
         if self.default_model is not None and self.default_model not in self.aliases():
             raise ValueError(f"--default-model {self.default_model!r} is not an alias of any upstream")
 
@@ -101,6 +116,12 @@ class GatewaySettings:
             for alias in u.models:
                 out.setdefault(alias, []).append(u)
         return out
+
+    def stall_timeout_for(self, up: Upstream) -> float | None:
+        """Seconds a stream from `up` may send nothing before it counts as broken; None: no limit."""
+        seconds = up.stall_timeout if up.stall_timeout is not None else (
+            self.stall_timeout if up.kind == "hearth" else 0.0)
+        return seconds or None
 
     def upstream(self, name: str) -> Upstream | None:
         return next((u for u in self.upstreams if u.name == name), None)
@@ -114,7 +135,8 @@ def parse_upstreams(doc: dict[str, Any]) -> list[Upstream]:
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise ValueError(f"upstream #{i + 1}: a table expected")
-        unknown = set(item) - {"name", "url", "kind", "api_key", "admin_key", "models", "max_in_flight"}
+        unknown = set(item) - {"name", "url", "kind", "api_key", "admin_key", "models", "max_in_flight",
+                                "stall_timeout"}
         if unknown:
             raise ValueError(f"upstream #{i + 1}: unknown keys {sorted(unknown)}")
         models = item.get("models", {})
@@ -126,7 +148,8 @@ def parse_upstreams(doc: dict[str, Any]) -> list[Upstream]:
         try:
             out.append(Upstream(name=str(item["name"]), url=str(item["url"]), kind=str(item.get("kind", "hearth")),
                                 api_key=item.get("api_key"), admin_key=item.get("admin_key"), models=dict(models),
-                                max_in_flight=int(item.get("max_in_flight", 8))))
+                                max_in_flight=int(item.get("max_in_flight", 8)),
+                                stall_timeout=float(item["stall_timeout"]) if "stall_timeout" in item else None))
         except KeyError as e:
             raise ValueError(f"upstream #{i + 1}: {e.args[0]} is required") from e
     return out

@@ -120,16 +120,28 @@ class Mover:
         node = self._node(name)
         node.draining = True
         sids = set(s.removeprefix("session:") for s in self.pool.store.keys_on(name))
+        moved, failed, stale = [], [], []
         if node.up.kind == "hearth":
             r = await self._call(node, "GET", "/v1/sessions")
-            sids |= {s["session_id"] for s in r.json().get("data", []) if isinstance(s, dict)}
-        moved, failed = [], []
+            for sid in {s["session_id"] for s in r.json().get("data", []) if isinstance(s, dict)} - sids:
+                owner = self.pool.store.node_of(f"session:{sid}")
+                if owner is None or owner == name:
+                    sids.add(sid)
+                    continue
+                # The session moved on while this node was down (it crashed, and came back with its
+                # data dir): this copy is older than the one on `owner`, and moving it there would
+                # overwrite the newer one. It is dropped, as a move drops its source.
+                try:
+                    await self._call(node, "DELETE", f"/v1/sessions/{sid}", admin=True, ok=(200, 404))
+                    stale.append(sid)
+                except (_MoveFailed, httpx.HTTPError) as e:
+                    failed.append({"session_id": sid, "error": f"a stale copy (the session lives on {owner}): {e}"})
         for sid in sorted(sids):
             try:
                 moved.append(await self.move(sid, src=node))
             except (Conflict, NotFound, BadRequest, Unavailable, _MoveFailed, httpx.HTTPError) as e:
                 failed.append({"session_id": sid, "error": str(e)})
-        return {"node": name, "draining": True, "moved": moved, "failed": failed}
+        return {"node": name, "draining": True, "moved": moved, "failed": failed, "stale": sorted(stale)}
 
     def undrain(self, name: str) -> dict[str, Any]:
         node = self._node(name)

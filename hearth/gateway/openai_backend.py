@@ -268,8 +268,18 @@ class OpenAIUpstreamBackend:
         chunks = 0  # content chunks: the completion tokens when the upstream reports no usage
         try:
             yield Started(0)
+            stall = self.pool.settings.stall_timeout_for(lease.node.up)  # none unless the TOML sets one
+            lines = resp.aiter_lines()
             try:
-                async for line in resp.aiter_lines():
+                while True:
+                    try:
+                        async with asyncio.timeout(stall):
+                            line = await anext(lines)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        raise _UpstreamError(f"no bytes from the upstream for {stall:g} s (the stall "
+                                             "timeout)") from None
                     lease.node.last_bytes = self.pool.clock()
                     if not line.startswith("data:"):
                         continue

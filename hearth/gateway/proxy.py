@@ -231,7 +231,7 @@ class Proxy:
     async def _stream(self, lease: Lease, turn: Turn, resp: Answer,
                       release: Callable[[bool | None], None]) -> Response:
         node = lease.node
-        events = _events(resp, node, self.pool.clock)
+        events = _events(resp, node, self.pool.clock, self.settings.stall_timeout_for(node.up))
         # The first read runs as a task so that waiting for it can time out (a heartbeat goes out)
         # without cancelling the read; every later read is awaited by the response body itself.
         first_read: asyncio.Task[list[bytes]] = asyncio.create_task(_next(events))
@@ -348,13 +348,21 @@ async def _next(events: AsyncIterator[list[bytes]]) -> list[bytes]:
     return await anext(events)
 
 
-async def _events(resp: Answer, node: Node, clock: Callable[[], float]) -> AsyncGenerator[list[bytes], None]:
+async def _events(resp: Answer, node: Node, clock: Callable[[], float],
+                  stall: float | None = None) -> AsyncGenerator[list[bytes], None]:
     """Upstream bytes → the whole SSE events (without their blank line) of each read, never an
-    event cut in two; a transport failure raises _Broken. Every read marks the node as alive
-    (`Node.last_bytes`)."""
+    event cut in two. A transport failure, or `stall` seconds without a byte, raises _Broken
+    (only the read is timed: a slow client holding up the relay is not the upstream stalling).
+    Every read marks the node as alive (`Node.last_bytes`)."""
     buf = b""
+    chunks = resp.aiter_raw()
     try:
-        async for chunk in resp.aiter_raw():
+        while True:
+            try:
+                async with asyncio.timeout(stall):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
             node.last_bytes = clock()
             buf += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
             end = buf.rfind(b"\n\n")
@@ -366,6 +374,8 @@ async def _events(resp: Answer, node: Node, clock: Callable[[], float]) -> Async
                 yield batch
     except httpx.HTTPError as e:
         raise _Broken(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
+    except TimeoutError as e:
+        raise _Broken(f"no bytes from the upstream for {stall:g} s (the stall timeout)") from e
 
 
 def _renamer(upstream_id: str, alias: str) -> Callable[[bytes], bytes]:

@@ -1,40 +1,76 @@
-"""Real Hearth nodes (the default model, small context, two slots) on loopback ports behind a
-real `hearth gateway` process."""
+"""One fleet for the gateway's end-to-end tests, as issue 12 lays it out: three Hearth nodes
+(the default model, small context, two slots) and llama-cpp-python's own server
+(`python -m llama_cpp.server`, the same wheel) as a foreign `openai`-kind node, behind one real
+`hearth gateway` process. The Hearth nodes serve the alias `smol`, the foreign engine its own
+alias `foreign` (an alias is served by one kind of upstream, docs/gateway.md).
+
+The fleet lives for the whole package. Tests that kill a node leave it dead; the `fleet`
+fixture brings back what the next test needs (`Fleet.heal`: the same node restarted on its
+port and data dir, then waited for until the gateway routes to it again), so no test depends on
+which ran before it."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
+import pytest
 
-from tests.conftest import Server, free_port, start_server
+from hearth.models import resolve_model
+from tests.conftest import Server, free_port, start_server, stop_server
 
-NODE_ARGS = ("--parallel", "2", "--ctx", "1024", "--threads", "1")  # several nodes share the cores
+NODE_ARGS = ("--parallel", "2", "--ctx", "1024", "--threads", "1",  # several nodes share the cores
+             "--sse-heartbeat", "0.5")  # a silent stream beats often: the gateway's stall timeout can be short
+STALL_TIMEOUT = 5.0  # the fleet gateway's --stall-timeout (10 heartbeats of a Hearth node)
 GW_KEY = "gw-key"
 GW_ADMIN = "gw-admin"
+FOREIGN_KEY = "foreign-key"
+HEARTH = ("a", "b", "c")
 
 
 def node_key(name: str) -> str:
     return f"node-{name}-key"
 
 
-def start_nodes(tmp: Path, names: list[str]) -> dict[str, Server]:
-    """Nodes in parallel, each with its own API and admin keys (never the gateway's)."""
-    def one(name: str) -> Server:
-        d = tmp / name
-        d.mkdir()
-        return start_server(d, *NODE_ARGS, "--api-key", node_key(name), "--admin-key", f"node-{name}-admin")
+def start_node(tmp: Path, name: str, port: int | None = None) -> Server:
+    """A node with its own API and admin keys (never the gateway's); data and log in `tmp/name`."""
+    (tmp / name).mkdir(exist_ok=True)
+    return start_server(tmp / name, *NODE_ARGS, "--api-key", node_key(name), "--admin-key", f"node-{name}-admin",
+                        port=port)
 
-    with ThreadPoolExecutor(len(names)) as ex:
-        return dict(zip(names, ex.map(one, names), strict=True))
+
+def start_foreign(tmp: Path, port: int | None = None) -> Server:
+    port = port or free_port()
+    log = tmp / "llama_cpp_server.log"
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(resolve_model("default").path),
+                             "--model_alias", "smollm2", "--port", str(port), "--n_ctx", "1024", "--n_threads", "1",
+                             "--api_key", FOREIGN_KEY,
+                             # by default it abandons a running request whenever another arrives (a
+                             # liveness probe included): it then ends the stream early without a finish
+                             # reason, which the gateway rightly reports as a broken stream
+                             "--interrupt_requests", "False"], stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, log.read_text()
+        try:
+            if httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {FOREIGN_KEY}"},
+                         timeout=2).status_code == 200:
+                return Server(url, proc, log)
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
 
 
 def upstreams_toml(nodes: dict[str, Server], max_in_flight: int = 2) -> str:
@@ -64,10 +100,14 @@ class Gateway:
         return str(self.admin("GET", f"/admin/sessions/{sid}").json()["node"])
 
     def wait(self, ok: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not ok():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.05)
+        wait(ok, what, timeout)
+
+
+def wait(ok: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def start_gateway(tmp: Path, toml: str, *args: str) -> Gateway:
@@ -105,3 +145,94 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def node_get(node: Server, name: str, path: str) -> httpx.Response:
     return httpx.get(node.url + path, headers={"Authorization": f"Bearer {node_key(name)}"}, timeout=30)
+
+
+def fleet_toml(nodes: dict[str, Server], foreign: Server) -> str:
+    return upstreams_toml(nodes) + (
+        f'[[upstream]]\nname = "foreign"\nurl = "{foreign.url}"\nkind = "openai"\napi_key = "{FOREIGN_KEY}"\n'
+        'models = { "foreign" = "smollm2" }\nmax_in_flight = 2\n')
+
+
+@dataclass
+class Fleet:
+    gw: Gateway
+    nodes: dict[str, Server]  # the Hearth nodes, by upstream name
+    foreign: Server
+    tmp: Path
+
+    def alive(self) -> list[str]:
+        """Hearth nodes whose process runs (a SIGSTOPped one included)."""
+        return [n for n, s in self.nodes.items() if s.proc.poll() is None]
+
+    def kill(self, name: str) -> None:
+        """kill -9."""
+        proc = self.foreign.proc if name == "foreign" else self.nodes[name].proc
+        proc.kill()
+        proc.wait(10)
+
+    def _restart(self, name: str) -> None:
+        if name == "foreign":
+            self.foreign = start_foreign(self.tmp, port=int(self.foreign.url.rsplit(":", 1)[1]))
+        else:
+            self.nodes[name] = start_node(self.tmp, name, port=int(self.nodes[name].url.rsplit(":", 1)[1]))
+
+    def heal(self, hearth: int = len(HEARTH), foreign: bool = True) -> None:
+        """At least `hearth` Hearth nodes (and the foreign one) running and routed to again:
+        killed ones restarted on their port with their data dir (sessions come back from it), as
+        a crashed node restarted by its supervisor would be."""
+        dead = [n for n in self.nodes if self.nodes[n].proc.poll() is not None][:max(0, hearth - len(self.alive()))]
+        if foreign and self.foreign.proc.poll() is not None:
+            dead.append("foreign")
+        if dead:
+            with ThreadPoolExecutor(len(dead)) as ex:
+                list(ex.map(self._restart, dead))
+        wanted = self.alive() + (["foreign"] if foreign else [])
+
+        def routed() -> bool:
+            status = self.gw.status()
+            return all(status[n]["up"] and status[n]["breaker"] != "open" and not status[n]["draining"]
+                       for n in wanted)
+
+        self.gw.wait(routed, f"the gateway to route to {wanted} again")
+
+
+@pytest.fixture(scope="package")
+def whole_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    tmp = tmp_path_factory.mktemp("fleet")
+    with ThreadPoolExecutor(len(HEARTH) + 1) as ex:
+        futures = {n: ex.submit(start_node, tmp, n) for n in HEARTH}
+        foreign_f = ex.submit(start_foreign, tmp)
+        nodes = {n: f.result() for n, f in futures.items()}
+        foreign = foreign_f.result()
+    gw = start_gateway(tmp, fleet_toml(nodes, foreign), "--probe-interval", "0.3", "--probe-timeout", "1",
+                       "--stall-timeout", str(STALL_TIMEOUT))
+    fleet = Fleet(gw, nodes, foreign, tmp)
+    yield fleet
+    stop(gw.proc)
+    for s in [*fleet.nodes.values(), fleet.foreign]:
+        if s.proc.poll() is None:
+            os.kill(s.proc.pid, signal.SIGCONT)  # a test that failed while a node was stopped
+            stop_server(s)
+
+
+@pytest.fixture
+def fleet(whole_fleet: Fleet) -> Fleet:
+    """The shared fleet, every node up and routed to."""
+    whole_fleet.heal()
+    return whole_fleet
+
+
+# These three do not heal the fleet: a module whose tests need all of it uses `fleet`.
+@pytest.fixture
+def gw(whole_fleet: Fleet) -> Gateway:
+    return whole_fleet.gw
+
+
+@pytest.fixture
+def nodes(whole_fleet: Fleet) -> dict[str, Server]:
+    return whole_fleet.nodes
+
+
+@pytest.fixture
+def oai(gw: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)

@@ -43,6 +43,7 @@ def test_parse_fleet() -> None:
     ('[[upstream]]\nname = "a"\nurl = "http://x"', "at least one model"),
     ('[[upstream]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\npassword = "p"', "unknown keys"),
     ('[[upstream]]\nname = "a"\nurl = "http://x"\nmodels = { m = 3 }', "models must map"),
+    ('[[upstream]]\nname = "a"\nurl = "http://x"\nmodels = ["m"]\nstall_timeout = -1', "stall_timeout must be"),
 ])
 def test_bad_upstreams_are_refused_with_a_reason(toml: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -59,4 +60,32 @@ def test_settings_checks() -> None:
         GatewaySettings(upstreams=[up], default_model="nope")
     with pytest.raises(ValueError, match="at least one upstream"):
         GatewaySettings(upstreams=[])
+    foreign = Upstream(name="f", url="http://y", kind="openai", models={"m": "m"})
+    with pytest.raises(ValueError, match="alias 'm' is served by both hearth and openai upstreams"):
+        GatewaySettings(upstreams=[up, foreign])
+    own = Upstream(name="f", url="http://y", kind="openai", models={"other": "m"})
+    assert list(GatewaySettings(upstreams=[up, own]).aliases()) == ["m", "other"]
     assert GatewaySettings(upstreams=[up], host="0.0.0.0", api_keys=["k"]).host == "0.0.0.0"
+
+
+def test_stall_timeout_defaults_by_kind_and_per_upstream_overrides() -> None:
+    a, gpu, quiet, watched = parse_upstreams(tomllib.loads(FLEET + """
+[[upstream]]
+name = "quiet"
+url = "http://q"
+models = ["m"]
+stall_timeout = 0
+
+[[upstream]]
+name = "watched"
+url = "http://w"
+kind = "openai"
+models = ["w"]
+stall_timeout = 90
+"""))
+    s = GatewaySettings(upstreams=[a, gpu, quiet, watched], stall_timeout=12)
+    assert [s.stall_timeout_for(u) for u in (a, gpu, quiet, watched)] == [12, None, None, 90]
+    assert GatewaySettings(upstreams=[a]).stall_timeout_for(a) == 30  # the default for Hearth nodes
+    assert GatewaySettings(upstreams=[a], stall_timeout=0).stall_timeout_for(a) is None
+    with pytest.raises(ValueError, match="--stall-timeout"):
+        GatewaySettings(upstreams=[a], stall_timeout=-1)

@@ -3,8 +3,9 @@ translation in-process: an Anthropic client with tools in front of a fake OpenAI
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -124,3 +125,30 @@ def test_responses_chains_are_kept_by_the_gateway(client: TestClient, seen: list
 def test_token_counting_for_a_foreign_model_is_a_clear_400(client: TestClient) -> None:
     r = client.post("/v1/messages/count_tokens", json={"model": "q", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and "not available" in r.json()["error"]["message"]
+
+
+class _Stalls(httpx.AsyncByteStream):
+    """One chunk, then nothing: an engine that stopped with the connection open."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'data: {"choices": [{"index": 0, "delta": {"content": "Hel"}}]}\n\n'
+        await asyncio.sleep(60)
+
+
+def test_a_stall_timeout_set_for_an_openai_upstream_ends_its_stream(tmp_path: Path) -> None:
+    def engine(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "qwen"}]})
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Stalls())
+
+    # --stall-timeout is for Hearth nodes; an openai upstream has none unless its TOML entry sets one
+    up = Upstream(name="gpu", url="http://10.0.0.9:8000", kind="openai", models={"q": "qwen"}, stall_timeout=0.3)
+    app = create_gateway_app(GatewaySettings(upstreams=[up], data_dir=tmp_path, probe_interval=60),
+                             transport=httpx.MockTransport(engine))
+    with (TestClient(app) as c,
+          c.stream("POST", "/v1/chat/completions", json={"model": "q", "stream": True,
+                                                         "messages": [{"role": "user", "content": "x"}]}) as r):
+        text = "".join(r.iter_text())
+    events = [e for e in text.split("\n\n") if e]
+    assert '"Hel"' in text and events[-1] == "data: [DONE]"
+    assert "no bytes from the upstream for 0.3 s" in text, text

@@ -4,9 +4,11 @@ before the first byte, protocol terminal errors after it, models."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,23 +24,25 @@ Handler = Callable[[httpx.Request], httpx.Response]
 class Events(httpx.AsyncByteStream):
     """An upstream SSE body: these chunks, then (optionally) a broken connection."""
 
-    def __init__(self, chunks: list[bytes], broken: bool = False, prefill: float = 0.0) -> None:
+    def __init__(self, chunks: list[bytes], broken: bool = False, prefill: float = 0.0, stall: float = 0.0) -> None:
         self.chunks = chunks
         self.broken = broken
         self.prefill = prefill
+        self.stall = stall
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         await asyncio.sleep(self.prefill)  # a node still prefilling: no bytes yet
         for c in self.chunks:
             yield c
+        await asyncio.sleep(self.stall)  # a stopped node: the connection stays open, nothing comes
         if self.broken:
             raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
 
 
 def sse(status: int = 200, chunks: list[bytes] | None = None, broken: bool = False,
-        prefill: float = 0.0) -> httpx.Response:
+        prefill: float = 0.0, stall: float = 0.0) -> httpx.Response:
     return httpx.Response(status, headers={"content-type": "text/event-stream"},
-                          stream=Events(chunks or [], broken, prefill))
+                          stream=Events(chunks or [], broken, prefill, stall))
 
 
 def chat_chunk(text: str) -> bytes:
@@ -74,14 +78,20 @@ def fleet() -> Fleet:
     return Fleet()
 
 
-@pytest.fixture
-def client(tmp_path: Path, fleet: Fleet) -> Iterator[TestClient]:
+@contextlib.contextmanager
+def gateway(tmp_path: Path, fleet: Fleet, **settings: Any) -> Iterator[TestClient]:
     ups = [Upstream(name=n, url=f"http://127.0.0.1:{port}", api_key=f"up-{n}", models={"smol": "up-model"},
                     max_in_flight=4) for n, port in (("a", 9101), ("b", 9102))]
-    settings = GatewaySettings(upstreams=ups, data_dir=tmp_path, api_keys=["gw-key"], probe_interval=60,
-                               heartbeat=0.05)
-    app = create_gateway_app(settings, transport=httpx.MockTransport(fleet))
+    gs = GatewaySettings(upstreams=ups, data_dir=tmp_path, api_keys=["gw-key"], probe_interval=60,
+                         **{"heartbeat": 0.05, **settings})
+    app = create_gateway_app(gs, transport=httpx.MockTransport(fleet))
     with TestClient(app, headers={"Authorization": "Bearer gw-key"}) as c:
+        yield c
+
+
+@pytest.fixture
+def client(tmp_path: Path, fleet: Fleet) -> Iterator[TestClient]:
+    with gateway(tmp_path, fleet) as c:
         yield c
 
 
@@ -229,6 +239,39 @@ def test_heartbeat_comments_while_the_node_is_still_prefilling(client: TestClien
     assert text.rstrip().endswith("data: [DONE]") and '"ok"' in text and "error" not in text
 
 
+def test_a_stream_silent_past_the_stall_timeout_ends_with_the_terminal_error(tmp_path: Path, fleet: Fleet) -> None:
+    # The node sent an event, then nothing (stopped): heartbeats keep the client company until the
+    # stall timeout, then the protocol's terminal error; the node's breaker records a failure.
+    fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("Hel")], stall=60)
+    with gateway(tmp_path, fleet, stall_timeout=0.3) as c:
+        text = stream_text(c, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(c, "k", "a"))
+        events = [e for e in text.split("\n\n") if e]
+        assert text.count('"Hel"') == 1 and ": keep-alive" in events
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "upstream_failed" and "no bytes from the upstream for 0.3 s" in error["message"]
+        assert events[-1] == "data: [DONE]"
+        assert len(fleet.calls("/v1/chat/completions")) == 1
+        assert pool_of(c).nodes["a"].breaker.failures == 1
+
+
+def test_a_stream_silent_past_the_stall_timeout_before_its_first_byte_is_retried(tmp_path: Path,
+                                                                                 fleet: Fleet) -> None:
+    fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("never")], prefill=60)
+    fleet.behave["b"] = lambda r: sse(chunks=[chat_chunk("ok"), b"data: [DONE]\n\n"])
+    with gateway(tmp_path, fleet, stall_timeout=0.2, heartbeat=30) as c:  # nothing reached the client yet
+        text = stream_text(c, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(c, "k", "a"))
+        assert '"ok"' in text and "never" not in text and "error" not in text
+        assert [r.url.port for r in fleet.calls("/v1/chat/completions")] == [9101, 9102]
+
+
+def test_a_silent_stream_is_waited_for_without_a_stall_timeout(tmp_path: Path, fleet: Fleet) -> None:
+    # 0 turns it off: a stream silent for longer than a small timeout would allow still completes.
+    fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("Hel"), b"data: [DONE]\n\n"], prefill=0.5)
+    with gateway(tmp_path, fleet, stall_timeout=0, heartbeat=30) as c:
+        text = stream_text(c, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(c, "k", "a"))
+        assert '"Hel"' in text and text.rstrip().endswith("data: [DONE]") and "error" not in text
+
+
 def test_session_ids_are_checked_before_they_reach_an_upstream_url(client: TestClient, fleet: Fleet) -> None:
     r = client.post("/v1/chat/completions", json={"model": "smol", "messages": [], "session_id": "../../admin"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id"
@@ -288,3 +331,26 @@ def test_a_rollback_through_the_gateway_refreshes_its_transcript_copy(client: Te
     assert r.status_code == 200 and fleet.calls("/v1/sessions/s/rollback")[0].url.port == 9101
     client.portal.call(client.app.state.proxy.continuity.idle)  # type: ignore[attr-defined]
     assert store.transcript("s") == ("smol", kept)
+
+
+def test_drain_drops_a_stale_copy_instead_of_moving_it_over_the_live_session(client: TestClient,
+                                                                             fleet: Fleet) -> None:
+    # `a` crashed and came back with its data dir: it still lists "moved-on", which continued on
+    # `b` meanwhile. Moving a's copy would overwrite b's newer one; drain deletes it instead.
+    store = pool_of(client).store
+    store.assign("session:moved-on", "b")
+
+    def node_a(r: httpx.Request) -> httpx.Response:
+        if r.method == "GET" and r.url.path == "/v1/sessions":
+            return httpx.Response(200, json={"object": "list", "data": [{"session_id": "moved-on"}]})
+        if r.method == "DELETE" and r.url.path == "/v1/sessions/moved-on":
+            return httpx.Response(200, json={"deleted": True})
+        return httpx.Response(500, json={"error": {"message": f"unexpected {r.method} {r.url.path}"}})
+
+    fleet.behave["a"] = node_a
+    report = client.post("/admin/nodes/a/drain").json()
+    assert report["moved"] == [] and report["failed"] == [] and report["stale"] == ["moved-on"]
+    assert [(r.method, r.url.path) for r in fleet.seen if r.url.port == 9101 and r.url.path != "/health"] == [
+        ("GET", "/v1/sessions"), ("DELETE", "/v1/sessions/moved-on")]
+    assert [r for r in fleet.seen if r.url.port == 9102 and r.url.path != "/health"] == []  # b's copy untouched
+    assert store.node_of("session:moved-on") == "b"

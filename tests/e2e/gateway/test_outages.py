@@ -1,0 +1,209 @@
+"""Nodes of the fleet failing under the gateway: a SIGSTOPped node (routed around, back without
+flapping); a node killed (-9) mid-stream under each streaming protocol's official SDK (the
+client gets its protocol's terminal error, nothing is retried after the first byte, and the
+session's next turn continues on another node from the gateway's transcript); a response chain
+whose node died; the foreign engine killed mid-stream.
+
+Killed nodes stay dead until a later test's fixture restarts them (`Fleet.heal`): each test
+here asks only for the nodes it needs (two Hearth nodes: the victim and the one taking over)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.e2e.gateway.conftest import GW_KEY, STALL_TIMEOUT, Fleet, Gateway, node_get
+
+pytestmark = pytest.mark.slow
+
+STORY = "Write a long story about a dragon."
+
+
+@pytest.fixture
+def pair(whole_fleet: Fleet) -> Fleet:
+    """The fleet with at least two Hearth nodes up: one to kill, one to take over."""
+    whole_fleet.heal(hearth=2, foreign=False)
+    return whole_fleet
+
+
+def open_session(fleet: Fleet, sid: str, first_turn: str) -> tuple[str, str]:
+    """A session's first turn (chat), its transcript copied by the gateway: (its node, the reply)."""
+    oai = openai.OpenAI(base_url=fleet.gw.base_url, api_key=GW_KEY, max_retries=0)
+    first = oai.chat.completions.create(model="smol", max_tokens=8, temperature=0, extra_body={"session_id": sid},
+                                        messages=[{"role": "user", "content": first_turn}])
+    reply = first.choices[0].message.content
+    assert reply is not None
+    fleet.gw.wait(lambda: fleet.gw.admin("GET", f"/admin/sessions/{sid}").json()["transcript_messages"] == 2,
+                  "the transcript copy")
+    return fleet.gw.session_node(sid), reply
+
+
+def continued_elsewhere(fleet: Fleet, sid: str, owner: str, turns: list[str], reply: str) -> None:
+    """The session now lives on another node, which holds the whole transcript: the turn before
+    the broken one, and the turn after it (the broken one is not in it: its client got an error)."""
+    now = fleet.gw.session_node(sid)
+    assert now != owner
+    history = node_get(fleet.nodes[now], now, f"/v1/sessions/{sid}/history").json()["data"]
+    assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
+    assert [history[0]["content"], history[2]["content"]] == turns and history[1]["content"] == reply
+    fleet.gw.wait(lambda: not fleet.gw.status()[owner]["up"], "the killed node to be marked down")
+
+
+def test_sigstopped_node_is_routed_around_and_comes_back_without_flapping(fleet: Fleet) -> None:
+    """A stream in flight on the stopped node ends with the terminal error after the stall
+    timeout, while the node is still stopped; new requests go around it; it comes back up once."""
+    gw = fleet.gw
+    frozen, _ = open_session(fleet, "frozen", "Say hi.")
+    oai = openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
+    started, received, ended = threading.Event(), [], threading.Event()
+
+    def stream() -> None:
+        chunks = oai.chat.completions.create(model="smol", max_tokens=400, stream=True,
+                                             extra_body={"session_id": "frozen", "ignore_eos": True},
+                                             messages=[{"role": "user", "content": STORY}])
+        try:
+            for chunk in chunks:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    received.append(chunk.choices[0].delta.content)
+                    if len(received) == 3:
+                        started.set()
+        except openai.APIError as e:
+            received.append(e)
+        finally:
+            ended.set()
+
+    before = gw.status()
+    with ThreadPoolExecutor(1) as ex:
+        streaming = ex.submit(stream)
+        assert started.wait(60), "the stream did not start"
+        os.kill(fleet.nodes[frozen].proc.pid, signal.SIGSTOP)
+        try:
+            gw.wait(lambda: not gw.status()[frozen]["up"], "the stopped node to be marked down")
+            for i in range(4):  # none may wait on the stopped node: the client timeout would fire
+                r = httpx.post(gw.base_url + "/chat/completions", headers={"Authorization": f"Bearer {GW_KEY}"},
+                               timeout=60, json={"model": "smol", "max_tokens": 4,
+                                                 "messages": [{"role": "user", "content": f"Ping {i}"}]})
+                assert r.status_code == 200 and r.headers["x-hearth-upstream"] != frozen
+            # the stream in flight ends while the node is still stopped (it would wait for ever without a stall timeout)
+            assert ended.wait(STALL_TIMEOUT + 60), "the stream on the stopped node did not end"
+        finally:
+            os.kill(fleet.nodes[frozen].proc.pid, signal.SIGCONT)
+        streaming.result()
+    error = received[-1]
+    assert isinstance(error, openai.APIError), received[-3:]
+    assert f"no bytes from the upstream for {STALL_TIMEOUT:g} s" in str(error)
+    gw.wait(lambda: gw.status()[frozen]["up"], "the node to come back")
+    after = gw.status()
+    assert after[frozen]["transitions"] == before[frozen]["transitions"] + 2  # down once, up once
+    assert all(after[n]["transitions"] == before[n]["transitions"] for n in after if n != frozen)
+    assert after[frozen]["breaker"] == "closed"  # one failed stream, not enough to open it
+
+
+def test_kill_mid_chat_stream_ends_with_an_error_chunk_and_the_session_continues_elsewhere(
+        pair: Fleet, oai: openai.OpenAI) -> None:
+    owner, reply = open_session(pair, "fo-chat", "My name is Ada. Say hi.")
+    stream = oai.chat.completions.create(model="smol", max_tokens=400, stream=True,
+                                         extra_body={"session_id": "fo-chat", "ignore_eos": True},
+                                         messages=[{"role": "user", "content": STORY}])
+    received, ids = [], set()
+    with pytest.raises(openai.APIError) as e:
+        for chunk in stream:
+            ids.add(chunk.id)
+            if chunk.choices and chunk.choices[0].delta.content:
+                received.append(chunk.choices[0].delta.content)
+                if len(received) == 3:
+                    pair.kill(owner)  # kill -9, mid-stream
+    assert len(received) >= 3 and "failed mid-stream" in str(e.value)
+    assert len(ids) == 1  # one completion: nothing was retried on another node after the first byte
+
+    after = oai.chat.completions.create(model="smol", max_tokens=8, temperature=0, extra_body={"session_id": "fo-chat"},
+                                        messages=[{"role": "user", "content": "What is my name?"}])
+    assert after.choices[0].message.content is not None
+    continued_elsewhere(pair, "fo-chat", owner, ["My name is Ada. Say hi.", "What is my name?"], reply)
+
+
+def test_kill_mid_messages_stream_ends_with_event_error_and_the_session_continues_elsewhere(pair: Fleet) -> None:
+    owner, reply = open_session(pair, "fo-msg", "My name is Bo. Say hi.")
+    ac = anthropic.Anthropic(base_url=pair.gw.url, api_key=GW_KEY, max_retries=0)
+    received, types = [], []
+    with (pytest.raises(anthropic.APIStatusError) as e,
+          ac.messages.stream(model="smol", max_tokens=400, messages=[{"role": "user", "content": STORY}],
+                             extra_body={"session_id": "fo-msg"}) as st):
+        for event in st:
+            types.append(event.type)
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                received.append(event.delta.text)
+                if len(received) == 3:
+                    pair.kill(owner)
+    assert len(received) >= 3 and "failed mid-stream" in str(e.value)
+    assert isinstance(e.value.body, dict) and e.value.body["error"]["type"] == "api_error"
+    assert types.count("message_start") == 1 and "message_stop" not in types  # one message, never retried
+
+    after = ac.messages.create(model="smol", max_tokens=8, messages=[{"role": "user", "content": "What is my name?"}],
+                               extra_body={"session_id": "fo-msg", "temperature": 0})
+    assert after.content
+    continued_elsewhere(pair, "fo-msg", owner, ["My name is Bo. Say hi.", "What is my name?"], reply)
+
+
+def test_kill_mid_responses_stream_ends_with_response_failed_and_the_session_continues_elsewhere(
+        pair: Fleet, oai: openai.OpenAI) -> None:
+    owner, reply = open_session(pair, "fo-resp", "My name is Cy. Say hi.")
+    events = []
+    stream = oai.responses.create(model="smol", input=STORY, max_output_tokens=400, stream=True,
+                                  extra_body={"session_id": "fo-resp", "ignore_eos": True})
+    for event in stream:  # the SDK hands response.failed over as an event; the stream must end after it
+        events.append(event)
+        if sum(ev.type == "response.output_text.delta" for ev in events) == 3:
+            pair.kill(owner)
+    assert sum(ev.type == "response.output_text.delta" for ev in events) >= 3
+    failed = events[-1]
+    assert failed.type == "response.failed", [ev.type for ev in events[-3:]]
+    assert failed.response.status == "failed" and failed.response.error
+    assert "failed mid-stream" in failed.response.error.message
+    created = [ev for ev in events if ev.type == "response.created"]
+    assert len(created) == 1 and failed.response.id == created[0].response.id  # one response, never retried
+    seq = [ev.sequence_number for ev in events]
+    assert seq == sorted(set(seq))  # no event twice, none out of order
+
+    after = oai.responses.create(model="smol", input="What is my name?", max_output_tokens=8, temperature=0,
+                                 extra_body={"session_id": "fo-resp"})
+    assert after.status in ("completed", "incomplete")
+    continued_elsewhere(pair, "fo-resp", owner, ["My name is Cy. Say hi.", "What is my name?"], reply)
+
+
+def test_a_response_chain_continues_after_its_node_dies(pair: Fleet, gw: Gateway) -> None:
+    headers = {"Authorization": f"Bearer {GW_KEY}"}
+    first = httpx.post(gw.base_url + "/responses", headers=headers, timeout=60, json={
+        "model": "smol", "input": "My name is Ada.", "max_output_tokens": 8, "temperature": 0})
+    assert first.status_code == 200
+    owner = first.headers["x-hearth-upstream"]
+    pair.kill(owner)
+    second = httpx.post(gw.base_url + "/responses", headers=headers, timeout=60, json={
+        "model": "smol", "input": "What is my name?", "previous_response_id": first.json()["id"],
+        "max_output_tokens": 8, "temperature": 0})
+    assert second.status_code == 200, second.text
+    assert second.headers["x-hearth-upstream"] != owner
+    # the new node prefilled the whole chain, replayed by the gateway: more than this turn's input
+    assert second.json()["usage"]["input_tokens"] > first.json()["usage"]["input_tokens"]
+    assert second.json()["output_text"]
+
+
+def test_kill_mid_stream_of_the_foreign_engine_ends_with_anthropic_error_event(whole_fleet: Fleet) -> None:
+    whole_fleet.heal(hearth=0, foreign=True)
+    ac = anthropic.Anthropic(base_url=whole_fleet.gw.url, api_key=GW_KEY, max_retries=0)
+    received = []
+    story = [{"role": "user", "content": "A long story."}]
+    with (pytest.raises(anthropic.APIStatusError) as e,
+          ac.messages.stream(model="foreign", max_tokens=400, messages=story, extra_body={"ignore_eos": True}) as st):  # type: ignore[arg-type]
+        for delta in st.text_stream:
+            received.append(delta)
+            if len(received) == 3:
+                whole_fleet.kill("foreign")
+    assert len(received) >= 3 and "failed mid-stream" in str(e.value)
