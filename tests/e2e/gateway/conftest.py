@@ -179,7 +179,7 @@ class Fleet:
     def heal(self, hearth: int = len(HEARTH), foreign: bool = True) -> None:
         """At least `hearth` Hearth nodes (and the foreign one) running and routed to again:
         killed ones restarted on their port with their data dir (sessions come back from it), as
-        a crashed node restarted by its supervisor would be."""
+        a crashed node restarted by its supervisor would be; drained ones undrained."""
         dead = [n for n in self.nodes if self.nodes[n].proc.poll() is not None][:max(0, hearth - len(self.alive()))]
         if foreign and self.foreign.proc.poll() is not None:
             dead.append("foreign")
@@ -187,6 +187,9 @@ class Fleet:
             with ThreadPoolExecutor(len(dead)) as ex:
                 list(ex.map(self._restart, dead))
         wanted = self.alive() + (["foreign"] if foreign else [])
+        for n, st in self.gw.status().items():
+            if n in wanted and st["draining"]:  # a drain test that failed before its undrain
+                self.gw.admin("POST", f"/admin/nodes/{n}/undrain")
 
         def routed() -> bool:
             status = self.gw.status()
