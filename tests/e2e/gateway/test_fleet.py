@@ -15,7 +15,17 @@ import openai
 import pytest
 
 from tests.conftest import Server
-from tests.e2e.gateway.conftest import GW_ADMIN, GW_KEY, Fleet, Gateway, node_get, start_gateway, stop, upstreams_toml
+from tests.e2e.gateway.conftest import (
+    GW_ADMIN,
+    GW_KEY,
+    Fleet,
+    Gateway,
+    node_get,
+    node_key,
+    start_gateway,
+    stop,
+    upstreams_toml,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fleet")]  # all of it up
 
@@ -113,6 +123,31 @@ def test_cancel_by_id_reaches_the_node_running_the_request(gw: Gateway, oai: ope
         if chunk.choices and chunk.choices[0].finish_reason:
             finish = chunk.choices[0].finish_reason
     assert finish == "cancelled" and pieces < 400
+
+
+def test_a_client_leaving_mid_stream_stops_the_node(gw: Gateway, nodes: dict[str, Server]) -> None:
+    """The gateway closes its upstream connection when its client leaves: the node sees the
+    disconnect and stops decoding (no tokens generated for nobody)."""
+    def node_metric(name: str, metric_name: str) -> float:
+        return nodes[name].metric(metric_name, headers={"Authorization": f"Bearer {node_key(name)}"})
+
+    cancelled = {n: node_metric(n, "hearth_requests_cancelled_total") for n in nodes}
+    with httpx.stream("POST", gw.base_url + "/chat/completions", timeout=120,
+                      headers={"Authorization": f"Bearer {GW_KEY}"},
+                      json={"model": "smol", "max_tokens": 900, "stream": True, "ignore_eos": True,
+                            "messages": [{"role": "user", "content": "Write a long story."}]}) as r:
+        node = r.headers["x-hearth-upstream"]
+        before = node_metric(node, "hearth_generated_tokens_total")
+        received = 0
+        for line in r.iter_lines():
+            if '"content":"' in line and '"role"' not in line:
+                received += 1
+                if received == 10:
+                    break  # leaving: the connection closes here
+    nodes[node].wait_metric("hearth_requests_cancelled_total", lambda v: v > cancelled[node],
+                            headers={"Authorization": f"Bearer {node_key(node)}"}, timeout=60)
+    produced = node_metric(node, "hearth_generated_tokens_total") - before
+    assert produced < 300, f"{produced} tokens generated for a client that read 10 and left"
 
 
 def metric(gw: Gateway, name: str) -> float:
