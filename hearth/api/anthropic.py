@@ -108,6 +108,7 @@ class MessagesIn(CountTokensIn, RunFields):
     replace_system: bool = False
     discard_thinking: bool = False
     session_wait: bool = True
+    session_create: bool = True
     stream: bool = False
     stop_sequences: list[str] | None = None
     temperature: float | None = None
@@ -315,7 +316,8 @@ def to_chat_request(body: CountTokensIn, request_id: str) -> ChatRequest:
         creq.sampling = sampling_params(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                                         stop=body.stop_sequences, max_tokens=body.max_tokens)
         creq.cache_prompt = body.cache_prompt
-        creq.session = session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait)
+        creq.session = session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait,
+                                     body.session_create)
     return creq
 
 

@@ -123,6 +123,7 @@ class ChatCompletionIn(_Open, RunFields):
     replace_system: bool = False
     discard_thinking: bool = False
     session_wait: bool = True
+    session_create: bool = True
 
 
 def text_of(content: str | list[ContentPart] | None, where: str) -> str | None:
@@ -215,7 +216,8 @@ def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
         reasoning=ReasoningOptions(effort=body.reasoning_effort, budget=body.reasoning_budget),
         chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=body.timeout,
         cache_prompt=body.cache_prompt, session=session_turn(body.session_id, body.replace_system,
-                                                             body.discard_thinking, body.session_wait))
+                                                             body.discard_thinking, body.session_wait,
+                                                             body.session_create))
 
 
 # ---- output ------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ class ResponsesIn(_Open, RunFields):
     replace_system: bool = False
     discard_thinking: bool = False
     session_wait: bool = True
+    session_create: bool = True
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     cache_prompt: bool = True
     seed: int | None = None
@@ -138,7 +139,8 @@ async def create_response(request: Request) -> Response:
         tool_choice=to_tool_choice(body.tool_choice, toolset), parallel_tool_calls=body.parallel_tool_calls,
         response_format=response_format, reasoning=reasoning, request_id=rid,
         timeout=wall_cap(request, body), cache_prompt=body.cache_prompt, repetition=repetition(request, body),
-        session=session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait))
+        session=session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait,
+                             body.session_create))
     model = backend.resolve(creq.model)
 
     asm = ResponseAssembler({

@@ -78,8 +78,8 @@ def parse_stop(stop: str | list[str] | None) -> list[str] | None:
 
 
 def session_turn(session_id: str | None, replace_system: bool = False, discard_thinking: bool = False,
-                 wait: bool = True) -> SessionTurn | None:
+                 wait: bool = True, create: bool = True) -> SessionTurn | None:
     """The Hearth session fields every chat protocol accepts (docs/sessions.md)."""
     if session_id is None:
         return None
-    return SessionTurn(check_session_id(session_id), replace_system, discard_thinking, wait)
+    return SessionTurn(check_session_id(session_id), replace_system, discard_thinking, wait, create)

@@ -77,6 +77,7 @@ class SessionTurn:
     replace_system: bool = False  # a different leading system message replaces the stored one
     discard_thinking: bool = False  # keep the reply's reasoning out of the stored transcript
     wait: bool = True  # wait for a running turn of the same session (else 409 session_busy)
+    create: bool = True  # an unknown id creates the session (else 404 session_not_found)
 
 
 @dataclass(slots=True)

@@ -39,7 +39,7 @@ from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.terminal import Protocol, first_response, is_terminal, protocol_of, terminal_error
 from hearth.gateway.transcripts import TranscriptStore
-from hearth.gateway.upstream_http import Answer, Sender
+from hearth.gateway.upstream_http import Answer, Buffered, Sender
 from hearth.observability.logging import request_id
 from hearth.sessions.ids import check_session_id
 
@@ -181,12 +181,17 @@ class Proxy:
                 self.pool.release(lease, ok)
 
         try:
-            if turn.session_id is not None:
-                await self.continuity.ensure_session(node, turn.alias, turn.session_id)
+            held = turn.session_id is not None and await self.continuity.ensure_session(
+                node, turn.alias, turn.session_id)
             payload = {**self.continuity.rechained(node, turn.body), "model": node.up.models[turn.alias]}
-            resp = await self.http.send("POST", node.up.url + turn.path,
-                                        {**turn.headers, "content-type": "application/json", **node.up.headers()},
-                                        json_bytes(payload), self.settings.connect_timeout)
+            if held:  # the node must not start it afresh if it lost it (a node replaced with an empty disk)
+                payload["session_create"] = False
+            headers = {**turn.headers, "content-type": "application/json", **node.up.headers()}
+            resp = await self.http.send("POST", node.up.url + turn.path, headers, json_bytes(payload),
+                                        self.settings.connect_timeout)
+            if held and resp.status_code == 404 and turn.session_id is not None:
+                resp = await self._session_lost(node, turn, resp) or await self.http.send(
+                    "POST", node.up.url + turn.path, headers, json_bytes(payload), self.settings.connect_timeout)
             node.last_bytes = self.pool.clock()
         except httpx.TransportError as e:
             release(False)
@@ -225,6 +230,22 @@ class Proxy:
                             media_type=resp.headers.get("content-type", "application/json"),
                             headers=_passed_headers(resp, node.name))
         return await self._stream(lease, turn, resp, release)
+
+    async def _session_lost(self, node: Node, turn: Turn, resp: Answer) -> Answer | None:
+        """A 404 to a turn of a session the gateway holds on `node`: if the node lost the session,
+        restore it from the gateway's transcript and return None (send the turn again); any other
+        404 is the answer."""
+        assert turn.session_id is not None
+        content = await resp.aread()
+        await resp.aclose()
+        r = await self.client.get(f"{node.up.url}/v1/sessions/{turn.session_id}", headers=node.up.headers(),
+                                  timeout=30)
+        if r.status_code != 404:
+            return Buffered(resp.status_code, resp.headers, content)
+        log.warning("upstream %s lost session %s; restoring it from the gateway's transcript", node.name,
+                    turn.session_id)
+        await self.continuity.ensure_session(node, turn.alias, turn.session_id, lost=True)
+        return None
 
     # ---- streams -------------------------------------------------------------------------------
 

@@ -57,6 +57,24 @@ class Sender(Protocol):
                    connect_timeout: float) -> Answer: ...
 
 
+class Buffered:
+    """An answer already read (the proxy looked at it before passing it on)."""
+
+    def __init__(self, status_code: int, headers: Mapping[str, str], content: bytes) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self._content = content
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        yield self._content
+
+    async def aread(self) -> bytes:
+        return self._content
+
+    async def aclose(self) -> None:
+        return None
+
+
 class HttpxSender:
     """The same calls over an httpx client: for in-process tests whose fake fleet is an httpx
     transport (the fast client needs real sockets; it has its own tests)."""

@@ -306,6 +306,9 @@ class SessionManager:
             raise BadRequest("a session turn has one reply: n must be 1", param="n")
         model_id = self.backend.resolve(req.model)
         s = self._sessions.get(sid)
+        if s is None and not turn.create:  # a caller that knows the session exists (the gateway)
+            raise NotFound(f"session {sid} not found (session_create is false)", param="session_id",
+                           code="session_not_found")
         if s is None:  # the first turn creates the session (stored when the turn runs)
             s = self._new(sid, model_id, None)
             s.persisted = False

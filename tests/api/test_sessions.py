@@ -93,3 +93,22 @@ async def test_a_session_starts_from_a_given_transcript(h: Harness) -> None:
     assert [m["content"] for m in history[:3]] == ["my name is Ada", "Hi Ada", "my name?"]
     bad = await h.post("/v1/sessions", {"session_id": "bad", "messages": [{"content": "no role"}]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+
+
+async def test_session_create_false_refuses_an_unknown_session_on_every_protocol(h: Harness) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    bodies = {"/v1/chat/completions": {"model": "fake", "max_tokens": 4, "messages": msgs},
+              "/v1/messages": {"model": "fake", "max_tokens": 8, "messages": msgs},
+              "/v1/responses": {"model": "fake", "input": "hi"}}
+    for path, body in bodies.items():
+        r = await h.post(path, {**body, "session_id": "nowhere", "session_create": False})
+        assert r.status_code == 404, (path, r.text)
+        code = r.json()["error"]["type"] if path == "/v1/messages" else r.json()["error"]["code"]
+        assert code == ("not_found_error" if path == "/v1/messages" else "session_not_found"), (path, r.text)
+    assert (await h.client.get("/v1/sessions/nowhere")).status_code == 404  # nothing was created
+    assert (await h.post("/v1/chat/completions", {**bodies["/v1/chat/completions"], "session_id": "here"})
+            ).status_code == 200
+    r = await h.post("/v1/chat/completions", {**bodies["/v1/chat/completions"], "session_id": "here",
+                                              "session_create": False})
+    assert r.status_code == 200, r.text  # an existing session: the turn runs
+    assert (await h.client.get("/v1/sessions/here")).json()["message_count"] == 4

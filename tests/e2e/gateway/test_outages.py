@@ -10,6 +10,7 @@ here asks only for the nodes it needs (two Hearth nodes: the victim and the one 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -127,6 +128,21 @@ def test_kill_mid_chat_stream_ends_with_an_error_chunk_and_the_session_continues
                                         messages=[{"role": "user", "content": "What is my name?"}])
     assert after.choices[0].message.content is not None
     continued_elsewhere(pair, "fo-chat", owner, ["My name is Ada. Say hi.", "What is my name?"], reply)
+
+
+def test_a_node_replaced_with_an_empty_disk_gets_its_sessions_back_from_the_transcript(
+        pair: Fleet, oai: openai.OpenAI) -> None:
+    owner, reply = open_session(pair, "fo-disk", "My name is Cy. Say hi.")
+    pair.kill(owner)
+    shutil.rmtree(pair.tmp / owner / "home")  # the machine replaced: same address, nothing on disk
+    pair.heal(hearth=len(pair.nodes), foreign=False)
+    after = oai.chat.completions.create(model="smol", max_tokens=8, temperature=0, extra_body={"session_id": "fo-disk"},
+                                        messages=[{"role": "user", "content": "What is my name?"}])
+    assert after.choices[0].message.content is not None
+    assert pair.gw.session_node("fo-disk") == owner  # it stayed where it was, restored there
+    history = node_get(pair.nodes[owner], owner, "/v1/sessions/fo-disk/history").json()["data"]
+    assert [m["content"] for m in history[::2]] == ["My name is Cy. Say hi.", "What is my name?"]
+    assert history[1]["content"] == reply and len(history) == 4
 
 
 def test_kill_mid_messages_stream_ends_with_event_error_and_the_session_continues_elsewhere(pair: Fleet) -> None:

@@ -354,3 +354,47 @@ def test_drain_drops_a_stale_copy_instead_of_moving_it_over_the_live_session(cli
         ("GET", "/v1/sessions"), ("DELETE", "/v1/sessions/moved-on")]
     assert [r for r in fleet.seen if r.url.port == 9102 and r.url.path != "/health"] == []  # b's copy untouched
     assert store.node_of("session:moved-on") == "b"
+
+
+def test_a_session_its_node_lost_is_restored_from_the_transcript_not_started_afresh(client: TestClient,
+                                                                                    fleet: Fleet) -> None:
+    # `a` was replaced with an empty disk: the session the gateway holds there is gone. Its next
+    # turn says session_create false, gets 404, and the gateway restores the session from its
+    # transcript on `a` and sends the turn again.
+    history = [{"role": "user", "content": "I am Ada"}, {"role": "assistant", "content": "Hi Ada"}]
+    store = pool_of(client).store
+    store.assign("session:lost", "a")
+    store.save_transcript("lost", "smol", history)
+    on_a: dict[str, list[Any]] = {}
+
+    def node_a(r: httpx.Request) -> httpx.Response:
+        if r.method == "POST" and r.url.path == "/v1/chat/completions":
+            body = json.loads(r.content)
+            if body["session_id"] not in on_a and body.get("session_create") is False:
+                return httpx.Response(404, json={"error": {"message": "session lost not found",
+                                                           "code": "session_not_found"}})
+            return httpx.Response(200, json=OK_CHAT)
+        if r.method == "GET" and r.url.path == "/v1/sessions/lost":
+            return httpx.Response(200 if "lost" in on_a else 404, json={})
+        if r.method == "POST" and r.url.path == "/v1/sessions":
+            body = json.loads(r.content)
+            on_a[body["session_id"]] = body["messages"]
+            return httpx.Response(200, json={"object": "session", "session_id": body["session_id"]})
+        if r.url.path.endswith("/history"):
+            return httpx.Response(200, json={"object": "list", "data": on_a.get("lost", [])})
+        return httpx.Response(500, json={"error": {"message": f"unexpected {r.method} {r.url.path}"}})
+
+    fleet.behave["a"] = node_a
+    r = client.post("/v1/chat/completions", json={"model": "smol", "session_id": "lost",
+                                                  "messages": [{"role": "user", "content": "Who am I?"}]})
+    assert r.status_code == 200 and r.headers["x-hearth-upstream"] == "a"
+    assert on_a["lost"] == history  # restored from the gateway's copy
+    turns = [json.loads(c.content) for c in fleet.calls("/v1/chat/completions")]
+    assert [t["session_create"] for t in turns] == [False, False]  # refused, then run on the restored session
+    # A 404 that is not a lost session is the client's answer, unchanged.
+    on_a.clear()
+    fleet.behave["a"] = lambda r: (httpx.Response(200, json={}) if r.method == "GET" else
+                                   httpx.Response(404, json={"error": {"message": "no such model", "code": "x"}}))
+    r = client.post("/v1/chat/completions", json={"model": "smol", "session_id": "lost",
+                                                  "messages": [{"role": "user", "content": "Again?"}]})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "x"
