@@ -190,7 +190,8 @@ class Proxy:
             resp = await self.http.send("POST", node.up.url + turn.path, headers, json_bytes(payload),
                                         self.settings.connect_timeout)
             if held and resp.status_code == 404 and turn.session_id is not None:
-                resp = await self._session_lost(node, turn, resp) or await self.http.send(
+                passed_on = await self._session_lost(node, turn, resp)
+                resp = passed_on if passed_on is not None else await self.http.send(
                     "POST", node.up.url + turn.path, headers, json_bytes(payload), self.settings.connect_timeout)
             node.last_bytes = self.pool.clock()
         except httpx.TransportError as e:
