@@ -47,6 +47,9 @@ from bench.servers import free_port
 from bench.stats import median
 
 MODEL_ID = "smollm2-135m-instruct"
+# The servers (uvicorn) close a connection idle for 5 s; a client reusing one just then gets a
+# ReadError (a race no server can avoid). Connections idle past 2 s are not reused.
+LIMITS = httpx.Limits(keepalive_expiry=2.0)
 
 
 def log(msg: str) -> None:
@@ -119,7 +122,7 @@ async def overhead_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     gw = await start_gateway(tmp, {"solo": node}, args).ready()
     out: dict[str, Any] = {}
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as client:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10), limits=LIMITS) as client:
             body = {"model": "smol", "messages": [{"role": "user", "content": DEFAULT_PROMPT}], "temperature": 0,
                     "max_tokens": args.max_tokens, "ignore_eos": True}
             await stream_turn(client, gw.url, body)  # warm-up
@@ -156,7 +159,7 @@ async def multiturn_run(gw: Proc, args: argparse.Namespace) -> dict[str, Any]:
     last_node: dict[int, str] = {}
     same, moved, cached, prompt = 0, 0, 0, 0
     ttft_last: list[float] = []
-    async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=10)) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=10), limits=LIMITS) as client:
         for turn in range(1, args.turns + 1):
             for i, conv in enumerate(convs):
                 user = {"role": "user", "content": user_message(i, turn, args.words)}
@@ -217,7 +220,8 @@ async def drain(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         for p in nodes.values():
             await p.ready()
         gw = await start_gateway(tmp, nodes, args).ready()
-        async with httpx.AsyncClient(base_url=gw.url, timeout=httpx.Timeout(900, connect=10)) as client:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=httpx.Timeout(900, connect=10),
+                                     limits=LIMITS) as client:
             history: list[dict[str, str]] = []
             info: dict[str, Any] = {}
             while info.get("current_pos", 0) < args.drain_tokens:
