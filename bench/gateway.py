@@ -20,7 +20,11 @@
   endpoint) and compared with the prefill it saves (the same history as a stateless request with
   cache_prompt false on the destination).
 
-Results: bench/results/gateway-<stamp>.json and latest-gateway.json.
+Results: bench/results/gateway-<stamp>.json and latest-gateway.json (+ .png).
+
+    .venv/bin/python -m bench.gateway --medians RUN.json RUN.json ...
+                                                              # overhead medians over several runs
+                                                              # → latest-gateway-overhead.json
 """
 
 from __future__ import annotations
@@ -298,8 +302,27 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def overhead_medians(paths: list[Path]) -> dict[str, Any]:
+    """Per setting (threads, streams) and figure: the median over the runs, and every run's value."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    out: dict[str, Any] = {"runs": [{"file": p.name, "started_at": r["started_at"],
+                                     "loadavg_at_start": r["machine"].get("loadavg_at_start")}
+                                    for p, r in zip(paths, runs, strict=True)], "median": {}, "values": {}}
+    for r in runs:
+        for threads, per in (r.get("overhead") or {}).items():
+            for streams, figures in per.items():
+                for name, value in figures.items():
+                    out["values"].setdefault(threads, {}).setdefault(streams, {}).setdefault(name, []).append(value)
+    for threads, per in out["values"].items():
+        for streams, figures in per.items():
+            out["median"].setdefault(threads, {})[streams] = {
+                name: median([v for v in values if v is not None]) for name, values in figures.items()}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--medians", type=Path, nargs="+", help="summarize the overhead of these result files")
     ap.add_argument("--only", action="append", choices=["overhead", "multiturn", "drain"])
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads per node (multiturn, drain)")
     ap.add_argument("--overhead-threads", type=int, nargs="+", default=[2, 1],
@@ -317,6 +340,12 @@ def main() -> int:
     ap.add_argument("--drain-words", type=int, default=400)
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = ap.parse_args()
+    if args.medians:
+        summary = json.dumps(overhead_medians(args.medians), indent=2)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "latest-gateway-overhead.json").write_text(summary)
+        print(summary)
+        return 0
     result = asyncio.run(main_async(args))
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
