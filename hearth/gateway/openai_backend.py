@@ -40,6 +40,7 @@ from hearth.errors import BadRequest, HearthError, NotFound, TooManyRequests, Un
 from hearth.gateway.health import counts_as_failure
 from hearth.gateway.pool import Lease, Pool
 from hearth.gateway.routing import Affinity, prefix_hashes
+from hearth.gateway.upstream_http import Stalled, within
 from hearth.sessions.transcript import message_to_json
 
 SEQ_CTX = 131072  # what the gateway lets through; the upstream enforces its own context
@@ -269,17 +270,8 @@ class OpenAIUpstreamBackend:
         try:
             yield Started(0)
             stall = self.pool.settings.stall_timeout_for(lease.node.up)  # none unless the TOML sets one
-            lines = resp.aiter_lines()
             try:
-                while True:
-                    try:
-                        async with asyncio.timeout(stall):
-                            line = await anext(lines)
-                    except StopAsyncIteration:
-                        break
-                    except TimeoutError:
-                        raise _UpstreamError(f"no bytes from the upstream for {stall:g} s (the stall "
-                                             "timeout)") from None
+                async for line in within(resp.aiter_lines(), stall):
                     lease.node.last_bytes = self.pool.clock()
                     if not line.startswith("data:"):
                         continue
@@ -302,7 +294,7 @@ class OpenAIUpstreamBackend:
                 if usage.completion_tokens == 0:
                     usage.completion_tokens = chunks
                 yield Done(usage)
-            except (httpx.HTTPError, ValueError, _UpstreamError, RuntimeError) as e:
+            except (httpx.HTTPError, ValueError, _UpstreamError, Stalled, RuntimeError) as e:
                 if cancel.cancelled:
                     for i in range(choices):
                         if i not in finished:

@@ -39,7 +39,7 @@ from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.terminal import Protocol, first_response, is_terminal, protocol_of, terminal_error
 from hearth.gateway.transcripts import TranscriptStore
-from hearth.gateway.upstream_http import Answer, Buffered, Sender
+from hearth.gateway.upstream_http import Answer, Buffered, Sender, Stalled, within
 from hearth.observability.logging import request_id
 from hearth.sessions.ids import check_session_id
 
@@ -377,14 +377,8 @@ async def _events(resp: Answer, node: Node, clock: Callable[[], float],
     (only the read is timed: a slow client holding up the relay is not the upstream stalling).
     Every read marks the node as alive (`Node.last_bytes`)."""
     buf = b""
-    chunks = resp.aiter_raw()
     try:
-        while True:
-            try:
-                async with asyncio.timeout(stall):
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
+        async for chunk in within(resp.aiter_raw(), stall):
             node.last_bytes = clock()
             buf += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
             end = buf.rfind(b"\n\n")
@@ -396,8 +390,8 @@ async def _events(resp: Answer, node: Node, clock: Callable[[], float],
                 yield batch
     except httpx.HTTPError as e:
         raise _Broken(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
-    except TimeoutError as e:
-        raise _Broken(f"no bytes from the upstream for {stall:g} s (the stall timeout)") from e
+    except Stalled as e:
+        raise _Broken(str(e)) from e
 
 
 def _renamer(upstream_id: str, alias: str) -> Callable[[bytes], bytes]:

@@ -26,15 +26,38 @@ import collections
 import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 import httptools
 import httpx
 
+T = TypeVar("T")
+
 IDLE_REUSE = 4.0  # seconds an idle connection may be reused (uvicorn closes idle ones after 5 s)
 MAX_IDLE = 64  # idle connections kept per node
 HIGH_WATER = 1 << 20  # buffered body bytes past which reading from the node pauses
+
+
+class Stalled(Exception):
+    """An upstream sent nothing for the stall timeout."""
+
+    def __init__(self, seconds: float | None) -> None:
+        super().__init__(f"no bytes from the upstream for {seconds:g} s (the stall timeout)")
+
+
+async def within(items: AsyncIterator[T], stall: float | None) -> AsyncIterator[T]:
+    """`items`, each arriving within `stall` seconds of the one before (None: no limit), else
+    Stalled. Only the wait for the next item is timed, not what the consumer does with one."""
+    while True:
+        try:
+            async with asyncio.timeout(stall):
+                item = await anext(items)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise Stalled(stall) from None
+        yield item
 
 
 class Answer(Protocol):
