@@ -37,12 +37,13 @@ T = TypeVar("T")
 IDLE_REUSE = 4.0  # seconds an idle connection may be reused (uvicorn closes idle ones after 5 s)
 MAX_IDLE = 64  # idle connections kept per node
 HIGH_WATER = 1 << 20  # buffered body bytes past which reading from the node pauses
+_BREAKS = frozenset("\r\n\0")
 
 
 class Stalled(Exception):
     """An upstream sent nothing for the stall timeout."""
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(self, seconds: float) -> None:
         super().__init__(f"no bytes from the upstream for {seconds:g} s (the stall timeout)")
 
 
@@ -56,7 +57,7 @@ async def within(items: AsyncIterator[T], stall: float | None) -> AsyncIterator[
         except StopAsyncIteration:
             return
         except TimeoutError:
-            raise Stalled(stall) from None
+            raise Stalled(stall or 0.0) from None
         yield item
 
 
@@ -269,7 +270,10 @@ class UpstreamHttp:
         key = (parts.hostname, parts.port or 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         head = [f"{method} {target} HTTP/1.1", f"host: {parts.netloc}", f"content-length: {len(body)}"]
-        head += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in ("host", "content-length")]
+        # A line break in a name or value would start a header of its own: such a header is dropped
+        # (uvicorn's parser never lets one through from a client; this holds for any caller).
+        head += [f"{k}: {v}" for k, v in headers.items()
+                 if k.lower() not in ("host", "content-length") and not _BREAKS.intersection(k + v)]
         request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
         conn, reused = self._take(key), True
         if conn is None:

@@ -227,3 +227,19 @@ async def test_https_upstreams_go_to_the_fallback() -> None:
     await resp.aclose()
     assert str(seen[0].url) == "https://node.example:8443/v1/chat/completions"
     assert seen[0].headers["x-api-key"] == "k"
+
+
+async def test_a_header_with_a_line_break_is_dropped_not_sent_as_two() -> None:
+    heads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        heads.append((await read_request(reader))[0])
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async with serve(handler) as (url, _):
+        resp = await UpstreamHttp(NO_FALLBACK).send(
+            "POST", url + "/", {"x-request-id": "a\r\nx-admin: 1", "x-ok": "fine"}, b"{}", 5)
+        assert await resp.aread() == b"ok"
+        await resp.aclose()
+    assert b"x-admin" not in heads[0] and b"x-request-id" not in heads[0] and b"\r\nx-ok: fine\r\n" in heads[0]
