@@ -24,7 +24,7 @@ def _system_busy_s() -> float:
     return (sum(values) - idle - guest) / _HZ
 
 
-def _session_cpu_s(sid: int) -> float:
+def session_cpu_s(sid: int) -> float:
     """utime+stime of every live process in session `sid` (a server started with start_new_session)."""
     total = 0
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -53,7 +53,7 @@ class CpuSnapshot:
 
     @classmethod
     def take(cls, server_sid: int) -> CpuSnapshot:
-        return cls(time.perf_counter(), _system_busy_s(), _session_cpu_s(server_sid), _self_cpu_s())
+        return cls(time.perf_counter(), _system_busy_s(), session_cpu_s(server_sid), _self_cpu_s())
 
 
 def cpu_usage(start: CpuSnapshot, end: CpuSnapshot) -> dict[str, float]:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.cpu import session_cpu_s
 from bench.servers import free_port
 
 
@@ -61,11 +62,6 @@ def fake_node(port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def measure(events: int, requests: int, delay: float) -> dict[str, float]:
     node_port, gw_port = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="hearth-gw-cpu-") as d:
@@ -75,7 +71,7 @@ async def measure(events: int, requests: int, delay: float) -> dict[str, float]:
         node = subprocess.Popen([sys.executable, "-m", "bench.gateway_cpu", "--fake-node", str(node_port)])
         gw = subprocess.Popen([sys.executable, "-m", "hearth.cli.main", "gateway", "--upstreams", str(toml),
                                "--port", str(gw_port), "--log-level", "warning"],
-                              env={**os.environ, "HEARTH_GATEWAY_HOME": d})
+                              env={**os.environ, "HEARTH_GATEWAY_HOME": d}, start_new_session=True)
         try:
             async with httpx.AsyncClient(timeout=60) as c:
                 gw_url, node_url = f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{node_port}"
@@ -102,9 +98,9 @@ async def measure(events: int, requests: int, delay: float) -> dict[str, float]:
 
                 for _ in range(5):
                     await one(gw_url, "smol")
-                before = cpu_seconds(gw.pid)
+                before = session_cpu_s(gw.pid)
                 through = sorted([await one(gw_url, "smol") for _ in range(requests)])
-                used = cpu_seconds(gw.pid) - before
+                used = session_cpu_s(gw.pid) - before
                 direct = sorted([await one(node_url, "m") for _ in range(requests)])
         finally:
             for p in (gw, node):

@@ -56,18 +56,25 @@ def start_server(tmp: Path, *args: str, ready_timeout: float = 120.0, port: int 
     cmd = [sys.executable, "-m", "hearth.cli.main", "serve", "--port", str(port), "--threads", "2", *args]
     proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + ready_timeout
+    wait_healthy("server", proc, url, log, ready_timeout)
+    return Server(url, proc, log)
+
+
+def wait_healthy(what: str, proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float) -> None:
+    """Until `url`/health answers 200; RuntimeError with the log if the process exits or time
+    runs out (then it is killed)."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log.read_text()}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return Server(url, proc, log)
+                return
         except httpx.HTTPError:
             pass
-        time.sleep(0.2)
+        time.sleep(0.1)
     proc.kill()
-    raise RuntimeError(f"server did not become ready:\n{log.read_text()}")
+    raise RuntimeError(f"{what} did not become ready:\n{log.read_text()}")
 
 
 def stop_server(server: Server) -> None:

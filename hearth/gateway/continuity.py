@@ -41,18 +41,18 @@ class Continuity:
 
     # ---- before a turn -------------------------------------------------------------------------
 
-    async def ensure_session(self, node: Node, alias: str, sid: str, lost: bool = False) -> bool:
-        """Before a turn of session `sid` on `node`. A session that lived on another node (or that
-        `node` lost: `lost`) continues here: re-create it from the gateway's transcript (its KV is
-        rebuilt by this turn's prefill). True: the session exists on `node` with its history (so
-        the turn must not create it afresh)."""
+    async def ensure_session(self, node: Node, alias: str, sid: str, history: list[Any],
+                             lost: bool = False) -> bool:
+        """Before a turn of session `sid` on `node`, `history` its transcript as the gateway keeps it.
+        A session that lived on another node (or that `node` lost: `lost`) continues here:
+        re-create it from the transcript (its KV is rebuilt by this turn's prefill). True: the
+        session exists on `node` with its history (so the turn must not create it afresh)."""
         owner = self.store.node_of(f"session:{sid}")
-        saved = self.store.transcript(sid)
-        if saved is None or not saved[1]:
+        if not history:
             return False  # nothing to carry over: the session starts afresh here
         if owner is None or (owner == node.name and not lost):
             return owner == node.name
-        body = {"session_id": sid, "model": node.up.models[alias], "messages": saved[1]}
+        body = {"session_id": sid, "model": node.up.models[alias], "messages": history}
         url = f"{node.up.url}/v1/sessions"
         r = await self.client.post(url, json=body, headers=node.up.headers(), timeout=30)
         if r.status_code == 409:  # a stale copy from an earlier stay on this node
@@ -64,7 +64,7 @@ class Continuity:
             raise BadRequest(f"could not continue session {sid} on {node.name}: {r.text[:300]}")
         self.metrics.reprefills.inc()
         log.info("session %s continues on %s from the gateway's transcript (%d messages)", sid, node.name,
-                 len(saved[1]))
+                 len(history))
         return True
 
     def rechained(self, node: Node, body: dict[str, Any]) -> dict[str, Any]:

@@ -112,6 +112,7 @@ class Turn:
     hashes: list[tuple[str, int]]
     prompt_tokens: int
     session_id: str | None
+    history: list[Any]  # the gateway's transcript of the session before this turn ([]: none)
     stream: bool
     headers: dict[str, str]
     started: float = field(default_factory=time.monotonic)
@@ -141,11 +142,11 @@ class Proxy:
         # Checked here too: the id goes into upstream URLs (history, create, delete).
         sid = check_session_id(body["session_id"]) if body.get("session_id") is not None else None
         items = conversation(body)
-        if sid is not None and (saved := self.store.transcript(sid)) is not None:
-            items = saved[1] + items
-        hashes = prefix_hashes(alias, items)
+        saved = self.store.transcript(sid) if sid is not None else None
+        history = saved[1] if saved is not None else []
+        hashes = prefix_hashes(alias, history + items)
         return Turn(request.url.path, protocol_of(request.url.path), body, alias, affinity, hashes,
-                    hashes[-1][1] if hashes else 1, sid, body.get("stream") is True, headers)
+                    hashes[-1][1] if hashes else 1, sid, history, body.get("stream") is True, headers)
 
     async def generate(self, request: Request, body: dict[str, Any]) -> Response:
         turn = self.turn(request, body)
@@ -182,7 +183,7 @@ class Proxy:
 
         try:
             held = turn.session_id is not None and await self.continuity.ensure_session(
-                node, turn.alias, turn.session_id)
+                node, turn.alias, turn.session_id, turn.history)
             payload = {**self.continuity.rechained(node, turn.body), "model": node.up.models[turn.alias]}
             if held:  # the node must not start it afresh if it lost it (a node replaced with an empty disk)
                 payload["session_create"] = False
@@ -245,7 +246,7 @@ class Proxy:
             return Buffered(resp.status_code, resp.headers, content)
         log.warning("upstream %s lost session %s; restoring it from the gateway's transcript", node.name,
                     turn.session_id)
-        await self.continuity.ensure_session(node, turn.alias, turn.session_id, lost=True)
+        await self.continuity.ensure_session(node, turn.alias, turn.session_id, turn.history, lost=True)
         return None
 
     # ---- streams -------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol, TypeVar, cast
@@ -333,5 +332,4 @@ class UpstreamHttp:
         for idle in self._idle.values():
             while idle:
                 idle.pop().close()
-        with contextlib.suppress(Exception):
-            await asyncio.sleep(0)  # let the transports close
+        await asyncio.sleep(0)  # let the transports close

@@ -27,7 +27,7 @@ import openai
 import pytest
 
 from hearth.models import resolve_model
-from tests.conftest import Server, free_port, start_server, stop_server
+from tests.conftest import Server, free_port, start_server, stop_server, wait_healthy
 
 NODE_ARGS = ("--parallel", "2", "--ctx", "1024", "--threads", "1",  # several nodes share the cores
              "--sse-heartbeat", "0.5")  # a silent stream beats often: the gateway's stall timeout can be short
@@ -119,18 +119,8 @@ def start_gateway(tmp: Path, toml: str, *args: str) -> Gateway:
            "--port", str(port), "--api-key", GW_KEY, "--admin-key", GW_ADMIN, *args]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return Gateway(url, proc, log)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"gateway did not become ready:\n{log.read_text()}")
+    wait_healthy("gateway", proc, url, log, 60)
+    return Gateway(url, proc, log)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -239,3 +229,24 @@ def nodes(whole_fleet: Fleet) -> dict[str, Server]:
 @pytest.fixture
 def oai(gw: Gateway) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
+
+
+def cancel_at_first_piece(gw: Gateway, model: str, cancel_id: str, max_tokens: int,
+                          **extra: Any) -> tuple[str | None, int, httpx.Response]:
+    """Stream a long story through the gateway (the official SDK) and cancel it by id when its
+    first text arrives: (its finish reason, the text pieces received, the cancel's answer)."""
+    oai = openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
+    stream = oai.chat.completions.create(model=model, max_tokens=max_tokens, stream=True,
+                                         messages=[{"role": "user", "content": "Write a long story."}],
+                                         extra_body={"cancel_id": cancel_id, **extra})
+    finish, pieces, cancelled = None, 0, None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces += 1
+            if pieces == 1:
+                cancelled = httpx.post(gw.base_url + "/cancel", json={"cancel_id": cancel_id},
+                                       headers={"Authorization": f"Bearer {GW_KEY}"})
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert cancelled is not None, "no text arrived to cancel"
+    return finish, pieces, cancelled

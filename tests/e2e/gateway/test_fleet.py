@@ -20,6 +20,7 @@ from tests.e2e.gateway.conftest import (
     GW_KEY,
     Fleet,
     Gateway,
+    cancel_at_first_piece,
     node_get,
     node_key,
     start_gateway,
@@ -108,20 +109,9 @@ def test_stateless_conversations_follow_their_prefix(gw: Gateway, oai: openai.Op
             messages.append({"role": "assistant", "content": r.choices[0].message.content or ""})
 
 
-def test_cancel_by_id_reaches_the_node_running_the_request(gw: Gateway, oai: openai.OpenAI) -> None:
-    stream = oai.chat.completions.create(model="smol", max_tokens=400, stream=True,
-                                         messages=[{"role": "user", "content": "Write a long story."}],
-                                         extra_body={"cancel_id": "gw-cancel", "ignore_eos": True})
-    finish, pieces = None, 0
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            pieces += 1
-            if pieces == 1:
-                r = httpx.post(gw.base_url + "/cancel", json={"cancel_id": "gw-cancel"},
-                               headers={"Authorization": f"Bearer {GW_KEY}"})
-                assert r.status_code == 200 and r.json()["cancelled"] >= 1
-        if chunk.choices and chunk.choices[0].finish_reason:
-            finish = chunk.choices[0].finish_reason
+def test_cancel_by_id_reaches_the_node_running_the_request(gw: Gateway) -> None:
+    finish, pieces, r = cancel_at_first_piece(gw, "smol", "gw-cancel", 400, ignore_eos=True)
+    assert r.status_code == 200 and r.json()["cancelled"] >= 1
     assert finish == "cancelled" and pieces < 400
 
 

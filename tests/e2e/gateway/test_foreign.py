@@ -6,11 +6,10 @@ upstream's key. (A stream of it broken by kill -9: test_outages.py.)"""
 from __future__ import annotations
 
 import anthropic
-import httpx
 import openai
 import pytest
 
-from tests.e2e.gateway.conftest import GW_KEY, Gateway
+from tests.e2e.gateway.conftest import GW_KEY, Gateway, cancel_at_first_piece
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fleet")]  # all of it up
 
@@ -60,17 +59,6 @@ def test_anthropic_and_responses_are_translated_and_chains_kept_by_the_gateway(g
 
 
 def test_cancel_reaches_a_run_on_a_foreign_engine(gw: Gateway) -> None:
-    oai = openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
-    stream = oai.chat.completions.create(model="foreign", max_tokens=300, stream=True, extra_body={"cancel_id": "fc"},
-                                         messages=[{"role": "user", "content": "Write a long story."}])
-    finish, pieces = None, 0
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            pieces += 1
-            if pieces == 1:
-                r = httpx.post(gw.base_url + "/cancel", json={"cancel_id": "fc"},
-                               headers={"Authorization": f"Bearer {GW_KEY}"})
-                assert r.json()["cancelled"] == 1
-        if chunk.choices and chunk.choices[0].finish_reason:
-            finish = chunk.choices[0].finish_reason
+    finish, pieces, r = cancel_at_first_piece(gw, "foreign", "fc", 300)
+    assert r.json()["cancelled"] == 1
     assert finish == "cancelled" and pieces < 300
