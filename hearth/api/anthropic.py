@@ -117,6 +117,7 @@ class MessagesIn(CountTokensIn, RunFields):
     metadata: dict[str, Any] | None = None
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)  # Hearth
     cache_prompt: bool = True  # Hearth
+    ignore_eos: bool | None = None  # Hearth (llama.cpp's extension, as on the other protocols)
 
 
 # ---- request → ChatRequest ------------------------------------------------------------------
@@ -314,7 +315,8 @@ def to_chat_request(body: CountTokensIn, request_id: str) -> ChatRequest:
         creq.parallel_tool_calls = False
     if isinstance(body, MessagesIn):
         creq.sampling = sampling_params(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                                        stop=body.stop_sequences, max_tokens=body.max_tokens)
+                                        stop=body.stop_sequences, max_tokens=body.max_tokens,
+                                        ignore_eos=body.ignore_eos)
         creq.cache_prompt = body.cache_prompt
         creq.session = session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait,
                                      body.session_create)

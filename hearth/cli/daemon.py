@@ -26,6 +26,11 @@ import httpx
 from hearth.cli.client import CLIError
 from hearth.config import default_data_dir
 
+# The background servers this process started. A server outlives `start` on purpose, so its Popen
+# is kept rather than dropped while the child runs (Popen warns about that, and no one would
+# collect the child's exit status); the finished ones are reaped at the next start.
+_started: list[subprocess.Popen[bytes]] = []
+
 
 @dataclass(slots=True)
 class ServeOptions:
@@ -135,6 +140,8 @@ class Daemon:
                 # A new session: Ctrl-C in the terminal that started it must not reach it.
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         env=env, start_new_session=True, pass_fds=(fd,))
+            _started[:] = [p for p in _started if p.poll() is None]
+            _started.append(proc)
             info = PidInfo(pid=proc.pid, url=url, started_at=time.time(), log=str(self.log_file), argv=argv[3:])
             tmp = self.pid_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(asdict(info)))

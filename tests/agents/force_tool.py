@@ -1,25 +1,40 @@
-"""Test-only: a reverse proxy between an agent CLI and Hearth that makes the model's first move
-a call of the agent's shell tool, running the test's command.
+"""Test-only: a reverse proxy between an agent CLI and Hearth that fixes the model's part of a
+tool round trip, so a test of the round trip cannot depend on what a 0.5B model improvises.
 
-A 0.5B model seldom calls a tool on its own, and a test that waited for it would be a test of
-luck. The proxy rewrites these fields, and nothing else:
-- in every request, the shell tool's parameters become `{command_key: {"enum": [command]}}`
-  (the tool keeps its name and description), so a call of it can only run the test's harmless
-  command. The same schema in every request keeps the prompt's prefix identical from one
-  request to the next, so each later request finds the earlier prompt in the KV cache;
-- in the agent's *first* request of a task (its conversation holds no tool result yet):
-  `tool_choice` names the shell tool (Responses: `{"type": "function", "name": ...}`,
-  Anthropic: `{"type": "tool", "name": ...}`), so Hearth's grammar makes the model call it,
-  one call only (`parallel_tool_calls: false`; Anthropic: `disable_parallel_tool_use`). Left
-  free, the grammar let the model write one string for hundreds of tokens (seen with Claude
-  Code's own Bash schema), or repeat the call.
-Every later request keeps the client's tool_choice: the answer to the tool's result is the
-model's own. Every request gets `temperature: 0` (the agents send none, and a 0.5B model at
-Hearth's default 1.0 rambled for hundreds of tokens after the tool result) and an output cap
-of ANSWER_CAP tokens (Claude Code asks for 32000): a model that loops ends the test with a
-clear `max_tokens`/`incomplete` instead of running for an hour. Paths, query strings, headers
-and the streamed answers pass through byte for byte. Each request body (as the client sent it)
-and its answer are kept in `requests`, for the assertions and the fixtures.
+The tests prove that Hearth carries a real client's tool loop: the call, its execution by the
+client, the result sent back, a final answer, clean streams, no 4xx. What the model writes is not
+under test, and left free it is chance: a 0.5B model on the edge writes a different answer when
+the last bits of its logits move, and they move with which requests the CLI sends in parallel
+and which slot and cached prefix each finds. (Seen in CI: the free answer after the tool result
+ran to the 512-token cap writing a tool call as prose; Claude Code took the `max_tokens` stop
+for a full context, compacted three times and gave up.) So the proxy rewrites these fields, and
+nothing else, and each rewrite bounds what the model can do whatever its logits:
+
+- every request: the shell tool's parameters become `{command_key: {"enum": [command]}}` (the
+  tool keeps its name and description), so a call of it can only run the test's harmless
+  command; the same schema in every request keeps the prompt's prefix identical from one request
+  to the next, so each later one finds the earlier prompt in the KV cache. `temperature: 0`
+  (the agents send none). An output cap of ANSWER_CAP tokens (Claude Code asks for 32000), above
+  what either grammar below can write, so it is never what ends an answer.
+- the task's *first* request (its conversation holds no tool result yet): `tool_choice` names
+  the shell tool (Responses: `{"type": "function", "name": ...}`, Anthropic: `{"type": "tool",
+  ...}`), one call only (`parallel_tool_calls: false`; Anthropic: `disable_parallel_tool_use`).
+  Hearth's grammar then writes exactly one call of it with the one allowed command, and the
+  grammar's end is the answer's end (`tool_calls` / `tool_use`).
+- every *later* request (the tool's result is in the conversation): the protocol's own
+  structured output (Responses `text.format`, Anthropic `output_config.format`) set to ANSWER,
+  an object whose one field is a sentence of at most ANSWER_CHARS plain characters. The grammar
+  can write nothing else: no tool call (in any format, tagged or not: the answer's first byte is
+  `{` and its only key is `answer`), no endless text. Once the object closes only the end of the
+  turn is allowed, so the answer ends on its own (`end_turn` / `completed`), short, every time;
+  no stop reason reaches the client that would make it compact, continue or retry. The tools
+  stay in the prompt (tool_choice is the client's own), so the prefix is still reused. What the
+  sentence says is the model's own: the tests assert that the client's final answer is exactly
+  the text Hearth streamed.
+
+Paths, query strings, headers and the streamed answers pass through byte for byte. Each request
+body (as the client sent it) and its answer are kept in `requests`, for the assertions and the
+fixtures.
 """
 
 from __future__ import annotations
@@ -42,7 +57,18 @@ from starlette.routing import Route
 
 from tests.conftest import free_port
 
-ANSWER_CAP = 512  # output tokens per request
+ANSWER_CHARS = 120  # the final answer's sentence, at most
+# The final answer: a JSON object with one short sentence. Plain printable ASCII without quotes or
+# backslashes, so every character is one JSON character; llama.cpp's converter makes the
+# whitespace between tokens `" "?`, so the grammar's whole text is at most ANSWER_CHARS + 20
+# characters, and every token writes at least one.
+ANSWER: dict[str, Any] = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "pattern": f"^[A-Za-z0-9 ,.:;!?()_-]{{1,{ANSWER_CHARS}}}$"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+ANSWER_CAP = 512  # output tokens per request: above what either grammar can write, never reached
 
 
 @dataclass
@@ -50,12 +76,32 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]  # as the client sent it
-    forced: bool
+    forced: bool  # the first request: tool_choice forced the shell tool; else the answer's format was set
     status: int = 0
     response: bytearray = field(default_factory=bytearray)  # the streamed answer, as sent
 
     def answer(self) -> str:
         return self.response.decode(errors="replace")
+
+    def events(self) -> list[tuple[str, dict[str, Any]]]:
+        """(event name, data) of each SSE event of the streamed answer."""
+        out = []
+        for block in self.answer().split("\n\n"):
+            name = next((line[7:] for line in block.splitlines() if line.startswith("event: ")), "")
+            data = "\n".join(line[6:] for line in block.splitlines() if line.startswith("data: "))
+            if data and data != "[DONE]":
+                out.append((name, json.loads(data)))
+        return out
+
+    def text(self) -> str:
+        """The answer's text as Hearth streamed it (Messages text deltas, Responses output text)."""
+        parts = []
+        for name, data in self.events():
+            if name == "content_block_delta" and data["delta"].get("type") == "text_delta":
+                parts.append(data["delta"]["text"])
+            elif name == "response.output_text.delta":
+                parts.append(data["delta"])
+        return "".join(parts)
 
 
 @dataclass
@@ -74,18 +120,15 @@ class ForceToolProxy:
     # ---- the rewrite ----------------------------------------------------------------------
 
     def rewrite(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """(the body to send upstream, whether its tool_choice was forced)."""
+        """(the body to send upstream, whether it is the task's first request, whose
+        tool_choice was forced; later ones get the ANSWER format)."""
         if path.endswith("/responses"):
             first = not any(isinstance(i, dict) and i.get("type") == "function_call_output"
                             for i in body.get("input") or [])
-            choice: dict[str, Any] = {"type": "function", "name": self.tool}
-            single: dict[str, Any] = {"parallel_tool_calls": False}
         elif path.endswith("/messages"):
             first = not any(isinstance(b, dict) and b.get("type") == "tool_result"
                             for m in body.get("messages") or [] if isinstance(m.get("content"), list)
                             for b in m["content"])
-            choice = {"type": "tool", "name": self.tool, "disable_parallel_tool_use": True}
-            single = {}
         else:
             return body, False
         out = copy.deepcopy(body)
@@ -99,10 +142,18 @@ class ForceToolProxy:
         out["temperature"] = 0
         if path.endswith("/responses"):
             out["max_output_tokens"] = min(out.get("max_output_tokens") or ANSWER_CAP, ANSWER_CAP)
+            if first:
+                out.update(parallel_tool_calls=False, tool_choice={"type": "function", "name": self.tool})
+            else:
+                fmt = {"type": "json_schema", "name": "answer", "schema": ANSWER, "strict": True}
+                out["text"] = {**(out.get("text") or {}), "format": fmt}
         else:
             out["max_tokens"] = min(out.get("max_tokens") or ANSWER_CAP, ANSWER_CAP)
-        if first:
-            out.update(single, tool_choice=choice)
+            if first:
+                out["tool_choice"] = {"type": "tool", "name": self.tool, "disable_parallel_tool_use": True}
+            else:
+                fmt = {"type": "json_schema", "schema": ANSWER}
+                out["output_config"] = {**(out.get("output_config") or {}), "format": fmt}
         return out, first
 
     def report(self) -> str:

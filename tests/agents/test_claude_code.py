@@ -1,13 +1,16 @@
 """Stock Claude Code (`claude -p`, Anthropic Messages API) completes a tool round trip against
 Hearth.
 
-Test-only means used to make the first call happen: `ForceToolProxy` (tests/agents/force_tool.py)
-sits between the CLI and Hearth. In every request it narrows `Bash`'s parameters to
-`{"command": <the test's echo command>}`; in the task's first request it also sets tool_choice to
-`Bash` (one call, temperature 0). Later requests keep the client's tool_choice, so the final
-answer is the model's own. Claude Code runs with `--tools Bash` (its other tools' definitions
-would quadruple a cold prompt that CI prefills on two cores; tests/api/test_agent_requests.py
-covers the default first request) and may run only the test's echo command (`--allowedTools`).
+Why the verdict cannot depend on the model: `ForceToolProxy` (tests/agents/force_tool.py) sits
+between the CLI and Hearth and fixes the model's part with grammars. In every request it narrows
+`Bash`'s parameters to `{"command": <the test's echo command>}`; in the task's first request it
+sets tool_choice to `Bash` (one call), so the model writes exactly that call; in every later
+request it sets `output_config.format` to a one-sentence JSON object, so the answer cannot be a
+tool call or run to the output cap and ends with `end_turn`. What the sentence says is the
+model's own, and the test checks that Claude Code reports exactly the text Hearth streamed.
+Claude Code runs with `--tools Bash` (its other tools' definitions would quadruple a cold
+prompt that CI prefills on two cores; tests/api/test_agent_requests.py covers the default first
+request) and may run only the test's echo command (`--allowedTools`).
 """
 
 from __future__ import annotations
@@ -56,15 +59,18 @@ def test_claude_code_runs_the_models_tool_call_and_answers(qwen_server: Server, 
                if isinstance(b, dict) and b.get("type") == "tool_result"]
     assert results and not results[0].get("is_error") and MARK in json.dumps(results[0]["content"]), proxy.report()
     first, *later = proxy.requests
-    assert first.forced and later and not later[0].forced
+    assert first.forced and later and not any(s.forced for s in later), proxy.report()
     sent = [b for m in later[0].body["messages"] if isinstance(m["content"], list) for b in m["content"]
             if b.get("type") == "tool_result"]
     assert sent and MARK in json.dumps(sent[0]["content"])
-    # ... and a final answer arrived
+    # ... and the model's answer, as Hearth streamed it, is what Claude Code reports
     final = out[-1]
-    assert final.get("type") == "result" and final.get("subtype") == "success" and final.get("result", "").strip()
+    assert final.get("type") == "result" and final.get("subtype") == "success", proxy.report()
+    streamed = later[-1].text()
+    assert json.loads(streamed)["answer"].strip(), proxy.report()
+    assert final["result"].strip() == streamed.strip(), proxy.report()
     assert all(s.status == 200 for s in proxy.requests)
-    assert '"stop_reason":"end_turn"' in proxy.requests[-1].answer(), proxy.report()  # it ended on its own
+    assert '"stop_reason":"end_turn"' in later[-1].answer(), proxy.report()  # it ended on its own
     logged = statuses(qwen_server, log_start)
     assert len([s for s in logged if s[0] == "POST"]) >= len(proxy.requests)  # the log was read
     assert [s for s in logged if s[2] >= 400] == []

@@ -1,10 +1,12 @@
 """The stock Codex CLI (`codex exec`, Responses API) completes a tool round trip against Hearth.
 
-Test-only means used to make the first call happen: `ForceToolProxy` (tests/agents/force_tool.py)
-sits between the CLI and Hearth. In every request it narrows `exec_command`'s parameters to
-`{"cmd": <the test's echo command>}`; in the task's first request it also sets tool_choice to
-`exec_command` (one call, temperature 0). Later requests keep the client's tool_choice, so the
-final answer is the model's own.
+Why the verdict cannot depend on the model: `ForceToolProxy` (tests/agents/force_tool.py) sits
+between the CLI and Hearth and fixes the model's part with grammars. In every request it narrows
+`exec_command`'s parameters to `{"cmd": <the test's echo command>}`; in the task's first request
+it sets tool_choice to `exec_command` (one call), so the model writes exactly that call; in every
+later request it sets `text.format` to a one-sentence JSON object, so the answer cannot be a tool
+call or run to the output cap and the response completes on its own. What the sentence says is
+the model's own, and the test checks that Codex reports exactly the text Hearth streamed.
 """
 
 from __future__ import annotations
@@ -49,15 +51,17 @@ def test_codex_exec_runs_the_models_tool_call_and_answers(qwen_server: Server, t
     assert runs and MARK in runs[0]["aggregated_output"] and runs[0]["exit_code"] == 0, proxy.report()
     # ... its result went back to Hearth in the next request ...
     first, *later = proxy.requests
-    assert first.forced and later and not later[0].forced
+    assert first.forced and later and not any(s.forced for s in later), proxy.report()
     outputs = [i for i in later[0].body["input"] if i.get("type") == "function_call_output"]
     assert outputs and MARK in json.dumps(outputs[0]["output"])
-    # ... and a final answer arrived
+    # ... and the model's answer, as Hearth streamed it, is what Codex reports
     answers = [e["item"]["text"] for e in out if e.get("type") == "item.completed"
                and e["item"].get("type") == "agent_message"]
-    assert answers and answers[-1].strip(), proxy.report()
+    streamed = later[-1].text()
+    assert json.loads(streamed)["answer"].strip(), proxy.report()
+    assert answers and answers[-1].strip() == streamed.strip(), proxy.report()
     assert all(s.status == 200 for s in proxy.requests)
-    assert "event: response.completed" in proxy.requests[-1].answer(), proxy.report()  # it ended on its own
+    assert "event: response.completed" in later[-1].answer(), proxy.report()  # it ended on its own
     logged = statuses(qwen_server, log_start)
     assert len([s for s in logged if s[0] == "POST"]) >= len(proxy.requests)  # the log was read
     assert [s for s in logged if s[2] >= 400] == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.api.conftest import ANSWER, Harness, serve
+from tests.api.test_openai_chat import past_the_time_cap
 
 BODY = {"model": "fake", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
 
@@ -78,7 +79,5 @@ async def test_engine_failure_is_a_500_before_the_answer_and_an_error_event_afte
 
 async def test_the_time_cap_stops_with_cancelled(tmp_path: Path) -> None:
     async with serve(tmp_path, answer="x" * 2000, request_timeout=0.2) as h:
-        assert h.runner is not None
-        h.runner.step_delay = 0.001
-        msg = (await h.post("/v1/messages", {**BODY, "max_tokens": 1500})).json()
+        msg = (await past_the_time_cap(h, "/v1/messages", {**BODY, "max_tokens": 1500}, 0.2)).json()
         assert msg["stop_reason"] == "cancelled"

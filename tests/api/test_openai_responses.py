@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 from tests.api.conftest import ANSWER, Harness, serve
+from tests.api.test_openai_chat import past_the_time_cap
 
 BODY = {"model": "fake", "input": "Hi", "temperature": 0}
 
@@ -57,9 +58,7 @@ async def test_engine_failure_is_a_500_and_is_stored_as_failed(h: Harness) -> No
 
 async def test_the_time_cap_is_cancelled_not_max_output_tokens(tmp_path: Path) -> None:
     async with serve(tmp_path, answer="x" * 2000, request_timeout=0.2) as h:
-        assert h.runner is not None
-        h.runner.step_delay = 0.001
-        resp = (await h.post("/v1/responses", {**BODY, "max_output_tokens": 1500})).json()
+        resp = (await past_the_time_cap(h, "/v1/responses", {**BODY, "max_output_tokens": 1500}, 0.2)).json()
         assert resp["status"] == "incomplete"
         assert resp["incomplete_details"] == {"reason": "cancelled"}
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import platform
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -43,3 +45,34 @@ def metric(url: str, name: str, **labels: str) -> float:
             return float(value)
     return 0.0
 
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    """Until `condition()` holds; a generous deadline, not a guess at how long things take."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+# select(2)-family system calls, by /proc/PID/syscall number.
+_WAITING_FOR_INPUT = {"x86_64": {"7", "23", "270", "271"}, "aarch64": {"72", "73"}}
+
+
+def blocked_reading_input(pid: int) -> bool:
+    """True while the main thread of `pid` sleeps in select()/poll(): for a REPL at its prompt,
+    CPython's readline waiting for a key. Only there does a SIGINT interrupt it at once: one that
+    lands while readline is still setting up (or between keys) is noticed only at the next signal,
+    so a test sends Ctrl-C at a prompt after this holds, not after a guessed pause."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] != "S":
+                return False
+        with open(f"/proc/{pid}/syscall") as f:
+            number = f.read().split()[0]
+    except (OSError, IndexError):
+        return False
+    if platform.machine() in _WAITING_FOR_INPUT:
+        return number in _WAITING_FOR_INPUT[platform.machine()]
+    with open(f"/proc/{pid}/wchan") as f:  # another architecture: the kernel's wait function
+        return "select" in (w := f.read()) or "poll" in w

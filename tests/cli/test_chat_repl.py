@@ -12,7 +12,7 @@ import httpx
 import pexpect
 import pytest
 
-from tests.cli.conftest import metric, run
+from tests.cli.conftest import blocked_reading_input, metric, run, wait_for
 from tests.conftest import Server, free_port
 
 pytestmark = pytest.mark.slow
@@ -55,10 +55,10 @@ def test_repl_streams_stops_on_ctrl_c_and_keeps_going(cli_server: Server) -> Non
 
     # Ctrl-C at the prompt drops the line and stays. The terminal echoes typed text even before
     # readline reads it, and CPython's readline can miss a SIGINT that lands while it is still
-    # setting up (it then waits in select() for the next key), so give it a moment first.
+    # setting up (it then waits in select() for the next key), so wait until it waits for a key.
     child.send("half a line")
     child.expect_exact("half a line")
-    time.sleep(0.5)
+    wait_for(lambda: blocked_reading_input(child.pid), "the REPL to wait for a key")
     child.sendintr()
     child.expect_exact(PROMPT)
 
@@ -67,10 +67,13 @@ def test_repl_streams_stops_on_ctrl_c_and_keeps_going(cli_server: Server) -> Non
     child.expect_exact("ten chapters.")
     child.expect(r"\w+\W+\w+\W+\w+\W+\w+\W+\w+")  # tokens are arriving
     child.sendintr()
-    child.expect_exact("[stopped]", timeout=15)
+    child.expect_exact("[stopped]")
     child.expect_exact(PROMPT)
-    assert metric(cli_server.url, "hearth_cancellations_total", cause="cancel_call") == cancels + 1
-    assert metric(cli_server.url, "hearth_running_sequences") == 0  # the run ended on the server
+    # the server counts the cancel when the run's stream closes, which may come just after the
+    # client has its last chunk: waited for, not read once
+    wait_for(lambda: metric(cli_server.url, "hearth_cancellations_total", cause="cancel_call") == cancels + 1,
+             "the cancel to be counted")
+    wait_for(lambda: metric(cli_server.url, "hearth_running_sequences") == 0, "the run to end on the server")
     first = stats(child)
     assert first["finish"] == "cancelled"
     assert 0 < int(first["completion_tokens"]) < 1500

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -112,7 +113,7 @@ def test_each_turn_gets_a_fresh_cancel_id() -> None:
         ids.append(json.loads(request.content)["cancel_id"])
         return httpx.Response(200, content=sse(chunk({"content": "x"}), chunk({}, "length"), b"[DONE]"))
 
-    c, out = client(handler), Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    c, out = client(handler), Console(file=io.StringIO())
     for _ in range(3):
         assert run_turn(c, {"messages": []}, out).stats.finish_reason == "length"
     assert len(set(ids)) == 3
@@ -123,7 +124,7 @@ def test_an_error_event_mid_stream_is_reported() -> None:
         return httpx.Response(200, content=sse(chunk({"content": "x"}), {"error": {"message": "decode failed"}}))
 
     with pytest.raises(CLIError, match="generation failed: decode failed"):
-        run_turn(client(handler), {"messages": []}, Console(file=open("/dev/null", "w")))  # noqa: SIM115
+        run_turn(client(handler), {"messages": []}, Console(file=io.StringIO()))
 
 
 def test_download_writes_the_whole_file_or_nothing(tmp_path: Path) -> None:

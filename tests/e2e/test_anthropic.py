@@ -13,13 +13,20 @@ from anthropic import Anthropic
 
 from hearth.models import DEFAULT_MODEL_ID
 from tests.conftest import Server
+from tests.e2e.test_http import wait_idle
 
 pytestmark = pytest.mark.slow
 
 # This SDK has no typed sampling arguments any more (temperature, top_p, top_k): they go in the body.
 T0 = {"temperature": 0}
-T07 = {"temperature": 0.7}
-EXACT = {**T0, "cache_prompt": False}  # see test_openai_sdk.py: compare full recomputations only
+# See test_openai_sdk.py: compare full recomputations only. Also used wherever a test relies on
+# what the model writes: recomputed at temperature 0, a prompt takes the same path on every run,
+# whatever earlier tests left in the slots.
+EXACT = {**T0, "cache_prompt": False}
+# At temperature 0 the default model writes this story to any max_tokens up to 1,500 without
+# stopping (a fixed path, see EXACT), so a run with it lasts until it is cancelled: 1,500 tokens
+# are seconds of work on any machine, where the cancels below land within a round trip.
+LONG_STORY = "Write a very long story about a dragon."
 
 WEATHER = {"name": "get_weather", "description": "Get the current weather for a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -27,7 +34,7 @@ WEATHER = {"name": "get_weather", "description": "Get the current weather for a 
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> Anthropic:
-    return Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+    return Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=600)  # a deadline, not speed
 
 
 def user(text: str) -> list[dict[str, Any]]:
@@ -77,7 +84,7 @@ def test_streamed_text_equals_non_streamed_text_at_temperature_0(client: Anthrop
 
 
 def test_stop_sequence(client: Anthropic) -> None:
-    m = client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=40, extra_body=T0,
+    m = client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=40, extra_body=EXACT,
                                messages=user("Count from 1 to 10, separated by commas."), stop_sequences=["5"])
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == "5"
     assert "5" not in m.content[0].text
@@ -98,7 +105,7 @@ def test_beta_query_and_count_tokens_match_a_real_request(client: Anthropic) -> 
 
 
 def test_tool_result_history_round_trip(client: Anthropic) -> None:
-    m = client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=24, extra_body=T0, tools=[WEATHER], messages=[
+    m = client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=24, extra_body=EXACT, tools=[WEATHER], messages=[
         *user("What is the weather in Paris?"),
         {"role": "assistant", "content": [
             {"type": "thinking", "thinking": "Call the tool.", "signature": ""},
@@ -110,18 +117,20 @@ def test_tool_result_history_round_trip(client: Anthropic) -> None:
 
 def test_forced_tool_use_then_tool_result(client: Anthropic) -> None:
     # A forced tool_choice is grammar-constrained, so even the tiny model produces a tool_use.
-    first = client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=64, extra_body=T0, tools=[WEATHER],
+    # EXACT: the streamed call is compared with this one, so both recompute the prompt (the
+    # second would otherwise reuse the first's prefix and could differ in the last bits)
+    first = client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=64, extra_body=EXACT, tools=[WEATHER],
                                    tool_choice={"type": "tool", "name": "get_weather"},
                                    messages=user("What is the weather in Paris?"))
     assert first.stop_reason == "tool_use"
     call = next(b for b in first.content if b.type == "tool_use")
     assert call.id.startswith("toolu_") and call.name == "get_weather" and isinstance(call.input, dict)
-    with client.messages.stream(model=DEFAULT_MODEL_ID, max_tokens=64, extra_body=T0, tools=[WEATHER],
+    with client.messages.stream(model=DEFAULT_MODEL_ID, max_tokens=64, extra_body=EXACT, tools=[WEATHER],
                                 tool_choice={"type": "tool", "name": "get_weather"},
                                 messages=user("What is the weather in Paris?")) as stream:
         streamed = stream.get_final_message()
     assert next(b for b in streamed.content if b.type == "tool_use").input == call.input
-    second = client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=24, extra_body=T0, tools=[WEATHER],
+    second = client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=24, extra_body=EXACT, tools=[WEATHER],
                                     messages=[*user("What is the weather in Paris?"),
                                               {"role": "assistant", "content": first.content},
                                               {"role": "user", "content": [{"type": "tool_result",
@@ -176,7 +185,7 @@ def test_raw_errors_use_anthropics_envelope(server: Server, method: str, path: s
 
 
 def test_raw_sse_wire_format(server: Server) -> None:
-    body = {"model": DEFAULT_MODEL_ID, "max_tokens": 12, "temperature": 0, "stream": True, "messages": user("Hi")}
+    body = {"model": DEFAULT_MODEL_ID, "max_tokens": 12, "stream": True, "messages": user("Hi"), **EXACT}
     with httpx.stream("POST", f"{server.url}/v1/messages?beta=true", json=body, timeout=120) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = sse_events(r.read().decode())
@@ -203,8 +212,8 @@ def test_raw_sse_wire_format(server: Server) -> None:
 
 
 def test_cancel_by_message_id_ends_the_stream_cleanly(client: Anthropic, server: Server) -> None:
-    with client.messages.stream(model=DEFAULT_MODEL_ID, max_tokens=1500, extra_body=T07,
-                                messages=user("Write a very long story about a dragon.")) as stream:
+    with client.messages.stream(model=DEFAULT_MODEL_ID, max_tokens=1500, extra_body=EXACT,
+                                messages=user(LONG_STORY)) as stream:
         cancelled: list[int] = []
         for ev in stream:
             if ev.type == "message_start":
@@ -219,17 +228,22 @@ def test_cancel_by_message_id_ends_the_stream_cleanly(client: Anthropic, server:
 
 
 def test_cancel_id_on_a_non_streaming_message(client: Anthropic, server: Server) -> None:
+    """Cancelled mid-run: the cancel is sent once the server is decoding this message (not raced
+    against its registration), and the story cannot end on its own before it lands (LONG_STORY)."""
+    wait_idle(server)
+    before = server.metric("hearth_generated_tokens_total")
     result: dict[str, Any] = {}
 
     def run() -> None:
-        result["m"] = client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=1500,
-                                             messages=user("Write a very long story about a dragon."),
-                                             extra_body={**T07, "cancel_id": "anthropic-e2e-cancel"})
+        result["m"] = client.messages.create(model=DEFAULT_MODEL_ID, max_tokens=1500, messages=user(LONG_STORY),
+                                             extra_body={**EXACT, "cancel_id": "anthropic-e2e-cancel"})
 
     t = threading.Thread(target=run)
     t.start()
+    server.wait_metric("hearth_generated_tokens_total", lambda v: v > before)
     r = httpx.post(f"{server.url}/v1/cancel", json={"cancel_id": "anthropic-e2e-cancel"}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"cancelled": 1}, r.text
     t.join(120)
-    assert r.status_code == 200 and not t.is_alive()
+    assert not t.is_alive()
     m = result["m"]
-    assert m.stop_reason == "cancelled" and m.usage.output_tokens < 1500
+    assert m.stop_reason == "cancelled" and 0 < m.usage.output_tokens < 1500

@@ -45,21 +45,29 @@ def cancel(server: Server, **body: Any) -> int:
 
 
 def test_cancel_id_stops_a_stream_which_ends_cleanly(server: Server) -> None:
+    """The run stops within the engine step the cancel found it in. Counted on the server, not by
+    what the client has read (the server runs ahead of a client by a machine-dependent margin):
+    with speculative decoding off a step emits one token per sequence, and the engine applies an
+    abort at the top of the next step, so at most one token is generated after /v1/cancel has
+    answered, on any machine."""
     wait_idle(server)
     result: list[int] = []
+    at_cancel: list[float] = []
 
     def on_token(n: int) -> None:
         if n == 5:
             result.append(cancel(server, cancel_id="run-a"))
+            at_cancel.append(server.metric("hearth_generated_tokens_total"))
 
     with httpx.stream("POST", f"{server.base_url}/chat/completions", timeout=60,
-                      json=long_body(stream=True, cancel_id="run-a")) as r:
+                      json=long_body(stream=True, cancel_id="run-a", speculative=False)) as r:
         n, finish, done = read_stream(r.iter_lines(), on_token)
     assert result == [1]
     assert finish == "cancelled" and done
-    assert n < 40
+    assert 5 <= n < 1500
     wait_idle(server)
-    assert server.metric("hearth_cancel_registry_runs") == 0
+    assert server.metric("hearth_generated_tokens_total") - at_cancel[0] <= 1
+    server.wait_metric("hearth_cancel_registry_runs", lambda v: v == 0)
 
 
 def test_cancel_by_completion_id(server: Server) -> None:
@@ -87,7 +95,7 @@ def test_non_streaming_cancel_returns_the_text_so_far(server: Server) -> None:
     t.start()
     server.wait_metric("hearth_generated_tokens_total", lambda v: v > before)  # it runs and has text
     assert cancel(server, cancel_id="ns-1") == 1
-    t.join(30)
+    t.join(120)
     choice = out["r"]["choices"][0]
     assert choice["finish_reason"] == "cancelled"
     assert choice["message"]["content"] and out["r"]["usage"]["completion_tokens"] < 1500
@@ -109,6 +117,8 @@ def test_cancel_naming_nothing_is_a_400(server: Server) -> None:
 
 
 def test_time_cap_ends_generation_as_cancelled(server: Server) -> None:
+    # 1,500 tokens of this 135M model are ~400 GFLOP: seconds of a 2-thread CPU at its peak, so
+    # the run cannot reach its budget inside the 0.4 s cap on any machine.
     wait_idle(server)
     body = httpx.post(f"{server.base_url}/chat/completions", json=long_body(timeout=0.4), timeout=60).json()
     assert body["choices"][0]["finish_reason"] == "cancelled"
@@ -170,12 +180,12 @@ async def test_racing_cancels_and_disconnects_leave_nothing_behind(server: Serve
     n = 100
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=300)) as client:
         await asyncio.gather(*(run(client, i) for i in range(n)), *(canceller(client, i) for i in range(n)))
-    wait_idle(server, timeout=10)
+    wait_idle(server)
     counts = collections.Counter(finishes)
     assert n - n // 5 <= len(finishes) <= n and set(counts) <= {"cancelled", "429"}, counts
     assert counts["cancelled"] >= 40, counts
-    assert server.metric("hearth_cancel_registry_runs") == 0
-    assert server.metric("hearth_kv_slots_busy") == 0
+    server.wait_metric("hearth_cancel_registry_runs", lambda v: v == 0)
+    server.wait_metric("hearth_kv_slots_busy", lambda v: v == 0)
 
 
 def test_shutdown_ends_open_streams_cleanly(tmp_path: Any) -> None:

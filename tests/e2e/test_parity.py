@@ -39,7 +39,7 @@ def test_a_reasoning_budget_leaves_grammar_constrained_output_alone(server: Serv
     # regression: the budget forced "</think>" into output whose grammar has its own think block
     grammar = 'root ::= "<think>" [a-z]{2,6} "</think>" [a-z ]{1,12}'
     r = post(server, "/chat/completions", ask("Think, then answer: what is blue?", grammar=grammar,
-                                             reasoning_budget=1, max_tokens=40))
+                                             reasoning_budget=1, max_tokens=40, **EXACT))
     assert r.status_code == 200, r.text
     content = r.json()["choices"][0]["message"]["content"]
     assert re.fullmatch(r"<think>[a-z]{2,6}</think>[a-z ]{1,12}", content), content
@@ -61,11 +61,17 @@ def finish_of(path: str, data: dict[str, Any]) -> tuple[str, Any, int]:
     return c["finish_reason"], c.get("stop_reason"), data["usage"]["completion_tokens"]
 
 
+# cache_prompt false everywhere a test relies on what the model writes at temperature 0: chat,
+# responses and messages render the same prompt, and a prefix reused from an earlier request can
+# change the last bits of the logits (docs/api.md, Reproducibility). Recomputed, each request
+# takes the same path on every run, whatever ran before it.
+EXACT = {"cache_prompt": False}
 LOOPS: dict[str, dict[str, Any]] = {
-    "/chat/completions": ask(LOOPING_CHAT, max_tokens=120),
-    "/completions": {"prompt": LOOPING_PROMPT, "temperature": 0, "max_tokens": 120},
-    "/responses": {"input": LOOPING_CHAT, "temperature": 0, "max_output_tokens": 120, "store": False},
-    "/messages": {"messages": [{"role": "user", "content": LOOPING_CHAT}], "temperature": 0, "max_tokens": 120},
+    "/chat/completions": ask(LOOPING_CHAT, max_tokens=120, **EXACT),
+    "/completions": {"prompt": LOOPING_PROMPT, "temperature": 0, "max_tokens": 120, **EXACT},
+    "/responses": {"input": LOOPING_CHAT, "temperature": 0, "max_output_tokens": 120, "store": False, **EXACT},
+    "/messages": {"messages": [{"role": "user", "content": LOOPING_CHAT}], "temperature": 0, "max_tokens": 120,
+                  **EXACT},
 }
 STOPPED = {"/chat/completions": ("stop", "repetition"), "/completions": ("stop", "repetition"),
            "/responses": ("completed", "repetition"), "/messages": ("end_turn", {"type": "repetition"})}
@@ -114,7 +120,7 @@ def test_a_streamed_loop_flushed_every_8_tokens_equals_the_non_streamed_one(serv
 
 
 def test_flush_every_ms_and_stream_thinking_keep_the_stream_equal(server: Server) -> None:
-    body = {"input": "Name three fruits.", "temperature": 0, "max_output_tokens": 24, "store": False}
+    body = {"input": "Name three fruits.", "temperature": 0, "max_output_tokens": 24, "store": False, **EXACT}
     whole = post(server, "/responses", body).json()["output_text"]
     chunks = sse(server, "/responses", {**body, "stream_options": {"flush_every_ms": 200}, "stream_thinking": False})
     assert "".join(c["delta"] for c in chunks if c.get("type") == "response.output_text.delta") == whole
@@ -155,7 +161,7 @@ ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
 def test_a_tool_call_cut_by_max_tokens_ends_clearly_and_never_as_text(server: Server) -> None:
     # the grammar of tool_choice "required" makes a call; max_tokens cuts it mid-JSON
     body = {"messages": ASK_WEATHER, "temperature": 0, "max_tokens": 18, "tool_choice": "required",
-            "tools": [{"type": "function", "function": WEATHER}]}
+            "tools": [{"type": "function", "function": WEATHER}], **EXACT}
     c = post(server, "/chat/completions", body).json()["choices"][0]
     assert c["finish_reason"] == "length"
     assert c["error"]["type"] == "malformed_tool_call" and "malformed tool call 0" in c["error"]["message"]
@@ -166,13 +172,13 @@ def test_a_tool_call_cut_by_max_tokens_ends_clearly_and_never_as_text(server: Se
     final = [ch["choices"][0] for ch in chunks if ch["choices"] and ch["choices"][0]["finish_reason"]]
     assert final[0]["finish_reason"] == "length" and final[0]["error"]["type"] == "malformed_tool_call"
 
-    m = post(server, "/messages", {"messages": ASK_WEATHER, "max_tokens": 18, "temperature": 0,
+    m = post(server, "/messages", {"messages": ASK_WEATHER, "max_tokens": 18, "temperature": 0, **EXACT,
                                    "tool_choice": {"type": "any"}, "tools": [
                                        {"name": "get_weather", "input_schema": WEATHER["parameters"]}]}).json()
     assert m["stop_reason"] == "max_tokens" and m["stop_details"]["type"] == "malformed_tool_call"
     assert not any("<tool_call>" in b.get("text", "") for b in m["content"])
     r = post(server, "/responses", {"input": "What is the weather in Paris?", "max_output_tokens": 18,
-                                    "temperature": 0, "store": False, "tool_choice": "required",
+                                    "temperature": 0, "store": False, "tool_choice": "required", **EXACT,
                                     "tools": [{"type": "function", **WEATHER}]}).json()
     assert r["status"] == "incomplete" and r["error"]["code"] == "malformed_tool_call"
     assert "<tool_call>" not in r["output_text"]

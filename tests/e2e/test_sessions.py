@@ -35,13 +35,14 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def client(s: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=s.base_url, api_key="none", timeout=120, max_retries=0)
+    return openai.OpenAI(base_url=s.base_url, api_key="none", timeout=600, max_retries=0)
 
 
 def turn(s: Server, sid: str, messages: list[dict[str, Any]], max_tokens: int = 24, **extra: Any) -> Any:
-    return client(s).chat.completions.create(
-        model="default", messages=messages, temperature=0, max_tokens=max_tokens,  # type: ignore[arg-type]
-        extra_body={"session_id": sid, **extra})
+    with client(s) as c:  # closed here: a client left to the garbage collector leaks its socket
+        return c.chat.completions.create(
+            model="default", messages=messages, temperature=0, max_tokens=max_tokens,  # type: ignore[arg-type]
+            extra_body={"session_id": sid, **extra})
 
 
 def info(s: Server, sid: str) -> dict[str, Any]:
@@ -236,29 +237,41 @@ def test_superlinear_shapes_sit_beside_hearths_own(srv: Server) -> None:
 
 
 def test_a_busy_session_serializes_or_refuses(srv: Server) -> None:
+    """Why this cannot flake: the long turn ends only when the test cancels it (1,500 tokens,
+    ignore_eos: far more than the round trips it must outlast), after the refused turn, the refused
+    delete and the waiting turn have all reached the server (the waiting one is seen in the cancel
+    registry). The cancel finding it still running proves the session was busy throughout."""
     turn(srv, "busy", [Q1], max_tokens=4)
     results: dict[str, Any] = {}
+    generated = srv.metric("hearth_generated_tokens_total")
 
     def long_turn() -> None:
-        results["long"] = turn(srv, "busy", [{"role": "user", "content": "Write a long story."}], max_tokens=300,
-                               ignore_eos=True)
+        results["long"] = turn(srv, "busy", [{"role": "user", "content": "Write a long story."}], max_tokens=1500,
+                               ignore_eos=True, cancel_id="busy-long")
+
+    def waiting_turn() -> None:
+        results["waited"] = turn(srv, "busy", [Q2], max_tokens=4)  # waits for the long turn, then runs
 
     t = threading.Thread(target=long_turn)
     t.start()
-    deadline = time.monotonic() + 30
-    while not info(srv, "busy")["busy"] and time.monotonic() < deadline:
-        time.sleep(0.02)
+    srv.wait_metric("hearth_generated_tokens_total", lambda v: v > generated)  # it is writing its answer
+    assert info(srv, "busy")["busy"]
     with pytest.raises(openai.ConflictError) as e:
         turn(srv, "busy", [Q2], max_tokens=4, session_wait=False)
     assert e.value.body["code"] == "session_busy"  # type: ignore[index]
     r = httpx.delete(f"{srv.base_url}/sessions/busy", timeout=10)
     assert r.status_code == 409
-    waited = turn(srv, "busy", [Q2], max_tokens=4)  # waits for the long turn, then runs
-    t.join(60)
-    assert results["long"].usage.completion_tokens == 300
+    w = threading.Thread(target=waiting_turn)
+    w.start()
+    srv.wait_metric("hearth_cancel_registry_runs", lambda v: v == 2)  # the waiting turn has arrived
+    r = httpx.post(f"{srv.base_url}/cancel", json={"cancel_id": "busy-long"}, timeout=10)
+    assert r.json() == {"cancelled": 1}, r.text  # the long turn was still running
+    t.join(120)
+    w.join(120)
+    assert results["long"].choices[0].finish_reason == "cancelled"
     h = history(srv, "busy")
     assert [m["role"] for m in h] == ["user", "assistant"] * 3
-    assert h[3]["content"] == text(results["long"]) and h[5]["content"] == text(waited)
+    assert h[3]["content"] == text(results["long"]) and h[5]["content"] == text(results["waited"])
 
 
 def test_a_cancelled_turn_keeps_what_was_generated(srv: Server) -> None:
@@ -423,11 +436,15 @@ def test_a_save_killed_midway_leaves_no_snapshot(tmp_path: Path) -> None:
 
         saver = threading.Thread(target=save, daemon=True)
         saver.start()
-        deadline = time.monotonic() + 30
-        while not list(snapshots.glob(".tmp-*")) and time.monotonic() < deadline:
+        # Kill the moment the temporary directory shows, with nothing in between: the rest of the
+        # save (~40 MB of KV written, hashed and synced, then the rename) takes far longer than
+        # this loop's one glob. (Looking again before the kill would race the save's rename.)
+        deadline = time.monotonic() + 120
+        while not (writing := list(snapshots.glob(".tmp-*"))) and time.monotonic() < deadline:
             time.sleep(0.0005)
-        assert list(snapshots.glob(".tmp-*")), "the save never started writing"
-        s.proc.send_signal(signal.SIGKILL)
+        if writing:
+            s.proc.send_signal(signal.SIGKILL)
+        assert writing, "the save never started writing"
         s.proc.wait(10)
         assert not [p for p in snapshots.iterdir() if p.name.startswith("snap_")], "a half snapshot is visible"
     finally:

@@ -36,6 +36,12 @@ GW_KEY = "gw-key"
 GW_ADMIN = "gw-admin"
 FOREIGN_KEY = "foreign-key"
 HEARTH = ("a", "b", "c")
+# A Hearth node's run that outlasts, by seconds on any machine, what a test does while it runs
+# (read a few pieces, then cancel, leave, kill or stop the node; a burst of requests): most of
+# the node's context (--ctx 1024), with `ignore_eos` where it is sent, one token per step (no
+# drafts: a repetitive story would otherwise be drafted several tokens a step).
+LONG_TOKENS = 900
+LONG_RUN: dict[str, Any] = {"max_tokens": LONG_TOKENS, "speculative": False}
 
 
 def node_key(name: str) -> str:
@@ -52,13 +58,14 @@ def start_node(tmp: Path, name: str, port: int | None = None) -> Server:
 def start_foreign(tmp: Path, port: int | None = None) -> Server:
     port = port or free_port()
     log = tmp / "llama_cpp_server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(resolve_model("default").path),
-                             "--model_alias", "smollm2", "--port", str(port), "--n_ctx", "1024", "--n_threads", "1",
-                             "--api_key", FOREIGN_KEY,
-                             # by default it abandons a running request whenever another arrives (a
-                             # liveness probe included): it then ends the stream early without a finish
-                             # reason, which the gateway rightly reports as a broken stream
-                             "--interrupt_requests", "False"], stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    with log.open("ab") as out:  # the child keeps its own descriptor; ours is closed at once
+        proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model",
+                                 str(resolve_model("default").path), "--model_alias", "smollm2", "--port", str(port),
+                                 "--n_ctx", "1024", "--n_threads", "1", "--api_key", FOREIGN_KEY,
+                                 # by default it abandons a running request whenever another arrives (a
+                                 # liveness probe included): it then ends the stream early without a finish
+                                 # reason, which the gateway rightly reports as a broken stream
+                                 "--interrupt_requests", "False"], stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -117,7 +124,8 @@ def start_gateway(tmp: Path, toml: str, *args: str) -> Gateway:
     env = {**os.environ, "HEARTH_GATEWAY_HOME": str(tmp / f"gw-{port}")}
     cmd = [sys.executable, "-m", "hearth.cli.main", "gateway", "--upstreams", str(tmp / f"fleet-{port}.toml"),
            "--port", str(port), "--api-key", GW_KEY, "--admin-key", GW_ADMIN, *args]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    with log.open("wb") as out:  # the child keeps its own descriptor; ours is closed at once
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     wait_healthy("gateway", proc, url, log, 60)
     return Gateway(url, proc, log)
@@ -197,7 +205,10 @@ def whole_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         foreign_f = ex.submit(start_foreign, tmp)
         nodes = {n: f.result() for n, f in futures.items()}
         foreign = foreign_f.result()
-    gw = start_gateway(tmp, fleet_toml(nodes, foreign), "--probe-interval", "0.3", "--probe-timeout", "1",
+    # Probes often (a killed node is seen down at once: its port refuses), but give a probe 3 s:
+    # a healthy node on a loaded 2-core machine can be slow to answer one, and FALL (3) slow
+    # answers in a row would mark it down and back up, failing the tests that count transitions.
+    gw = start_gateway(tmp, fleet_toml(nodes, foreign), "--probe-interval", "0.3", "--probe-timeout", "3",
                        "--stall-timeout", str(STALL_TIMEOUT))
     fleet = Fleet(gw, nodes, foreign, tmp)
     yield fleet

@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.gateway.conftest import GW_KEY, STALL_TIMEOUT, Fleet, Gateway, node_get
+from tests.e2e.gateway.conftest import GW_KEY, LONG_RUN, LONG_TOKENS, STALL_TIMEOUT, Fleet, Gateway, node_get
 
 pytestmark = pytest.mark.slow
 
@@ -66,8 +66,8 @@ def test_sigstopped_node_is_routed_around_and_comes_back_without_flapping(fleet:
     started, received, ended = threading.Event(), [], threading.Event()
 
     def stream() -> None:
-        chunks = oai.chat.completions.create(model="smol", max_tokens=400, stream=True,
-                                             extra_body={"session_id": "frozen", "ignore_eos": True},
+        chunks = oai.chat.completions.create(model="smol", max_tokens=LONG_TOKENS, stream=True,
+                                             extra_body={"session_id": "frozen", "ignore_eos": True, **LONG_RUN},
                                              messages=[{"role": "user", "content": STORY}])
         try:
             for chunk in chunks:
@@ -110,8 +110,8 @@ def test_sigstopped_node_is_routed_around_and_comes_back_without_flapping(fleet:
 def test_kill_mid_chat_stream_ends_with_an_error_chunk_and_the_session_continues_elsewhere(
         pair: Fleet, oai: openai.OpenAI) -> None:
     owner, reply = open_session(pair, "fo-chat", "My name is Ada. Say hi.")
-    stream = oai.chat.completions.create(model="smol", max_tokens=400, stream=True,
-                                         extra_body={"session_id": "fo-chat", "ignore_eos": True},
+    stream = oai.chat.completions.create(model="smol", max_tokens=LONG_TOKENS, stream=True,
+                                         extra_body={"session_id": "fo-chat", "ignore_eos": True, **LONG_RUN},
                                          messages=[{"role": "user", "content": STORY}])
     received, ids = [], set()
     with pytest.raises(openai.APIError) as e:
@@ -150,8 +150,8 @@ def test_kill_mid_messages_stream_ends_with_event_error_and_the_session_continue
     ac = anthropic.Anthropic(base_url=pair.gw.url, api_key=GW_KEY, max_retries=0)
     received, types = [], []
     with (pytest.raises(anthropic.APIStatusError) as e,
-          ac.messages.stream(model="smol", max_tokens=400, messages=[{"role": "user", "content": STORY}],
-                             extra_body={"session_id": "fo-msg"}) as st):
+          ac.messages.stream(model="smol", max_tokens=LONG_TOKENS, messages=[{"role": "user", "content": STORY}],
+                             extra_body={"session_id": "fo-msg", "ignore_eos": True}) as st):
         for event in st:
             types.append(event.type)
             if event.type == "content_block_delta" and event.delta.type == "text_delta":
@@ -172,7 +172,7 @@ def test_kill_mid_responses_stream_ends_with_response_failed_and_the_session_con
         pair: Fleet, oai: openai.OpenAI) -> None:
     owner, reply = open_session(pair, "fo-resp", "My name is Cy. Say hi.")
     events = []
-    stream = oai.responses.create(model="smol", input=STORY, max_output_tokens=400, stream=True,
+    stream = oai.responses.create(model="smol", input=STORY, max_output_tokens=LONG_TOKENS, stream=True,
                                   extra_body={"session_id": "fo-resp", "ignore_eos": True})
     for event in stream:  # the SDK hands response.failed over as an event; the stream must end after it
         events.append(event)

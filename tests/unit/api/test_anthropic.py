@@ -155,9 +155,12 @@ def test_thinking() -> None:
 
 def test_hearth_extensions() -> None:
     body = validate(MessagesIn, {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
-                                 "cancel_id": "c1", "cache_prompt": False})
+                                 "cancel_id": "c1", "cache_prompt": False, "ignore_eos": True})
     assert body.cancel_id == "c1"
     assert to_chat_request(body, "m").cache_prompt is False
+    assert to_chat_request(body, "m").sampling.ignore_eos is True
+    plain = validate(MessagesIn, {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert to_chat_request(plain, "m").sampling.ignore_eos is False
 
 
 def test_session_fields_become_a_session_turn() -> None:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
+import pytest
+
+from hearth.api import stream_shaping
 from hearth.api.stream_shaping import coalesce, hold_reasoning
 from hearth.chat.types import ChatEvent, Done, Finish, ReasoningDelta, Started, TextDelta, ToolCallDelta, Usage
 
@@ -37,17 +41,37 @@ async def test_every_n_tokens_sends_the_first_at_once_then_groups() -> None:
     assert isinstance(out[0], Started) and isinstance(out[-2], Finish) and isinstance(out[-1], Done)
 
 
-async def test_every_ms_sends_what_is_held_when_the_model_pauses() -> None:
+async def test_every_ms_sends_what_is_held_when_the_model_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why this cannot flake: coalesce's clock is frozen, so the three first tokens arrive
+    "at once" however slowly this loop runs (a real clock let a stall of 100 ms split them);
+    and the model's pause lasts until the client has received the held delta (not a fixed
+    0.5 s raced against the 100 ms flush timer). If the held delta were only sent with the
+    next tokens, the source would wait for ever and the test would hit its deadline."""
+    monkeypatch.setattr(stream_shaping, "time", SimpleNamespace(monotonic=lambda: 1000.0))
     evs = [*tokens(3), *tokens(2), Finish(0, "stop")]
-    got: list[tuple[float, ChatEvent]] = []
-    loop = asyncio.get_running_loop()
-    async for ev in coalesce(source(evs, {3: 0.5}), None, 100):
-        got.append((loop.time(), ev))
-    deltas = [(t, ev) for t, ev in got if isinstance(ev, TextDelta)]
-    # the two tokens after the first are sent when their 100 ms are up, not with the next ones
-    assert [ev.n_tokens for _, ev in deltas][:2] == [1, 2]
-    assert deltas[1][0] < got[-1][0]
-    assert text([ev for _, ev in got]) == text(evs)
+    got: list[ChatEvent] = []
+    resumed = asyncio.Event()
+
+    async def pausing() -> AsyncIterator[ChatEvent]:
+        for i, ev in enumerate(evs):
+            if i == 3:  # the model pauses until the held tokens reached the client
+                await resumed.wait()
+                got.append(Started(0))  # marks where the model went on
+            yield ev
+
+    async def consume() -> None:
+        async for ev in coalesce(pausing(), None, 100):
+            got.append(ev)
+            if isinstance(ev, TextDelta) and ev.n_tokens == 2 and not resumed.is_set():
+                resumed.set()
+
+    await asyncio.wait_for(consume(), 30)
+    deltas = [ev.n_tokens for ev in got if isinstance(ev, TextDelta)]
+    # the first token at once; the two after it when their 100 ms were up, before the model
+    # sent anything more; the last two with the finish
+    assert deltas == [1, 2, 2]
+    assert [type(ev).__name__ for ev in got] == ["TextDelta", "TextDelta", "Started", "TextDelta", "Finish"]
+    assert text(got) == text(evs)
 
 
 async def test_kinds_and_candidates_are_never_merged_together() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -39,15 +40,16 @@ async def run(eng: Engine, req: EngineRequest) -> tuple[dict[int, str], dict[int
     return texts, reasons, outs
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait for the engine thread to reach `condition`, failing after `timeout`."""
+def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Wait for the engine thread to reach `condition`, failing after `timeout` (a deadline for
+    a hang, generous for a loaded CI machine: it never decides a verdict)."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "the condition did not hold in time"
         time.sleep(0.002)
 
 
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "the condition did not hold in time"
@@ -134,11 +136,23 @@ async def test_n_candidates_share_the_prompt_kv() -> None:
         eng.stop()
 
 
+async def submitted_before_start(eng: Engine, n: int, *reqs: EngineRequest) -> list[asyncio.Task[Any]]:
+    """Start `run` for each request on an engine that is not started yet, wait until all of them
+    are queued, then start it: its first step sees them all at once, whatever the scheduling of
+    this thread and the engine's (a started engine could finish the first request before the
+    last one is even submitted on a loaded machine)."""
+    tasks = [asyncio.create_task(run(eng, r)) for r in reqs]
+    await until(lambda: eng.in_flight == n)
+    eng.start()
+    return tasks
+
+
 async def test_concurrent_decodes_share_one_decode_call_per_step() -> None:
-    runner = FakeRunner(n_seq_max=4, step_delay=0.002)
-    eng = make(runner)
+    runner = FakeRunner(n_seq_max=4)
+    eng = Engine(runner, seq_ctx=256)
     try:
-        results = await asyncio.gather(*(run(eng, req(f"r{i}", max_tokens=20)) for i in range(4)))
+        tasks = await submitted_before_start(eng, 4, *(req(f"r{i}", max_tokens=20) for i in range(4)))
+        results = await asyncio.gather(*tasks)
         for texts, _reasons, _ in results:
             assert texts[0] == expected_text(5, 20)
         # some step decoded all four sequences together
@@ -148,11 +162,18 @@ async def test_concurrent_decodes_share_one_decode_call_per_step() -> None:
 
 
 async def test_fifth_request_waits_for_a_free_slot_then_runs() -> None:
-    runner = FakeRunner(n_seq_max=4, step_delay=0.002)
-    eng = make(runner)
+    # All five are queued before the engine starts, and its first decode is held: the state
+    # "four running, one waiting" holds until the test has seen it (a polling loop racing 15
+    # real decode steps could miss it on a loaded machine).
+    hold = threading.Event()
+    hold.set()
+    runner = FakeRunner(n_seq_max=4, hold=hold)
+    eng = Engine(runner, seq_ctx=256)
     try:
-        tasks = [asyncio.create_task(run(eng, req(f"r{i}", max_tokens=15))) for i in range(5)]
-        await until(lambda: eng.running == 4 and eng.waiting == 1)
+        tasks = await submitted_before_start(eng, 5, *(req(f"r{i}", max_tokens=15) for i in range(5)))
+        await until(lambda: runner.held.is_set())
+        assert eng.running == 4 and eng.waiting == 1
+        hold.clear()
         results = await asyncio.gather(*tasks)
         assert all(r[1][0] is FinishReason.LENGTH for r in results)
         assert eng.slots.n_free == 4 and eng.in_flight == 0
@@ -205,16 +226,21 @@ async def test_closing_the_iterator_aborts_within_a_step() -> None:
 
 
 async def test_abort_while_waiting_ends_with_cancelled() -> None:
+    # The hog cannot finish on its own before the test is done with the waiter (90000 tokens):
+    # "w" waits for the only slot for as long as the test needs, however slow this thread is.
     runner = FakeRunner(n_seq_max=1, step_delay=0.002)
     eng = make(runner, seq_ctx=100000)
     try:
-        hog = asyncio.create_task(run(eng, req("hog", max_tokens=50)))
+        hog = asyncio.create_task(run(eng, req("hog", max_tokens=90000)))
         waiter = asyncio.create_task(run(eng, req("w", max_tokens=50)))
-        await until(lambda: eng.waiting == 1)
+        await until(lambda: eng.running == 1 and eng.waiting == 1 and eng.in_flight == 2)
         eng.abort("w")
         _texts, reasons, outs = await waiter
         assert reasons[0] is FinishReason.CANCELLED and outs[-1].finished
-        await hog
+        assert not hog.done()  # "w" was cancelled while it waited, not after the hog let it run
+        eng.abort("hog")
+        _texts, reasons, _outs = await hog
+        assert reasons[0] is FinishReason.CANCELLED
     finally:
         eng.stop()
 
@@ -286,7 +312,7 @@ def test_many_threads_submitting_and_aborting_leave_nothing_behind() -> None:
             t.start()
         for t in threads:
             t.join()
-        assert done.wait(10)
+        assert done.wait(60)
         assert sorted(finished) == sorted(f"{b}-{i}" for b in range(4) for i in range(50))
         wait_until(lambda: eng.in_flight == 0 and eng.slots.n_free == 4 and not eng.scheduler.has_work())
     finally:
@@ -366,7 +392,7 @@ class _GatedRunner(FakeRunner):
 
     def decode(self, entries):  # type: ignore[no-untyped-def]
         self.entered.set()
-        if not self.gate.wait(10):
+        if not self.gate.wait(60):
             raise RuntimeError("the test never opened the gate")
         return super().decode(entries)
 
@@ -378,8 +404,8 @@ async def test_a_placed_request_hears_of_it_before_its_prefill_runs() -> None:
     eng = make(runner, seq_ctx=512, budget=64)
     try:
         agen = eng.generate(req("a", prompt="x" * 200, max_tokens=3))
-        first = await asyncio.wait_for(agen.__anext__(), 10)
-        assert runner.entered.wait(10) and not runner.calls  # the first chunk is still running
+        first = await asyncio.wait_for(agen.__anext__(), 60)
+        assert runner.entered.wait(60) and not runner.calls  # the first chunk is still running
         assert (first.prompt_tokens, first.cached_tokens, first.finished) == (200, 0, False)
         assert all(not d.text and d.finish_reason is None for d in first.deltas)
         runner.gate.set()

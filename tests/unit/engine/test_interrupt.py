@@ -31,7 +31,7 @@ async def collect(eng: Engine, r: EngineRequest) -> tuple[str, FinishReason | No
     return text, reason, n
 
 
-async def wait_for(event: threading.Event, timeout: float = 10.0) -> None:
+async def wait_for(event: threading.Event, timeout: float = 60.0) -> None:
     assert await asyncio.to_thread(event.wait, timeout), "the held decode never started"
 
 
@@ -39,22 +39,37 @@ async def test_abort_interrupts_a_prefill_shared_with_a_running_sequence() -> No
     hold = threading.Event()
     hold.set()
     # Decodes of 20+ tokens (the long prompt's chunks) wait until interrupted; one-token decode steps run.
-    runner = FakeRunner(n_batch=64, step_delay=0.005, hold=hold, hold_min_tokens=20)
+    runner = FakeRunner(n_batch=64, hold=hold, hold_min_tokens=20)
+    # b's decode steps after its first few wait until a is queued, so a's prompt chunk always
+    # finds b still decoding (with free-running steps, a slow event loop could submit a only
+    # after b had finished, and the batch would hold a alone).
+    a_queued = threading.Event()
+    plain_decode = runner.decode
+
+    def paced_decode(entries):  # type: ignore[no-untyped-def]
+        if len(runner.calls) >= 4 and not a_queued.wait(60):
+            raise RuntimeError("the test never queued a")
+        return plain_decode(entries)
+
+    runner.decode = paced_decode  # type: ignore[method-assign]
     eng = Engine(runner, seq_ctx=512)
     eng.start()
     try:
         neighbour = asyncio.ensure_future(collect(eng, req("b", b"hello", 60)))
-        while eng.stats.generated_tokens < 3:  # b is decoding
+        while eng.stats.generated_tokens < 3:  # b is decoding (then its next step waits for a)
             await asyncio.sleep(0.001)
         long = asyncio.ensure_future(collect(eng, req("a", bytes(300), 8)))
+        while eng.in_flight < 2:
+            await asyncio.sleep(0.001)
+        a_queued.set()
         await wait_for(runner.held)
         held_batch = runner.calls[-1]
         assert {e.seq_id for e in held_batch} == {0, 1}  # a's prompt chunk rides with b's token
         eng.abort("a")
-        text_a, reason_a, n_a = await asyncio.wait_for(long, 10)
+        text_a, reason_a, n_a = await asyncio.wait_for(long, 60)
         assert reason_a is FinishReason.CANCELLED and n_a == 0 and text_a == ""
         assert len(runner.aborted) == 1 and eng.stats.interrupted_decodes == 1
-        text_b, reason_b, _ = await asyncio.wait_for(neighbour, 10)
+        text_b, reason_b, _ = await asyncio.wait_for(neighbour, 60)
         # b's token from the interrupted step was decoded again; its text is the uninterrupted one
         assert text_b == expected_text(5, 60) and reason_b is FinishReason.LENGTH
         # every sequence's KV holds exactly its slot's tokens (the fake runner checks positions too)
@@ -77,14 +92,14 @@ async def test_abort_interrupts_a_lone_prefill_and_frees_its_slot() -> None:
         await wait_for(runner.held)
         assert eng.slots.n_busy == 1
         eng.abort("a")
-        _, reason, n = await asyncio.wait_for(task, 10)
+        _, reason, n = await asyncio.wait_for(task, 60)
         assert reason is FinishReason.CANCELLED and n == 0
         assert eng.slots.n_busy == 0 and eng.stats.interrupted_decodes == 1
         slot = eng.slots.slots[0]
         assert runner.kv.get(slot.seq_id, []) == slot.tokens  # the interrupted chunk left no trace
         hold.clear()
         # the engine goes on: the same prompt runs to completion afterwards
-        text, reason, _ = await asyncio.wait_for(collect(eng, req("a2", bytes(200), 8)), 10)
+        text, reason, _ = await asyncio.wait_for(collect(eng, req("a2", bytes(200), 8)), 60)
         assert reason is FinishReason.LENGTH and text == expected_text(200, 8)
     finally:
         hold.clear()
@@ -106,9 +121,9 @@ async def test_abort_of_a_request_outside_the_running_decode_does_not_interrupt_
         eng.abort("q")  # interrupt() would have been called inside abort(), synchronously
         assert runner.held.is_set() and not runner._interrupted.is_set()
         hold.clear()
-        _, reason_q, n_q = await asyncio.wait_for(queued, 10)
+        _, reason_q, n_q = await asyncio.wait_for(queued, 60)
         assert reason_q is FinishReason.CANCELLED and n_q == 0
-        text, reason, _ = await asyncio.wait_for(first, 10)
+        text, reason, _ = await asyncio.wait_for(first, 60)
         assert reason is FinishReason.LENGTH and text == expected_text(100, 4)
         assert eng.stats.interrupted_decodes == 0
     finally:

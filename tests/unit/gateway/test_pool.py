@@ -18,7 +18,9 @@ from hearth.gateway.transcripts import TranscriptStore
 NONE = Affinity("none")
 
 
-def make_pool(tmp_path: Path, *, caps: tuple[int, ...] = (1, 1), max_waiting: int = 4, max_wait: float = 5.0,
+# max_wait is long by default: a waiter a test releases itself must not time out first on a slow
+# machine; the tests about the wait running out set a short one and never release.
+def make_pool(tmp_path: Path, *, caps: tuple[int, ...] = (1, 1), max_waiting: int = 4, max_wait: float = 60.0,
               default_model: str | None = None) -> Pool:
     ups = [Upstream(name=f"n{i}", url=f"http://127.0.0.1:{9000 + i}", models={"m": "model"}, max_in_flight=c)
            for i, c in enumerate(caps)]
@@ -40,7 +42,7 @@ async def test_caps_then_wait_then_woken_by_release(tmp_path: Path) -> None:
         await asyncio.sleep(0)
     assert not waiter.done()
     pool.release(a, True)
-    c = await asyncio.wait_for(waiter, 5)
+    c = await asyncio.wait_for(waiter, 60)
     assert c.node is a.node and pool.waiting == 0
 
 
@@ -111,6 +113,7 @@ async def test_a_slow_probe_of_a_node_streaming_answers_is_inconclusive(tmp_path
         raise httpx.ReadTimeout("probe timed out")
 
     pool = make_pool(tmp_path)
+    pool.clock = lambda: 5000.0  # frozen: "just now" stays within BUSY_GRACE however slow the probes run
     pool.client = httpx.AsyncClient(transport=httpx.MockTransport(slow))
     busy, idle = pool.nodes["n0"], pool.nodes["n1"]
     busy.in_flight, busy.last_bytes = 1, pool.clock()  # bytes just arrived from it

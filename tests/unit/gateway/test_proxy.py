@@ -233,6 +233,9 @@ def test_stream_broken_before_its_first_event_is_retried(client: TestClient, fle
 
 def test_heartbeat_comments_while_the_node_is_still_prefilling(client: TestClient, fleet: Fleet) -> None:
     # The fake node sends nothing for 20 heartbeat periods: the client still hears from the gateway.
+    # (Not a race: the gateway's 0.05 s wait is armed before the node's 1 s sleep starts, and
+    # asyncio runs due timers in deadline order, so even a loop stalled past both sees the
+    # heartbeat's first.)
     fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("ok"), b"data: [DONE]\n\n"], prefill=1.0)
     text = stream_text(client, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(client, "k", "a"))
     assert text.startswith(": keep-alive\n\n")
@@ -242,6 +245,8 @@ def test_heartbeat_comments_while_the_node_is_still_prefilling(client: TestClien
 def test_a_stream_silent_past_the_stall_timeout_ends_with_the_terminal_error(tmp_path: Path, fleet: Fleet) -> None:
     # The node sent an event, then nothing (stopped): heartbeats keep the client company until the
     # stall timeout, then the protocol's terminal error; the node's breaker records a failure.
+    # (Not a race: each beat's timer is due before the 0.3 s stall timer armed after the last
+    # write, and asyncio runs due timers in deadline order, so a keep-alive precedes the error.)
     fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("Hel")], stall=60)
     with gateway(tmp_path, fleet, stall_timeout=0.3) as c:
         text = stream_text(c, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(c, "k", "a"))

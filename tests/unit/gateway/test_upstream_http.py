@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -47,6 +48,13 @@ async def serve(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
         yield f"http://127.0.0.1:{port}", seen
 
 
+def frozen_clock(http: UpstreamHttp) -> UpstreamHttp:
+    """An idle connection is reused for at most IDLE_REUSE seconds of the client's clock: frozen,
+    a reuse the test counts on cannot be lost to a slow machine between two requests."""
+    http._clock = lambda: 1000.0
+    return http
+
+
 def chunked(*parts: bytes) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
 
@@ -63,7 +71,7 @@ async def test_a_chunked_stream_arrives_in_order_and_the_connection_is_reused() 
             writer.write(SSE_HEAD + chunked(b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"))
             await writer.drain()
 
-    http = UpstreamHttp(NO_FALLBACK)
+    http = frozen_clock(UpstreamHttp(NO_FALLBACK))
     async with serve(handler) as (url, seen):
         for _ in range(3):
             resp = await http.send("POST", url + "/v1/chat/completions?x=1", {"x-api-key": "k"}, b'{"a":1}', 5)
@@ -129,9 +137,13 @@ async def test_refused_and_cut_connections_are_httpx_transport_errors() -> None:
                 chunks.append(chunk)
         assert chunks == [b"data: 1\n\n"]  # what arrived before the cut is delivered first
         await resp.aclose()
-    port = url.rsplit(":", 1)[1]
-    with pytest.raises(httpx.ConnectError):
-        await http.send("POST", f"http://127.0.0.1:{port}/", {}, b"{}", 5)  # the server is gone
+    # Nothing listens on a port this socket holds (bound, never listening): the connection is
+    # refused. (The closed server's port could be taken by another process meanwhile.)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        with pytest.raises(httpx.ConnectError):
+            await http.send("POST", f"http://127.0.0.1:{port}/", {}, b"{}", 5)
 
 
 async def test_garbage_is_a_protocol_error() -> None:
@@ -154,7 +166,7 @@ async def test_a_keep_alive_close_racing_the_next_request_is_sent_again_on_a_new
         # (it never read it), as a server's keep-alive timeout does.
         await reader.read(1)
 
-    http = UpstreamHttp(NO_FALLBACK)
+    http = frozen_clock(UpstreamHttp(NO_FALLBACK))  # so the kept-alive connection is always tried
     async with serve(once_per_connection) as (url, seen):
         for _ in range(3):
             resp = await http.send("POST", url + "/", {}, b"{}", 5)
@@ -208,7 +220,7 @@ async def test_an_abandoned_stream_closes_its_connection() -> None:
         async for _ in resp.aiter_raw():
             break
         await resp.aclose()
-        await asyncio.wait_for(closed.wait(), 10)
+        await asyncio.wait_for(closed.wait(), 60)
         resp = await http.send("POST", url + "/", {}, b"{}", 5)  # not the abandoned connection
         await resp.aclose()
         assert len(seen) == 2
