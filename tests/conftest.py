@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
@@ -13,6 +14,24 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What exists once the tests are collected (modules, their objects) lives for the whole run:
+    moved out of the collector's sight, so the collection after each test (below) scans only
+    what tests made, in milliseconds."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> Iterator[None]:
+    """Warnings are errors, and an object that leaks a file or socket warns when the garbage
+    collector finalizes it: whenever that happens to run, so in whichever test is running then.
+    Collecting after every test makes the warning, and the failure, land in the test that leaked,
+    every time."""
+    yield
+    gc.collect()
 
 
 def free_port() -> int:

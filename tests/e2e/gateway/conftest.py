@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -238,8 +239,15 @@ def nodes(whole_fleet: Fleet) -> dict[str, Server]:
 
 
 @pytest.fixture
-def oai(gw: Gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
+def oai(gw: Gateway) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0) as client:
+        yield client  # and its connections closed after the test
+
+
+@pytest.fixture
+def ac(gw: Gateway) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=gw.url, api_key=GW_KEY, max_retries=0) as client:
+        yield client
 
 
 def cancel_at_first_piece(gw: Gateway, model: str, cancel_id: str, max_tokens: int,

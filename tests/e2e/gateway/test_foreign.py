@@ -9,15 +9,14 @@ import anthropic
 import openai
 import pytest
 
-from tests.e2e.gateway.conftest import GW_KEY, Gateway, cancel_at_first_piece
+from tests.e2e.gateway.conftest import Gateway, cancel_at_first_piece
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fleet")]  # all of it up
 
 MSG = [{"role": "user", "content": "Name three colours."}]
 
 
-def test_chat_through_to_a_foreign_engine(gw: Gateway) -> None:
-    oai = openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
+def test_chat_through_to_a_foreign_engine(oai: openai.OpenAI) -> None:
     # llama-cpp-python's server is not deterministic across its own prompt-cache reuse (a repeated
     # prompt is re-evaluated from a cached prefix), so streamed == non-streamed is asserted on
     # Hearth nodes only; here each must be a whole answer that ran to max_tokens.
@@ -39,8 +38,8 @@ def test_chat_through_to_a_foreign_engine(gw: Gateway) -> None:
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta")
 
 
-def test_anthropic_and_responses_are_translated_and_chains_kept_by_the_gateway(gw: Gateway) -> None:
-    ac = anthropic.Anthropic(base_url=gw.url, api_key=GW_KEY, max_retries=0)
+def test_anthropic_and_responses_are_translated_and_chains_kept_by_the_gateway(
+        oai: openai.OpenAI, ac: anthropic.Anthropic) -> None:
     t0 = {"temperature": 0}
     m = ac.messages.create(model="foreign", max_tokens=12, messages=MSG, extra_body=t0)  # type: ignore[arg-type]
     with ac.messages.stream(model="foreign", max_tokens=12, messages=MSG, extra_body=t0) as st:  # type: ignore[arg-type]
@@ -48,7 +47,6 @@ def test_anthropic_and_responses_are_translated_and_chains_kept_by_the_gateway(g
     assert m.model == "foreign" and m.content[0].text and text  # type: ignore[union-attr]
     assert m.stop_reason == "max_tokens"
 
-    oai = openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
     first = oai.responses.create(model="foreign", input="My name is Ada.", max_output_tokens=8, temperature=0)
     second = oai.responses.create(model="foreign", input="What is my name?", previous_response_id=first.id,
                                   max_output_tokens=8, temperature=0)
