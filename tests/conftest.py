@@ -34,6 +34,19 @@ def _collect_garbage_after_each_test() -> Iterator[None]:
     gc.collect()
 
 
+# Request fields for a run that must be bit-exact: recompute the whole prompt instead of reusing a
+# cached prefix (one left by an earlier test can move the last bits of the logits).
+EXACT: dict[str, object] = {"cache_prompt": False}
+
+
+def wait_until(condition: Callable[[], bool], what: str = "the condition", timeout: float = 120.0) -> None:
+    """Poll `condition` until it holds; the deadline only catches a hang, it never decides a verdict."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,10 +73,7 @@ class Server:
     def wait_metric(self, name: str, ok: Callable[[float], bool], headers: dict[str, str] | None = None,
                     timeout: float = 120.0) -> None:
         """Wait until the metric satisfies `ok` (the server got there), failing after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while not ok(self.metric(name, headers)):
-            assert time.monotonic() < deadline, f"{name} did not reach the expected value"
-            time.sleep(0.02)
+        wait_until(lambda: ok(self.metric(name, headers)), f"{name} to reach the expected value", timeout)
 
 
 def start_server(tmp: Path, *args: str, ready_timeout: float = 120.0, port: int | None = None) -> Server:

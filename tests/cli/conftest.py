@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -45,14 +44,6 @@ def metric(url: str, name: str, **labels: str) -> float:
             return float(value)
     return 0.0
 
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    """Until `condition()` holds; a generous deadline, not a guess at how long things take."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 # select(2)-family system calls, by /proc/PID/syscall number.

@@ -12,8 +12,8 @@ import httpx
 import pexpect
 import pytest
 
-from tests.cli.conftest import blocked_reading_input, metric, run, wait_for
-from tests.conftest import Server, free_port
+from tests.cli.conftest import blocked_reading_input, metric, run
+from tests.conftest import Server, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def test_repl_streams_stops_on_ctrl_c_and_keeps_going(cli_server: Server) -> Non
     # setting up (it then waits in select() for the next key), so wait until it waits for a key.
     child.send("half a line")
     child.expect_exact("half a line")
-    wait_for(lambda: blocked_reading_input(child.pid), "the REPL to wait for a key")
+    wait_until(lambda: blocked_reading_input(child.pid), "the REPL to wait for a key")
     child.sendintr()
     child.expect_exact(PROMPT)
 
@@ -71,9 +71,9 @@ def test_repl_streams_stops_on_ctrl_c_and_keeps_going(cli_server: Server) -> Non
     child.expect_exact(PROMPT)
     # the server counts the cancel when the run's stream closes, which may come just after the
     # client has its last chunk: waited for, not read once
-    wait_for(lambda: metric(cli_server.url, "hearth_cancellations_total", cause="cancel_call") == cancels + 1,
+    wait_until(lambda: metric(cli_server.url, "hearth_cancellations_total", cause="cancel_call") == cancels + 1,
              "the cancel to be counted")
-    wait_for(lambda: metric(cli_server.url, "hearth_running_sequences") == 0, "the run to end on the server")
+    wait_until(lambda: metric(cli_server.url, "hearth_running_sequences") == 0, "the run to end on the server")
     first = stats(child)
     assert first["finish"] == "cancelled"
     assert 0 < int(first["completion_tokens"]) < 1500

@@ -12,8 +12,8 @@ import pexpect
 import pytest
 
 from hearth.cli.docs import PROMPT, collect, documents_message
-from tests.cli.conftest import metric, wait_for
-from tests.conftest import Server
+from tests.cli.conftest import metric
+from tests.conftest import Server, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -170,9 +170,9 @@ def test_ctrl_c_stops_an_answer_and_the_loop_goes_on(live: Server, tmp_path: Pat
     assert 0 < int(child.match.group(1)) < 1500
     child.expect_exact(PROMPT)
     # counted when the run's stream closes, which may come just after the client's last chunk
-    wait_for(lambda: metric(live.url, "hearth_cancellations_total", cause="cancel_call") == cancels + 1,
+    wait_until(lambda: metric(live.url, "hearth_cancellations_total", cause="cancel_call") == cancels + 1,
              "the cancel to be counted")
-    wait_for(lambda: metric(live.url, "hearth_running_sequences") == 0, "the run to end on the server")
+    wait_until(lambda: metric(live.url, "hearth_running_sequences") == 0, "the run to end on the server")
 
     child.sendline("What is the kiln called?")  # the loop is alive and the documents still in the session
     child.expect(r"prompt \d+ tokens \(cached (\d+)\)")

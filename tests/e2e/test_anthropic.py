@@ -12,6 +12,7 @@ import pytest
 from anthropic import Anthropic
 
 from hearth.models import DEFAULT_MODEL_ID
+from tests.conftest import EXACT as NO_PREFIX_REUSE
 from tests.conftest import Server
 from tests.e2e.test_http import wait_idle
 
@@ -22,7 +23,7 @@ T0 = {"temperature": 0}
 # See test_openai_sdk.py: compare full recomputations only. Also used wherever a test relies on
 # what the model writes: recomputed at temperature 0, a prompt takes the same path on every run,
 # whatever earlier tests left in the slots.
-EXACT = {**T0, "cache_prompt": False}
+EXACT = {**T0, **NO_PREFIX_REUSE}
 # At temperature 0 the default model writes this story to any max_tokens up to 1,500 without
 # stopping (a fixed path, see EXACT), so a run with it lasts until it is cancelled: 1,500 tokens
 # are seconds of work on any machine, where the cancels below land within a round trip.

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import Server, start_server, stop_server
+from tests.conftest import Server, start_server, stop_server, wait_until
 from tests.e2e.test_http import wait_idle
 
 pytestmark = pytest.mark.slow
@@ -40,13 +39,6 @@ def stream_text(server: Server, body: dict[str, Any], on_token: Any = None) -> t
                         on_token(n)
                 finish = ch["finish_reason"] or finish
     return text, finish, n
-
-
-def wait_for(cond: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
 
 
 def test_cancel_inside_a_shared_prefill_keeps_the_neighbour_exact(server: Server) -> None:
@@ -81,7 +73,7 @@ def test_cancel_inside_a_shared_prefill_keeps_the_neighbour_exact(server: Server
         assert started.wait(120)
         tl = threading.Thread(target=long)
         tl.start()
-        wait_for(lambda: server.metric("hearth_running_sequences") == 2)  # the long prompt is prefilling
+        wait_until(lambda: server.metric("hearth_running_sequences") == 2)  # the long prompt is prefilling
         r = httpx.post(f"{server.base_url}/cancel", json={"cancel_id": f"long-{attempt}"}, timeout=10)
         assert r.status_code == 200 and r.json()["cancelled"] == 1
         tl.join(120)

@@ -7,13 +7,12 @@ import pytest
 from openai import OpenAI
 
 from hearth.models import DEFAULT_MODEL_ID
-from tests.conftest import Server
+from tests.conftest import EXACT, Server
 
 pytestmark = pytest.mark.slow
 
 # Comparisons between two requests recompute the whole prompt: llama.cpp's kernels are not
 # batch-invariant, so logits from a cached prefix may differ in low-order bits (see docs/api.md).
-EXACT = {"cache_prompt": False}
 
 PROMPTS = [
     "What is the capital of France?",

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server
+from tests.conftest import EXACT, Server
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,6 @@ def finish_of(path: str, data: dict[str, Any]) -> tuple[str, Any, int]:
 # responses and messages render the same prompt, and a prefix reused from an earlier request can
 # change the last bits of the logits (docs/api.md, Reproducibility). Recomputed, each request
 # takes the same path on every run, whatever ran before it.
-EXACT = {"cache_prompt": False}
 LOOPS: dict[str, dict[str, Any]] = {
     "/chat/completions": ask(LOOPING_CHAT, max_tokens=120, **EXACT),
     "/completions": {"prompt": LOOPING_PROMPT, "temperature": 0, "max_tokens": 120, **EXACT},

@@ -13,12 +13,11 @@ from openai import OpenAI
 from pydantic import BaseModel
 
 from hearth.models import DEFAULT_MODEL_ID
-from tests.conftest import Server
+from tests.conftest import EXACT, Server
 from tests.e2e.test_http import wait_idle
 
 pytestmark = pytest.mark.slow
 
-EXACT = {"cache_prompt": False}  # see test_openai_sdk.py: bit-exact repeats recompute the prompt
 SHORT = "Reply with one word: yes or no. Is the sky blue?"  # the default model answers "No" and stops
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",

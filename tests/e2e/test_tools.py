@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel
 
-from tests.conftest import Server
+from tests.conftest import EXACT, Server
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,6 @@ pytestmark = pytest.mark.slow
 # that fits max_tokens, a non-empty answer) or compares two runs: ASK is sent by most tests here,
 # and a prefix reused from an earlier one can change the last bits of the logits. Recomputed, each
 # request takes the same path on every run, whatever ran before it.
-EXACT = {"cache_prompt": False}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {
