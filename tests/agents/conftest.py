@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import Server, start_server, stop_server
+from tests.helpers import Server, start_server, stop_server
 
 # One line per HTTP request in Hearth's log: "[req_…] POST /v1/responses 200 1234.5ms".
 ACCESS_LINE = re.compile(r"\] (GET|POST|PUT|PATCH|DELETE|HEAD) (\S+) (\d{3}) ")

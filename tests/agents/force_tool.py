@@ -55,7 +55,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 ANSWER_CHARS = 120  # the final answer's sentence, at most
 # The final answer: a JSON object with one short sentence. Plain printable ASCII without quotes or

@@ -25,7 +25,7 @@ import pytest
 from tests.agents.clients import CLAUDE, claude_env, run
 from tests.agents.conftest import statuses
 from tests.agents.force_tool import ForceToolProxy
-from tests.conftest import Server
+from tests.helpers import Server
 
 MARK = "hearth-tool-ok-7f3a"
 COMMAND = f"echo {MARK}"

@@ -3,11 +3,9 @@ through httpx.ASGITransport. No port, no model: the whole suite runs in seconds.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,19 +38,6 @@ class Harness:
         assert r.status_code == 200, r.text
         assert r.headers["content-type"].startswith("text/event-stream")
         return parse_sse(r.text)
-
-    async def until(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-        """Wait for `condition` (work another thread finishes), failing after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline, "the condition did not hold in time"
-            await asyncio.sleep(0.005)
-
-    def metric(self, text: str, name: str) -> float:
-        for line in text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                return float(line.rsplit(" ", 1)[1])
-        raise KeyError(name)
 
 
 def parse_sse(text: str) -> list[tuple[str | None, Any]]:

@@ -21,6 +21,7 @@ from hearth.chat.template import ChatTemplate
 from hearth.models import ModelSpec
 from tests.api.conftest import Harness, serve
 from tests.fakes import SMOL, ScriptedRunner
+from tests.helpers import until
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 50}
 
@@ -89,7 +90,7 @@ async def test_a_request_meeting_a_full_queue_is_a_429_queue_full_at_once(tmp_pa
     async with one_slot(tmp_path, max_waiting=1, max_wait=60) as h:
         holder, gate = await hold_the_slot(h)
         waiter = asyncio.create_task(h.post("/v1/chat/completions", CHAT))
-        await h.until(lambda: admission(h).waiting == 1)
+        await until(lambda: admission(h).waiting == 1)
         r = await h.post("/v1/chat/completions", {**CHAT, "stream": True})  # refused before any stream starts
         assert r.status_code == 429 and r.headers["content-type"].startswith("application/json"), r.text
         assert r.json()["error"]["code"] == "queue_full" and int(r.headers["retry-after"]) >= 1

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from hearth.cli.main import app
-from tests.conftest import Server, start_server, stop_server
+from tests.helpers import Server, sample, start_server, stop_server
 
 
 @pytest.fixture(scope="package")
@@ -35,14 +35,7 @@ def run_json(*args: str) -> Any:
 
 def metric(url: str, name: str, **labels: str) -> float:
     """One Prometheus sample (0 when absent), matched on name and every given label."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    for line in text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        if head.split("{", 1)[0] == name and all(f'{k}="{v}"' in head for k, v in labels.items()):
-            return float(value)
-    return 0.0
+    return sample(httpx.get(f"{url}/metrics", timeout=10).text, name, default=0.0, **labels)
 
 
 

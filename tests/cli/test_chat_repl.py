@@ -13,7 +13,7 @@ import pexpect
 import pytest
 
 from tests.cli.conftest import blocked_reading_input, metric, run
-from tests.conftest import Server, free_port, wait_until
+from tests.helpers import Server, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 
 from hearth.cli.docs import PROMPT, collect, documents_message
 from tests.cli.conftest import metric
-from tests.conftest import Server, wait_until
+from tests.helpers import Server, wait_until
 
 pytestmark = pytest.mark.slow
 

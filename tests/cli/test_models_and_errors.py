@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.cli.conftest import run
-from tests.conftest import Server, free_port
+from tests.helpers import Server, free_port
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.cli.conftest import run
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow
 

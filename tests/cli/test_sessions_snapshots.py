@@ -16,7 +16,7 @@ import pytest
 from hearth.cli.daemon import Daemon
 from hearth.cli.server import gather_status
 from tests.cli.conftest import run, run_json
-from tests.conftest import Server
+from tests.helpers import Server
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ import pytest
 from anthropic import Anthropic
 
 from hearth.models import DEFAULT_MODEL_ID
-from tests.conftest import EXACT as NO_PREFIX_REUSE
-from tests.conftest import Server
 from tests.e2e.test_http import wait_idle
+from tests.helpers import EXACT as NO_PREFIX_REUSE
+from tests.helpers import Server
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import Server, start_server, stop_server
 from tests.e2e.test_http import chat_body
+from tests.helpers import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server
 from tests.e2e.test_http import chat_body, wait_idle
+from tests.helpers import Server
 
 pytestmark = pytest.mark.slow
 
@@ -189,7 +189,7 @@ async def test_racing_cancels_and_disconnects_leave_nothing_behind(server: Serve
 
 
 def test_shutdown_ends_open_streams_cleanly(tmp_path: Any) -> None:
-    from tests.conftest import start_server
+    from tests.helpers import start_server
 
     s = start_server(tmp_path, "--parallel", "2", "--ctx", "1024")
     try:

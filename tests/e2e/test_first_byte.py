@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server, start_server, stop_server
+from tests.helpers import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import start_server, stop_server
+from tests.helpers import start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"

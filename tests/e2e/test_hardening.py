@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.conftest import Server
+from tests.helpers import Server
 
 USER = [{"role": "user", "content": "hi"}]
 

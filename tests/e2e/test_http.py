@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server
+from tests.helpers import Server, sample, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -32,12 +32,8 @@ def chat_body(**kw: Any) -> dict[str, Any]:
 def wait_idle(server: Server, timeout: float = 120.0) -> None:
     """Until nothing runs or waits (a condition with a generous deadline: on a machine shared
     with other llama.cpp processes a step can take seconds)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.metric("hearth_running_sequences") == 0 and server.metric("hearth_waiting_requests") == 0:
-            return
-        time.sleep(0.02)
-    raise AssertionError("the engine did not go idle")
+    wait_until(lambda: server.metric("hearth_running_sequences") == 0
+               and server.metric("hearth_waiting_requests") == 0, "the engine to go idle", timeout)
 
 
 def test_health_and_tokenizer_round_trip(server: Server) -> None:
@@ -155,8 +151,7 @@ async def test_eight_streams_run_together_while_a_ninth_waits(server: Server) ->
         deadline = time.monotonic() + 120
         while True:
             text = (await client.get(f"{server.url}/metrics")).text
-            if any(line.startswith(f"{name}{{") and float(line.rsplit(" ", 1)[1]) == value
-                   for line in text.splitlines()):
+            if sample(text, name, default=-1.0) == value:
                 return
             assert time.monotonic() < deadline, f"{name} never reached {value}"
             await asyncio.sleep(0.02)

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server, start_server, stop_server, wait_until
 from tests.e2e.test_http import wait_idle
+from tests.helpers import Server, start_server, stop_server, wait_until
 
 pytestmark = pytest.mark.slow
 

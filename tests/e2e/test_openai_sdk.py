@@ -7,7 +7,7 @@ import pytest
 from openai import OpenAI
 
 from hearth.models import DEFAULT_MODEL_ID
-from tests.conftest import EXACT, Server
+from tests.helpers import EXACT, Server
 
 pytestmark = pytest.mark.slow
 

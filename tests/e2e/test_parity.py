@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import EXACT, Server
+from tests.helpers import EXACT, Server
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ from openai import OpenAI
 from pydantic import BaseModel
 
 from hearth.models import DEFAULT_MODEL_ID
-from tests.conftest import EXACT, Server
 from tests.e2e.test_http import wait_idle
+from tests.helpers import EXACT, Server
 
 pytestmark = pytest.mark.slow
 

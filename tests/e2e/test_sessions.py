@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import Server, start_server, stop_server
+from tests.helpers import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel
 
-from tests.conftest import EXACT, Server
+from tests.helpers import EXACT, Server
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Server, start_server, stop_server
+from tests.helpers import Server, start_server, stop_server
 
 CHROMIUM = os.environ.get("HEARTH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 API_KEY = "web-test-key"

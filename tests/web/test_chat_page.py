@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server
+from tests.helpers import Server, sample, wait_until
 from tests.web.conftest import API_KEY
 
 pytestmark = pytest.mark.slow
@@ -89,20 +89,18 @@ def stats_numbers(page: Any) -> dict[str, int]:
 
 
 def wait_idle(server: Server, key: str | None = None, timeout: float = 120) -> dict[str, float]:
-    """The server's run gauges once nothing runs (or what they said at the deadline)."""
+    """The server's run gauges once nothing runs (failing if that never happens)."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     names = ("hearth_running_sequences", "hearth_cancel_registry_runs", "hearth_waiting_requests")
-    deadline = time.monotonic() + timeout
-    while True:
+    values: dict[str, float] = {}
+
+    def idle() -> bool:
         text = httpx.get(f"{server.url}/metrics", headers=headers, timeout=10).text
-        values = {}
-        for line in text.splitlines():
-            for name in names:
-                if line.startswith((name + "{", name + " ")):
-                    values[name] = float(line.rsplit(" ", 1)[1])
-        if all(v == 0 for v in values.values()) or time.monotonic() > deadline:
-            return values
-        time.sleep(0.2)
+        values.update({name: sample(text, name) for name in names})
+        return all(v == 0 for v in values.values())
+
+    wait_until(idle, "the server to go idle", timeout)
+    return values
 
 
 def cancel_calls(server: Server) -> float:

@@ -28,7 +28,7 @@ import openai
 import pytest
 
 from hearth.models import resolve_model
-from tests.conftest import Server, free_port, start_server, stop_server, wait_healthy
+from tests.helpers import Server, free_port, start_server, stop_server, wait_healthy, wait_until
 
 NODE_ARGS = ("--parallel", "2", "--ctx", "1024", "--threads", "1",  # several nodes share the cores
              "--sse-heartbeat", "0.5")  # a silent stream beats often: the gateway's stall timeout can be short
@@ -108,14 +108,7 @@ class Gateway:
         return str(self.admin("GET", f"/admin/sessions/{sid}").json()["node"])
 
     def wait(self, ok: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-        wait(ok, what, timeout)
-
-
-def wait(ok: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+        wait_until(ok, what, timeout, interval=0.05)
 
 
 def start_gateway(tmp: Path, toml: str, *args: str) -> Gateway:

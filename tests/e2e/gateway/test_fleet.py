@@ -15,7 +15,6 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import Server
 from tests.e2e.gateway.conftest import (
     GW_ADMIN,
     GW_KEY,
@@ -29,8 +28,8 @@ from tests.e2e.gateway.conftest import (
     start_gateway,
     stop,
     upstreams_toml,
-    wait,
 )
+from tests.helpers import Server, sample, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fleet")]  # all of it up
 
@@ -153,15 +152,14 @@ def test_a_client_leaving_mid_stream_stops_the_node(gw: Gateway, nodes: dict[str
                 received += 1
                 if received == 10:
                     break  # leaving: the connection closes here
-    wait(lambda: node_metric(node, by_disconnect) > cancelled[node], "the node to cancel the run", 120)
+    wait_until(lambda: node_metric(node, by_disconnect) > cancelled[node], "the node to cancel the run", 120)
     produced = node_metric(node, "hearth_generated_tokens_total") - before
     assert produced < LONG_TOKENS, f"{produced} tokens: the run went on to its end after the client left"
 
 
 def metric(gw: Gateway, name: str) -> float:
     text = httpx.get(gw.url + "/metrics", headers={"Authorization": f"Bearer {GW_KEY}"}).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+    return sample(text, name, default=0.0)
 
 
 def test_routing_quality_is_measured(fleet: Fleet, gw: Gateway, oai: openai.OpenAI) -> None:
@@ -292,7 +290,7 @@ def test_overload_answers_only_200_and_429(nodes: dict[str, Server], tmp_path: P
                 assert hog.status_code == 200
             assert all(st["in_flight"] == 1 for st in g.status().values())
             burst = [ex.submit(one, i) for i in range(4)]
-            wait(lambda: sum(f.done() for f in burst) == 3, "three of the burst to be refused")
+            wait_until(lambda: sum(f.done() for f in burst) == 3, "three of the burst to be refused")
             assert g.admin("GET", "/admin/status").json()["waiting"] == 1
             held.close()  # the clients of the long streams leave: their nodes free up
             answers = [f.result() for f in burst]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from hearth.engine import Engine, EngineRequest, FinishReason, RequestOutput, SamplingParams
 from hearth.engine.fake_runner import FakeRunner
 from hearth.engine.types import ContextOverflow
+from tests.helpers import until, wait_until
 
 SCRIPT = FakeRunner.script
 
@@ -38,22 +38,6 @@ async def run(eng: Engine, req: EngineRequest) -> tuple[dict[int, str], dict[int
             if d.finish_reason:
                 reasons[d.index] = d.finish_reason
     return texts, reasons, outs
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    """Wait for the engine thread to reach `condition`, failing after `timeout` (a deadline for
-    a hang, generous for a loaded CI machine: it never decides a verdict)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        time.sleep(0.002)
-
-
-async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        await asyncio.sleep(0.002)
 
 
 def req(rid: str, prompt: str = "hello", **kw: object) -> EngineRequest:

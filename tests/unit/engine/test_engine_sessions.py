@@ -11,7 +11,8 @@ from hearth.engine import Engine, EngineRequest, SamplingParams
 from hearth.engine.fake_runner import FakeRunner
 from hearth.engine.swap import SwapStore, read_kv_file, write_kv_file
 from hearth.engine.types import ContextOverflow
-from tests.unit.engine.test_engine import run, wait_until
+from tests.helpers import wait_until
+from tests.unit.engine.test_engine import run
 
 
 def sreq(rid: str, prompt: list[int], owner: str | None, max_tokens: int = 3, **kw: object) -> EngineRequest:
