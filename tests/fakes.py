@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from hearth.backends.base import ModelCard
-from hearth.backends.local import LocalBackend
-from hearth.backends.local_model import EngineSettings
+from hearth.backends.local.backend import LocalBackend
+from hearth.backends.local.model import EngineSettings
 from hearth.chat.template import ChatTemplate
 from hearth.engine.fake_runner import EOS, FakeRunner
 from hearth.engine.runner import BatchEntry

@@ -10,8 +10,8 @@ from hearth.models import ModelSpec
 
 def build_backend(settings: Settings, specs: list[ModelSpec]) -> Backend:
     """The local engine over `specs`; ValueError for settings it cannot run with."""
-    from hearth.backends.local import LocalBackend
-    from hearth.backends.local_model import EngineSettings
+    from hearth.backends.local.backend import LocalBackend
+    from hearth.backends.local.model import EngineSettings
 
     return LocalBackend(specs, EngineSettings(
         ctx=settings.ctx, parallel=settings.parallel, threads=settings.threads, batch=settings.batch,

@@ -1,7 +1,7 @@
 """The model-runner interface the engine drives, and a batch entry.
 
 A runner owns the model, its context (KV cache) and native samplers. It is used only from
-the engine thread. `hearth.backends.llamacpp.LlamaCppRunner` is the real one;
+the engine thread. `hearth.backends.llamacpp.runner.LlamaCppRunner` is the real one;
 `hearth.engine.fake_runner.FakeRunner` is a deterministic stand-in for unit tests.
 """
 

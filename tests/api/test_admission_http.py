@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hearth.backends.base import ModelCard
-from hearth.backends.local import LocalBackend
-from hearth.backends.local_model import EngineSettings
+from hearth.backends.local.backend import LocalBackend
+from hearth.backends.local.model import EngineSettings
 from hearth.chat.template import ChatTemplate
 from hearth.models import ModelSpec
 from tests.api.conftest import Harness, serve

@@ -19,8 +19,8 @@ from starlette.testclient import TestClient
 
 from hearth.api.app import create_app
 from hearth.backends.base import ModelCard
-from hearth.backends.local import LocalBackend
-from hearth.backends.local_model import EngineSettings
+from hearth.backends.local.backend import LocalBackend
+from hearth.backends.local.model import EngineSettings
 from hearth.chat.template import ChatTemplate
 from hearth.config import Settings
 from hearth.engine.fake_runner import FakeSampler

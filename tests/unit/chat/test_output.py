@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hearth.backends.local import LocalBackend
+from hearth.backends.local.backend import LocalBackend
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs
 from hearth.chat.template import ChatTemplate

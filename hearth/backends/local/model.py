@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hearth.backends.admission import AdmissionQueue
 from hearth.backends.base import ModelCard, ModelLimits
-from hearth.backends.prompt_size import check_fits, longest_token
+from hearth.backends.local.admission import AdmissionQueue
+from hearth.backends.local.prompt_size import check_fits, longest_token
 from hearth.chat.reasoning import think_markers
 from hearth.chat.system_turns import renders_late_system
 from hearth.chat.template import ChatTemplate
@@ -57,7 +57,7 @@ class LocalModel:
     template: ChatTemplate
     card: ModelCard
     admission: AdmissionQueue
-    longest_token: int  # bytes of text the longest token stands for (hearth.backends.prompt_size)
+    longest_token: int  # bytes of text the longest token stands for (hearth.backends.local.prompt_size)
     aliases: set[str] = field(default_factory=set)
     tool_parser: str = "hermes"
     native_tools: bool = False  # the template renders tools (else Hearth describes them as text)
@@ -83,7 +83,7 @@ RunnerFactory = Callable[[ModelSpec, EngineSettings], tuple[Runner, ModelCard, C
 
 
 def llamacpp_factory(spec: ModelSpec, settings: EngineSettings) -> tuple[Runner, ModelCard, ChatTemplate]:
-    from hearth.backends.llamacpp import LlamaCppRunner
+    from hearth.backends.llamacpp.runner import LlamaCppRunner
 
     runner = LlamaCppRunner(spec.path, seq_ctx=settings.ctx, n_seq_max=settings.parallel,
                             n_batch=settings.batch, n_threads=settings.threads,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hearth.backends.llamacpp import LlamaCppRunner, _kv_type_name
+from hearth.backends.llamacpp.runner import LlamaCppRunner, _kv_type_name
 from hearth.models import embedded_model_path
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelStats, SessionKV
-from hearth.backends.local_events import admit, cancelled_while_queued, engine_events, parsed
-from hearth.backends.local_kv import LocalSessionKV
-from hearth.backends.local_model import EngineSettings, LocalModel, RunnerFactory, llamacpp_factory, load_model
+from hearth.backends.local.events import admit, cancelled_while_queued, engine_events, parsed
+from hearth.backends.local.kv import LocalSessionKV
+from hearth.backends.local.model import EngineSettings, LocalModel, RunnerFactory, llamacpp_factory, load_model
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs
 from hearth.chat.system_turns import place_system_turns

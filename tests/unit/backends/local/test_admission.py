@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from hearth.backends.admission import AdmissionQueue
+from hearth.backends.local.admission import AdmissionQueue
 from hearth.errors import TooManyRequests
 
 

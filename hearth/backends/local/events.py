@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from hearth.backends.admission import AdmissionQueue
+from hearth.backends.local.admission import AdmissionQueue
 from hearth.chat.cancel import CancelToken
 from hearth.chat.output import OutputParser
 from hearth.chat.types import ChatEvent, Done, Finish, Started, TextDelta, Timings, Usage

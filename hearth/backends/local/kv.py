@@ -4,27 +4,18 @@ host RAM or disk), moved by calls that run on the engine thread between steps.""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from hearth.backends.base import KVIdentity, KVInfo, KVState, Residency
-from hearth.backends.local_model import LocalModel
+from hearth.backends.local.model import LocalModel
 from hearth.engine import Engine
 from hearth.errors import Conflict
+from hearth.hashing import sha256_file
 
 T = TypeVar("T")
 
 _RESIDENCY: dict[str, Residency] = {"resident": "resident", "host": "host", "disk": "disk"}
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 class LocalSessionKV:
@@ -54,7 +45,7 @@ class LocalSessionKV:
         m = self._lookup(model)
         sha = self._model_sha.get(m.spec.id)
         if sha is None:  # hashing a multi-GB file takes seconds: once, off the loop
-            sha = self._model_sha[m.spec.id] = await asyncio.to_thread(_sha256_file, m.spec.path)
+            sha = self._model_sha[m.spec.id] = await asyncio.to_thread(sha256_file, m.spec.path)
         identity: dict[str, Any] = {"id": m.spec.id, "sha256": sha, "arch": m.card.meta.get("architecture"),
                                     "n_ctx_train": m.card.meta.get("n_ctx_train")}
         # The runner's fingerprint is the one description of what KV bytes depend on (swap files

@@ -5,7 +5,7 @@ times per decode). A ctypes Python callback would take the GIL each time, racing
 loop for it; instead the callback is three lines of C (`abort_flag.c`) that read one int, and
 `AbortFlag.set()` writes that int from whichever thread wants the decode to stop.
 
-The shared library is compiled once by `scripts/setup.sh` (`python -m hearth.backends.abort_flag`)
+The shared library is compiled once by `scripts/setup.sh` (`python -m hearth.backends.llamacpp.abort_flag`)
 into `$HEARTH_CACHE/native/` (default `~/.cache/hearth/native/`), named by the source's hash so
 an edit rebuilds it. If it is missing at run time it is built then (a C compiler takes well
 under a second); without a compiler the runner simply cannot stop a decode midway, and

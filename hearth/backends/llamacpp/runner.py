@@ -7,7 +7,8 @@ The batch is our own `llama_batch` whose arrays are numpy buffers, so filling it
 vectorised copies per step instead of a Python loop per token.
 
 Used only from the engine thread (a llama.cpp context is not thread-safe); `tokenize` and
-`token_bytes` only read the vocabulary and are safe from any thread.
+`token_bytes` only read the vocabulary and are safe from any thread. Its samplers are
+`sampler.NativeSampler`; the byte layout of saved sequence state is `seq_state`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import llama_cpp as L
 import numpy as np
 from llama_cpp import _logger as llama_logger
 
-from hearth.backends.abort_flag import AbortFlag, callback_address
+from hearth.backends.llamacpp import seq_state
+from hearth.backends.llamacpp.abort_flag import AbortFlag, callback_address
+from hearth.backends.llamacpp.sampler import NativeSampler
 from hearth.engine.runner import BatchEntry, DecodeAborted
 from hearth.engine.types import SamplingParams
 
@@ -254,48 +257,30 @@ class LlamaCppRunner:
         return bytes(buf)
 
     def _state_header_len(self) -> int:
-        """Bytes llama.cpp writes before the stream count (a magic and version in this build),
-        measured once on the state of an empty sequence: header, u32 n_stream, n_stream zeros."""
+        """Measured once, on the state of an empty sequence (see `seq_state.header_len`)."""
         if self._state_header is None:
-            n_stream = 1 if self.kv_unified else self.n_seq_max
             free = next((s for s in range(self.n_seq_max)
                          if L.llama_memory_seq_pos_max(self.mem, s) < 0), None)
             if free is None:
                 raise RuntimeError("no empty sequence to measure the state header on")
-            empty = self._state_bytes(free)
-            h = len(empty) - 4 - 4 * n_stream
-            if h < 0 or int.from_bytes(empty[h:h + 4], "little") != n_stream or any(empty[h + 4:]):
-                raise RuntimeError("unexpected layout of llama.cpp's sequence state")
-            self._state_header = h
+            n_stream = 1 if self.kv_unified else self.n_seq_max
+            self._state_header = seq_state.header_len(self._state_bytes(free), n_stream)
         return self._state_header
 
     def state_get(self, seq_id: int) -> bytes:
-        """The KV state of one sequence, in a form that does not depend on --parallel.
-
-        llama.cpp writes a short header, a u32 stream count, then one block per KV stream
-        (cell count, cell positions, each layer's K and V rows; an empty stream is a zero cell
-        count). With one stream per sequence only this sequence's stream is non-empty, so the
-        bytes are normalized to a single-stream state; `state_set` pads the empty streams back,
-        so a snapshot loads into a server with any number of slots."""
+        """The KV state of one sequence, in a form that does not depend on --parallel: one
+        stream, whatever the number of slots (hearth.backends.llamacpp.seq_state)."""
         h = self._state_header_len()
         data = self._state_bytes(seq_id)
-        if self.kv_unified:
-            return data
-        before, after = 4 * seq_id, 4 * (self.n_seq_max - 1 - seq_id)
-        block = data[h + 4 + before: len(data) - after]
-        if (int.from_bytes(data[h:h + 4], "little") != self.n_seq_max or any(data[h + 4: h + 4 + before])
-                or any(data[len(data) - after:]) or len(block) < 4):
-            raise RuntimeError("unexpected layout of llama.cpp's sequence state")
-        return data[:h] + (1).to_bytes(4, "little") + block
+        return data if self.kv_unified else seq_state.single_stream(data, h, seq_id, self.n_seq_max)
 
     def state_set(self, seq_id: int, data: bytes) -> None:
         """Replace the KV of `seq_id` with `state_get` bytes; ValueError if llama.cpp rejects
         them (another model, KV type or layout), in which case the sequence is left empty."""
         h = self._state_header_len()
-        if len(data) < h + 8 or int.from_bytes(data[h:h + 4], "little") != 1:
-            raise ValueError("not a single-stream sequence state")
-        if not self.kv_unified:  # llama.cpp reads a non-empty block into the sequence's own stream
-            data = data[:h] + self.n_seq_max.to_bytes(4, "little") + data[h + 4:] + bytes(4 * (self.n_seq_max - 1))
+        seq_state.check_single_stream(data, h)
+        if not self.kv_unified:
+            data = seq_state.as_streams(data, h, self.n_seq_max)
         L.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         if L.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id) == 0:
@@ -366,78 +351,3 @@ def _kv_type_name(type_k: int, type_v: int) -> str:
     """"f16", or "q8_0/f16" when K and V differ."""
     k, v = (GGML_TYPE_NAMES.get(t, f"ggml_type_{t}") for t in (type_k, type_v))
     return k if k == v else f"{k}/{v}"
-
-
-class NativeSampler:
-    """A llama.cpp sampler chain for one sequence: grammar → logit bias → penalties → top-k →
-    top-p → min-p → temperature → seeded draw (or greedy).
-
-    The grammar comes first so every later stage (greedy included) sees only tokens it allows
-    (it sets the others to -inf, and nothing later raises them again); once the grammar is
-    complete it allows only end-of-generation tokens, so ignore_eos does not apply to it."""
-
-    def __init__(self, runner: LlamaCppRunner, params: SamplingParams) -> None:
-        self._runner = runner
-        # Plain greedy is an argmax over the logits row: llama.cpp's chain would first copy all
-        # n_vocab logits into a candidate array (~0.15 ms a token here, on the engine thread,
-        # while the compute threads wait). Same token: both take the first maximum.
-        self._argmax = (params.greedy and params.grammar is None and not params.logit_bias
-                        and params.repetition_penalty == 1.0
-                        and not params.frequency_penalty and not params.presence_penalty)
-        self._no_eog = params.ignore_eos
-        self._chain = None
-        if self._argmax:
-            return
-        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        self._chain = chain
-        if params.grammar is not None:
-            grammar = L.llama_sampler_init_grammar(runner.vocab, params.grammar.encode(), b"root")
-            if not grammar:
-                self.free()
-                raise ValueError("the grammar is not valid GBNF")
-            L.llama_sampler_chain_add(chain, grammar)
-        bias = dict(params.logit_bias)
-        if params.ignore_eos and params.grammar is None:
-            for t in runner.eog_tokens:
-                bias[t] = float("-inf")
-        if bias:
-            arr: Any = (L.llama_logit_bias * len(bias))()  # its fields are declared as ctypes, set as ints
-            for i, (tok, b) in enumerate(bias.items()):
-                if not 0 <= tok < runner.n_vocab:
-                    self.free()
-                    raise ValueError(f"logit_bias token {tok} is out of range [0, {runner.n_vocab})")
-                arr[i].token = tok
-                arr[i].bias = b
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(runner.n_vocab, len(bias), arr))
-        if (params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty):
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
-                runner.n_vocab, params.penalty_last_n, params.repetition_penalty,
-                params.frequency_penalty, params.presence_penalty))
-        if params.greedy:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
-            return
-        if params.top_k > 0:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(params.top_k))
-        if params.top_p < 1.0:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(params.top_p, 1))
-        if params.min_p > 0.0:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(params.min_p, 1))
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(params.temperature))
-        seed = params.seed if params.seed is not None else L.LLAMA_DEFAULT_SEED
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-
-    def sample(self, logits_index: int) -> int:
-        if self._argmax:
-            row = self._runner.logits(logits_index)
-            token = int(np.argmax(row))
-            if self._no_eog and self._runner.is_eog(token):  # ignore_eos: as a -inf bias on them
-                row = row.copy()
-                row[self._runner.eog_tokens] = -np.inf
-                token = int(np.argmax(row))
-            return token
-        return int(L.llama_sampler_sample(self._chain, self._runner.ctx, logits_index))
-
-    def free(self) -> None:
-        if self._chain is not None:
-            L.llama_sampler_free(self._chain)
-            self._chain = None
