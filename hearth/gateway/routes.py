@@ -16,26 +16,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from hearth.api.auth import matches, presented_key
 from hearth.api.parsing import read_json, read_json_or_empty
 from hearth.errors import BadRequest, Forbidden, NotFound, Unavailable
-from hearth.gateway.migrate import Mover
+from hearth.gateway.context import gateway_of
 from hearth.gateway.pool import Node, Pool
-from hearth.gateway.proxy import Proxy, forwarded_headers
+from hearth.gateway.proxy import forwarded_headers
 from hearth.observability.logging import request_id
 from hearth.sessions.ids import check_session_id
 
 
 def _pool(request: Request) -> Pool:
-    pool: Pool = request.app.state.pool
-    return pool
-
-
-def _proxy(request: Request) -> Proxy:
-    proxy: Proxy = request.app.state.proxy
-    return proxy
+    return gateway_of(request.app).pool
 
 
 def _client(request: Request) -> httpx.AsyncClient:
-    client: httpx.AsyncClient = request.app.state.client
-    return client
+    return gateway_of(request.app).client
 
 
 # ---- generation -----------------------------------------------------------------------------
@@ -76,10 +69,11 @@ class Delegate(Response):
 
 async def generate(request: Request) -> Response:
     body = await read_json(request)
-    alias = _pool(request).resolve(body.get("model"))
-    if alias in request.app.state.translated:
-        return Delegate(request.app.state.translator, json.dumps({**body, "model": alias}).encode())
-    return await _proxy(request).generate(request, body)
+    gw = gateway_of(request.app)
+    alias = gw.pool.resolve(body.get("model"))
+    if gw.translator is not None and alias in gw.translated:
+        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode())
+    return await gw.proxy.generate(request, body)
 
 
 # ---- models and health ----------------------------------------------------------------------
@@ -90,15 +84,16 @@ def _card(alias: str, created: int) -> dict[str, Any]:
 
 
 async def list_models(request: Request) -> Response:
-    created = request.app.state.started
-    return JSONResponse({"object": "list", "data": [_card(a, created) for a in _pool(request).settings.aliases()]})
+    gw = gateway_of(request.app)
+    return JSONResponse({"object": "list", "data": [_card(a, gw.started) for a in gw.settings.aliases()]})
 
 
 async def get_model(request: Request) -> Response:
+    gw = gateway_of(request.app)
     alias = request.path_params["model"]
-    if alias not in _pool(request).settings.aliases():
+    if alias not in gw.settings.aliases():
         raise NotFound(f"The model {alias!r} does not exist", param="model", code="model_not_found")
-    return JSONResponse(_card(alias, request.app.state.started))
+    return JSONResponse(_card(alias, gw.started))
 
 
 async def health(request: Request) -> Response:
@@ -191,7 +186,7 @@ async def session_route(request: Request) -> Response:
     elif request.method == "POST" and r.status_code == 200:  # rollback / resize changed the transcript
         saved = pool.store.transcript(sid)
         alias = saved[0] if saved else next(iter(node.up.models))
-        _proxy(request).continuity.session_done(node, sid, alias)
+        gateway_of(request.app).proxy.continuity.session_done(node, sid, alias)
     return _answer(r)
 
 
@@ -278,7 +273,7 @@ async def cancel(request: Request) -> Response:
         if r.status_code >= 400:
             return _answer(r)  # the same validation everywhere: the first refusal speaks for all
         total += int(r.json().get("cancelled", 0))
-    translator = request.app.state.translator
+    translator = gateway_of(request.app).translator
     if translator is not None:  # runs on openai-kind upstreams are registered here, in the gateway
         ids = [v for k in ("completion_id", "response_id", "message_id") if isinstance(v := body.get(k), str)]
         cancel_id = body.get("cancel_id") if isinstance(body.get("cancel_id"), str) else None
@@ -295,8 +290,9 @@ async def response_route(request: Request) -> Response:
     if name in pool.nodes:
         return await _send(request, pool.nodes[name])
     found = (await _first_found(request, _live(pool)))[1] if _live(pool) else None
-    if (found is None or found.status_code == 404) and request.app.state.translator is not None:
-        return Delegate(request.app.state.translator, await request.body())  # a translated model's response
+    translator = gateway_of(request.app).translator
+    if (found is None or found.status_code == 404) and translator is not None:
+        return Delegate(translator, await request.body())  # a translated model's response
     if found is None:
         raise NotFound("no such response", code="response_not_found")
     return _answer(found)
@@ -304,11 +300,12 @@ async def response_route(request: Request) -> Response:
 
 async def by_model(request: Request) -> Response:
     """count_tokens, tokenize, detokenize: any live node that serves the model."""
-    pool = _pool(request)
+    gw = gateway_of(request.app)
+    pool = gw.pool
     body = await read_json(request)
     alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.settings.aliases()))
-    if alias in request.app.state.translated:  # its backend says what it can and cannot count
-        return Delegate(request.app.state.translator, json.dumps({**body, "model": alias}).encode())
+    if gw.translator is not None and alias in gw.translated:  # its backend says what it can and cannot count
+        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode())
     now = pool.clock()
     options = [n for n in pool.nodes.values() if alias in n.up.models and n.routable(now) and n.up.kind == "hearth"]
     if not options:
@@ -356,13 +353,13 @@ async def session_status(request: Request) -> Response:
 
 async def drain(request: Request) -> Response:
     _require_admin(request)
-    mover: Mover = request.app.state.mover
+    mover = gateway_of(request.app).mover
     return JSONResponse(await mover.drain(request.path_params["node"]))
 
 
 async def undrain(request: Request) -> Response:
     _require_admin(request)
-    mover: Mover = request.app.state.mover
+    mover = gateway_of(request.app).mover
     return JSONResponse(mover.undrain(request.path_params["node"]))
 
 
@@ -372,5 +369,5 @@ async def move_session(request: Request) -> Response:
     to = body.get("to")
     if to is not None and not isinstance(to, str):
         raise BadRequest("to must be a node name", param="to")
-    mover: Mover = request.app.state.mover
+    mover = gateway_of(request.app).mover
     return JSONResponse(await mover.move(check_session_id(request.path_params["session_id"]), to))
