@@ -4,7 +4,7 @@ it, relay its answer (`relay.py`), record where the conversation now lives.
 A node that fails before the client's first byte is left for another (`retry.py`: which
 failures, and the error once every node failed). A session the gateway holds is made present on
 the chosen node first (`continuity.py`), and re-created there if the node lost it.
-The client's Authorization / x-api-key are never forwarded: each node gets its own key.
+The client's headers go to the node as `headers.forwarded_headers` says.
 """
 
 from __future__ import annotations
@@ -22,33 +22,19 @@ from hearth.api.sse import json_bytes
 from hearth.errors import TooManyRequests
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.continuity import Continuity
+from hearth.gateway.headers import forwarded_headers, passed_headers
 from hearth.gateway.health import counts_as_failure
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Lease, Node, Pool
-from hearth.gateway.relay import Relay, Scan, passed_headers
+from hearth.gateway.relay import Relay, Scan
 from hearth.gateway.retry import RETRY_STATUSES, Retry, exhausted, refused
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.terminal import Protocol, protocol_of
 from hearth.gateway.transcripts import TranscriptStore
 from hearth.gateway.upstream_http import Answer, Buffered, Sender
-from hearth.observability.logging import request_id
 from hearth.sessions.ids import check_session_id
 
 log = logging.getLogger("hearth.gateway")
-
-FORWARD_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta", "openai-beta", "x-request-id",
-                   "x-session-id", "idempotency-key")
-
-
-def forwarded_headers(request: Request) -> dict[str, str]:
-    """The client's headers a node may see (never its credentials), and the gateway's request id,
-    so one id names the request in the gateway's log and the node's."""
-    out = {k: v for k, v in request.headers.items() if k in FORWARD_HEADERS}
-    rid = request_id.get()
-    if rid != "-":
-        out["x-request-id"] = rid
-    return out
-
 
 @dataclass(slots=True)
 class Turn:

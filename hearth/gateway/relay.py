@@ -29,6 +29,7 @@ from starlette.responses import Response
 
 from hearth.api.sse import EventStreamResponse
 from hearth.gateway.config import GatewaySettings
+from hearth.gateway.headers import passed_headers
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Node
 from hearth.gateway.retry import Retry
@@ -230,9 +231,3 @@ def renamer(upstream_id: str, alias: str) -> Callable[[bytes], bytes]:
     old = b'"model":' + json.dumps(upstream_id).encode()
     new = b'"model":' + json.dumps(alias).encode()
     return lambda data: data.replace(old, new)
-
-
-def passed_headers(resp: Answer, node: str) -> dict[str, str]:
-    """The upstream's answer headers worth keeping, and which node answered (X-Hearth-Upstream)."""
-    kept = {k: v for k, v in resp.headers.items() if k in ("x-request-id", "retry-after", "openai-processing-ms")}
-    return {**kept, "X-Hearth-Upstream": node}
