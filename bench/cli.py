@@ -18,11 +18,12 @@ import httpx
 from bench.client import first_model_id
 from bench.config import DEFAULT_SERVERS, RESULTS_DIR, Settings, default_model
 from bench.cpu import CpuSnapshot, cpu_usage, wait_idle
-from bench.gguf_meta import read_metadata, stop_token_ids
+from bench.gguf_meta import stop_token_ids
 from bench.machine import machine_info
 from bench.report import compute_ratios, markdown_table, output_prefix, plot, write_json
 from bench.servers import LAUNCHERS, RunningServer, ServerUnavailable, free_port
 from bench.workloads import DEFAULT_WORKLOADS, WorkloadContext, select
+from hearth.gguf import read_metadata
 
 
 def _ints(text: str) -> list[int]:

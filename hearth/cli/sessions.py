@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hearth.cli.client import Client, seg
-from hearth.cli.common import ApiKeyOpt, JsonOpt, UrlOpt, ago, cli_errors, console, print_json
+from hearth.cli.common import ApiKeyOpt, JsonOpt, UrlOpt, ago, cli_errors, console, print_json, print_result
 
 app = typer.Typer(help="List, inspect, roll back, resize and delete server sessions.", no_args_is_help=True)
 
@@ -84,10 +84,7 @@ def show(session_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None, as_js
     """
     with Client(url, api_key) as client:
         s = client.get(f"/v1/sessions/{seg(session_id)}")
-    if as_json:
-        print_json(s)
-    else:
-        print_session(console(), s)
+    print_result(s, as_json, print_session)
 
 
 @app.command()
@@ -113,10 +110,7 @@ def history(session_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None, as
     """
     with Client(url, api_key) as client:
         messages = client.get(f"/v1/sessions/{seg(session_id)}/history")["data"]
-    if as_json:
-        print_json(messages)
-    else:
-        print_history(console(), messages)
+    print_result(messages, as_json, print_history)
 
 
 @app.command()

@@ -10,7 +10,18 @@ from rich.console import Console
 from rich.table import Table
 
 from hearth.cli.client import Client, CLIError, seg
-from hearth.cli.common import ApiKeyOpt, JsonOpt, UrlOpt, ago, cli_errors, console, human_bytes, print_json, spinner
+from hearth.cli.common import (
+    ApiKeyOpt,
+    JsonOpt,
+    UrlOpt,
+    ago,
+    cli_errors,
+    console,
+    human_bytes,
+    print_json,
+    print_result,
+    spinner,
+)
 from hearth.cli.sessions import print_session
 
 app = typer.Typer(help="List, tag, load, export and import session snapshots.", no_args_is_help=True)
@@ -68,10 +79,7 @@ def show(snapshot_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None, as_j
     """
     with Client(url, api_key) as client:
         s = client.get(f"/v1/snapshots/{seg(snapshot_id)}")
-    if as_json:
-        print_json(s)
-    else:
-        print_snapshot(console(), s)
+    print_result(s, as_json, print_snapshot)
 
 
 @app.command()
@@ -142,10 +150,7 @@ def tag(
         if description is not None:
             body["description"] = description
         s = client.patch(path, body)
-    if as_json:
-        print_json(s)
-    else:
-        print_snapshot(console(), s)
+    print_result(s, as_json, print_snapshot)
 
 
 @app.command()

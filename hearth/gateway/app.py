@@ -18,6 +18,7 @@ from hearth.api.app import assemble, create_app
 from hearth.config import Settings
 from hearth.gateway import routes
 from hearth.gateway.config import GatewaySettings
+from hearth.gateway.context import Gateway, attach
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.migrate import Mover
 from hearth.gateway.openai_backend import OpenAIUpstreamBackend
@@ -106,12 +107,6 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         Route("/web/{name}", web.static_file, methods=["GET"]),
     ]
     app = assemble(route_list, lifespan, metrics.requests, access_settings(settings))
-    app.state.settings = settings
-    app.state.pool = pool
-    app.state.proxy = proxy
-    app.state.client = client
-    app.state.mover = Mover(pool, client, metrics)
-    app.state.started = int(time.time())
-    app.state.translator = translator
-    app.state.translated = set(translated.aliases())
+    attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=Mover(pool, client, metrics),
+                        started=int(time.time()), translator=translator, translated=frozenset(translated.aliases())))
     return app

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hearth.config import default_data_dir, is_loopback
+from hearth.config import check_access, default_data_dir
 
 KINDS = ("hearth", "openai")
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -97,11 +97,7 @@ class GatewaySettings:
             raise ValueError("--stall-timeout must be >= 0 seconds (0: never)")
         if self.probe_interval <= 0 or self.probe_timeout <= 0:
             raise ValueError("--probe-interval and --probe-timeout must be > 0")
-        if any(not k.strip() for k in self.api_keys):
-            raise ValueError("API keys must not be empty")
-        if not is_loopback(self.host) and not self.api_keys and not self.insecure:
-            raise ValueError(f"refusing to bind {self.host} (not loopback) without an API key: give --api-key, "
-                             "or --insecure to serve it open")
+        check_access(self.host, self.api_keys, self.insecure, "--api-key")
         for alias, ups in self.aliases().items():
             if len({u.kind for u in ups}) > 1:  # why: docs/gateway.md, "Protocols at the edge"
                 raise ValueError(f"alias {alias!r} is served by both hearth and openai upstreams "

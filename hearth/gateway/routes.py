@@ -1,5 +1,6 @@
-"""The gateway's endpoints other than generation: models, health, sessions and snapshots
-(routed to the node that holds them), cancel, tokens, admin (status, drain, move)."""
+"""The gateway's endpoints: generation (to the proxy, or delegated to the translating layer for
+openai-kind upstreams), models, health, sessions and snapshots (routed to the node that holds
+them, `forward.py`), cancel, tokens, admin (status, drain, move)."""
 
 from __future__ import annotations
 
@@ -11,75 +12,35 @@ from typing import Any
 import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hearth.api.auth import matches, presented_key
 from hearth.api.parsing import read_json, read_json_or_empty
 from hearth.errors import BadRequest, Forbidden, NotFound, Unavailable
-from hearth.gateway.migrate import Mover
-from hearth.gateway.pool import Node, Pool
-from hearth.gateway.proxy import Proxy, forwarded_headers
-from hearth.observability.logging import request_id
+from hearth.gateway.context import gateway_of
+from hearth.gateway.delegate import Delegate
+from hearth.gateway.forward import as_response, call, first_found, gather_lists, live, send
+from hearth.gateway.pool import Pool
 from hearth.sessions.ids import check_session_id
 
 
 def _pool(request: Request) -> Pool:
-    pool: Pool = request.app.state.pool
-    return pool
-
-
-def _proxy(request: Request) -> Proxy:
-    proxy: Proxy = request.app.state.proxy
-    return proxy
+    return gateway_of(request.app).pool
 
 
 def _client(request: Request) -> httpx.AsyncClient:
-    client: httpx.AsyncClient = request.app.state.client
-    return client
+    return gateway_of(request.app).client
 
 
 # ---- generation -----------------------------------------------------------------------------
 
 
-class Delegate(Response):
-    """Hands the request, its body replayed, to another ASGI app (the translating protocol
-    layer for models on openai-kind upstreams)."""
-
-    def __init__(self, app: ASGIApp, body: bytes) -> None:
-        self.status_code = 200
-        self.background = None
-        self.app = app
-        self.body = body
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": self.body, "more_body": False}
-            return await receive()  # the disconnect, when it comes
-
-        # The inner app logs the request too: under the gateway's request id, not a new one.
-        headers = [(k, v) for k, v in scope["headers"] if k not in (b"x-request-id", b"content-length")]
-        headers.append((b"x-request-id", request_id.get().encode("latin-1")))
-
-        async def send_once(message: Message) -> None:  # the outer app adds the one x-request-id
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [(k, v) for k, v in message.get("headers", [])
-                                                  if k.lower() != b"x-request-id"]}
-            await send(message)
-
-        await self.app({**scope, "headers": headers}, replay, send_once)
-
-
 async def generate(request: Request) -> Response:
     body = await read_json(request)
-    alias = _pool(request).resolve(body.get("model"))
-    if alias in request.app.state.translated:
-        return Delegate(request.app.state.translator, json.dumps({**body, "model": alias}).encode())
-    return await _proxy(request).generate(request, body)
+    gw = gateway_of(request.app)
+    alias = gw.pool.resolve(body.get("model"))
+    if gw.translator is not None and alias in gw.translated:
+        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode())
+    return await gw.proxy.generate(request, body)
 
 
 # ---- models and health ----------------------------------------------------------------------
@@ -90,15 +51,16 @@ def _card(alias: str, created: int) -> dict[str, Any]:
 
 
 async def list_models(request: Request) -> Response:
-    created = request.app.state.started
-    return JSONResponse({"object": "list", "data": [_card(a, created) for a in _pool(request).settings.aliases()]})
+    gw = gateway_of(request.app)
+    return JSONResponse({"object": "list", "data": [_card(a, gw.started) for a in gw.settings.aliases()]})
 
 
 async def get_model(request: Request) -> Response:
+    gw = gateway_of(request.app)
     alias = request.path_params["model"]
-    if alias not in _pool(request).settings.aliases():
+    if alias not in gw.settings.aliases():
         raise NotFound(f"The model {alias!r} does not exist", param="model", code="model_not_found")
-    return JSONResponse(_card(alias, request.app.state.started))
+    return JSONResponse(_card(alias, gw.started))
 
 
 async def health(request: Request) -> Response:
@@ -106,68 +68,6 @@ async def health(request: Request) -> Response:
     if up:
         return JSONResponse({"status": "ok", "nodes_up": up})
     return JSONResponse({"status": "error", "error": "no upstream is up"}, status_code=503)
-
-
-# ---- pass-through helpers -------------------------------------------------------------------
-
-
-async def _call(request: Request, node: Node, body: bytes | None = None, admin: bool = False) -> httpx.Response:
-    """The client's request, as it came (path, query, body), to `node` with the node's key."""
-    url = node.up.url + request.url.path
-    if request.url.query:
-        url += "?" + request.url.query
-    content = body if body is not None else await request.body()
-    try:
-        return await _client(request).request(
-            request.method, url, content=content, headers={**forwarded_headers(request), **node.up.headers(admin)},
-            timeout=httpx.Timeout(600, connect=_pool(request).settings.connect_timeout))
-    except httpx.HTTPError as e:
-        raise Unavailable(f"upstream {node.name} could not be reached: {type(e).__name__}", code="upstream_failed",
-                          retry_after=2) from e
-
-
-def _answer(r: httpx.Response) -> Response:
-    return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
-
-
-async def _send(request: Request, node: Node, body: bytes | None = None, admin: bool = False) -> Response:
-    return _answer(await _call(request, node, body, admin))
-
-
-def _live(pool: Pool, kind: str | None = "hearth") -> list[Node]:
-    return [n for n in pool.nodes.values() if n.live.up and (kind is None or n.up.kind == kind)]
-
-
-async def _first_found(request: Request, nodes: list[Node], admin: bool = False) -> tuple[Node, httpx.Response]:
-    """Ask each node in turn; the first answer that is not a 404 (or the last 404)."""
-    body = await request.body()
-    last: tuple[Node, httpx.Response] | None = None
-    for node in nodes:
-        r = await _call(request, node, body=body, admin=admin)
-        last = (node, r)
-        if r.status_code != 404:
-            return last
-    if last is None:
-        raise Unavailable("no Hearth upstream is up", code="no_healthy_upstream", retry_after=2)
-    return last
-
-
-async def _gather_lists(request: Request) -> Response:
-    """GET /v1/sessions and /v1/snapshots: every live node's list, each item tagged with its node."""
-    pool = _pool(request)
-    nodes = _live(pool)
-
-    async def one(node: Node) -> list[dict[str, Any]]:
-        r = await _call(request, node)
-        if r.status_code != 200:
-            return []
-        items = r.json().get("data", [])
-        return [{**i, "node": node.name} for i in items if isinstance(i, dict)]
-
-    lists = await asyncio.gather(*(one(n) for n in nodes))
-    items = [i for sub in lists for i in sub]
-    kind = request.url.path.rsplit("/", 1)[-1]  # "sessions" or "snapshots": superlinear's key, as on a node
-    return JSONResponse({"object": "list", "data": items, kind: items})
 
 
 # ---- sessions and snapshots -----------------------------------------------------------------
@@ -180,19 +80,19 @@ async def session_route(request: Request) -> Response:
     name = pool.store.node_of(f"session:{sid}")
     node = pool.nodes.get(name) if name else None
     if node is None:
-        node, r = await _first_found(request, _live(pool), admin=request.method == "DELETE")
+        node, r = await first_found(request, live(pool), admin=request.method == "DELETE")
         if r.status_code < 300:
             pool.store.assign(f"session:{sid}", node.name)
     else:
-        r = await _call(request, node, admin=request.method == "DELETE")
+        r = await call(request, node, admin=request.method == "DELETE")
     if request.method == "DELETE" and r.status_code == 200:
         pool.store.forget(f"session:{sid}")
         pool.store.drop_transcript(sid)
     elif request.method == "POST" and r.status_code == 200:  # rollback / resize changed the transcript
         saved = pool.store.transcript(sid)
         alias = saved[0] if saved else next(iter(node.up.models))
-        _proxy(request).continuity.session_done(node, sid, alias)
-    return _answer(r)
+        gateway_of(request.app).proxy.continuity.session_done(node, sid, alias)
+    return as_response(r)
 
 
 async def create_session(request: Request) -> Response:
@@ -200,22 +100,22 @@ async def create_session(request: Request) -> Response:
     body = await read_json_or_empty(request)
     alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.settings.aliases()))
     now = pool.clock()
-    options = [n for n in _live(pool) if alias in n.up.models and n.routable(now)]
+    options = [n for n in live(pool) if alias in n.up.models and n.routable(now)]
     if not options:
         raise Unavailable(f"no healthy Hearth upstream serves {alias!r}", code="no_healthy_upstream", retry_after=2)
     node = min(options, key=lambda n: n.in_flight)
-    r = await _call(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
+    r = await call(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
     if r.status_code == 201:
         pool.store.assign(f"session:{r.json()['session_id']}", node.name)
-    return _answer(r)
+    return as_response(r)
 
 
 async def list_sessions(request: Request) -> Response:
-    return await _gather_lists(request)
+    return await gather_lists(request)
 
 
 async def list_snapshots(request: Request) -> Response:
-    return await _gather_lists(request)
+    return await gather_lists(request)
 
 
 async def snapshot_route(request: Request) -> Response:
@@ -224,10 +124,10 @@ async def snapshot_route(request: Request) -> Response:
     destructive = request.method == "DELETE" or await _forced_load(request)
     if destructive:
         _require_admin(request)  # the node's admin key goes upstream only for the gateway's admin
-    node, r = await _first_found(request, _live(pool), admin=destructive)
+    node, r = await first_found(request, live(pool), admin=destructive)
     if request.url.path.endswith("/load") and r.status_code == 201:
         pool.store.assign(f"session:{r.json()['session_id']}", node.name)
-    return _answer(r)
+    return as_response(r)
 
 
 async def _forced_load(request: Request) -> bool:
@@ -245,7 +145,7 @@ async def import_snapshot(request: Request) -> Response:
     """The archive goes, streamed (never held whole here), to the least loaded live Hearth node."""
     pool = _pool(request)
     now = pool.clock()
-    options = [n for n in _live(pool) if n.routable(now)]
+    options = [n for n in live(pool) if n.routable(now)]
     if not options:
         raise Unavailable("no healthy Hearth upstream to import into", code="no_healthy_upstream", retry_after=2)
     node = min(options, key=lambda n: n.in_flight)
@@ -256,7 +156,7 @@ async def import_snapshot(request: Request) -> Response:
     except httpx.HTTPError as e:
         raise Unavailable(f"upstream {node.name} could not be reached: {type(e).__name__}", code="upstream_failed",
                           retry_after=2) from e
-    answer = _answer(r)
+    answer = as_response(r)
     answer.headers["X-Hearth-Upstream"] = node.name
     return answer
 
@@ -270,15 +170,15 @@ async def cancel(request: Request) -> Response:
     pool = _pool(request)
     sid = body.get("session_id")
     name = pool.store.node_of(f"session:{sid}") if isinstance(sid, str) else None
-    nodes = [pool.nodes[name]] if name in pool.nodes else _live(pool)
+    nodes = [pool.nodes[name]] if name in pool.nodes else live(pool)
     raw = await request.body()
-    answers = await asyncio.gather(*(_call(request, n, body=raw) for n in nodes))
+    answers = await asyncio.gather(*(call(request, n, body=raw) for n in nodes))
     total = 0
     for r in answers:
         if r.status_code >= 400:
-            return _answer(r)  # the same validation everywhere: the first refusal speaks for all
+            return as_response(r)  # the same validation everywhere: the first refusal speaks for all
         total += int(r.json().get("cancelled", 0))
-    translator = request.app.state.translator
+    translator = gateway_of(request.app).translator
     if translator is not None:  # runs on openai-kind upstreams are registered here, in the gateway
         ids = [v for k in ("completion_id", "response_id", "message_id") if isinstance(v := body.get(k), str)]
         cancel_id = body.get("cancel_id") if isinstance(body.get("cancel_id"), str) else None
@@ -293,28 +193,30 @@ async def response_route(request: Request) -> Response:
     pool = _pool(request)
     name = pool.store.node_of(f"response:{request.path_params['response_id']}")
     if name in pool.nodes:
-        return await _send(request, pool.nodes[name])
-    found = (await _first_found(request, _live(pool)))[1] if _live(pool) else None
-    if (found is None or found.status_code == 404) and request.app.state.translator is not None:
-        return Delegate(request.app.state.translator, await request.body())  # a translated model's response
+        return await send(request, pool.nodes[name])
+    found = (await first_found(request, live(pool)))[1] if live(pool) else None
+    translator = gateway_of(request.app).translator
+    if (found is None or found.status_code == 404) and translator is not None:
+        return Delegate(translator, await request.body())  # a translated model's response
     if found is None:
         raise NotFound("no such response", code="response_not_found")
-    return _answer(found)
+    return as_response(found)
 
 
 async def by_model(request: Request) -> Response:
     """count_tokens, tokenize, detokenize: any live node that serves the model."""
-    pool = _pool(request)
+    gw = gateway_of(request.app)
+    pool = gw.pool
     body = await read_json(request)
     alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.settings.aliases()))
-    if alias in request.app.state.translated:  # its backend says what it can and cannot count
-        return Delegate(request.app.state.translator, json.dumps({**body, "model": alias}).encode())
+    if gw.translator is not None and alias in gw.translated:  # its backend says what it can and cannot count
+        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode())
     now = pool.clock()
     options = [n for n in pool.nodes.values() if alias in n.up.models and n.routable(now) and n.up.kind == "hearth"]
     if not options:
         raise Unavailable(f"no healthy Hearth upstream serves {alias!r}", code="no_healthy_upstream", retry_after=2)
     node = min(options, key=lambda n: n.in_flight)
-    return await _send(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
+    return await send(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
 
 
 # ---- admin ----------------------------------------------------------------------------------
@@ -356,13 +258,13 @@ async def session_status(request: Request) -> Response:
 
 async def drain(request: Request) -> Response:
     _require_admin(request)
-    mover: Mover = request.app.state.mover
+    mover = gateway_of(request.app).mover
     return JSONResponse(await mover.drain(request.path_params["node"]))
 
 
 async def undrain(request: Request) -> Response:
     _require_admin(request)
-    mover: Mover = request.app.state.mover
+    mover = gateway_of(request.app).mover
     return JSONResponse(mover.undrain(request.path_params["node"]))
 
 
@@ -372,5 +274,5 @@ async def move_session(request: Request) -> Response:
     to = body.get("to")
     if to is not None and not isinstance(to, str):
         raise BadRequest("to must be a node name", param="to")
-    mover: Mover = request.app.state.mover
+    mover = gateway_of(request.app).mover
     return JSONResponse(await mover.move(check_session_id(request.path_params["session_id"]), to))

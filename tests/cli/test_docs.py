@@ -1,4 +1,5 @@
-"""`hearth docs` without a server: collecting files, chunking, BM25 ranking, prompts, citations."""
+"""`hearth docs` without a server: collecting files, chunking, BM25 ranking, prompts, citations
+(hearth.retrieval), and the command's own checks."""
 
 from __future__ import annotations
 
@@ -7,23 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hearth.cli.client import CLIError
-from hearth.cli.docs import (
-    MARK,
-    Chunk,
-    Document,
-    Index,
-    chunk_document,
-    citations,
-    collect,
-    default_session,
-    documents_message,
-    fingerprint,
-    question_message,
-    read_text,
-    select_passages,
-    terms,
-)
+from hearth.cli.docs import default_session
+from hearth.retrieval.chunks import Chunk, chunk_document
+from hearth.retrieval.documents import Document, collect, read_text
+from hearth.retrieval.prompts import MARK, citations, documents_message, fingerprint, question_message
+from hearth.retrieval.ranking import Index, select_passages, terms
 from tests.cli.conftest import run
 
 
@@ -66,7 +55,7 @@ def test_read_text_refuses_binary(tmp_path: Path) -> None:
 
 
 def test_collect_errors(tmp_path: Path) -> None:
-    with pytest.raises(CLIError, match="no such file"):
+    with pytest.raises(FileNotFoundError, match="no such file"):
         collect([tmp_path / "missing"])
     only_binary = tmp_path / "bin"
     only_binary.mkdir()

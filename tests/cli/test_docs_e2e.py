@@ -11,7 +11,9 @@ import httpx
 import pexpect
 import pytest
 
-from hearth.cli.docs import PROMPT, collect, documents_message
+from hearth.cli.docs import PROMPT
+from hearth.retrieval.documents import collect
+from hearth.retrieval.prompts import documents_message
 from tests.cli.conftest import metric
 from tests.helpers import Server, wait_until
 

@@ -13,7 +13,9 @@ import pytest
 from rich.console import Console
 
 from hearth.cli.client import Client, CLIError
-from hearth.cli.docs import MARK, DocsSession, Document, documents_message, fingerprint
+from hearth.cli.docs import DocsSession
+from hearth.retrieval.documents import Document
+from hearth.retrieval.prompts import MARK, documents_message, fingerprint
 
 
 class FakeServer:

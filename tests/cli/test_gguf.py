@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hearth.cli import gguf
+from hearth import gguf
 from hearth.models import embedded_model_path
 
 

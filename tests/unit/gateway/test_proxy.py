@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from hearth.gateway.app import create_gateway_app
 from hearth.gateway.config import GatewaySettings, Upstream
+from hearth.gateway.context import gateway_of
 from hearth.gateway.pool import Pool
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -96,8 +97,7 @@ def client(tmp_path: Path, fleet: Fleet) -> Iterator[TestClient]:
 
 
 def pool_of(c: TestClient) -> Pool:
-    pool: Pool = c.app.state.pool  # type: ignore[attr-defined]
-    return pool
+    return gateway_of(c.app).pool
 
 
 def stick(c: TestClient, key: str, node: str) -> dict[str, str]:
@@ -334,7 +334,7 @@ def test_a_rollback_through_the_gateway_refreshes_its_transcript_copy(client: Te
     store.save_transcript("s", "smol", kept + [{"role": "assistant", "content": "old"}] * 3)
     r = client.post("/v1/sessions/s/rollback", json={"keep_messages": 1})
     assert r.status_code == 200 and fleet.calls("/v1/sessions/s/rollback")[0].url.port == 9101
-    client.portal.call(client.app.state.proxy.continuity.idle)  # type: ignore[attr-defined]
+    client.portal.call(gateway_of(client.app).proxy.continuity.idle)
     assert store.transcript("s") == ("smol", kept)
 
 

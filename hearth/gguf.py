@@ -3,12 +3,17 @@
 Layout (little-endian): magic `GGUF`, version u32, tensor count u64, metadata count u64, then
 that many `key (string) · value type (u32) · value`. Strings are a u64 length and UTF-8 bytes;
 arrays are an element type (u32), a count (u64) and the elements. Arrays are skipped (the
-tokenizer's are large and nothing here needs them); their element count is kept.
+tokenizer's are large and most readers need none of them); their element count is kept, and the
+arrays a caller names are read whole.
+
+The one GGUF reader: the model catalog checks a download with it, `hearth models` shows what it
+reads, the benchmarks take the stop tokens from the vocabulary.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -48,13 +53,16 @@ def _string(f: BinaryIO) -> str:
     return _read(f, n).decode("utf-8", errors="replace")
 
 
-def _value(f: BinaryIO, vtype: int) -> Any:
+def _value(f: BinaryIO, vtype: int, whole: bool = False) -> Any:
+    """One value; an array as `{"array_of": count}`, or as a list when `whole`."""
     if vtype in _SCALARS:
         return _unpack(f, _SCALARS[vtype])
     if vtype == _STRING:
         return _string(f)
     if vtype == _ARRAY:
         etype, count = _unpack(f, "<I"), _unpack(f, "<Q")
+        if whole:
+            return [_value(f, etype) for _ in range(count)]
         if etype in _SCALARS:
             f.seek(struct.calcsize(_SCALARS[etype]) * count, 1)
         else:
@@ -64,8 +72,9 @@ def _value(f: BinaryIO, vtype: int) -> Any:
     raise GGUFError(f"unknown GGUF value type {vtype}")
 
 
-def read_metadata(path: str | Path) -> dict[str, Any]:
-    """Every metadata key of the GGUF file at `path` (arrays as `{"array_of": count}`)."""
+def read_metadata(path: str | Path, arrays: Collection[str] = ()) -> dict[str, Any]:
+    """Every metadata key of the GGUF file at `path`: arrays as `{"array_of": count}`, except the
+    keys named in `arrays`, read whole as lists."""
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise GGUFError(f"{path} is not a GGUF file")
@@ -77,7 +86,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         meta: dict[str, Any] = {"GGUF.version": version}
         for _ in range(count):
             key = _string(f)
-            meta[key] = _value(f, _unpack(f, "<I"))
+            meta[key] = _value(f, _unpack(f, "<I"), whole=key in arrays)
         return meta
 
 

@@ -1,0 +1,80 @@
+"""A client's request passed through to a node, as it came (method, path, query, body), with
+the node's key: sessions, snapshots, responses, cancel and tokens, everything but generation
+(`proxy.py`) and the gateway's own endpoints.
+
+The client's headers go as `headers.forwarded_headers` says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hearth.errors import Unavailable
+from hearth.gateway.context import gateway_of
+from hearth.gateway.headers import forwarded_headers
+from hearth.gateway.pool import Node, Pool
+
+
+async def call(request: Request, node: Node, body: bytes | None = None, admin: bool = False) -> httpx.Response:
+    """The client's request, as it came (path, query, body), to `node` with the node's key."""
+    url = node.up.url + request.url.path
+    if request.url.query:
+        url += "?" + request.url.query
+    content = body if body is not None else await request.body()
+    gw = gateway_of(request.app)
+    try:
+        return await gw.client.request(
+            request.method, url, content=content, headers={**forwarded_headers(request), **node.up.headers(admin)},
+            timeout=httpx.Timeout(600, connect=gw.settings.connect_timeout))
+    except httpx.HTTPError as e:
+        raise Unavailable(f"upstream {node.name} could not be reached: {type(e).__name__}", code="upstream_failed",
+                          retry_after=2) from e
+
+
+def as_response(r: httpx.Response) -> Response:
+    return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+
+
+async def send(request: Request, node: Node, body: bytes | None = None, admin: bool = False) -> Response:
+    return as_response(await call(request, node, body, admin))
+
+
+def live(pool: Pool, kind: str | None = "hearth") -> list[Node]:
+    return [n for n in pool.nodes.values() if n.live.up and (kind is None or n.up.kind == kind)]
+
+
+async def first_found(request: Request, nodes: list[Node], admin: bool = False) -> tuple[Node, httpx.Response]:
+    """Ask each node in turn; the first answer that is not a 404 (or the last 404)."""
+    body = await request.body()
+    last: tuple[Node, httpx.Response] | None = None
+    for node in nodes:
+        r = await call(request, node, body=body, admin=admin)
+        last = (node, r)
+        if r.status_code != 404:
+            return last
+    if last is None:
+        raise Unavailable("no Hearth upstream is up", code="no_healthy_upstream", retry_after=2)
+    return last
+
+
+async def gather_lists(request: Request) -> Response:
+    """GET /v1/sessions and /v1/snapshots: every live node's list, each item tagged with its node."""
+    pool = gateway_of(request.app).pool
+    nodes = live(pool)
+
+    async def one(node: Node) -> list[dict[str, Any]]:
+        r = await call(request, node)
+        if r.status_code != 200:
+            return []
+        items = r.json().get("data", [])
+        return [{**i, "node": node.name} for i in items if isinstance(i, dict)]
+
+    lists = await asyncio.gather(*(one(n) for n in nodes))
+    items = [i for sub in lists for i in sub]
+    kind = request.url.path.rsplit("/", 1)[-1]  # "sessions" or "snapshots": superlinear's key, as on a node
+    return JSONResponse({"object": "list", "data": items, kind: items})
