@@ -1,5 +1,6 @@
 """The layering rules, checked on the source (scripts/import_graph.py draws the whole graph):
-above `backends/` only the contract is imported; the engine imports nothing above it."""
+every package has a floor and imports only from its own floor or below; above `backends/` only
+the contract is imported; the engine imports nothing above it."""
 
 from __future__ import annotations
 
@@ -13,13 +14,40 @@ assert spec is not None and spec.loader is not None
 import_graph = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(import_graph)
 
-ABOVE = ("hearth.api", "hearth.sessions", "hearth.observability", "hearth.cli")
+# The floors, lowest first. A package not listed fails the first test: a new one must be placed.
+FLOORS: list[set[str]] = [
+    {"hearth", "ids", "text", "jsonsafe", "hashing"},  # leaf utilities
+    {"engine"},  # the step loop: tokens and KV, no protocols, no HTTP, no HearthError
+    {"errors", "config", "db", "gguf", "catalog", "models"},  # the ground floor of the server
+    {"chat"},  # protocol-neutral conversations
+    {"backends.base"},  # the contract
+    {"backends.admission", "backends.prompt_size", "backends.llamacpp", "backends.local",
+     "backends.build"},  # the concrete backend and its composition
+    {"sessions", "observability", "retrieval"},
+    {"api"},  # a node's HTTP server
+    {"gateway"},  # HTTP in front of a fleet of nodes
+    {"cli"},  # the top: nothing imports it
+]
+FLOOR = {package: i for i, floor in enumerate(FLOORS) for package in floor}
+ABOVE = ("hearth.api", "hearth.sessions", "hearth.observability", "hearth.gateway", "hearth.cli")
 COMPOSITION_ROOT = "hearth.cli.main"  # builds the backend for `serve`
 
 
 @functools.cache
 def module_imports() -> dict[str, set[str]]:
     return {import_graph.module_of(p): import_graph.imports(p) for p in sorted((ROOT / "hearth").rglob("*.py"))}
+
+
+def test_every_package_imports_only_from_its_floor_or_below() -> None:
+    graph = import_graph.graph()
+    unplaced = sorted({p for src, dsts in graph.items() for p in (src, *dsts)} - FLOOR.keys())
+    assert unplaced == []
+    upward = [f"{src} -> {dst}" for src, dsts in graph.items() for dst in dsts if FLOOR[dst] > FLOOR[src]]
+    assert upward == []
+
+
+def test_nothing_imports_the_cli() -> None:
+    assert [src for src, dsts in import_graph.graph().items() if "cli" in dsts] == []
 
 
 def test_nothing_above_backends_imports_a_concrete_backend_engine_or_runner() -> None:
