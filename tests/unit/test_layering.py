@@ -18,12 +18,12 @@ spec.loader.exec_module(import_graph)
 FLOORS: list[set[str]] = [
     {"hearth", "ids", "text", "jsonsafe", "hashing"},  # leaf utilities
     {"engine"},  # the step loop: tokens and KV, no protocols, no HTTP, no HearthError
-    {"errors", "config", "db", "gguf", "catalog", "models"},  # the ground floor of the server
+    {"errors", "config", "db", "gguf", "catalog", "models", "retrieval"},  # the ground floor
     {"chat"},  # protocol-neutral conversations
     {"backends.base"},  # the contract
     {"backends.admission", "backends.prompt_size", "backends.llamacpp", "backends.local",
      "backends.build"},  # the concrete backend and its composition
-    {"sessions", "observability", "retrieval"},
+    {"sessions", "observability"},
     {"api"},  # a node's HTTP server
     {"gateway"},  # HTTP in front of a fleet of nodes
     {"cli"},  # the top: nothing imports it
