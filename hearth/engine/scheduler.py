@@ -81,6 +81,25 @@ class Scheduler:
             admitted.append(Admission(ar, placement))
         return admitted
 
+    def draft(self) -> None:
+        """Give each decoding sequence this step's speculative draft, within the token budget
+        (one decode token per sequence comes first) and what the sequence may still grow.
+        Called before `schedule` when speculation is on; drafting asks no runner."""
+        decoding = [(ar, seq) for ar in self.running if ar.phase is Phase.DECODE
+                    for seq in ar.live_seqs()]
+        room = self.token_budget - len(decoding)
+        for ar, seq in decoding:
+            seq.draft = []
+            if seq.drafter is None or room <= 0:
+                continue
+            mt = ar.req.params.max_tokens
+            # the pending token and a draft of k are positions len(tokens) .. len(tokens) + k
+            limit = min(room, ar.max_len - len(seq.slot.tokens) - 1,
+                        (mt - seq.n_generated - 1) if mt is not None else room)
+            if limit > 0:
+                seq.draft = seq.drafter.propose(limit, len(decoding))
+                room -= len(seq.draft)
+
     def schedule(self) -> list[Work]:
         work: list[Work] = []
         budget = self.token_budget
