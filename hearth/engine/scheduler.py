@@ -1,9 +1,12 @@
 """Admission and batch building: which tokens go into the next decode call.
 
-Pure bookkeeping (no runner calls), so it is unit-tested on its own. Policy:
-- FCFS admission while enough slots are free for all of a request's candidates;
+Pure bookkeeping (no runner calls), so it is unit-tested on its own
+(tests/unit/engine/test_scheduler.py). Policy:
+- FCFS admission while enough slots are free for all of a request's candidates, and one
+  request per session at a time (a session's next turn waits for its running one);
 - every decoding sequence gets its one token first (decodes never starve behind prefill),
-  followed by the tokens drafted for it this step, if any (speculative decoding);
+  followed by the tokens drafted for it this step, if any (speculative decoding: `draft`
+  shares out what the budget leaves after those single tokens);
 - the rest of the per-step token budget goes to prompt chunks, oldest request first
   (chunked prefill: a long prompt is spread over several steps, so running streams keep
   flowing and aborts are seen between chunks).
