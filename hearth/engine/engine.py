@@ -1,11 +1,20 @@
 """The engine: one thread that owns the runner and steps all requests together.
 
-    step = take new requests and aborts → apply aborts and deadlines → admit (and tell the
-           admitted) → draft → schedule one batch → decode once → sample, detokenize, finish
-           → deliver
+    step = take new requests and aborts → apply aborts and deadlines → run queued calls →
+           admit and place (and tell the placed) → draft → schedule one batch → decode once
+           → sample, detokenize, finish → deliver
+
+The loop lives here; what each KV slot holds, and where a session's KV goes when it leaves
+its slot, is `Residency` (residency.py); which requests run and which tokens go into a
+decode is the `Scheduler`; the per-token decision is `output.emit`.
+
+Threads: `submit`, `abort`, `abort_all`, `generate`, `call`, `validate`, `stop` and the
+counters are safe from any thread. Only the engine thread touches the runner, the scheduler,
+the slots and the residency (`_step` and all it calls); work from another thread that needs
+them (a session's KV exported, imported, trimmed or dropped) goes through `call`, which runs
+it between steps.
 
 Invariants:
-- only the engine thread touches the runner, the scheduler and the slots;
 - aborts are applied at the top of every step, before any decode, so a cancelled request
   never gets another token after the step in which the abort arrived;
 - an abort that arrives while a decode holding a prompt chunk runs also interrupts that
@@ -27,70 +36,21 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
 from typing import Any
 
-from hearth.engine.detokenizer import Detokenizer, StopMatch
-from hearth.engine.kv import Placement, Slot, SlotTable, common_prefix_len
-from hearth.engine.repetition import RepetitionTracker
+from hearth.engine.kv import Slot, SlotTable
+from hearth.engine.output import StepOutputs, emit
+from hearth.engine.residency import Residency
 from hearth.engine.runner import BatchEntry, DecodeAborted, Runner
-from hearth.engine.sampler import token_logprob
 from hearth.engine.scheduler import Admission, Scheduler, Work
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence, Sink
 from hearth.engine.speculate import Drafter, SpecConfig
 from hearth.engine.swap import SwapStore
-from hearth.engine.thinking import ThinkTracker
-from hearth.engine.types import (
-    ContextOverflow,
-    EngineRequest,
-    FinishReason,
-    RequestOutput,
-    SeqDelta,
-    StopKind,
-)
+from hearth.engine.types import EngineRequest, EngineStats, FinishReason, RequestOutput, check_request
 
 log = logging.getLogger("hearth.engine")
 
-MIN_COPY = 16  # prompt tokens a prefix copy from another slot or swapped state must save
-
-
-@dataclass(slots=True)
-class EngineStats:
-    steps: int = 0
-    prompt_tokens: int = 0  # prefilled (not counting reused prefix)
-    cached_tokens: int = 0
-    generated_tokens: int = 0
-    finished: int = 0
-    cancelled: int = 0
-    swap_outs: int = 0  # session KV moved out of a slot (to RAM)
-    swap_ins: int = 0  # session KV restored into a slot
-    drafted_tokens: int = 0  # speculative draft tokens verified
-    accepted_tokens: int = 0  # of those, the ones the sampler agreed with (emitted without a step of their own)
-    interrupted_decodes: int = 0  # decodes stopped midway by an abort (their work re-run)
-
-
-class _Outputs:
-    """Deltas gathered during one step, one RequestOutput per request."""
-
-    def __init__(self) -> None:
-        self.by_request: dict[str, tuple[ActiveRequest, RequestOutput]] = {}
-
-    def delta(self, ar: ActiveRequest, index: int) -> SeqDelta:
-        _, out = self.by_request.setdefault(
-            ar.request_id,
-            (ar, RequestOutput(ar.request_id, [], len(ar.prompt), ar.cached_tokens)))
-        for d in out.deltas:
-            if d.index == index:
-                return d
-        d = SeqDelta(index)
-        out.deltas.append(d)
-        return d
-
-    def mark_finished(self, ar: ActiveRequest, error: str | None = None) -> None:
-        self.delta(ar, 0)  # make sure the request has an output
-        _, out = self.by_request[ar.request_id]
-        out.finished = True
-        out.error = error
+_Call = tuple[Callable[[], Any], Future[Any]]
 
 
 class Engine:
@@ -100,15 +60,24 @@ class Engine:
         self.runner = runner
         self.spec = spec  # None: no speculative decoding
         self.seq_ctx = seq_ctx
-        self.slots = SlotTable(runner.n_seq_max)
+        self.stats = EngineStats()
+        self.slots = SlotTable(runner.n_seq_max)  # who uses a slot: the scheduler; what it holds: the residency
         # Session KV that left its slot. Without a directory it lives in RAM only.
         self.swap = swap if swap is not None else SwapStore(None, 1 << 62, {})
         self.scheduler = Scheduler(self.slots, token_budget or runner.n_batch)
-        self.stats = EngineStats()
+        self.residency = Residency(runner, self.slots, self.swap, self.stats)
+        # Session KV for the backend: engine thread only (run them through `call`), except
+        # `kv_where`, a racy read from any thread. See Residency.
+        self.kv_where = self.residency.kv_where
+        self.export_kv = self.residency.export_kv
+        self.import_kv = self.residency.import_kv
+        self.drop_kv = self.residency.drop_kv
+        self.trim_kv = self.residency.trim_kv
+        self.spill_all = self.residency.spill_all
         self._cv = threading.Condition()
         self._inbox: list[ActiveRequest] = []
         self._aborts: dict[str, FinishReason] = {}
-        self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
+        self._calls: list[_Call] = []
         self._known: set[str] = set()  # request ids submitted and not yet ended
         self._in_decode: frozenset[str] = frozenset()  # requests of the interruptible decode running now
         self._stopping = False
@@ -163,32 +132,20 @@ class Engine:
         return len(self._known)
 
     def validate(self, req: EngineRequest) -> None:
-        """Raise ValueError (ContextOverflow for size) if the request cannot run."""
-        if not req.prompt_tokens:
-            raise ValueError("the prompt is empty")
-        if not 1 <= req.n <= self.runner.n_seq_max:
-            raise ValueError(f"n must be between 1 and {self.runner.n_seq_max} (the server's --parallel)")
-        # Sizes before the id scans, so the linear scans (on the caller's thread) stay bounded.
-        n_prompt = len(req.prompt_tokens)
-        limit = self._max_len(req)
-        if n_prompt >= limit:
-            raise ContextOverflow(n_prompt, limit)
-        mt = req.params.max_tokens
-        if mt is not None and n_prompt + mt > limit:
-            raise ContextOverflow(n_prompt, limit, mt)
-        bad = [t for t in req.prompt_tokens if not 0 <= t < self.runner.n_vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
-        bad = [t for t in (*req.params.logit_bias, *req.params.stop_token_ids) if not 0 <= t < self.runner.n_vocab]
-        if bad:
-            raise ValueError(f"logit_bias / stop token id {bad[0]} is out of range [0, {self.runner.n_vocab})")
+        """Raise ValueError (ContextOverflow for size) if the request cannot run. Linear in the
+        prompt: a caller on an event loop runs it in a worker thread, then submits with
+        `validated=True`."""
+        check_request(req, self._max_len(req), self.runner.n_seq_max, self.runner.n_vocab)
 
     def _max_len(self, req: EngineRequest) -> int:
         return min(self.seq_ctx, req.max_len) if req.max_len else self.seq_ctx
 
-    def submit(self, req: EngineRequest, sink: Sink) -> None:
-        """Queue a request; `sink` is called from the engine thread with each RequestOutput."""
-        self.validate(req)
+    def submit(self, req: EngineRequest, sink: Sink, *, validated: bool = False) -> None:
+        """Queue a request; `sink` is called from the engine thread with each RequestOutput.
+        Raises what `validate` raises, unless `validated` says the caller already ran
+        `validate` on the request as it is now (so the checks run once, off its event loop)."""
+        if not validated:
+            self.validate(req)
         ar = ActiveRequest(req, sink, max_len=self._max_len(req))
         with self._cv:
             if self._stopping:
@@ -210,18 +167,19 @@ class Engine:
                     self.runner.interrupt()
                 self._cv.notify()
 
-    async def generate(self, req: EngineRequest,
-                       after_submit: Callable[[], None] | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(self, req: EngineRequest, after_submit: Callable[[], None] | None = None, *,
+                       validated: bool = False) -> AsyncIterator[RequestOutput]:
         """Submit and yield outputs until the request finishes. Leaving the iterator early
         (aclose, cancellation, an exception in the consumer) aborts the request.
-        `after_submit` runs once the engine knows the request (abort() works from then on)."""
+        `after_submit` runs once the engine knows the request (abort() works from then on);
+        `validated` as in `submit`."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
         def sink(out: RequestOutput) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, out)
 
-        self.submit(req, sink)
+        self.submit(req, sink, validated=validated)
         if after_submit is not None:
             after_submit()
         finished = False
@@ -234,8 +192,6 @@ class Engine:
             if not finished:
                 self.abort(req.request_id)
 
-    # ---- session KV (run on the engine thread, between steps) ----------------------------
-
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run `fn` on the engine thread before the next step; its result or exception
         lands in the returned future. Only the engine thread touches the runner."""
@@ -246,80 +202,6 @@ class Engine:
             self._calls.append((fn, fut))
             self._cv.notify()
         return fut
-
-    def kv_where(self, owner: str) -> tuple[str, int]:
-        """(residency, tokens) of a session's KV: resident, host, disk or none. A racy read
-        from any thread, good enough for reporting."""
-        slot = self.slots.owned_by(owner)
-        if slot is not None:
-            return "resident", len(slot.tokens)
-        return (self.swap.where(owner) or "none"), self.swap.n_tokens(owner)
-
-    def export_kv(self, owner: str) -> tuple[list[int], bytes] | None:
-        """Engine thread: a copy of a session's tokens and KV bytes, wherever they are."""
-        slot = self.slots.owned_by(owner)
-        if slot is not None:
-            if slot.busy:
-                raise RuntimeError(f"session {owner!r} is running")
-            if not slot.tokens:
-                return None
-            return list(slot.tokens), self.runner.state_get(slot.seq_id)
-        return self.swap.peek(owner)
-
-    def drop_kv(self, owner: str) -> None:
-        """Engine thread: forget a session's KV (its slot becomes an ordinary free slot)."""
-        slot = self.slots.owned_by(owner)
-        if slot is not None:
-            if slot.busy:
-                raise RuntimeError(f"session {owner!r} is running")
-            self.runner.kv_remove(slot.seq_id, 0, -1)
-            slot.tokens.clear()
-            slot.owner = None
-        self.swap.drop(owner)
-
-    def trim_kv(self, owner: str, tokens: list[int]) -> int:
-        """Engine thread: cut a session's KV back to its common prefix with `tokens` (after a
-        rollback or resize the transcript is shorter); returns the tokens kept. Swapped KV keeps
-        its bytes with a shorter token list: placement removes what lies past the tokens."""
-        slot = self.slots.owned_by(owner)
-        if slot is not None:
-            if slot.busy:
-                raise RuntimeError(f"session {owner!r} is running")
-            n = common_prefix_len(slot.tokens, tokens)
-            self.runner.kv_remove(slot.seq_id, n, -1)
-            del slot.tokens[n:]
-            return n
-        got = self.swap.peek(owner)
-        if got is None:
-            return 0
-        n = common_prefix_len(got[0], tokens)
-        if n < len(got[0]):
-            self.swap.put(owner, got[0][:n], got[1])
-        return n
-
-    def import_kv(self, owner: str, tokens: list[int], data: bytes) -> None:
-        """Engine thread: make `tokens`/`data` the session's KV (swapped in on its next turn)."""
-        self.drop_kv(owner)
-        self.swap.put(owner, tokens, data)
-
-    def spill_all(self) -> int:
-        """Engine thread: move every idle session's KV out of its slot and write all swapped
-        KV to disk (graceful shutdown). Returns how many sessions were written."""
-        n = 0
-        for slot in self.slots.slots:
-            if slot.owner is not None and not slot.busy:
-                self._swap_out(slot, slot.owner)
-                n += 1
-        self.swap.flush()
-        return n
-
-    def _swap_out(self, slot: Slot, owner: str) -> None:
-        if slot.tokens:
-            self.swap.put(owner, list(slot.tokens), self.runner.state_get(slot.seq_id))
-            self.stats.swap_outs += 1
-        self.runner.kv_remove(slot.seq_id, 0, -1)
-        slot.tokens.clear()
-        slot.owner = None
 
     # ---- engine thread ------------------------------------------------------------------
 
@@ -334,7 +216,7 @@ class Engine:
                 new, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, {}
                 calls, self._calls = self._calls, []
-            out = _Outputs()
+            out = StepOutputs()
             try:
                 self._step(new, aborts, calls, out)
             except Exception:  # the loop must survive anything one step does
@@ -346,22 +228,43 @@ class Engine:
                     if not fut.done():
                         fut.set_exception(RuntimeError("the engine step failed before this call ran"))
 
-    def _step(self, new: list[ActiveRequest], aborts: dict[str, FinishReason],
-              calls: list[tuple[Callable[[], Any], Future[Any]]], out: _Outputs) -> None:
+    def _step(self, new: list[ActiveRequest], aborts: dict[str, FinishReason], calls: list[_Call],
+              out: StepOutputs) -> None:
         for ar in new:
             self.scheduler.add(ar)
+        self._apply_aborts(aborts, out)
+        self._expire(out)
+        self._run_calls(calls)  # after aborts, so a session whose turn was just aborted is idle for them
+        self._admit(out)
+        if self.spec is not None:
+            self.scheduler.draft()
+        work = self.scheduler.schedule()
+        if work:
+            self._run_batch(work, out)
+
+    def _apply_aborts(self, aborts: dict[str, FinishReason], out: StepOutputs) -> None:
         for rid, reason in aborts.items():
             found = self.scheduler.find(rid)
             if found is not None:
                 self._end(found, reason, out)
-        self._expire(out)
-        # Calls run after aborts, so a session whose turn was just aborted is idle for them.
+
+    def _expire(self, out: StepOutputs) -> None:
+        now = time.monotonic()
+        for ar in [*self.scheduler.running, *self.scheduler.waiting]:
+            if ar.req.deadline is not None and now >= ar.req.deadline:
+                # The time cap is a cancellation (by the server), reported as such on every protocol.
+                self._end(ar, FinishReason.CANCELLED, out, stop_reason="timeout")
+
+    @staticmethod
+    def _run_calls(calls: list[_Call]) -> None:
         for fn, fut in calls:
             if fut.set_running_or_notify_cancel():
                 try:
                     fut.set_result(fn())
                 except BaseException as e:
                     fut.set_exception(e)
+
+    def _admit(self, out: StepOutputs) -> None:
         admitted = self.scheduler.admit()
         for adm in admitted:
             self._setup(adm, out)
@@ -370,132 +273,31 @@ class Engine:
             # opens (and can be cancelled by id) while a long prefill is still ahead.
             self._deliver(out)
             out.by_request.clear()
-        if self.spec is not None:
-            self._draft()
-        work = self.scheduler.schedule()
-        if work:
-            self._run_batch(work, out)
 
-    def _expire(self, out: _Outputs) -> None:
-        now = time.monotonic()
-        for ar in [*self.scheduler.running, *self.scheduler.waiting]:
-            if ar.req.deadline is not None and now >= ar.req.deadline:
-                # The time cap is a cancellation (by the server), reported as such on every protocol.
-                self._end(ar, FinishReason.CANCELLED, out, stop_reason="timeout")
-
-    def _setup(self, adm: Admission, out: _Outputs) -> None:
+    def _setup(self, adm: Admission, out: StepOutputs) -> None:
+        """Place an admitted request's KV and give each candidate its sampler."""
         ar, placement = adm.ar, adm.placement
-        first = placement.slots[0]
         try:
-            reuse = self._place(ar, placement)
+            reuse = self.residency.place(ar.req, placement)
         except Exception as e:
             log.exception("could not place %s", ar.request_id)
-            for slot in placement.slots:
-                self.runner.kv_remove(slot.seq_id, 0, -1)
-                slot.tokens.clear()
-                if slot.owner != ar.req.owner:
-                    slot.owner = None
-            ar.seqs.extend(Sequence(i, s, _NullSampler(), Detokenizer()) for i, s in enumerate(placement.slots))
-            self._end(ar, FinishReason.ERROR, out, error=f"could not prepare the KV cache: {e}")
+            self.residency.unplace(ar.req, placement)
+            self._fail_setup(ar, placement.slots, f"could not prepare the KV cache: {e}", out)
             return
-        self.runner.kv_remove(first.seq_id, reuse, -1)
-        del first.tokens[reuse:]
+        self.residency.truncate(placement.slots[0], reuse)
         ar.prefill_pos = ar.cached_tokens = reuse
         self.stats.cached_tokens += reuse
-        params = ar.req.params
         try:
             for i, slot in enumerate(placement.slots):
-                p = params
-                if i and params.seed is not None:  # candidates must differ, reproducibly
-                    p = replace(params, seed=params.seed + i)
-                # A grammar owns every token: a forced end-of-thinking marker would break it.
-                think = ThinkTracker(ar.req.think) if ar.req.think is not None and p.grammar is None else None
-                rep = ar.req.repetition
-                repeat = RepetitionTracker(rep) if rep is not None and rep.enabled else None
-                ar.seqs.append(Sequence(i, slot, self.runner.new_sampler(p), Detokenizer(list(params.stop)),
-                                        think=think, repeat=repeat))
+                ar.seqs.append(Sequence.start(ar.req, i, slot, self.runner.new_sampler))
         except Exception as e:
-            ar.seqs.extend(Sequence(i, s, _NullSampler(), Detokenizer())
-                           for i, s in enumerate(placement.slots) if i >= len(ar.seqs))
-            self._end(ar, FinishReason.ERROR, out, error=f"could not set up sampling: {e}")
+            self._fail_setup(ar, placement.slots, f"could not set up sampling: {e}", out)
             return
         out.delta(ar, 0)  # an (empty) output: placed, with its cached token count
 
-    def _place(self, ar: ActiveRequest, placement: Placement) -> int:
-        """Make the first slot hold the longest usable prefix of the prompt; return its length.
-
-        Evicted sessions are swapped out first. A session's own KV is used in place
-        (resident) or swapped back in; otherwise the longest prefix among the slot itself,
-        other idle slots (copied), sessions' swapped KV in RAM and stashed stateless prompts
-        (restored) is used. A copy must save at least MIN_COPY tokens of prefill to be worth
-        moving a whole KV stream. What the first slot held is stashed before it is dropped."""
-        owner, prompt = ar.req.owner, ar.prompt
-        for slot, old in placement.evict:
-            self._swap_out(slot, old)
-        first = placement.slots[0]
-        first.owner = owner
-        limit = len(prompt) - 1
-        if placement.resident:
-            return placement.reuse
-        here = min(common_prefix_len(first.tokens, prompt), limit)
-        if len(first.tokens) - here >= MIN_COPY:  # keep what this slot cached for a later prompt
-            self.swap.stash_prefix(first.tokens, self.runner.state_get(first.seq_id))
-        if owner is not None and (got := self.swap.take(owner)) is not None:
-            tokens, data = got
-            try:
-                self.runner.state_set(first.seq_id, data)
-                first.tokens[:] = tokens
-                self.stats.swap_ins += 1
-                return min(common_prefix_len(tokens, prompt), limit)
-            except ValueError as e:  # incompatible state: re-prefill from the transcript
-                log.warning("could not restore the KV of session %s: %s", owner, e)
-                first.tokens.clear()
-        if not ar.req.cache_prompt:
-            self.runner.kv_remove(first.seq_id, 0, -1)
-            first.tokens.clear()
-            return 0
-        best = here
-        source: Slot | str | int | None = None
-        for slot in self.slots.slots:  # idle slots, their own or sessions'
-            if not slot.busy and slot is not first:
-                n = min(common_prefix_len(slot.tokens, prompt), limit)
-                if n > best:
-                    best, source = n, slot
-        for other, tokens in self.swap.prefix_candidates():
-            n = min(common_prefix_len(tokens, prompt), limit)
-            if n > best:
-                best, source = n, other
-        if best - here < MIN_COPY:
-            source = None
-        if isinstance(source, Slot):  # llama.cpp copies whole streams between sequences
-            self.runner.kv_remove(first.seq_id, 0, -1)
-            self.runner.kv_copy(source.seq_id, first.seq_id, -1, -1)
-            first.tokens[:] = source.tokens
-        elif source is not None and not isinstance(source, Slot):
-            # a session's swapped KV stays its own (peek); a stashed prompt moves into the slot
-            got = self.swap.peek(source) if isinstance(source, str) else self.swap.take_prefix(source)
-            if got is not None:
-                self.runner.state_set(first.seq_id, got[1])
-                first.tokens[:] = got[0]
-        return min(common_prefix_len(first.tokens, prompt), limit)
-
-    def _draft(self) -> None:
-        """Give each decoding sequence this step's speculative draft, within the token budget
-        (one decode token per sequence comes first) and what the sequence may still grow."""
-        decoding = [(ar, seq) for ar in self.scheduler.running if ar.phase is Phase.DECODE
-                    for seq in ar.live_seqs()]
-        room = self.scheduler.token_budget - len(decoding)
-        for ar, seq in decoding:
-            seq.draft = []
-            if seq.drafter is None or room <= 0:
-                continue
-            mt = ar.req.params.max_tokens
-            # the pending token and a draft of k are positions len(tokens) .. len(tokens) + k
-            limit = min(room, ar.max_len - len(seq.slot.tokens) - 1,
-                        (mt - seq.n_generated - 1) if mt is not None else room)
-            if limit > 0:
-                seq.draft = seq.drafter.propose(limit, len(decoding))
-                room -= len(seq.draft)
+    def _fail_setup(self, ar: ActiveRequest, slots: list[Slot], error: str, out: StepOutputs) -> None:
+        ar.seqs.extend(Sequence.placeholder(i, s) for i, s in enumerate(slots) if i >= len(ar.seqs))
+        self._end(ar, FinishReason.ERROR, out, error=error)
 
     def _decode(self, work: list[Work]) -> list[int]:
         """One llama_decode. A batch holding a prompt chunk is long enough to be worth
@@ -514,7 +316,7 @@ class Engine:
                 self._in_decode = frozenset()
                 self.runner.clear_interrupt()
 
-    def _run_batch(self, work: list[Work], out: _Outputs) -> None:
+    def _run_batch(self, work: list[Work], out: StepOutputs) -> None:
         try:
             logit_idx = self._decode(work)
         except DecodeAborted:
@@ -529,8 +331,7 @@ class Engine:
             log.error("decode failed: %s", e)
             for ar in {id(w.ar): w.ar for w in work}.values():
                 for seq in ar.seqs:  # the KV state of these sequences is unknown now
-                    self.runner.kv_remove(seq.slot.seq_id, 0, -1)
-                    seq.slot.tokens.clear()
+                    self.residency.truncate(seq.slot, 0)
                 self._end(ar, FinishReason.ERROR, out, error=f"decode failed: {e}")
             return
         self.stats.steps += 1
@@ -548,12 +349,8 @@ class Engine:
             else:
                 self._accept(w.ar, w.seq, w.entry, next(idx), out)
 
-    def _start_decoding(self, ar: ActiveRequest, logits_index: int, out: _Outputs) -> None:
-        first = ar.seqs[0].slot
-        for seq in ar.seqs[1:]:  # n > 1: the candidates share the prompt's KV
-            self.runner.kv_remove(seq.slot.seq_id, 0, -1)
-            self.runner.kv_copy(first.seq_id, seq.slot.seq_id, -1, -1)
-            seq.slot.tokens[:] = first.tokens
+    def _start_decoding(self, ar: ActiveRequest, logits_index: int, out: StepOutputs) -> None:
+        self.residency.fork(ar.seqs[0].slot, [s.slot for s in ar.seqs[1:]])  # n > 1: they share the prompt's KV
         ar.phase = Phase.DECODE
         speculate = self.spec is not None and ar.req.params.speculative is not False
         for seq in ar.seqs:
@@ -565,7 +362,7 @@ class Engine:
                     seq.drafter = Drafter.start(self.spec, seq.slot.tokens)
                     seq.drafter.push(token)
 
-    def _accept(self, ar: ActiveRequest, seq: Sequence, entry: BatchEntry, first_row: int, out: _Outputs) -> None:
+    def _accept(self, ar: ActiveRequest, seq: Sequence, entry: BatchEntry, first_row: int, out: StepOutputs) -> None:
         """After a decode: the pending token is in the KV; sample the row after it and, while
         the sampled token equals the next drafted one (already in the KV too), the row after
         that. The first disagreement (or a bonus token after a full accept) becomes the new
@@ -593,81 +390,39 @@ class Engine:
             if seq.drafter is not None:
                 seq.drafter.observe(len(drafted), accepted)
             if len(slot.tokens) < entry.pos0 + len(entry.tokens):
-                self.runner.kv_remove(slot.seq_id, len(slot.tokens), -1)
+                self.residency.truncate(slot, len(slot.tokens))
 
     def _sample(self, seq: Sequence, logits_index: int) -> int:
         forced = seq.think.forced() if seq.think is not None else None
         # A forced token bypasses the sampler (grammars and thinking budgets do not mix).
         return forced if forced is not None else seq.sampler.sample(logits_index)
 
-    def _emit(self, ar: ActiveRequest, seq: Sequence, token: int, logits_index: int, out: _Outputs) -> bool:
-        """Emit one sampled token of one candidate and decide whether the candidate goes on.
-        The one place that decides per token (EOS, stop tokens and strings, limits)."""
-        params = ar.req.params
-        if seq.think is not None:
-            seq.think.observe(self.runner.token_text(token))
-        seq.n_generated += 1
+    def _emit(self, ar: ActiveRequest, seq: Sequence, token: int, logits_index: int, out: StepOutputs) -> bool:
+        """Emit one sampled token of one candidate (`output.emit` decides); False if that
+        ended the candidate, and the request with its last live candidate."""
+        finish = emit(self.runner, ar, seq, token, logits_index, out.delta(ar, seq.index))
         self.stats.generated_tokens += 1
-        delta = out.delta(ar, seq.index)
-        delta.token_ids.append(token)
-        if params.logprobs:
-            if delta.logprobs is None:
-                delta.logprobs = []
-            delta.logprobs.append(token_logprob(self.runner, logits_index, token, params.top_logprobs))
-
-        finish: FinishReason | None = None
-        # A grammar allows only end-of-generation once complete, so EOS always ends it there.
-        eos_stops = not params.ignore_eos or params.grammar is not None
-        if (eos_stops and self.runner.is_eog(token)) or token in params.stop_token_ids:
-            finish, delta.stop_reason = FinishReason.STOP, token
-            delta.text += seq.detok.flush()
-        else:
-            pushed = seq.detok.push(self.runner.token_bytes(token))
-            if isinstance(pushed, StopMatch):
-                finish, delta.stop_reason = FinishReason.STOP, pushed.stop
-                delta.text += pushed.text
-            else:
-                delta.text += pushed
-                at_max = params.max_tokens is not None and seq.n_generated >= params.max_tokens
-                if seq.repeat is not None and seq.repeat.observe(token):
-                    finish, delta.stop_reason = FinishReason.STOP, StopKind.REPETITION
-                    delta.text += seq.detok.flush()
-                elif at_max or len(ar.prompt) + seq.n_generated >= ar.max_len:
-                    finish = FinishReason.LENGTH
-                    delta.text += seq.detok.flush()
         if finish is None:
             return True
-        seq.finish = finish
-        delta.finish_reason = finish
         if not ar.live_seqs():
             self._end(ar, finish, out)
         return False
 
-    def _end(self, ar: ActiveRequest, reason: FinishReason, out: _Outputs, error: str | None = None,
+    def _end(self, ar: ActiveRequest, reason: FinishReason, out: StepOutputs, error: str | None = None,
              stop_reason: str | None = None) -> None:
         """The one exit: finish every live candidate with `reason`, free slots and samplers."""
         if ar.phase is Phase.DONE:
             return
-        indices = [s.index for s in ar.seqs] or list(range(ar.req.n))
-        live = {s.index for s in ar.live_seqs()} if ar.seqs else set(indices)
+        out.finish(ar, reason, error, stop_reason)
         for seq in ar.seqs:
-            if seq.finish is None:
-                seq.finish = reason
-                out.delta(ar, seq.index).text += seq.detok.flush()
             seq.pending = None
             seq.sampler.free()
-        for i in indices:
-            if i in live:
-                d = out.delta(ar, i)
-                d.finish_reason = reason
-                d.stop_reason = stop_reason
         self.scheduler.remove(ar)
-        out.mark_finished(ar, error)
         self.stats.finished += 1
         if reason is FinishReason.CANCELLED:
             self.stats.cancelled += 1
 
-    def _deliver(self, out: _Outputs) -> None:
+    def _deliver(self, out: StepOutputs) -> None:
         for ar, result in out.by_request.values():
             if result.finished:
                 with self._cv:
@@ -681,20 +436,12 @@ class Engine:
                 if not result.finished:
                     self.abort(ar.request_id)
 
-    def _fail_all(self, error: str, out: _Outputs) -> None:
+    def _fail_all(self, error: str, out: StepOutputs) -> None:
         for ar in [*self.scheduler.running, *self.scheduler.waiting]:
             for seq in ar.seqs:
                 try:
-                    self.runner.kv_remove(seq.slot.seq_id, 0, -1)
+                    self.residency.truncate(seq.slot, 0)
                 except Exception:
                     log.exception("could not clear sequence %d", seq.slot.seq_id)
-                seq.slot.tokens.clear()
+                    seq.slot.tokens.clear()
             self._end(ar, FinishReason.ERROR, out, error=error)
-
-
-class _NullSampler:
-    def sample(self, logits_index: int) -> int:
-        raise RuntimeError("no sampler")
-
-    def free(self) -> None:
-        pass

@@ -1,9 +1,12 @@
 """Admission and batch building: which tokens go into the next decode call.
 
-Pure bookkeeping (no runner calls), so it is unit-tested on its own. Policy:
-- FCFS admission while enough slots are free for all of a request's candidates;
+Pure bookkeeping (no runner calls), so it is unit-tested on its own
+(tests/unit/engine/test_scheduler.py). Policy:
+- FCFS admission while enough slots are free for all of a request's candidates, and one
+  request per session at a time (a session's next turn waits for its running one);
 - every decoding sequence gets its one token first (decodes never starve behind prefill),
-  followed by the tokens drafted for it this step, if any (speculative decoding);
+  followed by the tokens drafted for it this step, if any (speculative decoding: `draft`
+  shares out what the budget leaves after those single tokens);
 - the rest of the per-step token budget goes to prompt chunks, oldest request first
   (chunked prefill: a long prompt is spread over several steps, so running streams keep
   flowing and aborts are seen between chunks).
@@ -80,6 +83,25 @@ class Scheduler:
             self.running.append(ar)
             admitted.append(Admission(ar, placement))
         return admitted
+
+    def draft(self) -> None:
+        """Give each decoding sequence this step's speculative draft, within the token budget
+        (one decode token per sequence comes first) and what the sequence may still grow.
+        Called before `schedule` when speculation is on; drafting asks no runner."""
+        decoding = [(ar, seq) for ar in self.running if ar.phase is Phase.DECODE
+                    for seq in ar.live_seqs()]
+        room = self.token_budget - len(decoding)
+        for ar, seq in decoding:
+            seq.draft = []
+            if seq.drafter is None or room <= 0:
+                continue
+            mt = ar.req.params.max_tokens
+            # the pending token and a draft of k are positions len(tokens) .. len(tokens) + k
+            limit = min(room, ar.max_len - len(seq.slot.tokens) - 1,
+                        (mt - seq.n_generated - 1) if mt is not None else room)
+            if limit > 0:
+                seq.draft = seq.drafter.propose(limit, len(decoding))
+                room -= len(seq.draft)
 
     def schedule(self) -> list[Work]:
         work: list[Work] = []

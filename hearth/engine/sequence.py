@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from hearth.engine.detokenizer import Detokenizer
@@ -13,7 +13,7 @@ from hearth.engine.repetition import RepetitionTracker
 from hearth.engine.runner import Sampler
 from hearth.engine.speculate import Drafter
 from hearth.engine.thinking import ThinkTracker
-from hearth.engine.types import EngineRequest, FinishReason, RequestOutput
+from hearth.engine.types import EngineRequest, FinishReason, RequestOutput, SamplingParams
 
 Sink = Callable[[RequestOutput], None]
 
@@ -39,6 +39,27 @@ class Sequence:
     drafter: Drafter | None = None  # prompt-lookup speculation, once decoding (None: off)
     draft: list[int] = field(default_factory=list)  # this step's drafted tokens, after `pending`
 
+    @classmethod
+    def start(cls, req: EngineRequest, index: int, slot: Slot,
+              new_sampler: Callable[[SamplingParams], Sampler]) -> Sequence:
+        """Candidate `index` of `req`, in `slot`: its sampler, stop strings, thinking budget and
+        loop detector."""
+        params = req.params
+        p = params
+        if index and params.seed is not None:  # candidates must differ, reproducibly
+            p = replace(params, seed=params.seed + index)
+        # A grammar owns every token: a forced end-of-thinking marker would break it.
+        think = ThinkTracker(req.think) if req.think is not None and p.grammar is None else None
+        rep = req.repetition
+        repeat = RepetitionTracker(rep) if rep is not None and rep.enabled else None
+        return cls(index, slot, new_sampler(p), Detokenizer(list(params.stop)), think=think, repeat=repeat)
+
+    @classmethod
+    def placeholder(cls, index: int, slot: Slot) -> Sequence:
+        """A candidate that never samples: it holds its slot until a request that failed to
+        start is ended."""
+        return cls(index, slot, _NullSampler(), Detokenizer())
+
 
 @dataclass(slots=True)
 class ActiveRequest:
@@ -61,3 +82,11 @@ class ActiveRequest:
 
     def live_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if s.finish is None]
+
+
+class _NullSampler:
+    def sample(self, logits_index: int) -> int:
+        raise RuntimeError("no sampler")
+
+    def free(self) -> None:
+        pass

@@ -11,6 +11,10 @@ n_tokens, kv_bytes, sha256}, the token ids (int32 LE), then the KV bytes. Writte
 temporary name and renamed, so a crash never leaves a half file under the real name. A file
 whose fingerprint differs from the running model's, or whose checksum fails, is ignored and
 deleted (the session's next turn re-prefills from its transcript).
+
+The stash of stateless prompts (`stash_prefix`, a RAM-only prefix cache) lives here too: it
+shares the store's lock and RAM accounting (`ram_bytes`), and `Residency` reads both kinds of
+entry as prefix sources. The file format stays here: only this store reads and writes it.
 """
 
 from __future__ import annotations

@@ -145,6 +145,23 @@ class RequestOutput:
     error: str | None = None
 
 
+@dataclass(slots=True)
+class EngineStats:
+    """An engine's lifetime counters (read from any thread, racily, for metrics)."""
+
+    steps: int = 0
+    prompt_tokens: int = 0  # prefilled (not counting reused prefix)
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    finished: int = 0
+    cancelled: int = 0
+    swap_outs: int = 0  # session KV moved out of a slot (to RAM)
+    swap_ins: int = 0  # session KV restored into a slot
+    drafted_tokens: int = 0  # speculative draft tokens verified
+    accepted_tokens: int = 0  # of those, the ones the sampler agreed with (emitted without a step of their own)
+    interrupted_decodes: int = 0  # decodes stopped midway by an abort (their work re-run)
+
+
 class ContextOverflow(ValueError):
     """The prompt (plus the requested max_tokens) does not fit in a sequence's context."""
 
@@ -158,3 +175,25 @@ class ContextOverflow(ValueError):
                    f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the "
                    f"completion). Please reduce the prompt or max_tokens.")
         super().__init__(msg)
+
+
+def check_request(req: EngineRequest, max_len: int, n_seq_max: int, n_vocab: int) -> None:
+    """Raise ValueError (ContextOverflow for size) if `req` cannot run on an engine with
+    `n_seq_max` sequences and `n_vocab` tokens, in `max_len` tokens per sequence."""
+    if not req.prompt_tokens:
+        raise ValueError("the prompt is empty")
+    if not 1 <= req.n <= n_seq_max:
+        raise ValueError(f"n must be between 1 and {n_seq_max} (the server's --parallel)")
+    # Sizes before the id scans, so the linear scans (on the caller's thread) stay bounded.
+    n_prompt = len(req.prompt_tokens)
+    if n_prompt >= max_len:
+        raise ContextOverflow(n_prompt, max_len)
+    mt = req.params.max_tokens
+    if mt is not None and n_prompt + mt > max_len:
+        raise ContextOverflow(n_prompt, max_len, mt)
+    bad = [t for t in req.prompt_tokens if not 0 <= t < n_vocab]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is out of range [0, {n_vocab})")
+    bad = [t for t in (*req.params.logit_bias, *req.params.stop_token_ids) if not 0 <= t < n_vocab]
+    if bad:
+        raise ValueError(f"logit_bias / stop token id {bad[0]} is out of range [0, {n_vocab})")

@@ -233,6 +233,24 @@ class LocalBackend:
                 raise BadRequest(str(e), param="grammar" if sampling.grammar else source) from e
         return params
 
+    def _validate(self, m: LocalModel, ereq: EngineRequest, param: str) -> None:
+        """The engine's checks, once, in the worker pool (they scan the prompt): a 4xx before the
+        stream is returned, and the engine is told not to repeat them (`validated=True`)."""
+        try:
+            try:
+                m.engine.validate(ereq)
+            except ContextOverflow as e:
+                if not (self.settings.clamp_max_tokens and e.max_tokens is not None and e.n_prompt < e.limit):
+                    raise
+                # --clamp-max-tokens: what is left of the context instead of a refusal
+                ereq.params = replace(ereq.params, max_tokens=e.limit - e.n_prompt)
+                m.engine.validate(ereq)
+        except ContextOverflow as e:
+            raise ContextLimit(str(e), n_prompt=e.n_prompt, limit=e.limit, max_tokens=e.max_tokens,
+                               param=param) from e
+        except ValueError as e:
+            raise BadRequest(str(e)) from e
+
     async def complete(self, req: CompletionRequest) -> EventStream:
         m = self.model(req.model)
         prompt = req.prompt
@@ -257,20 +275,7 @@ class LocalBackend:
         ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len,
                              repetition=req.repetition)
-        try:
-            try:
-                m.engine.validate(ereq)
-            except ContextOverflow as e:
-                if not (self.settings.clamp_max_tokens and e.max_tokens is not None and e.n_prompt < e.limit):
-                    raise
-                # --clamp-max-tokens: what is left of the context instead of a refusal
-                ereq.params = replace(ereq.params, max_tokens=e.limit - e.n_prompt)
-                m.engine.validate(ereq)
-        except ContextOverflow as e:
-            raise ContextLimit(str(e), n_prompt=e.n_prompt, limit=e.limit, max_tokens=e.max_tokens,
-                               param="messages" if isinstance(req, ChatRequest) else "prompt") from e
-        except ValueError as e:
-            raise BadRequest(str(e)) from e
+        await self._off_loop(lambda: self._validate(m, ereq, "messages" if isinstance(req, ChatRequest) else "prompt"))
         if not await admit(m.admission, n, cancel, req.timeout):
             return EventStream(cancelled_while_queued(len(tokens), n))
         events = engine_events(m.engine, ereq, cancel)

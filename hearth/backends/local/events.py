@@ -56,7 +56,7 @@ async def engine_events(engine: Engine, ereq: EngineRequest,
         if cancel is not None:
             cancel.on_cancel(lambda: engine.abort(ereq.request_id))
 
-    async for out in engine.generate(ereq, after_submit=watch_cancel):
+    async for out in engine.generate(ereq, after_submit=watch_cancel, validated=True):
         now = time.monotonic()
         if not started:
             started, placed = True, now

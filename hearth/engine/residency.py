@@ -1,0 +1,192 @@
+"""Residency: what each KV slot holds, and where a session's KV lives when no slot holds it.
+
+The scheduler decides which slots a request gets (`SlotTable.acquire` / `release`: `busy`,
+`last_used`); this module decides what they hold (`tokens`, `owner`) and moves KV between
+slots, host RAM and disk (`SwapStore`, which also keeps the stashed stateless prompts, a RAM
+prefix cache). It is the only part of the engine that changes a sequence's KV other than by
+decoding (`Runner.kv_remove` / `kv_copy` / `state_get` / `state_set`).
+
+Thread ownership: every method runs on the engine thread: `place`, `unplace`, `truncate` and
+`fork` inside a step; the session-KV methods (`export_kv`, `import_kv`, `drop_kv`, `trim_kv`,
+`spill_all`) between steps, through `Engine.call`. The one exception is `kv_where`, a racy
+read from any thread, good enough for reporting.
+
+Invariant (the one every other module relies on): a slot's `tokens` are exactly what its KV
+sequence holds at positions 0..len-1; every method here keeps it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hearth.engine.kv import Placement, Slot, SlotTable, common_prefix_len
+from hearth.engine.runner import Runner
+from hearth.engine.swap import SwapStore
+from hearth.engine.types import EngineRequest, EngineStats
+
+log = logging.getLogger("hearth.engine")
+
+MIN_COPY = 16  # prompt tokens a prefix copy from another slot or swapped state must save
+
+
+class Residency:
+    def __init__(self, runner: Runner, slots: SlotTable, swap: SwapStore, stats: EngineStats) -> None:
+        self.runner = runner
+        self.slots = slots
+        self.swap = swap  # session KV that left its slot (without a directory, in RAM only)
+        self.stats = stats  # counts swap_ins and swap_outs
+
+    # ---- session KV (between steps, through Engine.call) ----------------------------------------
+
+    def kv_where(self, owner: str) -> tuple[str, int]:
+        """(residency, tokens) of a session's KV: resident, host, disk or none. A racy read
+        from any thread, good enough for reporting."""
+        slot = self.slots.owned_by(owner)
+        if slot is not None:
+            return "resident", len(slot.tokens)
+        return (self.swap.where(owner) or "none"), self.swap.n_tokens(owner)
+
+    def export_kv(self, owner: str) -> tuple[list[int], bytes] | None:
+        """Engine thread: a copy of a session's tokens and KV bytes, wherever they are."""
+        slot = self._idle_slot(owner)
+        if slot is not None:
+            if not slot.tokens:
+                return None
+            return list(slot.tokens), self.runner.state_get(slot.seq_id)
+        return self.swap.peek(owner)
+
+    def drop_kv(self, owner: str) -> None:
+        """Engine thread: forget a session's KV (its slot becomes an ordinary free slot)."""
+        slot = self._idle_slot(owner)
+        if slot is not None:
+            self.truncate(slot, 0)
+            slot.owner = None
+        self.swap.drop(owner)
+
+    def trim_kv(self, owner: str, tokens: list[int]) -> int:
+        """Engine thread: cut a session's KV back to its common prefix with `tokens` (after a
+        rollback or resize the transcript is shorter); returns the tokens kept. Swapped KV keeps
+        its bytes with a shorter token list: placement removes what lies past the tokens."""
+        slot = self._idle_slot(owner)
+        if slot is not None:
+            n = common_prefix_len(slot.tokens, tokens)
+            self.truncate(slot, n)
+            return n
+        got = self.swap.peek(owner)
+        if got is None:
+            return 0
+        n = common_prefix_len(got[0], tokens)
+        if n < len(got[0]):
+            self.swap.put(owner, got[0][:n], got[1])
+        return n
+
+    def import_kv(self, owner: str, tokens: list[int], data: bytes) -> None:
+        """Engine thread: make `tokens`/`data` the session's KV (swapped in on its next turn)."""
+        self.drop_kv(owner)
+        self.swap.put(owner, tokens, data)
+
+    def spill_all(self) -> int:
+        """Engine thread: move every idle session's KV out of its slot and write all swapped
+        KV to disk (graceful shutdown). Returns how many sessions were written."""
+        n = 0
+        for slot in self.slots.slots:
+            if slot.owner is not None and not slot.busy:
+                self._swap_out(slot, slot.owner)
+                n += 1
+        self.swap.flush()
+        return n
+
+    def _idle_slot(self, owner: str) -> Slot | None:
+        """The session's slot, if it has one; RuntimeError while its turn runs there."""
+        slot = self.slots.owned_by(owner)
+        if slot is not None and slot.busy:
+            raise RuntimeError(f"session {owner!r} is running")
+        return slot
+
+    def _swap_out(self, slot: Slot, owner: str) -> None:
+        if slot.tokens:
+            self.swap.put(owner, list(slot.tokens), self.runner.state_get(slot.seq_id))
+            self.stats.swap_outs += 1
+        self.truncate(slot, 0)
+        slot.owner = None
+
+    # ---- placement and upkeep (inside a step) ---------------------------------------------------
+
+    def place(self, req: EngineRequest, placement: Placement) -> int:
+        """Make the first slot hold the longest usable prefix of the prompt; return its length.
+        The slot may hold more than that: the caller `truncate`s it to the returned length.
+
+        Evicted sessions are swapped out first. A session's own KV is used in place
+        (resident) or swapped back in; otherwise the longest prefix among the slot itself,
+        other idle slots (copied), sessions' swapped KV in RAM and stashed stateless prompts
+        (restored) is used. A copy must save at least MIN_COPY tokens of prefill to be worth
+        moving a whole KV stream. What the first slot held is stashed before it is dropped."""
+        owner, prompt = req.owner, req.prompt_tokens
+        for slot, old in placement.evict:
+            self._swap_out(slot, old)
+        first = placement.slots[0]
+        first.owner = owner
+        limit = len(prompt) - 1
+        if placement.resident:
+            return placement.reuse
+        here = min(common_prefix_len(first.tokens, prompt), limit)
+        if len(first.tokens) - here >= MIN_COPY:  # keep what this slot cached for a later prompt
+            self.swap.stash_prefix(first.tokens, self.runner.state_get(first.seq_id))
+        if owner is not None and (got := self.swap.take(owner)) is not None:
+            tokens, data = got
+            try:
+                self.runner.state_set(first.seq_id, data)
+                first.tokens[:] = tokens
+                self.stats.swap_ins += 1
+                return min(common_prefix_len(tokens, prompt), limit)
+            except ValueError as e:  # incompatible state: re-prefill from the transcript
+                log.warning("could not restore the KV of session %s: %s", owner, e)
+                first.tokens.clear()
+        if not req.cache_prompt:
+            self.truncate(first, 0)
+            return 0
+        best = here
+        source: Slot | str | int | None = None
+        for slot in self.slots.slots:  # idle slots, their own or sessions'
+            if not slot.busy and slot is not first:
+                n = min(common_prefix_len(slot.tokens, prompt), limit)
+                if n > best:
+                    best, source = n, slot
+        for other, tokens in self.swap.prefix_candidates():
+            n = min(common_prefix_len(tokens, prompt), limit)
+            if n > best:
+                best, source = n, other
+        if best - here < MIN_COPY:
+            source = None
+        if isinstance(source, Slot):  # llama.cpp copies whole streams between sequences
+            self.runner.kv_remove(first.seq_id, 0, -1)
+            self.runner.kv_copy(source.seq_id, first.seq_id, -1, -1)
+            first.tokens[:] = source.tokens
+        elif source is not None and not isinstance(source, Slot):
+            # a session's swapped KV stays its own (peek); a stashed prompt moves into the slot
+            got = self.swap.peek(source) if isinstance(source, str) else self.swap.take_prefix(source)
+            if got is not None:
+                self.runner.state_set(first.seq_id, got[1])
+                first.tokens[:] = got[0]
+        return min(common_prefix_len(first.tokens, prompt), limit)
+
+    def unplace(self, req: EngineRequest, placement: Placement) -> None:
+        """After a failed `place`: the placement's slots hold nothing (a session keeps its slot,
+        empty; its next turn re-prefills from the transcript)."""
+        for slot in placement.slots:
+            self.truncate(slot, 0)
+            if slot.owner != req.owner:
+                slot.owner = None
+
+    def truncate(self, slot: Slot, n: int) -> None:
+        """Keep only the first `n` tokens of a slot's KV (0: empty it; len(tokens): drop what a
+        decode wrote past them, e.g. drafted tokens the sampler rejected)."""
+        self.runner.kv_remove(slot.seq_id, n, -1)
+        del slot.tokens[n:]
+
+    def fork(self, first: Slot, others: list[Slot]) -> None:
+        """n > 1: the other candidates' slots start from a copy of the prompt's KV."""
+        for slot in others:
+            self.runner.kv_remove(slot.seq_id, 0, -1)
+            self.runner.kv_copy(first.seq_id, slot.seq_id, -1, -1)
+            slot.tokens[:] = first.tokens
