@@ -14,21 +14,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hearth.api import (
-    anthropic,
-    control,
-    openai_chat,
-    openai_completions,
-    openai_responses,
-    openapi,
-    sessions,
-    snapshots,
-    web,
-)
-from hearth.api.auth import AuthMiddleware
-from hearth.api.cancels import CancelRegistry
-from hearth.api.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
-from hearth.api.sse import ClientGone
+from hearth.api import control, openapi, sessions, snapshots, web
+from hearth.api.anthropic import messages
+from hearth.api.http.auth import AuthMiddleware
+from hearth.api.http.cancels import CancelRegistry
+from hearth.api.http.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
+from hearth.api.http.sse import ClientGone
+from hearth.api.openai import chat, completions, responses
 from hearth.backends.base import Backend
 from hearth.config import Settings
 from hearth.errors import HearthError
@@ -85,20 +77,20 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
             manager.close()
 
     routes = [
-        Route("/v1/chat/completions", openai_chat.chat_completions, methods=["POST"]),
-        Route("/chat/completions", openai_chat.chat_completions, methods=["POST"]),
-        Route("/v1/completions", openai_completions.completions, methods=["POST"]),
-        Route("/completions", openai_completions.completions, methods=["POST"]),
-        Route("/v1/messages", anthropic.messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
+        Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
+        Route("/chat/completions", chat.chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions.completions, methods=["POST"]),
+        Route("/completions", completions.completions, methods=["POST"]),
+        Route("/v1/messages", messages.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         # Anthropic's envelope for the other methods (405) and unknown /v1/messages/… paths (404).
-        Route("/v1/messages", anthropic.unrouted, methods=anthropic.ALL_METHODS),
-        Route("/v1/messages/{rest:path}", anthropic.unrouted, methods=anthropic.ALL_METHODS),
-        Route("/v1/responses", openai_responses.create_response, methods=["POST"]),
-        Route("/responses", openai_responses.create_response, methods=["POST"]),
-        Route("/v1/responses/{response_id}", openai_responses.get_response, methods=["GET"]),
-        Route("/v1/responses/{response_id}", openai_responses.delete_response, methods=["DELETE"]),
-        Route("/v1/responses/{response_id}/cancel", openai_responses.cancel_response, methods=["POST"]),
+        Route("/v1/messages", messages.unrouted, methods=messages.ALL_METHODS),
+        Route("/v1/messages/{rest:path}", messages.unrouted, methods=messages.ALL_METHODS),
+        Route("/v1/responses", responses.create_response, methods=["POST"]),
+        Route("/responses", responses.create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", responses.cancel_response, methods=["POST"]),
         Route("/v1/sessions", sessions.create_session, methods=["POST"]),
         Route("/v1/sessions", sessions.list_sessions, methods=["GET"]),
         Route("/v1/sessions/{session_id}", sessions.get_session, methods=["GET"]),

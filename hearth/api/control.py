@@ -8,9 +8,9 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api.cancels import CancelRegistry
-from hearth.api.openai_chat import MessageIn, _Open, to_message
-from hearth.api.parsing import read_json, validate
+from hearth.api.http.cancels import CancelRegistry
+from hearth.api.http.parsing import read_json, validate
+from hearth.api.openai.chat import MessageIn, _Open, to_message
 from hearth.backends.base import Backend, ModelCard
 from hearth.errors import BadRequest
 from hearth.observability.logging import note_error

@@ -12,9 +12,9 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from hearth.api.auth import require_admin
-from hearth.api.body import stream_limited
-from hearth.api.parsing import read_json, read_json_or_empty, validate
+from hearth.api.http.auth import require_admin
+from hearth.api.http.body import stream_limited
+from hearth.api.http.parsing import read_json, read_json_or_empty, validate
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_snapshot_id
 from hearth.sessions.manager import SessionManager

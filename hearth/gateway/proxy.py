@@ -29,7 +29,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
-from hearth.api.sse import EventStreamResponse, json_bytes
+from hearth.api.http.sse import EventStreamResponse, json_bytes
 from hearth.errors import TooManyRequests, Unavailable
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.continuity import Continuity

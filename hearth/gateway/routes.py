@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hearth.api.auth import matches, presented_key
-from hearth.api.parsing import read_json, read_json_or_empty
+from hearth.api.http.auth import matches, presented_key
+from hearth.api.http.parsing import read_json, read_json_or_empty
 from hearth.errors import BadRequest, Forbidden, NotFound, Unavailable
 from hearth.gateway.migrate import Mover
 from hearth.gateway.pool import Node, Pool

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hearth.api.body import MAX_JSON_BYTES
+from hearth.api.http.body import MAX_JSON_BYTES
 from tests.api.conftest import Harness
 
 MB = 1 << 20

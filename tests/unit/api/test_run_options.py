@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from hearth.api.auth import AuthMiddleware
-from hearth.api.run_options import RunFields, repetition, wall_cap
+from hearth.api.http.auth import AuthMiddleware
+from hearth.api.http.run_options import RunFields, repetition, wall_cap
 from hearth.config import Settings
 from hearth.engine.repetition import RepetitionSpec
 from hearth.errors import BadRequest

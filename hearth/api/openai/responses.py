@@ -19,11 +19,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api import runs
-from hearth.api.cancels import CancelRegistry
-from hearth.api.openai_chat import _Open
-from hearth.api.parsing import parse_stop, read_json, sampling_params, session_turn, validate
-from hearth.api.responses_input import (
+from hearth.api.http import runs
+from hearth.api.http.cancels import CancelRegistry
+from hearth.api.http.parsing import parse_stop, read_json, sampling_params, session_turn, validate
+from hearth.api.http.run_options import RunFields, repetition, shape, wall_cap
+from hearth.api.openai.chat import _Open
+from hearth.api.openai.responses_input import (
     check_metadata,
     normalize_input,
     to_messages,
@@ -32,9 +33,8 @@ from hearth.api.responses_input import (
     to_tool_choice,
     to_tools,
 )
-from hearth.api.responses_store import ResponseStore, valid_id
-from hearth.api.responses_stream import ResponseAssembler, collect, sse_events
-from hearth.api.run_options import RunFields, repetition, shape, wall_cap
+from hearth.api.openai.responses_store import ResponseStore, valid_id
+from hearth.api.openai.responses_stream import ResponseAssembler, collect, sse_events
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, new_id

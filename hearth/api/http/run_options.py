@@ -10,8 +10,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 from starlette.requests import Request
 
-from hearth.api import runs
-from hearth.api.stream_shaping import coalesce, hold_reasoning
+from hearth.api.http import runs
+from hearth.api.http.stream_shaping import coalesce, hold_reasoning
 from hearth.chat.types import ChatEvent, Finish, RepetitionSpec, StopKind
 from hearth.errors import BadRequest
 

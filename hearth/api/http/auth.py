@@ -17,7 +17,7 @@ from dataclasses import replace
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from hearth.api.errors import ApiError, respond
+from hearth.api.http.errors import ApiError, respond
 from hearth.config import Settings
 from hearth.errors import Forbidden, HearthError, Unauthorized
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from hearth.api.cancels import CancelRegistry, Run
-from hearth.api.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
+from hearth.api.http.cancels import CancelRegistry, Run
+from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
 from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.errors import BadRequest

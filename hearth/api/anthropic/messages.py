@@ -1,7 +1,7 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API, streaming and not.
 
 Every answer from these routes is in Anthropic's shapes: errors by the one error policy
-(`hearth.api.errors`, which picks the envelope by path); the output side (content blocks,
+(`hearth.api.http.errors`, which picks the envelope by path); the output side (content blocks,
 SSE) is in `anthropic_stream.py`.
 """
 
@@ -16,11 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api import runs
-from hearth.api.anthropic_stream import PING, collect, hearth_fields, message_body, stop_reason, stream_events
-from hearth.api.errors import ApiError, respond
-from hearth.api.parsing import read_json, sampling_params, session_turn, validate
-from hearth.api.run_options import RunFields, repetition, shape, wall_cap
+from hearth.api.anthropic.stream import PING, collect, hearth_fields, message_body, stop_reason, stream_events
+from hearth.api.http import runs
+from hearth.api.http.errors import ApiError, respond
+from hearth.api.http.parsing import read_json, sampling_params, session_turn, validate
+from hearth.api.http.run_options import RunFields, repetition, shape, wall_cap
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, ReasoningOptions, ResponseFormat, Tool, ToolCall, new_id

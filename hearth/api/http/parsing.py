@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from hearth.api.body import parse_json, read_limited
+from hearth.api.http.body import parse_json, read_limited
 from hearth.chat.schema_bounds import check_grammar
 from hearth.chat.types import InvalidParam, SamplingParams, SessionTurn
 from hearth.errors import BadRequest

@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api import runs
-from hearth.api.parsing import (
+from hearth.api.http import runs
+from hearth.api.http.parsing import (
     first_set,
     parse_logit_bias,
     parse_stop,
@@ -20,8 +20,8 @@ from hearth.api.parsing import (
     session_turn,
     validate,
 )
-from hearth.api.run_options import RunFields, repetition, shape, stop_fields, wall_cap
-from hearth.api.sse import DONE, sse_data
+from hearth.api.http.run_options import RunFields, repetition, shape, stop_fields, wall_cap
+from hearth.api.http.sse import DONE, sse_data
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (

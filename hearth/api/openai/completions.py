@@ -12,11 +12,11 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api import runs
-from hearth.api.openai_chat import _Open, timings_field, usage_dict
-from hearth.api.parsing import first_set, parse_logit_bias, parse_stop, read_json, sampling_params, validate
-from hearth.api.run_options import RunFields, repetition, shape, stop_fields, wall_cap
-from hearth.api.sse import DONE, sse_data
+from hearth.api.http import runs
+from hearth.api.http.parsing import first_set, parse_logit_bias, parse_stop, read_json, sampling_params, validate
+from hearth.api.http.run_options import RunFields, repetition, shape, stop_fields, wall_cap
+from hearth.api.http.sse import DONE, sse_data
+from hearth.api.openai.chat import _Open, timings_field, usage_dict
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
