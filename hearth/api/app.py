@@ -37,7 +37,7 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]],
              requests: object, access: Settings) -> Starlette:
     """The Starlette app a node and the gateway share: request ids (counted in `requests`),
-    API keys as `access` says, and the one error policy of api/errors.py."""
+    API keys as `access` says, and the one error policy of api/http/errors.py."""
     endpoints = {r.path for r in routes if "{" not in r.path}
     return Starlette(
         routes=routes,

@@ -2,7 +2,7 @@
 
 Every answer from these routes is in Anthropic's shapes: errors by the one error policy
 (`hearth.api.http.errors`, which picks the envelope by path); the output side (content blocks,
-SSE) is in `anthropic_stream.py`.
+SSE) is in `stream.py`.
 """
 
 from __future__ import annotations
