@@ -16,16 +16,19 @@ from starlette.routing import Route
 
 from hearth.api import control, openapi, sessions, snapshots, web
 from hearth.api.anthropic import messages
+from hearth.api.context import NodeContext
 from hearth.api.http.auth import AuthMiddleware
 from hearth.api.http.cancels import CancelRegistry
 from hearth.api.http.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
 from hearth.api.http.sse import ClientGone
 from hearth.api.openai import chat, completions, responses
+from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings
 from hearth.errors import HearthError
 from hearth.observability.logging import RequestIdMiddleware, note_error
 from hearth.observability.metrics import Metrics
+from hearth.sessions.backend import SessionBackend
 from hearth.sessions.manager import SessionManager
 
 
@@ -56,13 +59,17 @@ def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncC
 
 
 def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
-    """The HTTP server over any backend: it sees only the contract in `hearth.backends.base`."""
+    """The HTTP server over any backend: it sees only the contract in `hearth.backends.base`.
+    Every route reads what it needs from the one `NodeContext` built here (`hearth.api.context`)."""
     settings = settings or Settings()
     metrics = Metrics(backend)
     manager = SessionManager(backend, settings.data_dir)
-
-    async def metrics_endpoint(request: Request) -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+    cancels = CancelRegistry()
+    metrics.runs_registered.set_function(lambda: len(cancels))
+    metrics.cancels_pending.set_function(lambda: cancels.pending)
+    context = NodeContext(backend=SessionBackend(backend, manager), sessions=manager, settings=settings,
+                          cancels=cancels, metrics=metrics,
+                          responses=ResponseStore(settings.data_dir / "hearth.db"), responses_settled={})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -113,18 +120,11 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/health", control.health, methods=["GET"]),
         Route("/tokenize", control.tokenize, methods=["POST"]),
         Route("/detokenize", control.detokenize, methods=["POST"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/metrics", control.metrics, methods=["GET"]),
         Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name}", web.static_file, methods=["GET"]),
     ]
     app = assemble(routes, lifespan, metrics.requests, settings)
-    app.state.backend = backend
-    app.state.sessions = manager
-    app.state.settings = settings
-    cancels = CancelRegistry()
-    metrics.runs_registered.set_function(lambda: len(cancels))
-    metrics.cancels_pending.set_function(lambda: cancels.pending)
-    app.state.cancels = cancels
-    app.state.metrics = metrics
+    app.state.node = context
     return app

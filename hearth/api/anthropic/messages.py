@@ -17,11 +17,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.anthropic.stream import PING, collect, hearth_fields, message_body, stop_reason, stream_events
+from hearth.api.context import node
 from hearth.api.http import runs
 from hearth.api.http.errors import ApiError, respond
 from hearth.api.http.parsing import read_json, sampling_params, session_turn, validate
 from hearth.api.http.run_options import RunFields, repetition, shape, wall_cap
-from hearth.backends.base import Backend, EventStream
+from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, ReasoningOptions, ResponseFormat, Tool, ToolCall, new_id
 from hearth.errors import BadRequest, GenerationFailed
@@ -327,18 +328,18 @@ def to_chat_request(body: CountTokensIn, request_id: str) -> ChatRequest:
 
 
 async def messages(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    backend = node(request).backend
     body = validate(MessagesIn, await read_json(request))
     msg_id = new_id("msg_")
     creq = to_chat_request(body, msg_id)
-    creq.timeout = wall_cap(request, body)
-    creq.repetition = repetition(request, body)
+    creq.timeout = wall_cap(node(request).settings, body)
+    creq.repetition = repetition(node(request).settings, body)
     model = backend.resolve(creq.model)
     stops = creq.sampling.stop
 
     def open_stream(token: CancelToken) -> Awaitable[EventStream]:
         creq.cancel = token
-        return request.app.state.sessions.chat(creq)
+        return backend.chat(creq)
 
     gen = await runs.start(request, "messages", open_stream, cancel_id=body.cancel_id, session_id=body.session_id,
                            ids=[msg_id])
@@ -352,7 +353,7 @@ async def messages(request: Request) -> Response:
 
 
 async def count_tokens(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    backend = node(request).backend
     body = validate(CountTokensIn, await read_json(request))
     creq = to_chat_request(body, new_id("msg_"))
     return JSONResponse({"input_tokens": await backend.count_tokens(creq)})

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
-from starlette.requests import Request
 
 from hearth.api.http import runs
 from hearth.api.http.stream_shaping import coalesce, hold_reasoning
 from hearth.chat.types import ChatEvent, Finish, RepetitionSpec, StopKind
+from hearth.config import Settings
 from hearth.errors import BadRequest
 
 
@@ -63,16 +63,16 @@ def stop_fields(finish: Finish | None) -> dict[str, Any]:
     return out
 
 
-def wall_cap(request: Request, body: RunFields) -> float:
+def wall_cap(settings: Settings, body: RunFields) -> float:
     if body.timeout is not None and body.t_max_predict_ms is not None:
         raise BadRequest("give the wall-clock cap once: timeout (seconds) or t_max_predict_ms, not both",
                          param="t_max_predict_ms")
     if body.t_max_predict_ms is not None:
-        return runs.time_cap(request, body.t_max_predict_ms / 1000, param="t_max_predict_ms")
-    return runs.time_cap(request, body.timeout)
+        return runs.time_cap(settings, body.t_max_predict_ms / 1000, param="t_max_predict_ms")
+    return runs.time_cap(settings, body.timeout)
 
 
-def repetition(request: Request, body: RunFields) -> RepetitionSpec | None:
+def repetition(settings: Settings, body: RunFields) -> RepetitionSpec | None:
     """The request's loop detection: its own setting, else the server's (--repetition-detection)."""
     asked: bool | RepetitionIn | None = body.repetition_detection
     param = "repetition_detection"
@@ -84,7 +84,7 @@ def repetition(request: Request, body: RunFields) -> RepetitionSpec | None:
             raise BadRequest(f"{param}: must be true, false or an object with enabled, min_repeats, "
                              f"max_period, min_tokens ({e.errors()[0]['msg']})", param=param) from e
     if asked is None:
-        return RepetitionSpec() if request.app.state.settings.repetition_detection else None
+        return RepetitionSpec() if settings.repetition_detection else None
     if isinstance(asked, bool):
         return RepetitionSpec(enabled=asked)
     try:

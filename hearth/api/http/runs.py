@@ -10,12 +10,14 @@ from typing import Any
 
 from starlette.requests import Request
 
+from hearth.api.context import node
 from hearth.api.http.cancels import CancelRegistry, Run
 from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
 from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
+from hearth.config import Settings
 from hearth.errors import BadRequest
-from hearth.observability.metrics import Metrics, RequestTimer
+from hearth.observability.metrics import RequestTimer
 
 
 class Generation:
@@ -47,9 +49,8 @@ class Generation:
             await self.events.aclose()
 
 
-def time_cap(request: Request, asked: float | None, param: str = "timeout") -> float:
+def time_cap(settings: Settings, asked: float | None, param: str = "timeout") -> float:
     """The wall-clock cap for a run: the server default, or the client's own up to the maximum."""
-    settings = request.app.state.settings
     if asked is None:
         return float(settings.request_timeout)
     if asked > settings.max_request_timeout:
@@ -63,8 +64,8 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
     """Register the run, then call `open_stream(token)` (validation and the wait for a slot)
     while watching for a disconnect; a client that leaves while queued leaves the queue."""
     arrived = time.monotonic()
-    registry: CancelRegistry = request.app.state.cancels
-    metrics: Metrics = request.app.state.metrics
+    ctx = node(request)
+    registry, metrics = ctx.cancels, ctx.metrics
     run = registry.open(cancel_id=cancel_id, session_id=session_id, ids=ids)
     timer = metrics.timer(endpoint, arrived)
     try:
@@ -76,4 +77,4 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
             metrics.cancellations.labels(run.token.reason).inc()
         raise
     timer.admitted_now()
-    return Generation(run, events, timer, registry, request.app.state.settings.sse_heartbeat)
+    return Generation(run, events, timer, registry, ctx.settings.sse_heartbeat)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hearth.api.context import node
 from hearth.api.http import runs
 from hearth.api.http.parsing import (
     first_set,
@@ -22,7 +23,7 @@ from hearth.api.http.parsing import (
 )
 from hearth.api.http.run_options import RunFields, repetition, shape, stop_fields, wall_cap
 from hearth.api.http.sse import DONE, sse_data
-from hearth.backends.base import Backend, EventStream
+from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
     ChatEvent,
@@ -289,17 +290,17 @@ async def collect(events: AsyncIterator[ChatEvent], n: int
 
 
 async def chat_completions(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    backend = node(request).backend
     body = validate(ChatCompletionIn, await read_json(request))
     cid = new_id("chatcmpl-")
     creq = to_chat_request(body, cid)
-    creq.timeout = wall_cap(request, body)
-    creq.repetition = repetition(request, body)
+    creq.timeout = wall_cap(node(request).settings, body)
+    creq.repetition = repetition(node(request).settings, body)
     model = backend.resolve(creq.model)
 
     def open_stream(token: CancelToken) -> Awaitable[EventStream]:
         creq.cancel = token
-        return request.app.state.sessions.chat(creq)
+        return backend.chat(creq)
 
     gen = await runs.start(request, "chat", open_stream, cancel_id=body.cancel_id, session_id=body.session_id,
                            ids=[cid])

@@ -12,12 +12,13 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hearth.api.context import node
 from hearth.api.http import runs
 from hearth.api.http.parsing import first_set, parse_logit_bias, parse_stop, read_json, sampling_params, validate
 from hearth.api.http.run_options import RunFields, repetition, shape, stop_fields, wall_cap
 from hearth.api.http.sse import DONE, sse_data
 from hearth.api.openai.chat import _Open, timings_field, usage_dict
-from hearth.backends.base import Backend, EventStream
+from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
     ChatEvent,
@@ -117,7 +118,7 @@ async def merge(streams: list[EventStream], n: int) -> AsyncIterator[ChatEvent]:
 
 
 async def completions(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    backend = node(request).backend
     body = validate(CompletionIn, await read_json(request))
     if body.suffix:
         raise BadRequest("suffix (fill-in-the-middle) is not supported", param="suffix")
@@ -140,8 +141,8 @@ async def completions(request: Request) -> Response:
         max_tokens=body.max_tokens, ignore_eos=body.ignore_eos,
         logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0, speculative=body.speculative)
     cid = new_id("cmpl-")
-    timeout = wall_cap(request, body)
-    rep = repetition(request, body)
+    timeout = wall_cap(node(request).settings, body)
+    rep = repetition(node(request).settings, body)
 
     async def open_stream(token: CancelToken) -> EventStream:
         # One engine request per prompt, merged; all of them share the run's cancel token.

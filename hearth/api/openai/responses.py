@@ -15,12 +15,11 @@ from collections.abc import Awaitable
 from typing import Any
 
 from pydantic import Field
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hearth.api.context import node
 from hearth.api.http import runs
-from hearth.api.http.cancels import CancelRegistry
 from hearth.api.http.parsing import parse_stop, read_json, sampling_params, session_turn, validate
 from hearth.api.http.run_options import RunFields, repetition, shape, wall_cap
 from hearth.api.openai.chat import _Open
@@ -35,7 +34,7 @@ from hearth.api.openai.responses_input import (
 )
 from hearth.api.openai.responses_store import ResponseStore, valid_id
 from hearth.api.openai.responses_stream import ResponseAssembler, collect, sse_events
-from hearth.backends.base import Backend, EventStream
+from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, new_id
 from hearth.errors import BadRequest, GenerationFailed, NotFound
@@ -78,21 +77,6 @@ class ResponsesIn(_Open, RunFields):
     ignore_eos: bool | None = None
 
 
-def response_store(app: Starlette) -> ResponseStore:
-    store: ResponseStore | None = getattr(app.state, "responses", None)
-    if store is None:
-        store = app.state.responses = ResponseStore(app.state.settings.data_dir / "hearth.db")
-    return store
-
-
-def _settled(app: Starlette) -> dict[str, asyncio.Event]:
-    """Per in-flight response id: set once its outcome is stored (what .../cancel waits for)."""
-    events: dict[str, asyncio.Event] | None = getattr(app.state, "responses_settled", None)
-    if events is None:
-        events = app.state.responses_settled = {}
-    return events
-
-
 def _history(body: ResponsesIn, store: ResponseStore) -> list[dict[str, Any]]:
     if body.previous_response_id is None:
         return []
@@ -114,10 +98,11 @@ def _check_unsupported(body: ResponsesIn) -> None:
 
 
 async def create_response(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    ctx = node(request)
+    backend = ctx.backend
     body = validate(ResponsesIn, await read_json(request))
     _check_unsupported(body)
-    store = response_store(request.app)
+    store = ctx.responses
     items = normalize_input(body.input)
     history = _history(body, store)
     toolset = to_tools(body.tools)
@@ -138,7 +123,7 @@ async def create_response(request: Request) -> Response:
         model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools,
         tool_choice=to_tool_choice(body.tool_choice, toolset), parallel_tool_calls=body.parallel_tool_calls,
         response_format=response_format, reasoning=reasoning, request_id=rid,
-        timeout=wall_cap(request, body), cache_prompt=body.cache_prompt, repetition=repetition(request, body),
+        timeout=wall_cap(ctx.settings, body), cache_prompt=body.cache_prompt, repetition=repetition(ctx.settings, body),
         session=session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait,
                              body.session_create))
     model = backend.resolve(creq.model)
@@ -153,7 +138,7 @@ async def create_response(request: Request) -> Response:
     }, namespaced=toolset.namespaced)
 
     # Stored as in_progress before the wait for a slot, so GET and .../cancel see a queued run.
-    settled = _settled(request.app)
+    settled = ctx.responses_settled
     if body.store:
         store.put(asm.response, items)
         settled[rid] = asyncio.Event()
@@ -167,7 +152,7 @@ async def create_response(request: Request) -> Response:
 
     def open_stream(token: CancelToken) -> Awaitable[EventStream]:
         creq.cancel = token
-        return request.app.state.sessions.chat(creq)
+        return backend.chat(creq)
 
     try:
         gen = await runs.start(request, "responses", open_stream, cancel_id=body.cancel_id,
@@ -205,7 +190,7 @@ def _stored_id(request: Request) -> str:
 
 async def get_response(request: Request) -> Response:
     rid = _stored_id(request)
-    stored = response_store(request.app).get(rid)
+    stored = node(request).responses.get(rid)
     if stored is None:
         raise _not_found(rid)
     return JSONResponse(stored.response)
@@ -213,7 +198,7 @@ async def get_response(request: Request) -> Response:
 
 async def delete_response(request: Request) -> Response:
     rid = _stored_id(request)
-    if not response_store(request.app).delete(rid):
+    if not node(request).responses.delete(rid):
         raise _not_found(rid)
     return JSONResponse({"id": rid, "object": "response", "deleted": True})
 
@@ -222,13 +207,13 @@ async def cancel_response(request: Request) -> Response:
     """Cancel the in-flight run of a stored response and return the response as it ends (or as
     it is, if it already ended or does not end within CANCEL_SETTLE_SECONDS)."""
     rid = _stored_id(request)
-    store = response_store(request.app)
+    ctx = node(request)
+    store = ctx.responses
     stored = store.get(rid)
     if stored is None:
         raise _not_found(rid)
-    registry: CancelRegistry = request.app.state.cancels
-    event = _settled(request.app).get(rid)
-    if registry.cancel(ids=[rid]) and event is not None:
+    event = ctx.responses_settled.get(rid)
+    if ctx.cancels.cancel(ids=[rid]) and event is not None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), CANCEL_SETTLE_SECONDS)
         stored = store.get(rid)
