@@ -9,8 +9,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
-from hearth.api.http.parsing import read_json, validate
-from hearth.api.openai.chat import MessageIn, _Open, to_message
+from hearth.api.http.parsing import OpenBody, read_json, validate
+from hearth.api.openai.messages import MessageIn, to_message
 from hearth.backends.base import ModelCard
 from hearth.errors import BadRequest
 from hearth.observability.logging import note_error
@@ -49,7 +49,7 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "loading"}, status_code=503)
 
 
-class TokenizeIn(_Open):
+class TokenizeIn(OpenBody):
     model: str | None = None
     content: str | None = None
     prompt: str | None = None  # vLLM's name for content
@@ -58,7 +58,7 @@ class TokenizeIn(_Open):
     with_pieces: bool = False
 
 
-class DetokenizeIn(_Open):
+class DetokenizeIn(OpenBody):
     model: str | None = None
     tokens: list[int] = Field(max_length=1_000_000)
 
@@ -88,7 +88,7 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse({"content": await backend.detokenize(body.model, body.tokens)})
 
 
-class CancelIn(_Open):
+class CancelIn(OpenBody):
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     session_id: str | None = Field(default=None, min_length=1, max_length=256)
     completion_id: str | None = Field(default=None, min_length=1, max_length=256)

@@ -7,7 +7,6 @@ import os
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -15,14 +14,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from hearth.api.context import node
 from hearth.api.http.auth import require_admin
 from hearth.api.http.body import stream_limited
-from hearth.api.http.parsing import read_json, read_json_or_empty, validate
+from hearth.api.http.parsing import StrictBody, read_json, read_json_or_empty, validate
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_snapshot_id
 from hearth.sessions.manager import SessionManager
-
-
-class StrictBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class SnapshotMetaIn(StrictBody):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -15,6 +16,7 @@ from hearth.api.http.cancels import CancelRegistry, Run
 from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
 from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
+from hearth.chat.types import ChatRequest
 from hearth.config import Settings
 from hearth.errors import BadRequest
 from hearth.observability.metrics import RequestTimer
@@ -78,3 +80,13 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
         raise
     timer.admitted_now()
     return Generation(run, events, timer, registry, ctx.settings.sse_heartbeat)
+
+
+async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_id: str | None) -> Generation:
+    """`start` for a chat request (Chat, Messages, Responses): the run is registered under its
+    cancel_id, its session and its id, then the node's backend gets `creq` complete, with the
+    run's cancel token."""
+    backend = node(request).backend
+    return await start(request, endpoint, lambda token: backend.chat(replace(creq, cancel=token)),
+                       cancel_id=cancel_id, session_id=creq.session.session_id if creq.session else None,
+                       ids=[creq.request_id])

@@ -14,10 +14,10 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http import runs
-from hearth.api.http.parsing import first_set, parse_logit_bias, parse_stop, read_json, sampling_params, validate
-from hearth.api.http.run_options import RunFields, repetition, shape, stop_fields, wall_cap
+from hearth.api.http.parsing import OpenBody, read_json, validate
+from hearth.api.http.run_options import SamplerFields, run_limits, shape, stop_fields
 from hearth.api.http.sse import DONE, sse_data
-from hearth.api.openai.chat import _Open, timings_field, usage_dict
+from hearth.api.openai.chat import timings_field, usage_dict
 from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
@@ -37,30 +37,15 @@ from hearth.errors import BadRequest, GenerationFailed
 MAX_PROMPTS = 16
 
 
-class CompletionIn(_Open, RunFields):
+class CompletionIn(OpenBody, SamplerFields):
     model: str | None = None
     prompt: str | list[str] | list[int] | list[list[int]]
     stream: bool = False
     n: int = Field(default=1, ge=1, le=16)
     max_tokens: int | None = Field(default=16, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    repeat_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    logit_bias: dict[str, float] | None = None
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
-    ignore_eos: bool | None = None
-    cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
-    cache_prompt: bool = True
-    speculative: bool | None = None  # prompt-lookup speculative decoding (default: the server's --spec-draft)
 
 
 def prompts_of(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -118,7 +103,8 @@ async def merge(streams: list[EventStream], n: int) -> AsyncIterator[ChatEvent]:
 
 
 async def completions(request: Request) -> Response:
-    backend = node(request).backend
+    ctx = node(request)
+    backend = ctx.backend
     body = validate(CompletionIn, await read_json(request))
     if body.suffix:
         raise BadRequest("suffix (fill-in-the-middle) is not supported", param="suffix")
@@ -133,16 +119,10 @@ async def completions(request: Request) -> Response:
         # each prompt's candidates run at once; more than the slots could never all start
         raise BadRequest(f"{len(prompts)} prompts x n={body.n} need {len(prompts) * body.n} slots; this server "
                          f"runs {parallel} (--parallel)", param="prompt")
-    sampling = sampling_params(
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-        repetition_penalty=first_set(body.repetition_penalty, body.repeat_penalty), seed=body.seed,
-        stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
-        max_tokens=body.max_tokens, ignore_eos=body.ignore_eos,
-        logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0, speculative=body.speculative)
+    sampling = body.sampling(max_tokens=body.max_tokens, logprobs=body.logprobs is not None,
+                             top_logprobs=body.logprobs or 0)
     cid = new_id("cmpl-")
-    timeout = wall_cap(node(request).settings, body)
-    rep = repetition(node(request).settings, body)
+    limits = run_limits(ctx.settings, body)
 
     async def open_stream(token: CancelToken) -> EventStream:
         # One engine request per prompt, merged; all of them share the run's cancel token.
@@ -150,8 +130,8 @@ async def completions(request: Request) -> Response:
         try:
             for i, p in enumerate(prompts):
                 streams.append(await backend.complete(CompletionRequest(
-                    model, p, sampling, n=body.n, request_id=f"{cid}-{i}", timeout=timeout, cancel=token,
-                    cache_prompt=body.cache_prompt, repetition=rep)))
+                    model, p, sampling, n=body.n, request_id=f"{cid}-{i}", timeout=limits.timeout, cancel=token,
+                    cache_prompt=body.cache_prompt, repetition=limits.repetition)))
         except BaseException:
             for s in streams:
                 await s.aclose()

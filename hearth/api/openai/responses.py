@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
 from typing import Any
 
 from pydantic import Field
@@ -20,9 +19,8 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http import runs
-from hearth.api.http.parsing import parse_stop, read_json, sampling_params, session_turn, validate
-from hearth.api.http.run_options import RunFields, repetition, shape, wall_cap
-from hearth.api.openai.chat import _Open
+from hearth.api.http.parsing import OpenBody, read_json, validate
+from hearth.api.http.run_options import OpenAIRunFields, SessionFields, run_limits, shape
 from hearth.api.openai.responses_input import (
     check_metadata,
     normalize_input,
@@ -34,8 +32,6 @@ from hearth.api.openai.responses_input import (
 )
 from hearth.api.openai.responses_store import ResponseStore, valid_id
 from hearth.api.openai.responses_stream import ResponseAssembler, collect, sse_events
-from hearth.backends.base import EventStream
-from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatRequest, Message, new_id
 from hearth.errors import BadRequest, GenerationFailed, NotFound
 
@@ -44,7 +40,7 @@ log = logging.getLogger("hearth.api")
 CANCEL_SETTLE_SECONDS = 5.0  # how long POST .../cancel waits for the run to record its outcome
 
 
-class ResponsesIn(_Open, RunFields):
+class ResponsesIn(OpenBody, OpenAIRunFields, SessionFields):  # with a session_id, input holds only the new items
     model: str | None = None
     input: str | list[Any]
     instructions: str | None = None
@@ -52,8 +48,6 @@ class ResponsesIn(_Open, RunFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
@@ -62,19 +56,6 @@ class ResponsesIn(_Open, RunFields):
     previous_response_id: str | None = None
     background: bool = False
     conversation: Any = None
-    # Hearth extensions
-    session_id: str | None = None  # docs/sessions.md: input holds only the new items
-    replace_system: bool = False
-    discard_thinking: bool = False
-    session_wait: bool = True
-    session_create: bool = True
-    cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
-    cache_prompt: bool = True
-    seed: int | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    stop: str | list[str] | None = None
-    ignore_eos: bool | None = None
 
 
 def _history(body: ResponsesIn, store: ResponseStore) -> list[dict[str, Any]]:
@@ -99,7 +80,6 @@ def _check_unsupported(body: ResponsesIn) -> None:
 
 async def create_response(request: Request) -> Response:
     ctx = node(request)
-    backend = ctx.backend
     body = validate(ResponsesIn, await read_json(request))
     _check_unsupported(body)
     store = ctx.responses
@@ -115,18 +95,16 @@ async def create_response(request: Request) -> Response:
     response_format, text_echo = to_response_format(body.text)
     reasoning, reasoning_echo = to_reasoning(body.reasoning)
     metadata = check_metadata(body.metadata)
-    sampling = sampling_params(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-                               seed=body.seed, stop=parse_stop(body.stop), max_tokens=body.max_output_tokens,
-                               ignore_eos=body.ignore_eos)
+    sampling = body.sampling(max_tokens=body.max_output_tokens)
     rid = new_id("resp_")
+    tool_choice = to_tool_choice(body.tool_choice, toolset)
+    limits = run_limits(ctx.settings, body)
     creq = ChatRequest(
-        model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools,
-        tool_choice=to_tool_choice(body.tool_choice, toolset), parallel_tool_calls=body.parallel_tool_calls,
-        response_format=response_format, reasoning=reasoning, request_id=rid,
-        timeout=wall_cap(ctx.settings, body), cache_prompt=body.cache_prompt, repetition=repetition(ctx.settings, body),
-        session=session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait,
-                             body.session_create))
-    model = backend.resolve(creq.model)
+        model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools, tool_choice=tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls, response_format=response_format, reasoning=reasoning,
+        request_id=rid, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
+        session=body.session_turn())
+    model = ctx.backend.resolve(creq.model)
 
     asm = ResponseAssembler({
         "id": rid, "object": "response", "created_at": int(time.time()), "model": model,
@@ -143,26 +121,22 @@ async def create_response(request: Request) -> Response:
         store.put(asm.response, items)
         settled[rid] = asyncio.Event()
 
+    def settle() -> None:
+        event = settled.pop(rid, None)
+        if event is not None:
+            event.set()
+
     def save(response: dict[str, Any]) -> None:
         if body.store:
             store.update(response)
-            event = settled.pop(rid, None)
-            if event is not None:
-                event.set()
-
-    def open_stream(token: CancelToken) -> Awaitable[EventStream]:
-        creq.cancel = token
-        return backend.chat(creq)
+            settle()
 
     try:
-        gen = await runs.start(request, "responses", open_stream, cancel_id=body.cancel_id,
-                               session_id=body.session_id, ids=[rid])
+        gen = await runs.start_chat(request, "responses", creq, body.cancel_id)
     except BaseException:
         if body.store:  # the client got an error, not a response: nothing to keep
             store.delete(rid)
-            event = settled.pop(rid, None)
-            if event is not None:
-                event.set()
+            settle()
         raise
     if body.stream:
         return gen.stream(sse_events(shape(gen.events, body), asm, save))
