@@ -14,8 +14,9 @@ from hearth.api.context import node
 from hearth.api.http import runs
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import RunLimits, SamplerFields, SessionFields, run_limits, shape, stop_fields
-from hearth.api.http.sse import DONE, sse_data
+from hearth.api.http.sse import DONE
 from hearth.api.openai.messages import MessageIn, to_message
+from hearth.api.openai.shapes import Chunks, generation_failed, timings_field, usage_dict
 from hearth.chat.types import (
     ChatEvent,
     ChatRequest,
@@ -136,11 +137,6 @@ def logprob_entry(lp: TokenLogprob) -> dict[str, Any]:
     }
 
 
-def usage_dict(u: Usage) -> dict[str, Any]:
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
-
-
 class _Choice:
     __slots__ = ("finish", "finish_reason", "logprobs", "reasoning", "text", "tool_calls")
 
@@ -222,20 +218,9 @@ async def chat_completions(request: Request) -> Response:
     })
 
 
-def timings_field(timings: Timings | None) -> dict[str, Any]:
-    """llama-server's `timings`, on a response or its final chunk."""
-    return {"timings": timings.as_llama_server()} if timings is not None else {}
-
-
 async def stream_chunks(events: AsyncIterator[ChatEvent], cid: str, model: str, created: int, n: int,
                         want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None,
-              extra: dict[str, Any] | None = None) -> bytes:
-        obj: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                               "model": model, "system_fingerprint": "hearth", "choices": choices}
-        if include_usage:
-            obj["usage"] = usage
-        return sse_data(obj | (extra or {}))
+    chunk = Chunks(cid, "chat.completion.chunk", created, model, include_usage)
 
     def choice(index: int, delta: dict[str, Any], finish: str | None = None,
                logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -275,8 +260,7 @@ async def stream_chunks(events: AsyncIterator[ChatEvent], cid: str, model: str, 
                     final = choice(last_finish.index, {}, last_finish.reason) | stop_fields(last_finish)
                     yield chunk([final], extra=timings_field(ev.timings))
                 if ev.error:
-                    yield sse_data({"error": {"message": ev.error, "type": "server_error",
-                                              "param": None, "code": "generation_failed"}})
+                    yield generation_failed(ev.error)
                 if include_usage:
                     yield chunk([], usage_dict(ev.usage))
         yield DONE

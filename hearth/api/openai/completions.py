@@ -16,8 +16,8 @@ from hearth.api.context import node
 from hearth.api.http import runs
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import SamplerFields, run_limits, shape, stop_fields
-from hearth.api.http.sse import DONE, sse_data
-from hearth.api.openai.chat import timings_field, usage_dict
+from hearth.api.http.sse import DONE
+from hearth.api.openai.shapes import Chunks, generation_failed, timings_field, usage_dict
 from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
@@ -157,8 +157,7 @@ async def collect(events: EventStream, cid: str, model: str, created: int,
     texts: list[list[str]] = [[echoes[i // n]] for i in range(k)]
     lps: list[list[TokenLogprob]] = [[] for _ in range(k)]
     reasons: list[Finish | None] = [None] * k
-    usage = Usage()
-    timings: Timings | None = None
+    totals = Totals()
     try:
         async for ev in events:
             if isinstance(ev, TextDelta):
@@ -167,10 +166,7 @@ async def collect(events: EventStream, cid: str, model: str, created: int,
             elif isinstance(ev, Finish):
                 reasons[ev.index] = ev
             elif isinstance(ev, Done):
-                usage.prompt_tokens += ev.usage.prompt_tokens
-                usage.completion_tokens += ev.usage.completion_tokens
-                usage.cached_tokens += ev.usage.cached_tokens
-                timings = add_timings(timings, ev.timings)
+                totals.add(ev)
                 if ev.error:
                     raise GenerationFailed(ev.error)
     finally:
@@ -182,8 +178,8 @@ async def collect(events: EventStream, cid: str, model: str, created: int,
                      "logprobs": legacy_logprobs(lps[i], len(echoes[i // n])) if want_logprobs else None,
                      "finish_reason": f.reason if f else "stop",
                      **stop_fields(f)} for i, f in enumerate(reasons)],
-        "usage": usage_dict(usage),
-        **timings_field(timings),
+        "usage": usage_dict(totals.usage),
+        **timings_field(totals.timings),
     }
 
 
@@ -195,23 +191,32 @@ def add_timings(a: Timings | None, b: Timings | None) -> Timings | None:
                    a.predicted_tokens + b.predicted_tokens, max(a.predicted_ms, b.predicted_ms))
 
 
+class Totals:
+    """What several prompts' runs used, as one: usage and timings added up as each ends."""
+
+    __slots__ = ("timings", "usage")
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.timings: Timings | None = None
+
+    def add(self, done: Done) -> None:
+        self.usage.prompt_tokens += done.usage.prompt_tokens
+        self.usage.completion_tokens += done.usage.completion_tokens
+        self.usage.cached_tokens += done.usage.cached_tokens
+        self.timings = add_timings(self.timings, done.timings)
+
+
 async def stream_chunks(events: EventStream, cid: str, model: str, created: int,
                         n: int, echoes: list[str], want_logprobs: bool,
                         include_usage: bool) -> AsyncIterator[bytes]:
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None,
-              extra: dict[str, Any] | None = None) -> bytes:
-        obj: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model,
-                               "system_fingerprint": "hearth", "choices": choices}
-        if include_usage:
-            obj["usage"] = usage
-        return sse_data(obj | (extra or {}))
+    chunk = Chunks(cid, "text_completion", created, model, include_usage)
 
     def finish_choice(ev: Finish) -> dict[str, Any]:
         return {"index": ev.index, "text": "", "logprobs": None, "finish_reason": ev.reason,
                 **stop_fields(ev)}
 
-    usage = Usage()
-    timings: Timings | None = None
+    totals = Totals()
     k = len(echoes) * n
     finished = 0
     last_finish: Finish | None = None  # sent after every prompt's totals, with the timings
@@ -239,17 +244,13 @@ async def stream_chunks(events: EventStream, cid: str, model: str, created: int,
                 else:
                     last_finish = ev
             elif isinstance(ev, Done):
-                usage.prompt_tokens += ev.usage.prompt_tokens
-                usage.completion_tokens += ev.usage.completion_tokens
-                usage.cached_tokens += ev.usage.cached_tokens
-                timings = add_timings(timings, ev.timings)
+                totals.add(ev)
                 if ev.error:
-                    yield sse_data({"error": {"message": ev.error, "type": "server_error", "param": None,
-                                              "code": "generation_failed"}})
+                    yield generation_failed(ev.error)
         if last_finish is not None:
-            yield chunk([finish_choice(last_finish)], extra=timings_field(timings))
+            yield chunk([finish_choice(last_finish)], extra=timings_field(totals.timings))
         if include_usage:
-            yield chunk([], usage_dict(usage))
+            yield chunk([], usage_dict(totals.usage))
         yield DONE
     finally:
         await events.aclose()
