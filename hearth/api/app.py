@@ -14,26 +14,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hearth.api import (
-    anthropic,
-    control,
-    openai_chat,
-    openai_completions,
-    openai_responses,
-    openapi,
-    sessions,
-    snapshots,
-    web,
-)
-from hearth.api.auth import AuthMiddleware
-from hearth.api.cancels import CancelRegistry
-from hearth.api.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
-from hearth.api.sse import ClientGone
+from hearth.api import control, openapi, sessions, snapshots, web
+from hearth.api.anthropic import messages
+from hearth.api.context import NodeContext
+from hearth.api.http.auth import AuthMiddleware
+from hearth.api.http.cancels import CancelRegistry
+from hearth.api.http.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
+from hearth.api.http.sse import ClientGone
+from hearth.api.openai import chat, completions, responses
+from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings
 from hearth.errors import HearthError
 from hearth.observability.logging import RequestIdMiddleware, note_error
 from hearth.observability.metrics import Metrics
+from hearth.sessions.backend import SessionBackend
 from hearth.sessions.manager import SessionManager
 
 
@@ -45,7 +40,7 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]],
              requests: object, access: Settings) -> Starlette:
     """The Starlette app a node and the gateway share: request ids (counted in `requests`),
-    API keys as `access` says, and the one error policy of api/errors.py."""
+    API keys as `access` says, and the one error policy of api/http/errors.py."""
     endpoints = {r.path for r in routes if "{" not in r.path}
     return Starlette(
         routes=routes,
@@ -64,13 +59,17 @@ def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncC
 
 
 def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
-    """The HTTP server over any backend: it sees only the contract in `hearth.backends.base`."""
+    """The HTTP server over any backend: it sees only the contract in `hearth.backends.base`.
+    Every route reads what it needs from the one `NodeContext` built here (`hearth.api.context`)."""
     settings = settings or Settings()
     metrics = Metrics(backend)
     manager = SessionManager(backend, settings.data_dir)
-
-    async def metrics_endpoint(request: Request) -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+    cancels = CancelRegistry()
+    metrics.runs_registered.set_function(lambda: len(cancels))
+    metrics.cancels_pending.set_function(lambda: cancels.pending)
+    context = NodeContext(backend=SessionBackend(backend, manager), sessions=manager, settings=settings,
+                          cancels=cancels, metrics=metrics,
+                          responses=ResponseStore(settings.data_dir / "hearth.db"), responses_settled={})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -85,20 +84,20 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
             manager.close()
 
     routes = [
-        Route("/v1/chat/completions", openai_chat.chat_completions, methods=["POST"]),
-        Route("/chat/completions", openai_chat.chat_completions, methods=["POST"]),
-        Route("/v1/completions", openai_completions.completions, methods=["POST"]),
-        Route("/completions", openai_completions.completions, methods=["POST"]),
-        Route("/v1/messages", anthropic.messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
+        Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
+        Route("/chat/completions", chat.chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions.completions, methods=["POST"]),
+        Route("/completions", completions.completions, methods=["POST"]),
+        Route("/v1/messages", messages.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         # Anthropic's envelope for the other methods (405) and unknown /v1/messages/… paths (404).
-        Route("/v1/messages", anthropic.unrouted, methods=anthropic.ALL_METHODS),
-        Route("/v1/messages/{rest:path}", anthropic.unrouted, methods=anthropic.ALL_METHODS),
-        Route("/v1/responses", openai_responses.create_response, methods=["POST"]),
-        Route("/responses", openai_responses.create_response, methods=["POST"]),
-        Route("/v1/responses/{response_id}", openai_responses.get_response, methods=["GET"]),
-        Route("/v1/responses/{response_id}", openai_responses.delete_response, methods=["DELETE"]),
-        Route("/v1/responses/{response_id}/cancel", openai_responses.cancel_response, methods=["POST"]),
+        Route("/v1/messages", messages.unrouted, methods=messages.ALL_METHODS),
+        Route("/v1/messages/{rest:path}", messages.unrouted, methods=messages.ALL_METHODS),
+        Route("/v1/responses", responses.create_response, methods=["POST"]),
+        Route("/responses", responses.create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", responses.cancel_response, methods=["POST"]),
         Route("/v1/sessions", sessions.create_session, methods=["POST"]),
         Route("/v1/sessions", sessions.list_sessions, methods=["GET"]),
         Route("/v1/sessions/{session_id}", sessions.get_session, methods=["GET"]),
@@ -121,18 +120,11 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/health", control.health, methods=["GET"]),
         Route("/tokenize", control.tokenize, methods=["POST"]),
         Route("/detokenize", control.detokenize, methods=["POST"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/metrics", control.metrics, methods=["GET"]),
         Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name}", web.static_file, methods=["GET"]),
     ]
     app = assemble(routes, lifespan, metrics.requests, settings)
-    app.state.backend = backend
-    app.state.sessions = manager
-    app.state.settings = settings
-    cancels = CancelRegistry()
-    metrics.runs_registered.set_function(lambda: len(cancels))
-    metrics.cancels_pending.set_function(lambda: cancels.pending)
-    app.state.cancels = cancels
-    app.state.metrics = metrics
+    app.state.node = context
     return app

@@ -8,10 +8,10 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api.cancels import CancelRegistry
-from hearth.api.openai_chat import MessageIn, _Open, to_message
-from hearth.api.parsing import read_json, validate
-from hearth.backends.base import Backend, ModelCard
+from hearth.api.context import node
+from hearth.api.http.parsing import OpenBody, read_json, validate
+from hearth.api.openai.messages import MessageIn, to_message
+from hearth.backends.base import ModelCard
 from hearth.errors import BadRequest
 from hearth.observability.logging import note_error
 
@@ -21,20 +21,24 @@ def _card(c: ModelCard) -> dict[str, Any]:
 
 
 async def list_models(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    backend = node(request).backend
     backend.resolve(None)  # 503 while loading
     return JSONResponse({"object": "list", "data": [_card(c) for c in backend.models()]})
 
 
 async def get_model(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    backend = node(request).backend
     model_id = backend.resolve(request.path_params["model"])
     card = next(c for c in backend.models() if c.id == model_id)
     return JSONResponse(_card(card))
 
 
+async def metrics(request: Request) -> Response:
+    return Response(node(request).metrics.render(), media_type="text/plain; version=0.0.4")
+
+
 async def health(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    backend = node(request).backend
     if backend.ready:
         return JSONResponse({"status": "ok"})
     error = backend.load_error
@@ -45,7 +49,7 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "loading"}, status_code=503)
 
 
-class TokenizeIn(_Open):
+class TokenizeIn(OpenBody):
     model: str | None = None
     content: str | None = None
     prompt: str | None = None  # vLLM's name for content
@@ -54,13 +58,13 @@ class TokenizeIn(_Open):
     with_pieces: bool = False
 
 
-class DetokenizeIn(_Open):
+class DetokenizeIn(OpenBody):
     model: str | None = None
     tokens: list[int] = Field(max_length=1_000_000)
 
 
 async def tokenize(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    backend = node(request).backend
     body = validate(TokenizeIn, await read_json(request))
     text = body.content if body.content is not None else body.prompt
     if body.messages is not None:
@@ -79,12 +83,12 @@ async def tokenize(request: Request) -> Response:
 
 
 async def detokenize(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    backend = node(request).backend
     body = validate(DetokenizeIn, await read_json(request))
     return JSONResponse({"content": await backend.detokenize(body.model, body.tokens)})
 
 
-class CancelIn(_Open):
+class CancelIn(OpenBody):
     cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
     session_id: str | None = Field(default=None, min_length=1, max_length=256)
     completion_id: str | None = Field(default=None, min_length=1, max_length=256)
@@ -99,6 +103,5 @@ async def cancel(request: Request) -> Response:
     ids = [i for i in (body.completion_id, body.response_id, body.message_id) if i]
     if body.cancel_id is None and body.session_id is None and not ids:
         raise BadRequest("name what to cancel: cancel_id, session_id, completion_id, response_id or message_id")
-    registry: CancelRegistry = request.app.state.cancels
-    n = registry.cancel(cancel_id=body.cancel_id, session_id=body.session_id, ids=ids)
+    n = node(request).cancels.cancel(cancel_id=body.cancel_id, session_id=body.session_id, ids=ids)
     return JSONResponse({"cancelled": n})

@@ -19,12 +19,13 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api import anthropic, web, wire
-from hearth.api.anthropic import CountTokensIn, MessagesIn
+from hearth.api import web, wire
+from hearth.api.anthropic import messages
+from hearth.api.anthropic.messages import CountTokensIn, MessagesIn
 from hearth.api.control import CancelIn, DetokenizeIn, TokenizeIn
-from hearth.api.openai_chat import ChatCompletionIn
-from hearth.api.openai_completions import CompletionIn
-from hearth.api.openai_responses import ResponsesIn
+from hearth.api.openai.chat import ChatCompletionIn
+from hearth.api.openai.completions import CompletionIn
+from hearth.api.openai.responses import ResponsesIn
 from hearth.api.sessions import CreateIn, ResizeIn, RollbackIn
 from hearth.api.snapshots import LoadIn, SnapshotMetaIn
 
@@ -135,7 +136,7 @@ OPERATIONS = _ops()
 PARAM_SCHEMAS: dict[str, dict[str, Any]] = {"name": {"type": "string", "enum": sorted(web.FILES)}}
 # Endpoints that only ever answer an error (Anthropic's 404/405 for wrong methods and unknown
 # /v1/messages/... paths): not operations of the API.
-UNDOCUMENTED = {anthropic.unrouted}
+UNDOCUMENTED = {messages.unrouted}
 
 
 def openapi_path(route_path: str) -> str:

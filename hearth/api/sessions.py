@@ -7,8 +7,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api.parsing import read_json, read_json_or_empty, validate
-from hearth.api.snapshots import SnapshotMetaIn, StrictBody, session_manager, snapshot_json, wrapped
+from hearth.api.http.parsing import StrictBody, read_json, read_json_or_empty, validate
+from hearth.api.snapshots import SnapshotMetaIn, session_manager, snapshot_json, wrapped
 from hearth.errors import BadRequest
 from hearth.sessions.transcript import message_from_json
 

@@ -7,21 +7,17 @@ import os
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from hearth.api.auth import require_admin
-from hearth.api.body import stream_limited
-from hearth.api.parsing import read_json, read_json_or_empty, validate
+from hearth.api.context import node
+from hearth.api.http.auth import require_admin
+from hearth.api.http.body import stream_limited
+from hearth.api.http.parsing import StrictBody, read_json, read_json_or_empty, validate
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_snapshot_id
 from hearth.sessions.manager import SessionManager
-
-
-class StrictBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class SnapshotMetaIn(StrictBody):
@@ -56,8 +52,7 @@ def wrapped(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def session_manager(request: Request) -> SessionManager:
-    manager: SessionManager = request.app.state.sessions
-    return manager
+    return node(request).sessions
 
 
 def _id(request: Request) -> str:
@@ -90,7 +85,7 @@ async def delete_snapshot(request: Request) -> Response:
 async def load_snapshot(request: Request) -> Response:
     body = validate(LoadIn, await read_json_or_empty(request))
     if body.force:  # replacing an existing session is destructive (docs/api.md, "Admin key")
-        require_admin(request)
+        require_admin(request, node(request).settings.admin_key)
     info = await session_manager(request).load(_id(request), body.session_id, body.force)
     return JSONResponse(wrapped(info), status_code=201)
 

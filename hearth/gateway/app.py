@@ -13,7 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hearth.api import anthropic, web
+from hearth.api import web
+from hearth.api.anthropic import messages as anthropic
 from hearth.api.app import assemble, create_app
 from hearth.config import Settings
 from hearth.gateway import routes

@@ -18,7 +18,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
-from hearth.api.sse import json_bytes
+from hearth.api.http.sse import json_bytes
 from hearth.errors import TooManyRequests
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.continuity import Continuity

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 from starlette.responses import Response
 
-from hearth.api.sse import EventStreamResponse
+from hearth.api.http.sse import EventStreamResponse
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.headers import passed_headers
 from hearth.gateway.metrics import GatewayMetrics

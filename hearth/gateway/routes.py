@@ -13,8 +13,9 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api.auth import matches, presented_key
-from hearth.api.parsing import read_json, read_json_or_empty
+from hearth.api.context import node_of
+from hearth.api.http.auth import matches, presented_key
+from hearth.api.http.parsing import read_json, read_json_or_empty
 from hearth.errors import BadRequest, Forbidden, NotFound, Unavailable
 from hearth.gateway.context import gateway_of
 from hearth.gateway.delegate import Delegate
@@ -183,7 +184,7 @@ async def cancel(request: Request) -> Response:
         ids = [v for k in ("completion_id", "response_id", "message_id") if isinstance(v := body.get(k), str)]
         cancel_id = body.get("cancel_id") if isinstance(body.get("cancel_id"), str) else None
         if cancel_id or isinstance(sid, str) or ids:
-            total += translator.state.cancels.cancel(cancel_id=cancel_id,
+            total += node_of(translator).cancels.cancel(cancel_id=cancel_id,
                                                      session_id=sid if isinstance(sid, str) else None, ids=ids)
     return JSONResponse({"cancelled": total})
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from hearth.api.anthropic_stream import error_event
-from hearth.api.sse import DONE, sse_data, sse_event
+from hearth.api.anthropic.stream import error_event
+from hearth.api.http.sse import DONE, sse_data, sse_event
 
 Protocol = Literal["chat", "completions", "anthropic", "responses", "other"]
 

@@ -295,12 +295,12 @@ class SessionManager:
 
     # ---- turns ---------------------------------------------------------------------------------
 
-    async def chat(self, req: ChatRequest) -> EventStream:
-        """A request: stateless straight to the backend, or a turn of its session."""
-        if req.session is None:
-            return await self.backend.chat(req)
-        self._kv()
+    async def turn(self, req: ChatRequest) -> EventStream:
+        """A turn of the session `req.session` names (`SessionBackend.chat` sends only those here)."""
         turn = req.session
+        if turn is None:
+            raise ValueError("a session turn needs req.session")
+        self._kv()
         sid = check_session_id(turn.session_id)
         if req.n != 1:
             raise BadRequest("a session turn has one reply: n must be 1", param="n")

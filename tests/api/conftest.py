@@ -15,6 +15,7 @@ import pytest
 from starlette.applications import Starlette
 
 from hearth.api.app import create_app
+from hearth.api.context import node_of
 from hearth.backends.base import Backend
 from hearth.config import Settings
 from tests.fakes import ScriptedRunner, scripted_backend
@@ -72,7 +73,7 @@ async def serve(tmp_path: Path, backend: Backend | None = None, runner: Scripted
             yield Harness(app, backend, runner, client)
     finally:
         await backend.stop()
-        app.state.sessions.close()
+        node_of(app).sessions.close()
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from hearth.api.body import MAX_JSON_BYTES
+from hearth.api.context import node_of
+from hearth.api.http.body import MAX_JSON_BYTES
 from tests.api.conftest import Harness
 
 MB = 1 << 20
@@ -60,7 +61,7 @@ async def test_a_body_without_a_length_is_read_only_up_to_the_limit(h: Harness) 
 
 
 async def test_snapshot_import_is_bounded_by_what_the_kv_can_hold(h: Harness) -> None:
-    limits = await h.app.state.sessions.import_limits()
+    limits = await node_of(h.app).sessions.import_limits()
     assert limits.archive_bytes < 256 * MB  # the fake model's KV is tiny: far below the old 64 GiB
     chunks = limits.archive_bytes // MB + 4
     status, _, pulled = await call(h, "/v1/snapshots/import", chunks=chunks, declared=None)

@@ -10,6 +10,7 @@ from typing import Any
 
 from starlette.types import Message
 
+from hearth.api.context import node_of
 from tests.api.conftest import Harness
 from tests.helpers import sample, until
 
@@ -31,7 +32,7 @@ async def gated_run(h: Harness, path: str, body: dict[str, Any]) -> tuple[asynci
     h.runner.entered.clear()
     task = asyncio.create_task(h.post(path, body))
     assert await asyncio.to_thread(h.runner.entered.wait, 10)
-    [run] = h.app.state.cancels._runs
+    [run] = node_of(h.app).cancels._runs
     run.token.on_cancel(gate.set)
     return task, gate
 
@@ -46,13 +47,13 @@ async def test_cancel_by_response_id_on_every_protocol(h: Harness) -> None:
               lambda r: r["incomplete_details"]["reason"])]
     for path, body, field, outcome in cases:
         task, _ = await gated_run(h, path, body)
-        [run] = h.app.state.cancels._runs
+        [run] = node_of(h.app).cancels._runs
         [rid] = run.ids
         assert (await h.post("/v1/cancel", {field: rid})).json() == {"cancelled": 1}, path
         r = await task
         assert r.status_code == 200 and outcome(r.json()) == "cancelled", (path, r.text)
     h.runner.gate = None  # type: ignore[union-attr]
-    assert len(h.app.state.cancels) == 0
+    assert len(node_of(h.app).cancels) == 0
     assert (await h.post("/v1/chat/completions", CHAT)).json()["choices"][0]["finish_reason"] == "stop"
 
 
@@ -79,7 +80,7 @@ async def test_a_disconnect_aborts_the_run_and_frees_the_slot(h: Harness) -> Non
              "scheme": "http", "server": ("test", 80), "client": ("test", 1), "root_path": "", "app": h.app}
     task = asyncio.create_task(h.app(scope, receive, send))
     assert await asyncio.to_thread(h.runner.entered.wait, 10)
-    [run] = h.app.state.cancels._runs
+    [run] = node_of(h.app).cancels._runs
     run.token.on_cancel(gate.set)
     gone.set()
     await asyncio.wait_for(task, 10)
@@ -89,4 +90,4 @@ async def test_a_disconnect_aborts_the_run_and_frees_the_slot(h: Harness) -> Non
     assert sample(metrics, "hearth_requests_cancelled_total") == 1
     assert sample(metrics, 'hearth_cancellations_total{cause="disconnect"}') == 1
     await until(lambda: h.backend.stats()["fake"].slots_busy == 0)
-    assert len(h.app.state.cancels) == 0
+    assert len(node_of(h.app).cancels) == 0

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from hearth.api.app import create_app
+from hearth.api.context import node_of
 from hearth.api.openapi import OPERATIONS, openapi_path
 from hearth.chat.types import Message
 from hearth.config import Settings
@@ -101,7 +102,7 @@ async def test_poison_an_older_server_stored_is_repaired_on_read(h: Harness, tmp
         data = r.json()["data"]
         assert data[0]["name"] == "\ufffd" and data[1]["reasoning_content"] == "x\ufffd"
         assert (await client.get("/v1/sessions")).status_code == 200
-    app.state.sessions.close()
+    node_of(app).sessions.close()
 
 
 @pytest.mark.parametrize(("path", "body"), [

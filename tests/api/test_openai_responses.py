@@ -7,6 +7,7 @@ import asyncio
 import threading
 from pathlib import Path
 
+from hearth.api.context import node_of
 from tests.api.conftest import ANSWER, Harness, serve
 from tests.api.test_openai_chat import past_the_time_cap
 
@@ -47,7 +48,7 @@ async def test_engine_failure_is_a_500_and_is_stored_as_failed(h: Harness) -> No
     h.runner.fail_decodes = 1
     r = await h.post("/v1/responses", BODY)
     assert r.status_code == 500 and r.json()["error"]["code"] == "generation_failed"
-    listed = h.app.state.responses._db.execute("SELECT id FROM responses").fetchall()
+    listed = node_of(h.app).responses._db.execute("SELECT id FROM responses").fetchall()
     [(rid,)] = listed
     stored = (await h.client.get(f"/v1/responses/{rid}")).json()
     assert stored["status"] == "failed" and stored["error"]["code"] == "server_error"
@@ -69,7 +70,7 @@ async def test_cancel_a_running_response(h: Harness) -> None:
     h.runner.gate = gate = threading.Event()
     task = asyncio.create_task(h.post("/v1/responses", BODY))
     assert await asyncio.to_thread(h.runner.entered.wait, 10)  # the run holds the engine
-    [run] = h.app.state.cancels._runs
+    [run] = node_of(h.app).cancels._runs
     run.token.on_cancel(gate.set)  # the engine moves on once the cancel has landed
     [rid] = run.ids
     ended = (await h.post(f"/v1/responses/{rid}/cancel")).json()

@@ -75,5 +75,5 @@ def test_config_imports_no_parsers() -> None:
 
 
 def test_the_cancel_registry_lives_with_the_http_layer() -> None:
-    users = {src for src, dsts in module_imports().items() if "hearth.api.cancels" in dsts}
+    users = {src for src, dsts in module_imports().items() if "hearth.api.http.cancels" in dsts}
     assert users and all(u.startswith("hearth.api") for u in users)

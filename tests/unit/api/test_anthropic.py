@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from hearth.api.anthropic import CountTokensIn, MessagesIn, to_chat_request
-from hearth.api.parsing import validate
+from hearth.api.anthropic.messages import CountTokensIn, MessagesIn, to_chat_request
+from hearth.api.http.parsing import validate
 from hearth.chat.types import ChatRequest, Message, ToolCall
 from hearth.errors import BadRequest
 
@@ -228,7 +228,7 @@ def test_deferred_tools_join_the_prompt_once_a_tool_reference_loads_them() -> No
 
 
 def test_the_context_overflow_is_worded_as_anthropic_words_it() -> None:
-    from hearth.api.errors import anthropic_context_message as context_message
+    from hearth.api.http.errors import anthropic_context_message as context_message
     from hearth.errors import ContextLimit
 
     e = ContextLimit("x", n_prompt=11695, limit=32768, max_tokens=32000)

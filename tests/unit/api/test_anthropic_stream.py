@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hearth.api.anthropic_stream import collect, message_body, stop_reason, stream_events, tool_input
+from hearth.api.anthropic.stream import collect, message_body, stop_reason, stream_events, tool_input
 from hearth.backends.base import EventStream
 from hearth.chat.types import (
     ChatEvent,

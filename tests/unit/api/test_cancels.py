@@ -1,6 +1,6 @@
 import threading
 
-from hearth.api.cancels import CancelRegistry
+from hearth.api.http.cancels import CancelRegistry
 from hearth.chat.cancel import CancelToken
 
 

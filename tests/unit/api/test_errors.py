@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hearth.api.errors import ApiError, protocol_of, types_for
+from hearth.api.http.errors import ApiError, protocol_of, types_for
 from hearth.errors import BadRequest, Conflict, GenerationFailed, HearthError, NotFound, TooManyRequests, Unavailable
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hearth.api.openai_chat import ChatCompletionIn, collect, stream_chunks, to_chat_request
+from hearth.api.openai.chat import ChatCompletionIn, collect, stream_chunks, to_chat_request
 from hearth.chat.types import (
     ChatEvent,
     Done,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from hearth.api.responses_input import (
+from hearth.api.openai.responses_input import (
     check_metadata,
     normalize_input,
     to_messages,

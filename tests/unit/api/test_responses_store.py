@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from hearth.api.responses_store import ResponseStore, valid_id
+from hearth.api.openai.responses_store import ResponseStore, valid_id
 
 
 def rid(n: int) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from openai.types.responses import Response, ResponseStreamEvent
 
-from hearth.api.responses_stream import ResponseAssembler, collect, sse_events
+from hearth.api.openai.responses_stream import ResponseAssembler, collect, sse_events
 from hearth.chat.types import (
     ChatEvent,
     Done,

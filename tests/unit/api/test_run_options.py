@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from hearth.api.auth import AuthMiddleware
-from hearth.api.run_options import RunFields, repetition, wall_cap
+from hearth.api.http.auth import AuthMiddleware
+from hearth.api.http.run_options import RunFields, repetition, wall_cap
 from hearth.config import Settings
 from hearth.engine.repetition import RepetitionSpec
 from hearth.errors import BadRequest
 
 
-def request(**settings: Any) -> Any:
-    return SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(settings=Settings(**settings))))
+def server(**settings: Any) -> Settings:
+    return Settings(**settings)
 
 
 def fields(**kw: Any) -> RunFields:
@@ -23,31 +22,31 @@ def fields(**kw: Any) -> RunFields:
 
 
 def test_repetition_detection_top_level_in_extra_and_the_server_default() -> None:
-    assert repetition(request(), fields()) is None
-    assert repetition(request(repetition_detection=True), fields()) == RepetitionSpec()
-    assert repetition(request(repetition_detection=True), fields(repetition_detection=False)) == \
+    assert repetition(server(), fields()) is None
+    assert repetition(server(repetition_detection=True), fields()) == RepetitionSpec()
+    assert repetition(server(repetition_detection=True), fields(repetition_detection=False)) == \
         RepetitionSpec(enabled=False)
-    assert repetition(request(), fields(extra={"repetition_detection": {"min_repeats": 3}})) == \
+    assert repetition(server(), fields(extra={"repetition_detection": {"min_repeats": 3}})) == \
         RepetitionSpec(min_repeats=3)
     # the top-level field wins over extra
-    assert repetition(request(), fields(repetition_detection=True, extra={"repetition_detection": False})) == \
+    assert repetition(server(), fields(repetition_detection=True, extra={"repetition_detection": False})) == \
         RepetitionSpec()
     with pytest.raises(BadRequest) as e:
-        repetition(request(), fields(repetition_detection={"max_period": 0}))
+        repetition(server(), fields(repetition_detection={"max_period": 0}))
     assert e.value.param == "repetition_detection"
     with pytest.raises(BadRequest) as e:
-        repetition(request(), fields(extra={"repetition_detection": "on"}))
+        repetition(server(), fields(extra={"repetition_detection": "on"}))
     assert e.value.param == "extra.repetition_detection"
 
 
 def test_t_max_predict_ms_is_timeout_in_milliseconds() -> None:
-    assert wall_cap(request(), fields(t_max_predict_ms=2500)) == 2.5
-    assert wall_cap(request(), fields(timeout=7)) == 7
-    assert wall_cap(request(request_timeout=30), fields()) == 30
+    assert wall_cap(server(), fields(t_max_predict_ms=2500)) == 2.5
+    assert wall_cap(server(), fields(timeout=7)) == 7
+    assert wall_cap(server(request_timeout=30), fields()) == 30
     for kw, param in (({"timeout": 1, "t_max_predict_ms": 1000}, "t_max_predict_ms"),
                       ({"t_max_predict_ms": 4_000_000}, "t_max_predict_ms"), ({"timeout": 4000}, "timeout")):
         with pytest.raises(BadRequest) as e:
-            wall_cap(request(), fields(**kw))
+            wall_cap(server(), fields(**kw))
         assert e.value.param == param
 
 

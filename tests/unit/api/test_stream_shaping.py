@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hearth.api import stream_shaping
-from hearth.api.stream_shaping import coalesce, hold_reasoning
+from hearth.api.http import stream_shaping
+from hearth.api.http.stream_shaping import coalesce, hold_reasoning
 from hearth.chat.types import ChatEvent, Done, Finish, ReasoningDelta, Started, TextDelta, ToolCallDelta, Usage
 
 

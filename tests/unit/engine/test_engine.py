@@ -321,7 +321,7 @@ def test_2000_cancels_racing_registration_leave_no_run_or_slot_behind() -> None:
     """Cancels by cancel_id race the registration and submission of 2000 runs (some arrive
     first and are stashed, some hit the run mid-flight): every run ends, the registry is empty,
     no engine slot is held."""
-    from hearth.api.cancels import CancelRegistry
+    from hearth.api.http.cancels import CancelRegistry
 
     runner = FakeRunner(n_seq_max=4)
     eng = make(runner, seq_ctx=100000)

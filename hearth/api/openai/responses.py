@@ -11,19 +11,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
 from typing import Any
 
 from pydantic import Field
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api import runs
-from hearth.api.cancels import CancelRegistry
-from hearth.api.openai_chat import _Open
-from hearth.api.parsing import parse_stop, read_json, sampling_params, session_turn, validate
-from hearth.api.responses_input import (
+from hearth.api.context import node
+from hearth.api.http import runs
+from hearth.api.http.parsing import OpenBody, read_json, validate
+from hearth.api.http.run_options import OpenAIRunFields, SessionFields, run_limits, shape
+from hearth.api.openai.responses_input import (
     check_metadata,
     normalize_input,
     to_messages,
@@ -32,11 +30,8 @@ from hearth.api.responses_input import (
     to_tool_choice,
     to_tools,
 )
-from hearth.api.responses_store import ResponseStore, valid_id
-from hearth.api.responses_stream import ResponseAssembler, collect, sse_events
-from hearth.api.run_options import RunFields, repetition, shape, wall_cap
-from hearth.backends.base import Backend, EventStream
-from hearth.chat.cancel import CancelToken
+from hearth.api.openai.responses_store import ResponseStore, valid_id
+from hearth.api.openai.responses_stream import ResponseAssembler, collect, sse_events
 from hearth.chat.types import ChatRequest, Message, new_id
 from hearth.errors import BadRequest, GenerationFailed, NotFound
 
@@ -45,7 +40,7 @@ log = logging.getLogger("hearth.api")
 CANCEL_SETTLE_SECONDS = 5.0  # how long POST .../cancel waits for the run to record its outcome
 
 
-class ResponsesIn(_Open, RunFields):
+class ResponsesIn(OpenBody, OpenAIRunFields, SessionFields):  # with a session_id, input holds only the new items
     model: str | None = None
     input: str | list[Any]
     instructions: str | None = None
@@ -53,8 +48,6 @@ class ResponsesIn(_Open, RunFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
@@ -63,34 +56,6 @@ class ResponsesIn(_Open, RunFields):
     previous_response_id: str | None = None
     background: bool = False
     conversation: Any = None
-    # Hearth extensions
-    session_id: str | None = None  # docs/sessions.md: input holds only the new items
-    replace_system: bool = False
-    discard_thinking: bool = False
-    session_wait: bool = True
-    session_create: bool = True
-    cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
-    cache_prompt: bool = True
-    seed: int | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    stop: str | list[str] | None = None
-    ignore_eos: bool | None = None
-
-
-def response_store(app: Starlette) -> ResponseStore:
-    store: ResponseStore | None = getattr(app.state, "responses", None)
-    if store is None:
-        store = app.state.responses = ResponseStore(app.state.settings.data_dir / "hearth.db")
-    return store
-
-
-def _settled(app: Starlette) -> dict[str, asyncio.Event]:
-    """Per in-flight response id: set once its outcome is stored (what .../cancel waits for)."""
-    events: dict[str, asyncio.Event] | None = getattr(app.state, "responses_settled", None)
-    if events is None:
-        events = app.state.responses_settled = {}
-    return events
 
 
 def _history(body: ResponsesIn, store: ResponseStore) -> list[dict[str, Any]]:
@@ -114,10 +79,10 @@ def _check_unsupported(body: ResponsesIn) -> None:
 
 
 async def create_response(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    ctx = node(request)
     body = validate(ResponsesIn, await read_json(request))
     _check_unsupported(body)
-    store = response_store(request.app)
+    store = ctx.responses
     items = normalize_input(body.input)
     history = _history(body, store)
     toolset = to_tools(body.tools)
@@ -130,18 +95,16 @@ async def create_response(request: Request) -> Response:
     response_format, text_echo = to_response_format(body.text)
     reasoning, reasoning_echo = to_reasoning(body.reasoning)
     metadata = check_metadata(body.metadata)
-    sampling = sampling_params(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-                               seed=body.seed, stop=parse_stop(body.stop), max_tokens=body.max_output_tokens,
-                               ignore_eos=body.ignore_eos)
+    sampling = body.sampling(max_tokens=body.max_output_tokens)
     rid = new_id("resp_")
+    tool_choice = to_tool_choice(body.tool_choice, toolset)
+    limits = run_limits(ctx.settings, body)
     creq = ChatRequest(
-        model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools,
-        tool_choice=to_tool_choice(body.tool_choice, toolset), parallel_tool_calls=body.parallel_tool_calls,
-        response_format=response_format, reasoning=reasoning, request_id=rid,
-        timeout=wall_cap(request, body), cache_prompt=body.cache_prompt, repetition=repetition(request, body),
-        session=session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait,
-                             body.session_create))
-    model = backend.resolve(creq.model)
+        model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools, tool_choice=tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls, response_format=response_format, reasoning=reasoning,
+        request_id=rid, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
+        session=body.session_turn())
+    model = ctx.backend.resolve(creq.model)
 
     asm = ResponseAssembler({
         "id": rid, "object": "response", "created_at": int(time.time()), "model": model,
@@ -153,31 +116,27 @@ async def create_response(request: Request) -> Response:
     }, namespaced=toolset.namespaced)
 
     # Stored as in_progress before the wait for a slot, so GET and .../cancel see a queued run.
-    settled = _settled(request.app)
+    settled = ctx.responses_settled
     if body.store:
         store.put(asm.response, items)
         settled[rid] = asyncio.Event()
 
+    def settle() -> None:
+        event = settled.pop(rid, None)
+        if event is not None:
+            event.set()
+
     def save(response: dict[str, Any]) -> None:
         if body.store:
             store.update(response)
-            event = settled.pop(rid, None)
-            if event is not None:
-                event.set()
-
-    def open_stream(token: CancelToken) -> Awaitable[EventStream]:
-        creq.cancel = token
-        return request.app.state.sessions.chat(creq)
+            settle()
 
     try:
-        gen = await runs.start(request, "responses", open_stream, cancel_id=body.cancel_id,
-                               session_id=body.session_id, ids=[rid])
+        gen = await runs.start_chat(request, "responses", creq, body.cancel_id)
     except BaseException:
         if body.store:  # the client got an error, not a response: nothing to keep
             store.delete(rid)
-            event = settled.pop(rid, None)
-            if event is not None:
-                event.set()
+            settle()
         raise
     if body.stream:
         return gen.stream(sse_events(shape(gen.events, body), asm, save))
@@ -205,7 +164,7 @@ def _stored_id(request: Request) -> str:
 
 async def get_response(request: Request) -> Response:
     rid = _stored_id(request)
-    stored = response_store(request.app).get(rid)
+    stored = node(request).responses.get(rid)
     if stored is None:
         raise _not_found(rid)
     return JSONResponse(stored.response)
@@ -213,7 +172,7 @@ async def get_response(request: Request) -> Response:
 
 async def delete_response(request: Request) -> Response:
     rid = _stored_id(request)
-    if not response_store(request.app).delete(rid):
+    if not node(request).responses.delete(rid):
         raise _not_found(rid)
     return JSONResponse({"id": rid, "object": "response", "deleted": True})
 
@@ -222,13 +181,13 @@ async def cancel_response(request: Request) -> Response:
     """Cancel the in-flight run of a stored response and return the response as it ends (or as
     it is, if it already ended or does not end within CANCEL_SETTLE_SECONDS)."""
     rid = _stored_id(request)
-    store = response_store(request.app)
+    ctx = node(request)
+    store = ctx.responses
     stored = store.get(rid)
     if stored is None:
         raise _not_found(rid)
-    registry: CancelRegistry = request.app.state.cancels
-    event = _settled(request.app).get(rid)
-    if registry.cancel(ids=[rid]) and event is not None:
+    event = ctx.responses_settled.get(rid)
+    if ctx.cancels.cancel(ids=[rid]) and event is not None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), CANCEL_SETTLE_SECONDS)
         stored = store.get(rid)

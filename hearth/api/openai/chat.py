@@ -3,33 +3,25 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api import runs
-from hearth.api.parsing import (
-    first_set,
-    parse_logit_bias,
-    parse_stop,
-    read_json,
-    sampling_params,
-    session_turn,
-    validate,
-)
-from hearth.api.run_options import RunFields, repetition, shape, stop_fields, wall_cap
-from hearth.api.sse import DONE, sse_data
-from hearth.backends.base import Backend, EventStream
-from hearth.chat.cancel import CancelToken
+from hearth.api.context import node
+from hearth.api.http import runs
+from hearth.api.http.parsing import OpenBody, read_json, validate
+from hearth.api.http.run_options import RunLimits, SamplerFields, SessionFields, run_limits, shape, stop_fields
+from hearth.api.http.sse import DONE
+from hearth.api.openai.messages import MessageIn, to_message
+from hearth.api.openai.shapes import Chunks, generation_failed, timings_field, usage_dict
 from hearth.chat.types import (
     ChatEvent,
     ChatRequest,
     Done,
     Finish,
-    Message,
     ReasoningDelta,
     ReasoningOptions,
     ResponseFormat,
@@ -38,75 +30,34 @@ from hearth.chat.types import (
     Timings,
     TokenLogprob,
     Tool,
-    ToolCall,
     ToolCallDelta,
     Usage,
     new_id,
 )
+from hearth.config import Settings
 from hearth.errors import BadRequest, GenerationFailed
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI clients send many fields we ignore
-
-
-class ContentPart(_Open):
-    type: str
-    text: str | None = None
-
-
-class FunctionCallIn(_Open):
-    name: str
-    arguments: str = ""
-
-
-class ToolCallIn(_Open):
-    id: str = Field(default_factory=lambda: new_id("call_"))
-    type: Literal["function"] = "function"
-    function: FunctionCallIn
-
-
-class MessageIn(_Open):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCallIn] | None = None
-    tool_call_id: str | None = None
-    reasoning_content: str | None = None
-
-
-class FunctionDef(_Open):
+class FunctionDef(OpenBody):
     name: str = Field(min_length=1, max_length=128)
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=dict)
 
 
-class ToolIn(_Open):
+class ToolIn(OpenBody):
     type: Literal["function"] = "function"
     function: FunctionDef
 
 
-class ChatCompletionIn(_Open, RunFields):
+class ChatCompletionIn(OpenBody, SamplerFields, SessionFields):
     model: str | None = None
-    messages: list[MessageIn] = Field(min_length=1)
+    messages: list[MessageIn] = Field(min_length=1)  # with a session_id, only the new ones
     stream: bool = False
     n: int = Field(default=1, ge=1, le=16)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    repeat_penalty: float | None = None  # llama.cpp's name
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    ignore_eos: bool | None = None
     tools: list[ToolIn] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
@@ -115,51 +66,6 @@ class ChatCompletionIn(_Open, RunFields):
     reasoning_budget: int | None = Field(default=None, ge=0)  # thinking tokens before the answer is forced
     grammar: str | None = Field(default=None, min_length=1)  # GBNF (llama.cpp's extension)
     chat_template_kwargs: dict[str, Any] | None = None
-    cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
-    cache_prompt: bool = True
-    speculative: bool | None = None  # prompt-lookup speculative decoding (default: the server's --spec-draft)
-    # Hearth sessions (docs/sessions.md): the messages are only the new ones
-    session_id: str | None = None
-    replace_system: bool = False
-    discard_thinking: bool = False
-    session_wait: bool = True
-    session_create: bool = True
-
-
-def text_of(content: str | list[ContentPart] | None, where: str) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    texts = []
-    for i, part in enumerate(content):
-        if part.type in ("text", "input_text", "output_text") and part.text is not None:
-            texts.append(part.text)
-        elif part.type in ("image_url", "input_image", "image", "input_audio", "file"):
-            raise BadRequest(f"{where}.content[{i}]: {part.type} input is not supported: this model has "
-                             "no vision or audio", param=f"{where}.content")
-        else:
-            raise BadRequest(f"{where}.content[{i}]: unsupported content part type {part.type!r}",
-                             param=f"{where}.content")
-    return "".join(texts)
-
-
-def to_message(m: MessageIn, i: int) -> Message:
-    where = f"messages[{i}]"
-    content = text_of(m.content, where)
-    if m.role == "tool":
-        if not m.tool_call_id:
-            raise BadRequest(f"{where}: a tool message needs tool_call_id", param=f"{where}.tool_call_id")
-        if content is None:
-            raise BadRequest(f"{where}: a tool message needs content", param=f"{where}.content")
-    elif m.role == "assistant":
-        if content is None and not m.tool_calls:
-            raise BadRequest(f"{where}: an assistant message needs content or tool_calls",
-                             param=f"{where}.content")
-    elif content is None:
-        raise BadRequest(f"{where}: a {m.role} message needs content", param=f"{where}.content")
-    if m.tool_calls and m.role != "assistant":
-        raise BadRequest(f"{where}: only assistant messages carry tool_calls", param=f"{where}.tool_calls")
-    calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []]
-    return Message(m.role, content, m.name, calls or None, m.tool_call_id, m.reasoning_content)
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> str | None:
@@ -197,27 +103,25 @@ def parse_response_format(rf: dict[str, Any] | None) -> ResponseFormat | None:
     raise BadRequest("response_format.type must be text, json_object or json_schema", param="response_format.type")
 
 
-def to_chat_request(body: ChatCompletionIn, request_id: str) -> ChatRequest:
+def to_chat_request(body: ChatCompletionIn, request_id: str, settings: Settings | None = None) -> ChatRequest:
+    """The request, complete but for its cancel token (the run's, given when it opens). The
+    server's limits (`settings`; none without) are checked last, after the body's own fields."""
     if body.top_logprobs is not None and not body.logprobs:
         raise BadRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
-    sampling = sampling_params(
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-        repetition_penalty=first_set(body.repetition_penalty, body.repeat_penalty), seed=body.seed,
-        stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
-        max_tokens=body.max_completion_tokens or body.max_tokens, ignore_eos=body.ignore_eos,
-        logprobs=body.logprobs, top_logprobs=body.top_logprobs, grammar=body.grammar, speculative=body.speculative,
-    )
+    sampling = body.sampling(max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=body.logprobs,
+                             top_logprobs=body.top_logprobs, grammar=body.grammar)
     tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
+    messages = [to_message(m, i) for i, m in enumerate(body.messages)]
+    tool_choice = _tool_choice(body.tool_choice)
+    response_format = parse_response_format(body.response_format)
+    session = body.session_turn()
+    limits = run_limits(settings, body) if settings is not None else RunLimits()
     return ChatRequest(
-        model=body.model or "", messages=[to_message(m, i) for i, m in enumerate(body.messages)],
-        sampling=sampling, n=body.n, tools=tools, tool_choice=_tool_choice(body.tool_choice),
-        parallel_tool_calls=body.parallel_tool_calls, response_format=parse_response_format(body.response_format),
+        model=body.model or "", messages=messages, sampling=sampling, n=body.n, tools=tools,
+        tool_choice=tool_choice, parallel_tool_calls=body.parallel_tool_calls, response_format=response_format,
         reasoning=ReasoningOptions(effort=body.reasoning_effort, budget=body.reasoning_budget),
-        chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=body.timeout,
-        cache_prompt=body.cache_prompt, session=session_turn(body.session_id, body.replace_system,
-                                                             body.discard_thinking, body.session_wait,
-                                                             body.session_create))
+        chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=limits.timeout,
+        cache_prompt=body.cache_prompt, session=session, repetition=limits.repetition)
 
 
 # ---- output ------------------------------------------------------------------------------
@@ -231,11 +135,6 @@ def logprob_entry(lp: TokenLogprob) -> dict[str, Any]:
         "top_logprobs": [{"token": b.decode("utf-8", errors="replace"), "logprob": v, "bytes": list(b)}
                          for _, b, v in lp.top],
     }
-
-
-def usage_dict(u: Usage) -> dict[str, Any]:
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
 class _Choice:
@@ -289,20 +188,11 @@ async def collect(events: AsyncIterator[ChatEvent], n: int
 
 
 async def chat_completions(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    ctx = node(request)
     body = validate(ChatCompletionIn, await read_json(request))
-    cid = new_id("chatcmpl-")
-    creq = to_chat_request(body, cid)
-    creq.timeout = wall_cap(request, body)
-    creq.repetition = repetition(request, body)
-    model = backend.resolve(creq.model)
-
-    def open_stream(token: CancelToken) -> Awaitable[EventStream]:
-        creq.cancel = token
-        return request.app.state.sessions.chat(creq)
-
-    gen = await runs.start(request, "chat", open_stream, cancel_id=body.cancel_id, session_id=body.session_id,
-                           ids=[cid])
+    creq = to_chat_request(body, new_id("chatcmpl-"), ctx.settings)
+    cid, model = creq.request_id, ctx.backend.resolve(creq.model)
+    gen = await runs.start_chat(request, "chat", creq, body.cancel_id)
     events = gen.events
     created = int(time.time())
     want_logprobs = bool(body.logprobs)
@@ -328,20 +218,9 @@ async def chat_completions(request: Request) -> Response:
     })
 
 
-def timings_field(timings: Timings | None) -> dict[str, Any]:
-    """llama-server's `timings`, on a response or its final chunk."""
-    return {"timings": timings.as_llama_server()} if timings is not None else {}
-
-
 async def stream_chunks(events: AsyncIterator[ChatEvent], cid: str, model: str, created: int, n: int,
                         want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None,
-              extra: dict[str, Any] | None = None) -> bytes:
-        obj: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                               "model": model, "system_fingerprint": "hearth", "choices": choices}
-        if include_usage:
-            obj["usage"] = usage
-        return sse_data(obj | (extra or {}))
+    chunk = Chunks(cid, "chat.completion.chunk", created, model, include_usage)
 
     def choice(index: int, delta: dict[str, Any], finish: str | None = None,
                logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -381,8 +260,7 @@ async def stream_chunks(events: AsyncIterator[ChatEvent], cid: str, model: str, 
                     final = choice(last_finish.index, {}, last_finish.reason) | stop_fields(last_finish)
                     yield chunk([final], extra=timings_field(ev.timings))
                 if ev.error:
-                    yield sse_data({"error": {"message": ev.error, "type": "server_error",
-                                              "param": None, "code": "generation_failed"}})
+                    yield generation_failed(ev.error)
                 if include_usage:
                     yield chunk([], usage_dict(ev.usage))
         yield DONE

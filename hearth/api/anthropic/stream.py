@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hearth.api.sse import sse_event
+from hearth.api.http.sse import sse_event
 from hearth.chat.types import (
     ChatEvent,
     Done,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -44,17 +45,25 @@ class StoredResponse:
 
 class ResponseStore:
     """One connection shared under a lock: every statement is a small single-row read or
-    write, so calls are made inline from the event loop."""
+    write, so calls are made inline from the event loop. The database is opened by the first
+    call that needs it: a node that never stores a response creates none."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._db = connect(path)
-        self._db.execute(_SCHEMA)
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = connect(self.path)
+            self._conn.execute(_SCHEMA)
+        return self._conn
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._conn is not None:
+                self._conn.close()
 
     def put(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
         """Insert or replace the row for `response["id"]`."""

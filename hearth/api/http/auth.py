@@ -17,7 +17,7 @@ from dataclasses import replace
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from hearth.api.errors import ApiError, respond
+from hearth.api.http.errors import ApiError, respond
 from hearth.config import Settings
 from hearth.errors import Forbidden, HearthError, Unauthorized
 
@@ -42,9 +42,9 @@ def matches(key: str | None, allowed: list[str]) -> bool:
     return found
 
 
-def require_admin(request: Request) -> None:
-    """For a destructive operation the middleware cannot see (it depends on the body)."""
-    admin = request.app.state.settings.admin_key
+def require_admin(request: Request, admin: str | None) -> None:
+    """For a destructive operation the middleware cannot see (it depends on the body): the
+    request must present `admin`, the server's admin key, if it has one."""
     if admin and not matches(presented_key({k.lower(): v for k, v in request.headers.raw}), [admin]):
         raise Forbidden("this operation needs the admin key")
 

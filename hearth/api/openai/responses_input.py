@@ -247,4 +247,4 @@ def check_metadata(metadata: Any) -> dict[str, str]:
     if not ok:
         raise BadRequest("metadata must map at most 16 keys (up to 64 characters) to strings (up to 512)",
                          param="metadata")
-    return metadata
+    return dict(metadata)

@@ -7,16 +7,28 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import Request
 
-from hearth.api.body import parse_json, read_limited
+from hearth.api.http.body import parse_json, read_limited
 from hearth.chat.schema_bounds import check_grammar
-from hearth.chat.types import InvalidParam, SamplingParams, SessionTurn
+from hearth.chat.types import InvalidParam, SamplingParams
 from hearth.errors import BadRequest
-from hearth.sessions.ids import check_session_id
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class OpenBody(BaseModel):
+    """A protocol's request body: fields this server does not use (OpenAI's many options,
+    Anthropic's cache_control, citations, service_tier, ...) are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StrictBody(BaseModel):
+    """A body of Hearth's own API: an unknown field is a 400."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 async def read_json(request: Request) -> dict[str, Any]:
@@ -75,11 +87,3 @@ def parse_stop(stop: str | list[str] | None) -> list[str] | None:
     if stop is None:
         return None
     return [stop] if isinstance(stop, str) else list(stop)
-
-
-def session_turn(session_id: str | None, replace_system: bool = False, discard_thinking: bool = False,
-                 wait: bool = True, create: bool = True) -> SessionTurn | None:
-    """The Hearth session fields every chat protocol accepts (docs/sessions.md)."""
-    if session_id is None:
-        return None
-    return SessionTurn(check_session_id(session_id), replace_system, discard_thinking, wait, create)

@@ -18,8 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from hearth.api.run_options import stop_fields
-from hearth.api.sse import sse_event
+from hearth.api.http.run_options import stop_fields
+from hearth.api.http.sse import sse_event
 from hearth.chat.types import (
     ChatEvent,
     Done,

@@ -12,12 +12,13 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api import runs
-from hearth.api.openai_chat import _Open, timings_field, usage_dict
-from hearth.api.parsing import first_set, parse_logit_bias, parse_stop, read_json, sampling_params, validate
-from hearth.api.run_options import RunFields, repetition, shape, stop_fields, wall_cap
-from hearth.api.sse import DONE, sse_data
-from hearth.backends.base import Backend, EventStream
+from hearth.api.context import node
+from hearth.api.http import runs
+from hearth.api.http.parsing import OpenBody, read_json, validate
+from hearth.api.http.run_options import SamplerFields, run_limits, shape, stop_fields
+from hearth.api.http.sse import DONE
+from hearth.api.openai.shapes import Chunks, generation_failed, timings_field, usage_dict
+from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
     ChatEvent,
@@ -36,30 +37,15 @@ from hearth.errors import BadRequest, GenerationFailed
 MAX_PROMPTS = 16
 
 
-class CompletionIn(_Open, RunFields):
+class CompletionIn(OpenBody, SamplerFields):
     model: str | None = None
     prompt: str | list[str] | list[int] | list[list[int]]
     stream: bool = False
     n: int = Field(default=1, ge=1, le=16)
     max_tokens: int | None = Field(default=16, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    repeat_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    logit_bias: dict[str, float] | None = None
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
-    ignore_eos: bool | None = None
-    cancel_id: str | None = Field(default=None, min_length=1, max_length=256)
-    cache_prompt: bool = True
-    speculative: bool | None = None  # prompt-lookup speculative decoding (default: the server's --spec-draft)
 
 
 def prompts_of(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -117,7 +103,8 @@ async def merge(streams: list[EventStream], n: int) -> AsyncIterator[ChatEvent]:
 
 
 async def completions(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    ctx = node(request)
+    backend = ctx.backend
     body = validate(CompletionIn, await read_json(request))
     if body.suffix:
         raise BadRequest("suffix (fill-in-the-middle) is not supported", param="suffix")
@@ -132,16 +119,10 @@ async def completions(request: Request) -> Response:
         # each prompt's candidates run at once; more than the slots could never all start
         raise BadRequest(f"{len(prompts)} prompts x n={body.n} need {len(prompts) * body.n} slots; this server "
                          f"runs {parallel} (--parallel)", param="prompt")
-    sampling = sampling_params(
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-        repetition_penalty=first_set(body.repetition_penalty, body.repeat_penalty), seed=body.seed,
-        stop=parse_stop(body.stop), logit_bias=parse_logit_bias(body.logit_bias),
-        max_tokens=body.max_tokens, ignore_eos=body.ignore_eos,
-        logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0, speculative=body.speculative)
+    sampling = body.sampling(max_tokens=body.max_tokens, logprobs=body.logprobs is not None,
+                             top_logprobs=body.logprobs or 0)
     cid = new_id("cmpl-")
-    timeout = wall_cap(request, body)
-    rep = repetition(request, body)
+    limits = run_limits(ctx.settings, body)
 
     async def open_stream(token: CancelToken) -> EventStream:
         # One engine request per prompt, merged; all of them share the run's cancel token.
@@ -149,8 +130,8 @@ async def completions(request: Request) -> Response:
         try:
             for i, p in enumerate(prompts):
                 streams.append(await backend.complete(CompletionRequest(
-                    model, p, sampling, n=body.n, request_id=f"{cid}-{i}", timeout=timeout, cancel=token,
-                    cache_prompt=body.cache_prompt, repetition=rep)))
+                    model, p, sampling, n=body.n, request_id=f"{cid}-{i}", timeout=limits.timeout, cancel=token,
+                    cache_prompt=body.cache_prompt, repetition=limits.repetition)))
         except BaseException:
             for s in streams:
                 await s.aclose()
@@ -176,8 +157,7 @@ async def collect(events: EventStream, cid: str, model: str, created: int,
     texts: list[list[str]] = [[echoes[i // n]] for i in range(k)]
     lps: list[list[TokenLogprob]] = [[] for _ in range(k)]
     reasons: list[Finish | None] = [None] * k
-    usage = Usage()
-    timings: Timings | None = None
+    totals = Totals()
     try:
         async for ev in events:
             if isinstance(ev, TextDelta):
@@ -186,10 +166,7 @@ async def collect(events: EventStream, cid: str, model: str, created: int,
             elif isinstance(ev, Finish):
                 reasons[ev.index] = ev
             elif isinstance(ev, Done):
-                usage.prompt_tokens += ev.usage.prompt_tokens
-                usage.completion_tokens += ev.usage.completion_tokens
-                usage.cached_tokens += ev.usage.cached_tokens
-                timings = add_timings(timings, ev.timings)
+                totals.add(ev)
                 if ev.error:
                     raise GenerationFailed(ev.error)
     finally:
@@ -201,8 +178,8 @@ async def collect(events: EventStream, cid: str, model: str, created: int,
                      "logprobs": legacy_logprobs(lps[i], len(echoes[i // n])) if want_logprobs else None,
                      "finish_reason": f.reason if f else "stop",
                      **stop_fields(f)} for i, f in enumerate(reasons)],
-        "usage": usage_dict(usage),
-        **timings_field(timings),
+        "usage": usage_dict(totals.usage),
+        **timings_field(totals.timings),
     }
 
 
@@ -214,23 +191,32 @@ def add_timings(a: Timings | None, b: Timings | None) -> Timings | None:
                    a.predicted_tokens + b.predicted_tokens, max(a.predicted_ms, b.predicted_ms))
 
 
+class Totals:
+    """What several prompts' runs used, as one: usage and timings added up as each ends."""
+
+    __slots__ = ("timings", "usage")
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.timings: Timings | None = None
+
+    def add(self, done: Done) -> None:
+        self.usage.prompt_tokens += done.usage.prompt_tokens
+        self.usage.completion_tokens += done.usage.completion_tokens
+        self.usage.cached_tokens += done.usage.cached_tokens
+        self.timings = add_timings(self.timings, done.timings)
+
+
 async def stream_chunks(events: EventStream, cid: str, model: str, created: int,
                         n: int, echoes: list[str], want_logprobs: bool,
                         include_usage: bool) -> AsyncIterator[bytes]:
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None,
-              extra: dict[str, Any] | None = None) -> bytes:
-        obj: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model,
-                               "system_fingerprint": "hearth", "choices": choices}
-        if include_usage:
-            obj["usage"] = usage
-        return sse_data(obj | (extra or {}))
+    chunk = Chunks(cid, "text_completion", created, model, include_usage)
 
     def finish_choice(ev: Finish) -> dict[str, Any]:
         return {"index": ev.index, "text": "", "logprobs": None, "finish_reason": ev.reason,
                 **stop_fields(ev)}
 
-    usage = Usage()
-    timings: Timings | None = None
+    totals = Totals()
     k = len(echoes) * n
     finished = 0
     last_finish: Finish | None = None  # sent after every prompt's totals, with the timings
@@ -258,17 +244,13 @@ async def stream_chunks(events: EventStream, cid: str, model: str, created: int,
                 else:
                     last_finish = ev
             elif isinstance(ev, Done):
-                usage.prompt_tokens += ev.usage.prompt_tokens
-                usage.completion_tokens += ev.usage.completion_tokens
-                usage.cached_tokens += ev.usage.cached_tokens
-                timings = add_timings(timings, ev.timings)
+                totals.add(ev)
                 if ev.error:
-                    yield sse_data({"error": {"message": ev.error, "type": "server_error", "param": None,
-                                              "code": "generation_failed"}})
+                    yield generation_failed(ev.error)
         if last_finish is not None:
-            yield chunk([finish_choice(last_finish)], extra=timings_field(timings))
+            yield chunk([finish_choice(last_finish)], extra=timings_field(totals.timings))
         if include_usage:
-            yield chunk([], usage_dict(usage))
+            yield chunk([], usage_dict(totals.usage))
         yield DONE
     finally:
         await events.aclose()

@@ -1,29 +1,37 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API, streaming and not.
 
 Every answer from these routes is in Anthropic's shapes: errors by the one error policy
-(`hearth.api.errors`, which picks the envelope by path); the output side (content blocks,
-SSE) is in `anthropic_stream.py`.
+(`hearth.api.http.errors`, which picks the envelope by path); the output side (content blocks,
+SSE) is in `stream.py`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api import runs
-from hearth.api.anthropic_stream import PING, collect, hearth_fields, message_body, stop_reason, stream_events
-from hearth.api.errors import ApiError, respond
-from hearth.api.parsing import read_json, sampling_params, session_turn, validate
-from hearth.api.run_options import RunFields, repetition, shape, wall_cap
-from hearth.backends.base import Backend, EventStream
-from hearth.chat.cancel import CancelToken
-from hearth.chat.types import ChatRequest, Message, ReasoningOptions, ResponseFormat, Tool, ToolCall, new_id
+from hearth.api.anthropic.stream import PING, collect, hearth_fields, message_body, stop_reason, stream_events
+from hearth.api.context import node
+from hearth.api.http import runs
+from hearth.api.http.errors import ApiError, respond
+from hearth.api.http.parsing import OpenBody, read_json, validate
+from hearth.api.http.run_options import RunFields, RunLimits, SessionFields, run_limits, shape
+from hearth.chat.types import (
+    ChatRequest,
+    Message,
+    ReasoningOptions,
+    ResponseFormat,
+    SamplingParams,
+    Tool,
+    ToolCall,
+    new_id,
+)
+from hearth.config import Settings
 from hearth.errors import BadRequest, GenerationFailed
 
 log = logging.getLogger("hearth.api")
@@ -39,11 +47,7 @@ USER_BLOCKS = ("text", "tool_result", "image", "document")
 ASSISTANT_BLOCKS = ("text", "thinking", "redacted_thinking", "tool_use")
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")  # cache_control, citations, service_tier, ...: accepted, ignored
-
-
-class BlockIn(_Open):
+class BlockIn(OpenBody):
     type: str
     text: str | None = None
     id: str | None = None  # tool_use
@@ -56,13 +60,13 @@ class BlockIn(_Open):
     tool_name: str | None = None  # tool_reference (tool search): a deferred tool now loaded
 
 
-class MessageIn(_Open):
+class MessageIn(OpenBody):
     # Claude Code sends "system" turns inside `messages` (its environment block, reminders).
     role: Literal["user", "assistant", "system"]
     content: str | list[BlockIn]
 
 
-class ToolIn(_Open):
+class ToolIn(OpenBody):
     type: str | None = None  # "custom" or absent; Anthropic's server tools carry versioned types
     name: str = Field(min_length=1, max_length=128)
     description: str = ""
@@ -71,28 +75,28 @@ class ToolIn(_Open):
     defer_loading: bool = False
 
 
-class ToolChoiceIn(_Open):
+class ToolChoiceIn(OpenBody):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool = False
 
 
-class ThinkingIn(_Open):
+class ThinkingIn(OpenBody):
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = Field(default=None, ge=1)
 
 
-class OutputFormatIn(_Open):
+class OutputFormatIn(OpenBody):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfigIn(_Open):
+class OutputConfigIn(OpenBody):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
     format: OutputFormatIn | None = None
 
 
-class CountTokensIn(_Open):
+class CountTokensIn(OpenBody):
     model: str | None = None
     messages: list[MessageIn] = Field(min_length=1)
     system: str | list[BlockIn] | None = None
@@ -103,21 +107,11 @@ class CountTokensIn(_Open):
     session_id: str | None = None  # Hearth sessions (docs/sessions.md); count_tokens ignores it
 
 
-class MessagesIn(CountTokensIn, RunFields):
+class MessagesIn(CountTokensIn, SessionFields, RunFields):
     max_tokens: int = Field(ge=1)
-    replace_system: bool = False
-    discard_thinking: bool = False
-    session_wait: bool = True
-    session_create: bool = True
     stream: bool = False
     stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
     metadata: dict[str, Any] | None = None
-    cancel_id: str | None = Field(default=None, min_length=1, max_length=256)  # Hearth
-    cache_prompt: bool = True  # Hearth
-    ignore_eos: bool | None = None  # Hearth (llama.cpp's extension, as on the other protocols)
 
 
 # ---- request → ChatRequest ------------------------------------------------------------------
@@ -305,43 +299,36 @@ def _response_format(output: OutputConfigIn | None) -> ResponseFormat | None:
     return ResponseFormat("json_schema", output.format.schema_, strict=True)
 
 
-def to_chat_request(body: CountTokensIn, request_id: str) -> ChatRequest:
+def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | None = None) -> ChatRequest:
+    """The request, complete but for its cancel token (the run's, given when it opens). A
+    count_tokens body has no run fields: the default sampling, no session. The server's limits
+    (`settings`; none without) are checked last, after the body's own fields."""
     tools = _tools(body)
-    creq = ChatRequest(model=body.model or "", messages=to_messages(body), tools=tools,
-                       tool_choice=_tool_choice(body.tool_choice, tools),
-                       reasoning=_reasoning(body.thinking, body.output_config),
-                       response_format=_response_format(body.output_config), request_id=request_id)
-    if body.tool_choice is not None and body.tool_choice.disable_parallel_tool_use:
-        creq.parallel_tool_calls = False
-    if isinstance(body, MessagesIn):
-        creq.sampling = sampling_params(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                                        stop=body.stop_sequences, max_tokens=body.max_tokens,
-                                        ignore_eos=body.ignore_eos)
-        creq.cache_prompt = body.cache_prompt
-        creq.session = session_turn(body.session_id, body.replace_system, body.discard_thinking, body.session_wait,
-                                     body.session_create)
-    return creq
+    messages = to_messages(body)
+    tool_choice = _tool_choice(body.tool_choice, tools)
+    reasoning = _reasoning(body.thinking, body.output_config)
+    response_format = _response_format(body.output_config)
+    parallel = body.tool_choice is None or not body.tool_choice.disable_parallel_tool_use
+    run = body if isinstance(body, MessagesIn) else None
+    sampling = run.sampling(stop=run.stop_sequences, max_tokens=run.max_tokens) if run else SamplingParams()
+    session = run.session_turn() if run else None
+    limits = run_limits(settings, run) if run and settings is not None else RunLimits()
+    return ChatRequest(model=body.model or "", messages=messages, sampling=sampling, tools=tools,
+                       tool_choice=tool_choice, parallel_tool_calls=parallel, response_format=response_format,
+                       reasoning=reasoning, request_id=request_id, timeout=limits.timeout,
+                       cache_prompt=run.cache_prompt if run else True, session=session,
+                       repetition=limits.repetition)
 
 
 # ---- endpoints ----------------------------------------------------------------------------
 
 
 async def messages(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    ctx = node(request)
     body = validate(MessagesIn, await read_json(request))
-    msg_id = new_id("msg_")
-    creq = to_chat_request(body, msg_id)
-    creq.timeout = wall_cap(request, body)
-    creq.repetition = repetition(request, body)
-    model = backend.resolve(creq.model)
-    stops = creq.sampling.stop
-
-    def open_stream(token: CancelToken) -> Awaitable[EventStream]:
-        creq.cancel = token
-        return request.app.state.sessions.chat(creq)
-
-    gen = await runs.start(request, "messages", open_stream, cancel_id=body.cancel_id, session_id=body.session_id,
-                           ids=[msg_id])
+    creq = to_chat_request(body, new_id("msg_"), ctx.settings)
+    msg_id, model, stops = creq.request_id, ctx.backend.resolve(creq.model), creq.sampling.stop
+    gen = await runs.start_chat(request, "messages", creq, body.cancel_id)
     if body.stream:
         return gen.stream(stream_events(shape(gen.events, body), msg_id, model, stops), beat=PING)
     out = await gen.collect(request, lambda: collect(gen.events))
@@ -352,7 +339,7 @@ async def messages(request: Request) -> Response:
 
 
 async def count_tokens(request: Request) -> Response:
-    backend: Backend = request.app.state.backend
+    backend = node(request).backend
     body = validate(CountTokensIn, await read_json(request))
     creq = to_chat_request(body, new_id("msg_"))
     return JSONResponse({"input_tokens": await backend.count_tokens(creq)})

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
 
-from hearth.api.cancels import CancelRegistry, Run
-from hearth.api.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
+from hearth.api.context import node
+from hearth.api.http.cancels import CancelRegistry, Run
+from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
 from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
+from hearth.chat.types import ChatRequest
+from hearth.config import Settings
 from hearth.errors import BadRequest
-from hearth.observability.metrics import Metrics, RequestTimer
+from hearth.observability.metrics import RequestTimer
 
 
 class Generation:
@@ -47,9 +51,8 @@ class Generation:
             await self.events.aclose()
 
 
-def time_cap(request: Request, asked: float | None, param: str = "timeout") -> float:
+def time_cap(settings: Settings, asked: float | None, param: str = "timeout") -> float:
     """The wall-clock cap for a run: the server default, or the client's own up to the maximum."""
-    settings = request.app.state.settings
     if asked is None:
         return float(settings.request_timeout)
     if asked > settings.max_request_timeout:
@@ -63,8 +66,8 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
     """Register the run, then call `open_stream(token)` (validation and the wait for a slot)
     while watching for a disconnect; a client that leaves while queued leaves the queue."""
     arrived = time.monotonic()
-    registry: CancelRegistry = request.app.state.cancels
-    metrics: Metrics = request.app.state.metrics
+    ctx = node(request)
+    registry, metrics = ctx.cancels, ctx.metrics
     run = registry.open(cancel_id=cancel_id, session_id=session_id, ids=ids)
     timer = metrics.timer(endpoint, arrived)
     try:
@@ -76,4 +79,14 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
             metrics.cancellations.labels(run.token.reason).inc()
         raise
     timer.admitted_now()
-    return Generation(run, events, timer, registry, request.app.state.settings.sse_heartbeat)
+    return Generation(run, events, timer, registry, ctx.settings.sse_heartbeat)
+
+
+async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_id: str | None) -> Generation:
+    """`start` for a chat request (Chat, Messages, Responses): the run is registered under its
+    cancel_id, its session and its id, then the node's backend gets `creq` complete, with the
+    run's cancel token."""
+    backend = node(request).backend
+    return await start(request, endpoint, lambda token: backend.chat(replace(creq, cancel=token)),
+                       cancel_id=cancel_id, session_id=creq.session.session_id if creq.session else None,
+                       ids=[creq.request_id])

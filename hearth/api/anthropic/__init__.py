@@ -1,0 +1,2 @@
+"""Anthropic's Messages API: requests and routes (`messages`), content blocks and the SSE
+stream (`stream`)."""
