@@ -1,5 +1,6 @@
 """The SHA-256 of a file, read in blocks (model files are gigabytes): the one definition, used by
-the model catalog (checking a download) and the local backend (a model's KV identity)."""
+the model catalog (checking a download), the local backend (a model's KV identity) and snapshots
+(checking their files)."""
 
 from __future__ import annotations
 

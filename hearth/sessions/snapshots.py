@@ -34,6 +34,7 @@ import numpy as np
 from hearth import jsonsafe
 from hearth.chat.types import Message
 from hearth.errors import BadRequest, Conflict, HearthError, NotFound
+from hearth.hashing import sha256_file
 from hearth.ids import is_snapshot_id
 from hearth.sessions.ids import check_snapshot_id, new_snapshot_id
 from hearth.sessions.manifest import DATA_FILES, ManifestInvalid, check_manifest
@@ -78,14 +79,6 @@ class SnapshotData:
     messages: list[Message]
     tokens: list[int]
     kv: bytes
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -253,7 +246,7 @@ class SnapshotStore:
             meta = manifest["files"][name]
             try:
                 size = (d / name).stat().st_size
-                ok = size == meta["bytes"] and _sha256_file(d / name) == meta["sha256"]
+                ok = size == meta["bytes"] and sha256_file(d / name) == meta["sha256"]
             except OSError as e:
                 raise SnapshotCorrupt(f"{name} is missing: {e}") from e
             if not ok:
