@@ -58,11 +58,11 @@ def test_anthropic_paths_get_anthropic_error_envelope(locked: Server) -> None:
 
 
 def test_openai_sdk_with_a_key(locked: Server) -> None:
-    good = openai.OpenAI(base_url=locked.base_url, api_key=KEY, max_retries=0)
-    assert good.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}],
-                                        max_tokens=3).choices[0].message.content is not None
-    bad = openai.OpenAI(base_url=locked.base_url, api_key="wrong", max_retries=0)
-    with pytest.raises(openai.AuthenticationError):
+    with openai.OpenAI(base_url=locked.base_url, api_key=KEY, max_retries=0) as good:
+        assert good.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=3).choices[0].message.content is not None
+    with openai.OpenAI(base_url=locked.base_url, api_key="wrong", max_retries=0) as bad, \
+            pytest.raises(openai.AuthenticationError):
         bad.models.list()
 
 

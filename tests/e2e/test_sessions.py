@@ -38,6 +38,18 @@ def client(s: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=s.base_url, api_key="none", timeout=600, max_retries=0)
 
 
+@pytest.fixture
+def oai(srv: Server) -> Iterator[openai.OpenAI]:
+    with client(srv) as c:  # closed after the test: one left to the garbage collector leaks its socket
+        yield c
+
+
+@pytest.fixture
+def ac(srv: Server) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=srv.url, api_key="none", timeout=120, max_retries=0) as c:
+        yield c
+
+
 def turn(s: Server, sid: str, messages: list[dict[str, Any]], max_tokens: int = 24, **extra: Any) -> Any:
     with client(s) as c:  # closed here: a client left to the garbage collector leaks its socket
         return c.chat.completions.create(
@@ -121,10 +133,10 @@ def test_continuation_after_swap_out_equals_the_one_without(srv: Server) -> None
     assert got.usage.prompt_tokens_details.cached_tokens == ref.usage.prompt_tokens_details.cached_tokens
 
 
-def test_streamed_session_turn_equals_the_non_streamed_one(srv: Server) -> None:
+def test_streamed_session_turn_equals_the_non_streamed_one(srv: Server, oai: openai.OpenAI) -> None:
     _, ref = two_turns(srv, "ref-stream")
     turn(srv, "streamed", [SYSTEM, Q1], cache_prompt=False)
-    stream = client(srv).chat.completions.create(
+    stream = oai.chat.completions.create(
         model="default", messages=[Q2], temperature=0, max_tokens=24, stream=True,  # type: ignore[list-item]
         stream_options={"include_usage": True}, extra_body={"session_id": "streamed"})
     parts, usage = [], None
@@ -137,24 +149,24 @@ def test_streamed_session_turn_equals_the_non_streamed_one(srv: Server) -> None:
     assert usage.prompt_tokens_details.cached_tokens == ref.usage.prompt_tokens_details.cached_tokens
 
 
-def test_stateless_requests_reuse_a_sessions_prefix(srv: Server) -> None:
+def test_stateless_requests_reuse_a_sessions_prefix(srv: Server, oai: openai.OpenAI) -> None:
     messages = [SYSTEM, {"role": "user", "content": "Describe a sunny beach in two sentences, please."}]
     turn(srv, "prefix-src", messages, max_tokens=4)
-    r = client(srv).chat.completions.create(model="default", messages=messages, temperature=0,  # type: ignore[arg-type]
-                                            max_tokens=4)
+    r = oai.chat.completions.create(model="default", messages=messages, temperature=0,  # type: ignore[arg-type]
+                                    max_tokens=4)
     assert r.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 1
 
 
-def test_anthropic_and_responses_turns_continue_a_session(srv: Server) -> None:
-    ac = anthropic.Anthropic(base_url=srv.url, api_key="none", timeout=120, max_retries=0)
+def test_anthropic_and_responses_turns_continue_a_session(srv: Server, oai: openai.OpenAI,
+                                                          ac: anthropic.Anthropic) -> None:
     a1 = ac.messages.create(model="default", max_tokens=8, messages=[Q1],  # type: ignore[list-item]
                             extra_body={"session_id": "proto", "temperature": 0})
     a2 = ac.messages.create(model="default", max_tokens=8, messages=[Q2],  # type: ignore[list-item]
                             extra_body={"session_id": "proto", "temperature": 0})
     a1_prompt = a1.usage.input_tokens + (a1.usage.cache_read_input_tokens or 0)
     assert (a2.usage.cache_read_input_tokens or 0) >= a1_prompt, "the first turn's prompt comes from the KV"
-    r3 = client(srv).responses.create(model="default", input="And three fruits?", max_output_tokens=8,
-                                      temperature=0, extra_body={"session_id": "proto"})
+    r3 = oai.responses.create(model="default", input="And three fruits?", max_output_tokens=8,
+                              temperature=0, extra_body={"session_id": "proto"})
     a2_prompt = a2.usage.input_tokens + (a2.usage.cache_read_input_tokens or 0)
     assert r3.usage is not None and r3.usage.input_tokens_details.cached_tokens >= a2_prompt
     roles = [m["role"] for m in history(srv, "proto")]

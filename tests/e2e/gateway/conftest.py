@@ -233,6 +233,9 @@ def nodes(whole_fleet: Fleet) -> dict[str, Server]:
 
 @pytest.fixture
 def oai(gw: Gateway) -> Iterator[openai.OpenAI]:
+    """The SDK client of a gateway test. Every client a test makes is closed by a fixture or a
+    `with`: one left to the garbage collector leaks its pooled sockets, and the ResourceWarning
+    (an error here) would land in whichever test collects it."""
     with openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0) as client:
         yield client  # and its connections closed after the test
 
@@ -247,18 +250,18 @@ def cancel_at_first_piece(gw: Gateway, model: str, cancel_id: str, max_tokens: i
                           **extra: Any) -> tuple[str | None, int, httpx.Response]:
     """Stream a long story through the gateway (the official SDK) and cancel it by id when its
     first text arrives: (its finish reason, the text pieces received, the cancel's answer)."""
-    oai = openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
-    stream = oai.chat.completions.create(model=model, max_tokens=max_tokens, stream=True,
-                                         messages=[{"role": "user", "content": "Write a long story."}],
-                                         extra_body={"cancel_id": cancel_id, **extra})
     finish, pieces, cancelled = None, 0, None
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            pieces += 1
-            if pieces == 1:
-                cancelled = httpx.post(gw.base_url + "/cancel", json={"cancel_id": cancel_id},
-                                       headers={"Authorization": f"Bearer {GW_KEY}"})
-        if chunk.choices and chunk.choices[0].finish_reason:
-            finish = chunk.choices[0].finish_reason
+    with openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0) as oai:
+        stream = oai.chat.completions.create(model=model, max_tokens=max_tokens, stream=True,
+                                             messages=[{"role": "user", "content": "Write a long story."}],
+                                             extra_body={"cancel_id": cancel_id, **extra})
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces += 1
+                if pieces == 1:
+                    cancelled = httpx.post(gw.base_url + "/cancel", json={"cancel_id": cancel_id},
+                                           headers={"Authorization": f"Bearer {GW_KEY}"})
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
     assert cancelled is not None, "no text arrived to cancel"
     return finish, pieces, cancelled

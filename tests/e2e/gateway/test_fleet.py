@@ -40,7 +40,7 @@ def sessions_on(nodes: dict[str, Server], name: str) -> set[str]:
     return {s["session_id"] for s in node_get(nodes[name], name, "/v1/sessions").json()["data"]}
 
 
-def test_four_protocols_streamed_equals_unstreamed(gw: Gateway, oai: openai.OpenAI) -> None:
+def test_four_protocols_streamed_equals_unstreamed(gw: Gateway, oai: openai.OpenAI, ac: anthropic.Anthropic) -> None:
     """Each pair runs on one node (pinned) and recomputes its whole prompt (`cache_prompt:
     false`): llama.cpp's kernels are not batch-invariant, so the second of a pair reusing the
     first's prefix (or one an earlier test left in a slot) could differ in the logits' last bits
@@ -71,7 +71,6 @@ def test_four_protocols_streamed_equals_unstreamed(gw: Gateway, oai: openai.Open
                                    max_output_tokens=8, extra_headers={})  # routed by the chain, no pin
     assert chained.status in ("completed", "incomplete") and chained.output_text
 
-    ac = anthropic.Anthropic(base_url=gw.url, api_key=GW_KEY, max_retries=0)
     t0 = {"temperature": 0, **exact}
     m = ac.messages.create(model="smol", max_tokens=16, messages=MSG, extra_headers=pin, extra_body=t0)  # type: ignore[arg-type]
     with ac.messages.stream(model="smol", max_tokens=16, messages=MSG,  # type: ignore[arg-type]
@@ -80,7 +79,7 @@ def test_four_protocols_streamed_equals_unstreamed(gw: Gateway, oai: openai.Open
     assert m.model == "smol" and m.content[0].text == text  # type: ignore[union-attr]
 
 
-def test_sessions_stay_on_their_node_and_reuse_their_kv(gw: Gateway, oai: openai.OpenAI,
+def test_sessions_stay_on_their_node_and_reuse_their_kv(gw: Gateway, oai: openai.OpenAI, ac: anthropic.Anthropic,
                                                        nodes: dict[str, Server]) -> None:
     sids = [f"sticky-{i}" for i in range(3)]
     for turn in range(3):
@@ -96,7 +95,6 @@ def test_sessions_stay_on_their_node_and_reuse_their_kv(gw: Gateway, oai: openai
         assert holders == [gw.session_node(sid)], sid
     assert gw.admin("GET", f"/admin/sessions/{sids[0]}").json()["transcript_messages"] >= 6
     # the other protocols continue the same sessions, on the same nodes, from their KV
-    ac = anthropic.Anthropic(base_url=gw.url, api_key=GW_KEY, max_retries=0)
     m = ac.messages.create(model="smol", max_tokens=3, messages=[{"role": "user", "content": "One more word."}],
                            extra_body={"session_id": sids[0]})
     assert m.usage.cache_read_input_tokens
@@ -248,7 +246,7 @@ def test_drain_moves_every_session_off_the_node(gw: Gateway, oai: openai.OpenAI,
     assert gw.admin("POST", f"/admin/nodes/{victim}/undrain").json()["draining"] is False
 
 
-def test_keys_hold_on_every_route(gw: Gateway) -> None:
+def test_keys_hold_on_every_route(gw: Gateway, oai: openai.OpenAI) -> None:
     for method, path in (("POST", "/v1/chat/completions"), ("POST", "/v1/responses"), ("GET", "/v1/models"),
                          ("GET", "/v1/sessions"), ("GET", "/admin/status"), ("POST", "/v1/cancel"),
                          ("GET", "/metrics")):
@@ -262,7 +260,7 @@ def test_keys_hold_on_every_route(gw: Gateway) -> None:
         r = httpx.request(method, gw.url + path, headers={"Authorization": f"Bearer {GW_KEY}"})
         assert r.status_code == 403, path  # an API key is not the admin key
     with pytest.raises(openai.NotFoundError) as e:
-        openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY).chat.completions.create(model="gpt-4o", messages=MSG)  # type: ignore[arg-type]
+        oai.chat.completions.create(model="gpt-4o", messages=MSG)  # type: ignore[arg-type]
     assert e.value.code == "model_not_found"
 
 

@@ -36,9 +36,9 @@ def pair(whole_fleet: Fleet) -> Fleet:
 
 def open_session(fleet: Fleet, sid: str, first_turn: str) -> tuple[str, str]:
     """A session's first turn (chat), its transcript copied by the gateway: (its node, the reply)."""
-    oai = openai.OpenAI(base_url=fleet.gw.base_url, api_key=GW_KEY, max_retries=0)
-    first = oai.chat.completions.create(model="smol", max_tokens=8, temperature=0, extra_body={"session_id": sid},
-                                        messages=[{"role": "user", "content": first_turn}])
+    with openai.OpenAI(base_url=fleet.gw.base_url, api_key=GW_KEY, max_retries=0) as oai:
+        first = oai.chat.completions.create(model="smol", max_tokens=8, temperature=0, extra_body={"session_id": sid},
+                                            messages=[{"role": "user", "content": first_turn}])
     reply = first.choices[0].message.content
     assert reply is not None
     fleet.gw.wait(lambda: fleet.gw.admin("GET", f"/admin/sessions/{sid}").json()["transcript_messages"] == 2,
@@ -57,12 +57,11 @@ def continued_elsewhere(fleet: Fleet, sid: str, owner: str, turns: list[str], re
     fleet.gw.wait(lambda: not fleet.gw.status()[owner]["up"], "the killed node to be marked down")
 
 
-def test_sigstopped_node_is_routed_around_and_comes_back_without_flapping(fleet: Fleet) -> None:
+def test_sigstopped_node_is_routed_around_and_comes_back_without_flapping(fleet: Fleet, oai: openai.OpenAI) -> None:
     """A stream in flight on the stopped node ends with the terminal error after the stall
     timeout, while the node is still stopped; new requests go around it; it comes back up once."""
     gw = fleet.gw
     frozen, _ = open_session(fleet, "frozen", "Say hi.")
-    oai = openai.OpenAI(base_url=gw.base_url, api_key=GW_KEY, max_retries=0)
     started, received, ended = threading.Event(), [], threading.Event()
 
     def stream() -> None:
@@ -145,9 +144,9 @@ def test_a_node_replaced_with_an_empty_disk_gets_its_sessions_back_from_the_tran
     assert history[1]["content"] == reply and len(history) == 4
 
 
-def test_kill_mid_messages_stream_ends_with_event_error_and_the_session_continues_elsewhere(pair: Fleet) -> None:
+def test_kill_mid_messages_stream_ends_with_event_error_and_the_session_continues_elsewhere(
+        pair: Fleet, ac: anthropic.Anthropic) -> None:
     owner, reply = open_session(pair, "fo-msg", "My name is Bo. Say hi.")
-    ac = anthropic.Anthropic(base_url=pair.gw.url, api_key=GW_KEY, max_retries=0)
     received, types = [], []
     with (pytest.raises(anthropic.APIStatusError) as e,
           ac.messages.stream(model="smol", max_tokens=LONG_TOKENS, messages=[{"role": "user", "content": STORY}],
@@ -211,9 +210,9 @@ def test_a_response_chain_continues_after_its_node_dies(pair: Fleet, gw: Gateway
     assert second.json()["output_text"]
 
 
-def test_kill_mid_stream_of_the_foreign_engine_ends_with_anthropic_error_event(whole_fleet: Fleet) -> None:
+def test_kill_mid_stream_of_the_foreign_engine_ends_with_anthropic_error_event(
+        whole_fleet: Fleet, ac: anthropic.Anthropic) -> None:
     whole_fleet.heal(hearth=0, foreign=True)
-    ac = anthropic.Anthropic(base_url=whole_fleet.gw.url, api_key=GW_KEY, max_retries=0)
     received = []
     story = [{"role": "user", "content": "A long story."}]
     with (pytest.raises(anthropic.APIStatusError) as e,
