@@ -1,16 +1,23 @@
 """Constrained output as GBNF grammars: JSON schemas (response_format) and forced tool calls.
 
-Schemas go through llama.cpp's own converter (vendored in llama-cpp-python), one converter per
-grammar so rule names never collide. A forced call's grammar writes exactly the wrapper its
-tool parser reads, with the tool name fixed and the arguments following the tool's schema.
+Schemas go through llama.cpp's own converter (vendored in llama-cpp-python, extended in
+schema_converter.py with numeric bounds and one rule per ref), one converter per grammar so rule
+names never collide. A forced call's grammar writes exactly the wrapper its tool parser reads,
+with the tool name fixed and the arguments following the tool's schema; parameters that use
+`$ref` are filed under the wrapper's `$defs` with their refs rewritten to match (schema_refs.py),
+so nested and recursive pydantic models work as they do in response_format.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+from hearth.chat.numeric_bounds import check_numbers
 from hearth.chat.schema_bounds import check_grammar, check_schema
+from hearth.chat.schema_converter import converter_class
+from hearth.chat.schema_refs import has_refs, reroot
 from hearth.chat.types import ResponseFormat, Tool
 from hearth.errors import BadRequest
 
@@ -35,10 +42,10 @@ def _convert(schema: dict[str, Any], root: str, prop_order: list[str] | None = N
              param: str = "response_format") -> str:
     check_schema(schema, param)  # before the converter, whose cost the schema's counts decide
     try:
-        from llama_cpp.llama_grammar import SchemaConverter
+        converter = converter_class()
     except ImportError as e:  # pragma: no cover - llama-cpp-python is always installed with Hearth
         raise BadRequest("structured output needs llama-cpp-python's grammar converter") from e
-    conv = SchemaConverter(prop_order={k: i for i, k in enumerate(prop_order or [])}, allow_fetch=False,
+    conv = converter(prop_order={k: i for i, k in enumerate(prop_order or [])}, allow_fetch=False,
                            dotall=False, raw_pattern=False)
     try:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "input")
@@ -56,6 +63,7 @@ def schema_grammar(schema: dict[str, Any]) -> str:
     """GBNF whose `root` is JSON that validates against `schema`."""
     if not isinstance(schema, dict):
         raise BadRequest("a JSON schema must be an object", param="response_format")
+    check_numbers(schema, "response_format")
     return _convert(schema, "")  # the converter names the top rule "root" when given ""
 
 
@@ -81,10 +89,21 @@ def tool_call_grammar(tools: list[Tool], parser: str, parallel: bool) -> str:
     the format `parser` reads (see `forced_format`). The bound matters: a small model under a
     grammar that allows endless calls keeps writing them until max_tokens."""
     wrapper, args_key = _WRAPPERS[parser]
-    calls = [{"type": "object",
-              "properties": {"name": {"const": t.name}, args_key: _parameters(t)},
-              "required": ["name", args_key]} for t in tools]
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    defs: dict[str, Any] = {}
+    calls = []
+    for i, t in enumerate(tools):
+        params = _parameters(t)
+        check_numbers(params, "tools", f"the parameters of {t.name!r} at ")
+        if has_refs(params):  # file them at the wrapper's root, where their refs now point
+            key = re.sub(r"[^A-Za-z0-9_-]", "-", t.name) + "-arguments"  # a JSON pointer segment
+            key = key if key not in defs else f"{key}-{i}"
+            defs[key] = reroot(params, key)
+            params = {"$ref": f"#/$defs/{key}"}
+        calls.append({"type": "object", "properties": {"name": {"const": t.name}, args_key: params},
+                      "required": ["name", args_key]})
+    schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if defs:
+        schema = {**schema, "$defs": defs}
     rules = _convert(schema, "call", prop_order=["name", args_key], param="tools")
     if parallel and len(tools) > 1:
         root = f"root ::= block ({_SEPARATORS[parser]} block){{0,{len(tools) - 1}}}\nblock ::= {wrapper}"
