@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +37,23 @@ def check_access(host: str, api_keys: list[str], insecure: bool, key_flags: str)
     if not is_loopback(host) and not api_keys and not insecure:
         raise ValueError(f"refusing to bind {host} (not loopback) without an API key: give {key_flags}, "
                          "or --insecure to serve it open")
+
+
+LOOPBACK = "loopback"  # the default CORS origins: localhost, 127.0.0.1, [::1], http(s), any port
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+")  # scheme://host[:port], nothing after
+
+
+def parse_origins(text: str) -> list[str]:
+    """`--cors-origins` as a list: comma-separated, blanks dropped ("" is an empty list: CORS off)."""
+    return [o.strip() for o in text.split(",") if o.strip()]
+
+
+def check_origins(origins: Sequence[str]) -> None:
+    """ValueError for a CORS entry that could never match a browser's Origin header."""
+    for o in origins:
+        if o not in ("*", LOOPBACK) and not _ORIGIN.fullmatch(o.lower()):
+            raise ValueError(f"--cors-origins: {o!r} is not an origin: write scheme://host[:port] (no path, "
+                             f"no trailing slash), one with * in its host, {LOOPBACK!r}, or *")
 
 
 @dataclass(slots=True)
@@ -69,6 +88,7 @@ class Settings:
     metrics_token: str | None = None
     metrics_public: bool = False
     insecure: bool = False
+    cors_origins: list[str] = field(default_factory=lambda: [LOOPBACK])  # api/http/cors.py; []: off
 
     def __post_init__(self) -> None:
         if not 1 <= self.parallel <= 256:
@@ -96,6 +116,7 @@ class Settings:
         if not 0 < self.request_timeout <= self.max_request_timeout:
             raise ValueError("--request-timeout must be > 0 and at most --max-request-timeout")
         check_access(self.host, self.api_keys, self.insecure, "--api-key (or --api-key-file)")
+        check_origins(self.cors_origins)
 
 
 def read_key_file(path: str) -> list[str]:

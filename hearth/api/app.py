@@ -19,6 +19,7 @@ from hearth.api.anthropic import messages
 from hearth.api.context import NodeContext
 from hearth.api.http.auth import AuthMiddleware
 from hearth.api.http.cancels import CancelRegistry
+from hearth.api.http.cors import CorsMiddleware
 from hearth.api.http.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
 from hearth.api.http.sse import ClientGone
 from hearth.api.openai import chat, completions, responses
@@ -39,13 +40,15 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 
 def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]],
              requests: object, access: Settings) -> Starlette:
-    """The Starlette app a node and the gateway share: request ids (counted in `requests`),
-    API keys as `access` says, and the one error policy of api/http/errors.py."""
+    """The Starlette app a node and the gateway share: CORS as `access.cors_origins` says (outside
+    the key check, so a preflight needs no key), request ids (counted in `requests`), API keys as
+    `access` says, and the one error policy of api/http/errors.py."""
     endpoints = {r.path for r in routes if "{" not in r.path}
     return Starlette(
         routes=routes,
         lifespan=lifespan,
         middleware=[
+            Middleware(CorsMiddleware, origins=access.cors_origins),
             Middleware(RequestIdMiddleware, count=requests, endpoints=endpoints),
             Middleware(AuthMiddleware, settings=access),
             Middleware(UnexpectedErrors),

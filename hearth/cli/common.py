@@ -40,6 +40,11 @@ RequireKeyOpt = Annotated[list[str] | None, typer.Option(
     "--api-key", help="Require this key (repeatable). Env: HEARTH_API_KEYS, comma-separated.")]
 InsecureOpt = Annotated[bool, typer.Option(
     envvar="HEARTH_INSECURE", help="Allow a non-loopback bind without an API key.")]
+CorsOpt = Annotated[str, typer.Option(
+    "--cors-origins", envvar="HEARTH_CORS_ORIGINS",
+    help="Web origins allowed to call from a browser (CORS), comma-separated: loopback (http/https on "
+         "localhost, 127.0.0.1, [::1], any port), an origin like https://app.example.com, one with * in its "
+         "host, or * for any. \"\" turns CORS off. Preflights need no API key; requests still do.")]
 
 
 def required_keys(flags: list[str] | None) -> list[str]:

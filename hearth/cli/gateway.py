@@ -13,6 +13,7 @@ from rich.table import Table
 from hearth.cli.client import Client
 from hearth.cli.common import (
     ApiKeyOpt,
+    CorsOpt,
     InsecureOpt,
     JsonOpt,
     RequireKeyOpt,
@@ -45,6 +46,7 @@ def serve(
     metrics_token: Annotated[str | None, typer.Option(envvar="HEARTH_METRICS_TOKEN")] = None,
     metrics_public: Annotated[bool, typer.Option(envvar="HEARTH_METRICS_PUBLIC")] = False,
     insecure: InsecureOpt = False,
+    cors_origins: CorsOpt = "loopback",
     max_waiting: Annotated[int, typer.Option(
         envvar="HEARTH_MAX_WAITING", help="Requests that may wait for a free node; more get 429.")] = 64,
     max_wait: Annotated[float, typer.Option(
@@ -72,7 +74,7 @@ def serve(
         return
     import uvicorn
 
-    from hearth.config import default_data_dir
+    from hearth.config import default_data_dir, parse_origins
     from hearth.gateway.app import create_gateway_app
     from hearth.gateway.config import GatewaySettings, load_upstreams
     from hearth.observability.logging import setup_logging
@@ -86,6 +88,7 @@ def serve(
         settings = GatewaySettings(
             upstreams=load_upstreams(upstreams), host=host, port=port, default_model=default_model, api_keys=keys,
             admin_key=admin_key, metrics_token=metrics_token, metrics_public=metrics_public, insecure=insecure,
+            cors_origins=parse_origins(cors_origins),
             max_waiting=max_waiting, max_wait=max_wait, probe_interval=probe_interval, probe_timeout=probe_timeout,
             heartbeat=heartbeat, stall_timeout=stall_timeout, log_level=log_level, data_dir=home, routing=routing)
     except (ValueError, OSError) as e:

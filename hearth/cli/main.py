@@ -9,7 +9,7 @@ import typer
 
 from hearth import __version__
 from hearth.cli import chat, docs, gateway, models, server, sessions, snapshots
-from hearth.cli.common import InsecureOpt, RequireKeyOpt, required_keys
+from hearth.cli.common import CorsOpt, InsecureOpt, RequireKeyOpt, required_keys
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -90,6 +90,7 @@ def serve(
     metrics_public: Annotated[bool, typer.Option(
         envvar="HEARTH_METRICS_PUBLIC", help="Serve /metrics without a key.")] = False,
     insecure: InsecureOpt = False,
+    cors_origins: CorsOpt = "loopback",
     data_dir: Annotated[str | None, typer.Option(
         envvar="HEARTH_HOME", help="Sessions, snapshots, swapped KV and stored responses live here.")] = None,
     session_ram_mb: Annotated[int, typer.Option(
@@ -106,7 +107,7 @@ def serve(
 
     from hearth.api.app import create_app
     from hearth.backends.build import build_backend
-    from hearth.config import Settings, read_key_file
+    from hearth.config import Settings, default_data_dir, parse_origins, read_key_file
     from hearth.models import resolve_model
     from hearth.observability.logging import setup_logging
 
@@ -123,8 +124,8 @@ def serve(
                             repetition_detection=repetition_detection,
                             api_keys=keys, admin_key=admin_key, metrics_token=metrics_token,
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
-                            prompt_cache_mb=prompt_cache_mb,
-                            **({"data_dir": Path(data_dir).expanduser()} if data_dir else {}))
+                            prompt_cache_mb=prompt_cache_mb, cors_origins=parse_origins(cors_origins),
+                            data_dir=Path(data_dir).expanduser() if data_dir else default_data_dir())
         specs = [resolve_model(m) for m in settings.models]
         ids = [s.id for s in specs]
         if len(set(ids)) != len(ids):

@@ -36,7 +36,8 @@ def access_settings(settings: GatewaySettings) -> Settings:
     """The node's auth middleware reads its keys from node Settings: the gateway's, carried over."""
     return Settings(models=[], host=settings.host, port=settings.port, api_keys=list(settings.api_keys),
                     admin_key=settings.admin_key, metrics_token=settings.metrics_token,
-                    metrics_public=settings.metrics_public, insecure=settings.insecure, data_dir=settings.data_dir)
+                    metrics_public=settings.metrics_public, insecure=settings.insecure, data_dir=settings.data_dir,
+                    cors_origins=list(settings.cors_origins))
 
 
 def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
@@ -55,8 +56,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
     # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.
     translated = OpenAIUpstreamBackend(pool, client)
-    translator = create_app(translated, Settings(models=[], data_dir=settings.data_dir / "translated")) \
-        if translated.aliases() else None
+    inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[])  # CORS: the gateway's
+    translator = create_app(translated, inner) if translated.aliases() else None
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
 
     async def metrics_endpoint(request: Request) -> Response:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hearth.config import check_access, default_data_dir
+from hearth.config import LOOPBACK, check_access, check_origins, default_data_dir
 
 KINDS = ("hearth", "openai")
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -70,6 +70,7 @@ class GatewaySettings:
     metrics_token: str | None = None
     metrics_public: bool = False
     insecure: bool = False
+    cors_origins: list[str] = field(default_factory=lambda: [LOOPBACK])  # as a node's (api/http/cors.py)
     max_waiting: int = 64  # the one wait queue for a free node
     max_wait: float = 30.0
     probe_interval: float = 2.0  # liveness probes, seconds
@@ -98,6 +99,7 @@ class GatewaySettings:
         if self.probe_interval <= 0 or self.probe_timeout <= 0:
             raise ValueError("--probe-interval and --probe-timeout must be > 0")
         check_access(self.host, self.api_keys, self.insecure, "--api-key")
+        check_origins(self.cors_origins)
         for alias, ups in self.aliases().items():
             if len({u.kind for u in ups}) > 1:  # why: docs/gateway.md, "Protocols at the edge"
                 raise ValueError(f"alias {alias!r} is served by both hearth and openai upstreams "
