@@ -1,4 +1,10 @@
-"""Models, health, tokenizer endpoints and metrics."""
+"""Models, health, tokenizer endpoints and metrics.
+
+/tokenize with `messages` is a chat request that stops before generating: the body (less the
+tokenize fields) is read as a Chat Completions body and turned into the same ChatRequest, so
+tools, tool_choice, reasoning_effort and chat_template_kwargs shape the prompt exactly as they
+do in chat, and its count is chat's `prompt_tokens`.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,8 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http.parsing import OpenBody, read_json, validate
-from hearth.api.openai.messages import MessageIn, to_message
+from hearth.api.openai.chat import ChatCompletionIn, ToolIn, to_chat_request
+from hearth.api.openai.messages import MessageIn
 from hearth.backends.base import ModelCard
 from hearth.errors import BadRequest
 from hearth.observability.logging import note_error
@@ -54,8 +61,15 @@ class TokenizeIn(OpenBody):
     content: str | None = None
     prompt: str | None = None  # vLLM's name for content
     messages: list[MessageIn] | None = None
+    # with messages, these and every other Chat Completions field shape the prompt as in chat
+    tools: list[ToolIn] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special: bool = True
     with_pieces: bool = False
+
+
+TOKENIZE_ONLY = ("content", "prompt", "add_special", "with_pieces")
 
 
 class DetokenizeIn(OpenBody):
@@ -65,12 +79,14 @@ class DetokenizeIn(OpenBody):
 
 async def tokenize(request: Request) -> Response:
     backend = node(request).backend
-    body = validate(TokenizeIn, await read_json(request))
+    data = await read_json(request)
+    body = validate(TokenizeIn, data)
     text = body.content if body.content is not None else body.prompt
     if body.messages is not None:
         if text is not None:
             raise BadRequest("give either content or messages, not both")
-        tokens = await backend.tokenize_chat(body.model, [to_message(m, i) for i, m in enumerate(body.messages)])
+        chat = validate(ChatCompletionIn, {k: v for k, v in data.items() if k not in TOKENIZE_ONLY})
+        tokens = await backend.tokenize_prompt(to_chat_request(chat, "tokenize"))
     elif text is not None:
         tokens = await backend.tokenize(body.model, text, add_special=body.add_special)
     else:

@@ -230,6 +230,9 @@ class OpenAIUpstreamBackend:
     async def count_tokens(self, req: ChatRequest) -> int:
         raise BadRequest(NO_TOKENIZER)
 
+    async def tokenize_prompt(self, req: ChatRequest) -> list[int]:
+        raise BadRequest(NO_TOKENIZER)
+
     async def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]:
         raise BadRequest(NO_TOKENIZER)
 

@@ -68,6 +68,9 @@ class SessionBackend:
     async def count_tokens(self, req: ChatRequest) -> int:
         return await self.inner.count_tokens(req)
 
+    async def tokenize_prompt(self, req: ChatRequest) -> list[int]:
+        return await self.inner.tokenize_prompt(req)
+
     async def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]:
         return await self.inner.token_pieces(model, tokens)
 

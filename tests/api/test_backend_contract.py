@@ -145,6 +145,9 @@ class EchoBackend:
     async def count_tokens(self, req: ChatRequest) -> int:
         return len(self._prompt(req.messages))
 
+    async def tokenize_prompt(self, req: ChatRequest) -> list[int]:
+        return self._prompt(req.messages)
+
     async def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]:
         return [chr(t) for t in tokens]
 

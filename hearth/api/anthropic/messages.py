@@ -104,6 +104,7 @@ class CountTokensIn(OpenBody):
     tool_choice: ToolChoiceIn | None = None
     thinking: ThinkingIn | None = None
     output_config: OutputConfigIn | None = None
+    output_format: OutputFormatIn | None = None  # the structured-outputs beta's name for output_config.format
     session_id: str | None = None  # Hearth sessions (docs/sessions.md); count_tokens ignores it
 
 
@@ -293,10 +294,16 @@ def _reasoning(thinking: ThinkingIn | None, output: OutputConfigIn | None) -> Re
     return options
 
 
-def _response_format(output: OutputConfigIn | None) -> ResponseFormat | None:
-    if output is None or output.format is None:
-        return None
-    return ResponseFormat("json_schema", output.format.schema_, strict=True)
+def _response_format(body: CountTokensIn) -> ResponseFormat | None:
+    """`output_config.format`, or the beta's top-level `output_format` it replaced (the same
+    object); both given and different is a 400."""
+    fmt = body.output_config.format if body.output_config is not None else None
+    if body.output_format is not None:
+        if fmt is not None and fmt != body.output_format:
+            raise BadRequest("output_format is the earlier name of output_config.format; give one, or the same "
+                             "format in both", param="output_format")
+        fmt = body.output_format
+    return None if fmt is None else ResponseFormat("json_schema", fmt.schema_, strict=True)
 
 
 def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | None = None) -> ChatRequest:
@@ -307,7 +314,7 @@ def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | N
     messages = to_messages(body)
     tool_choice = _tool_choice(body.tool_choice, tools)
     reasoning = _reasoning(body.thinking, body.output_config)
-    response_format = _response_format(body.output_config)
+    response_format = _response_format(body)
     parallel = body.tool_choice is None or not body.tool_choice.disable_parallel_tool_use
     run = body if isinstance(body, MessagesIn) else None
     sampling = run.sampling(stop=run.stop_sequences, max_tokens=run.max_tokens) if run else SamplingParams()

@@ -29,7 +29,8 @@ log = logging.getLogger("hearth.api")
 Envelope = Literal["openai", "anthropic"]
 
 # status → (OpenAI error type, Anthropic error type): the types each protocol's SDKs map to
-# their exception classes. A HearthError's own `type` wins on the OpenAI side.
+# their exception classes. A HearthError's own `type` (or its code's, OPENAI_TYPE_BY_CODE) wins
+# on the OpenAI side.
 TABLE: dict[int, tuple[str, str]] = {
     400: ("invalid_request_error", "invalid_request_error"),
     401: ("authentication_error", "authentication_error"),
@@ -44,6 +45,11 @@ TABLE: dict[int, tuple[str, str]] = {
     503: ("server_error", "overloaded_error"),
     529: ("server_error", "overloaded_error"),
 }
+
+
+# Codes whose OpenAI type is not the error class's: OpenAI answers an unknown model with a 404 of
+# type invalid_request_error (its SDKs read `code`), where Anthropic's type stays not_found_error.
+OPENAI_TYPE_BY_CODE = {"model_not_found": "invalid_request_error"}
 
 
 def types_for(status: int) -> tuple[str, str]:
@@ -65,7 +71,7 @@ class ApiError:
         retry_after = e.retry_after if isinstance(e, TooManyRequests | Unavailable) else None
         headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
         message = anthropic_context_message(e) if protocol == "anthropic" and isinstance(e, ContextLimit) else e.message
-        return cls(e.status, message, e.code, e.param, e.type, headers)
+        return cls(e.status, message, e.code, e.param, OPENAI_TYPE_BY_CODE.get(e.code, e.type), headers)
 
     def openai_body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.openai_type or types_for(self.status)[0],

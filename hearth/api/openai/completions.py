@@ -42,7 +42,7 @@ class CompletionIn(OpenBody, SamplerFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     stream: bool = False
     n: int = Field(default=1, ge=1, le=16)
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int = Field(default=16, ge=1)  # null is this default too, as OpenAI's
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None

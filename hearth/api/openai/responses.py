@@ -1,8 +1,9 @@
 """OpenAI's Responses API: POST /v1/responses (streaming and not), and the stored responses
 behind GET / DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel.
 
-Input items → ChatRequest (responses_input), ChatEvents → response object and stream events
-(responses_stream), responses and their input items in SQLite (responses_store).
+Input items (item references resolved from the store) → ChatRequest (responses_input),
+ChatEvents → response object and stream events (responses_stream), responses, their input
+items and an index of their output items in SQLite (responses_store).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from hearth.api.http import runs
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import OpenAIRunFields, SessionFields, run_limits, shape
 from hearth.api.openai.responses_input import (
+    check_call_outputs,
     check_metadata,
     normalize_input,
+    resolve_references,
     to_messages,
     to_reasoning,
     to_response_format,
@@ -83,13 +86,15 @@ async def create_response(request: Request) -> Response:
     body = validate(ResponsesIn, await read_json(request))
     _check_unsupported(body)
     store = ctx.responses
-    items = normalize_input(body.input)
+    items = resolve_references(normalize_input(body.input), store.item)
     history = _history(body, store)
     toolset = to_tools(body.tools)
     if toolset.left_out:
         log.debug("responses: tools the server cannot run, left out of the prompt: %s", toolset.left_out)
     messages = [Message("system", body.instructions)] if body.instructions else []
     messages += to_messages(history, "previous_response", toolset) + to_messages(items, tools=toolset)
+    if body.session_id is None:  # in a session, the calls answered are in its transcript
+        check_call_outputs(history, items)
     if not any(m.role != "system" for m in messages):
         raise BadRequest("input is empty: give at least one message", param="input")
     response_format, text_echo = to_response_format(body.text)

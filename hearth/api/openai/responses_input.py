@@ -1,14 +1,20 @@
 """The request side of the Responses API: input items, tools, tool_choice, text.format and
 reasoning, checked and turned into the protocol-neutral types. Every failure is a BadRequest
-naming the field."""
+naming the field (an item reference to nothing stored is a NotFound).
+
+Item references (`{"type": "item_reference", "id"}`, or an item with only an `id`, as OpenAI's
+types allow) are replaced by the stored items they name before anything else reads the input;
+the store is reached through a lookup function, so this module stays free of it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hearth.chat.types import Message, ReasoningOptions, ResponseFormat, Tool, ToolCall
-from hearth.errors import BadRequest
+from hearth.errors import BadRequest, NotFound
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -24,6 +30,49 @@ def normalize_input(value: Any) -> list[dict[str, Any]]:
     if isinstance(value, list):
         return value
     raise BadRequest("input must be a string or a list of input items", param="input")
+
+
+def _is_reference(item: Any) -> bool:
+    if not isinstance(item, dict):
+        return False
+    kind = item.get("type")
+    return kind == "item_reference" or (kind is None and "role" not in item and "id" in item)
+
+
+def resolve_references(items: list[Any], lookup: Callable[[str], dict[str, Any] | None]) -> list[Any]:
+    """`items` with each item reference replaced by the stored item it names (`lookup(id)`).
+    An id nothing stored holds (unknown, deleted, or of a response created with `store: false`)
+    is a 404 with `param: "input"`, as OpenAI answers it."""
+    if not any(_is_reference(item) for item in items):
+        return items
+    out = []
+    for i, item in enumerate(items):
+        if not _is_reference(item):
+            out.append(item)
+            continue
+        item_id = item.get("id")
+        if not isinstance(item_id, str) or not item_id:
+            raise BadRequest(f"input[{i}].id: an item reference needs the id of a stored item", param=f"input[{i}].id")
+        found = lookup(item_id)
+        if found is None:
+            raise NotFound(f"input[{i}]: item with id {item_id!r} not found. Items are kept only with their "
+                           "response, and not for a response created with store: false; send the item itself "
+                           "instead of a reference", param="input")
+        out.append(found)
+    return out
+
+
+def check_call_outputs(history: list[dict[str, Any]], items: list[Any]) -> None:
+    """Every function_call_output answers a function_call made before it in the conversation
+    (the replayed chain, then this input), as OpenAI requires."""
+    calls = {item.get("call_id") for item in history if isinstance(item, dict) and item.get("type") == "function_call"}
+    for i, item in enumerate(items):
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "function_call":
+            calls.add(item.get("call_id"))
+        elif kind == "function_call_output" and item.get("call_id") not in calls:
+            raise BadRequest(f"input[{i}]: no tool call found for function call output with call_id "
+                             f"{item.get('call_id')!r}", param="input")
 
 
 def _str(item: dict[str, Any], key: str, at: str, *, optional: bool = False) -> str | None:

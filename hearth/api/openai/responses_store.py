@@ -1,17 +1,26 @@
 """Stored Responses: each response object with the input items it answered, in SQLite.
 
 The database is `<data_dir>/hearth.db` in WAL mode. Rows hold JSON text only (never pickle).
-Ids are checked against RESPONSE_ID before any query, and every query is parameterized.
-A chain (`previous_response_id`) is replayed by walking the links back to the first response.
+Ids are checked against RESPONSE_ID (ITEM_ID for items) before any query, and every query is
+parameterized. A chain (`previous_response_id`) is replayed by walking the links back to the
+first response.
+
+An `item_reference` input item names an output item (`msg_…`, `fc_…`, `rs_…`) of a stored
+response: `response_items` maps each output item's id to the response that holds it, written
+with the response's final state. The item itself is read from that response's row, so an item
+lives exactly as long as its response: deleting the response (or never storing it, `store:
+false`) makes its items unknown. Responses stored before the index existed have no entries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,21 +28,34 @@ from typing import Any
 from hearth.db import connect
 
 RESPONSE_ID = re.compile(r"^resp_[0-9a-f]{32}$")
+ITEM_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 MAX_CHAIN = 10_000  # links followed back through previous_response_id
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,
     created_at REAL NOT NULL,
     previous_response_id TEXT,
     input TEXT NOT NULL,
     response TEXT NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS response_items (
+    item_id TEXT PRIMARY KEY,
+    response_id TEXT NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS response_items_by_response ON response_items (response_id)",
 )
-"""
 
 
 def valid_id(response_id: str) -> bool:
     return RESPONSE_ID.fullmatch(response_id) is not None
+
+
+def _index(db: sqlite3.Connection, response: dict[str, Any]) -> None:
+    """Map the response's output items to it."""
+    ids = [(item["id"], response["id"]) for item in response.get("output") or []
+           if isinstance(item, dict) and isinstance(item.get("id"), str) and ITEM_ID.fullmatch(item["id"])]
+    db.executemany("INSERT OR REPLACE INTO response_items (item_id, response_id) VALUES (?, ?)", ids)
 
 
 @dataclass(slots=True)
@@ -57,8 +79,22 @@ class ResponseStore:
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
             self._conn = connect(self.path)
-            self._conn.execute(_SCHEMA)
+            for statement in _SCHEMA:
+                self._conn.execute(statement)
         return self._conn
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One transaction, under the lock: a row and its items change together."""
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
 
     def close(self) -> None:
         with self._lock:
@@ -70,20 +106,35 @@ class ResponseStore:
         rid = response["id"]
         if not valid_id(rid):
             raise ValueError(f"invalid response id {rid!r}")
-        with self._lock:
-            self._db.execute(
+        with self._write() as db:
+            db.execute(
                 "INSERT OR REPLACE INTO responses (id, created_at, previous_response_id, input, response) "
                 "VALUES (?, ?, ?, ?, ?)",
                 (rid, float(response.get("created_at") or time.time()), response.get("previous_response_id"),
                  json.dumps(input_items, ensure_ascii=False), json.dumps(response, ensure_ascii=False)))
+            _index(db, response)
 
     def update(self, response: dict[str, Any]) -> bool:
         """Replace the response object of an existing row; False if the row is gone (a response
         deleted while it ran stays deleted)."""
-        with self._lock:
-            cur = self._db.execute("UPDATE responses SET response = ? WHERE id = ?",
-                                   (json.dumps(response, ensure_ascii=False), response["id"]))
+        with self._write() as db:
+            cur = db.execute("UPDATE responses SET response = ? WHERE id = ?",
+                             (json.dumps(response, ensure_ascii=False), response["id"]))
+            if cur.rowcount > 0:
+                _index(db, response)
         return cur.rowcount > 0
+
+    def item(self, item_id: str) -> dict[str, Any] | None:
+        """The output item `item_id` of a stored response, or None."""
+        if not ITEM_ID.fullmatch(item_id):
+            return None
+        with self._lock:
+            row = self._db.execute("SELECT r.response FROM response_items i JOIN responses r ON r.id = i.response_id "
+                                   "WHERE i.item_id = ?", (item_id,)).fetchone()
+        if row is None:
+            return None
+        output = json.loads(row[0]).get("output") or []
+        return next((it for it in output if isinstance(it, dict) and it.get("id") == item_id), None)
 
     def get(self, response_id: str) -> StoredResponse | None:
         if not valid_id(response_id):
@@ -98,8 +149,9 @@ class ResponseStore:
     def delete(self, response_id: str) -> bool:
         if not valid_id(response_id):
             return False
-        with self._lock:
-            cur = self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+        with self._write() as db:
+            cur = db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+            db.execute("DELETE FROM response_items WHERE response_id = ?", (response_id,))
         return cur.rowcount > 0
 
     def chain(self, response_id: str) -> list[dict[str, Any]] | None:

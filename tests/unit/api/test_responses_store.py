@@ -60,3 +60,18 @@ def test_ids_are_checked_before_the_database(tmp_path: Path) -> None:
         assert not valid_id(bad)
         assert store.get(bad) is None and store.chain(bad) is None and not store.delete(bad)
     assert valid_id(rid(5))
+
+
+def test_output_items_are_found_by_id_while_their_response_lives(tmp_path: Path) -> None:
+    store = ResponseStore(tmp_path / "hearth.db")
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}"}
+    message = {"type": "message", "id": "msg_1", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]}
+    store.put({**response(1), "output": []}, [user("hi")])
+    assert store.item("msg_1") is None  # in progress: no output yet
+    assert store.update({**response(1), "output": [message, call]})
+    assert store.item("msg_1") == message and store.item("fc_1") == call
+    assert store.item("msg_2") is None and store.item("bad id; DROP") is None and store.item("") is None
+    assert store.delete(rid(1))
+    assert store.item("msg_1") is None and store.item("fc_1") is None
+    rows = sqlite3.connect(tmp_path / "hearth.db").execute("SELECT count(*) FROM response_items").fetchone()[0]
+    assert rows == 0
