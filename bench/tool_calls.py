@@ -17,7 +17,9 @@ first byte (first content character or first tool-call delta) and the text. Repo
 of structured calls off vs on; the median extra time to first byte on (on - off, per prompt) for
 answers that became calls (held until the output ended) and for those that stayed text (held
 until ruled out); and whether every answer that stayed text on came out identical to off.
-Writes bench/results/tool-calls-<stamp>.json (+ latest-tool-calls.json) and a plot (.png).
+Writes bench/results/tool-calls-<stamp>.json (+ latest-tool-calls.json) after every prompt
+(`"complete": false` until the last) and, at the end, a plot (.png). Prompts go round-robin
+over the four tools, so a `--limit` covers all of them.
 Timings mean something only on an otherwise idle machine.
 """
 
@@ -28,6 +30,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -103,7 +106,7 @@ def log(msg: str) -> None:
 
 
 async def ask(client: httpx.AsyncClient, url: str, i: int, lenient: bool, max_tokens: int) -> Answer:
-    body = {"model": "m", "messages": [{"role": "user", "content": PROMPTS[i]}], "tools": TOOLS,
+    body = {"messages": [{"role": "user", "content": PROMPTS[i]}], "tools": TOOLS,
             "tool_choice": "auto", "temperature": 0, "max_tokens": max_tokens, "stream": True,
             "lenient_tool_calls": lenient}
     t0 = time.perf_counter()
@@ -178,11 +181,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {"max_tokens": args.max_tokens, "threads": args.threads, "ctx": args.ctx, "limit": args.limit},
     }
     answers: list[Answer] = []
+    # Round-robin over the tools (prompt 0, 10, 20, 30, 1, 11, ...), so --limit (or an interrupted
+    # run, whose results so far are written after every prompt) still covers all four.
+    order = [k * 10 + j for j in range(10) for k in range(4)][:args.limit]
     async with RunningServer("hearth", Launch(argv, supports_ignore_eos=True), port, settings) as srv, \
             httpx.AsyncClient(timeout=300) as client:
         log(f"server ready in {srv.startup_s:.1f}s")
-        for i in range(min(args.limit, len(PROMPTS))):
-            warm = {"model": "m", "messages": [{"role": "user", "content": PROMPTS[i]}], "tools": TOOLS,
+        for n, i in enumerate(order):
+            warm = {"messages": [{"role": "user", "content": PROMPTS[i]}], "tools": TOOLS,
                     "max_tokens": 1, "temperature": 0}
             (await client.post(srv.base_url + "/v1/chat/completions", json=warm)).raise_for_status()
             for lenient in ((False, True) if i % 2 == 0 else (True, False)):
@@ -191,9 +197,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             a_off, a_on = next(off), next(on)
             log(f"{i:2d} off={a_off.finish_reason:<10} on={a_on.finish_reason:<10} "
                 f"ttfb {a_off.ttfb_s or 0:.2f}s/{a_on.ttfb_s or 0:.2f}s  {a_off.text[:60]!r}")
-    result["summary"] = summarize(answers)
-    result["answers"] = [asdict(a) for a in answers]
+            result["complete"] = n + 1 == len(order)
+            result["summary"] = summarize(answers)
+            result["answers"] = [asdict(a) for a in answers]
+            write(result, args.out_dir)
     return result
+
+
+def write(result: dict[str, Any], out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = result["timestamp"].replace("-", "").replace(":", "")[:15]
+    path = out_dir / f"tool-calls-{stamp}.json"
+    text = json.dumps(result, indent=1, default=str)
+    path.write_text(text)
+    (out_dir / "latest-tool-calls.json").write_text(text)
+    return path
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -223,6 +241,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="bench.tool_calls", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -233,13 +255,9 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=len(PROMPTS), help="only the first N prompts")
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, _interrupt)  # unwinds through the block that stops the server
     result = asyncio.run(main_async(args))
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = result["timestamp"].replace("-", "").replace(":", "")[:15]
-    path = args.out_dir / f"tool-calls-{stamp}.json"
-    text = json.dumps(result, indent=1, default=str)
-    path.write_text(text)
-    (args.out_dir / "latest-tool-calls.json").write_text(text)
+    path = write(result, args.out_dir)
     plot(result, path.with_suffix(".png"))
     print(json.dumps(result["summary"], indent=1))
     log(f"wrote {path}")
