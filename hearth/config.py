@@ -82,6 +82,7 @@ class Settings:
     sse_heartbeat: float = 5.0  # seconds of silence on a stream before a heartbeat (SSE comment / ping)
     max_request_timeout: float = 3600.0  # the most a request may ask for
     repetition_detection: bool = False  # stop looping generations unless a request says otherwise
+    lenient_tool_calls: bool = True  # take tool calls written as bare/fenced JSON unless a request says otherwise
     # access
     api_keys: list[str] = field(default_factory=list)
     admin_key: str | None = None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from hearth.chat.structured import forced_format, response_format_grammar, tool_call_grammar
 from hearth.chat.template import ChatTemplate
-from hearth.chat.tool_parsers import PARSERS, parser_for_template
+from hearth.chat.tool_parsers import PARSERS, ToolParser, make_parser, parser_for_template
 from hearth.chat.types import ChatRequest, Message, Tool, ToolCall
 from hearth.errors import BadRequest, HearthError
 
@@ -106,17 +106,24 @@ class OutputPlan:
     parser: str | None  # tool parser name; None: no tool calls expected
     grammar: str | None  # GBNF for the sampler
     tools_in_prompt: list[Tool]
+    lenient: bool = False  # also calls written without the format's markers (tool_parsers/lenient.py)
+
+    def tool_parser(self, tools: list[Tool]) -> ToolParser | None:
+        """A fresh parser for one candidate's output, or None when no calls are expected."""
+        return make_parser(self.parser, tools, self.lenient) if self.parser else None
 
 
 def plan_output(req: ChatRequest, parser: str) -> OutputPlan:
     """tool_choice none: no tools at all; auto: the model's own format, free; required or a
     named function: a grammar that writes exactly one call (or more, with parallel calls).
-    Otherwise response_format, if any, becomes the grammar."""
+    Otherwise response_format, if any, becomes the grammar. In auto mode, unless the request
+    turned it off, a call written without the format's markers is recognised too."""
     check_tool_choice(req)
     choice = req.tool_choice
     if req.tools and choice != "none":
         if choice in (None, "auto"):
-            return OutputPlan(parser, response_format_grammar(req.response_format), req.tools)
+            return OutputPlan(parser, response_format_grammar(req.response_format), req.tools,
+                              lenient=req.lenient_tool_calls)
         forced = req.tools if choice == "required" else [t for t in req.tools if t.name == choice]
         fmt = forced_format(parser)
         return OutputPlan(fmt, tool_call_grammar(forced, fmt, req.parallel_tool_calls), req.tools)

@@ -101,6 +101,9 @@ class ChatRequest:
     # Set by the session manager, with `messages` the whole transcript: the session's length cap.
     max_len: int | None = None
     repetition: RepetitionSpec | None = None  # loop detection (None: off)
+    # In auto mode, also take a call written as bare or fenced JSON, without the template's
+    # markers (hearth/chat/tool_parsers/lenient.py): the request's lenient_tool_calls, else the server's.
+    lenient_tool_calls: bool = True
 
 
 @dataclass(slots=True)

@@ -80,6 +80,10 @@ def serve(
     repetition_detection: Annotated[bool, typer.Option(
         "--repetition-detection/--no-repetition-detection", envvar="HEARTH_REPETITION_DETECTION",
         help="Stop generations that loop (a request's repetition_detection overrides it).")] = False,
+    lenient_tool_calls: Annotated[bool, typer.Option(
+        "--lenient-tool-calls/--no-lenient-tool-calls", envvar="HEARTH_LENIENT_TOOL_CALLS",
+        help="In auto mode, also take a tool call the model wrote as bare or fenced JSON, without its "
+             "template's markers (a request's lenient_tool_calls overrides it).")] = True,
     api_key: RequireKeyOpt = None,
     api_key_file: Annotated[str | None, typer.Option(
         envvar="HEARTH_API_KEY_FILE", help="File with one API key per line.")] = None,
@@ -121,7 +125,7 @@ def serve(
                             log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,
                             request_timeout=request_timeout, max_request_timeout=max_request_timeout,
                             clamp_max_tokens=clamp_max_tokens, sse_heartbeat=sse_heartbeat,
-                            repetition_detection=repetition_detection,
+                            repetition_detection=repetition_detection, lenient_tool_calls=lenient_tool_calls,
                             api_keys=keys, admin_key=admin_key, metrics_token=metrics_token,
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
                             prompt_cache_mb=prompt_cache_mb, cors_origins=parse_origins(cors_origins),

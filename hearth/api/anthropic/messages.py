@@ -324,7 +324,7 @@ def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | N
                        tool_choice=tool_choice, parallel_tool_calls=parallel, response_format=response_format,
                        reasoning=reasoning, request_id=request_id, timeout=limits.timeout,
                        cache_prompt=run.cache_prompt if run else True, session=session,
-                       repetition=limits.repetition)
+                       repetition=limits.repetition, lenient_tool_calls=limits.lenient_tool_calls)
 
 
 # ---- endpoints ----------------------------------------------------------------------------

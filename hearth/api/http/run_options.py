@@ -3,8 +3,9 @@
 - `RunFields`, in every generating protocol (Chat, Completions, Responses, Messages): the
   sampling fields all four take, `cancel_id`, `cache_prompt`, the wall-clock cap under
   Unsloth's name too, loop detection (superlinear's `repetition_detection`, top level or inside
-  `extra`), `stream_thinking` and stream flushing; `sampling()` is the one conversion of them
-  (plus the protocol's own: its max-tokens and stop fields) to `SamplingParams`.
+  `extra`), `stream_thinking`, stream flushing and `lenient_tool_calls`; `sampling()` is the
+  one conversion of them (plus the protocol's own: its max-tokens and stop fields) to
+  `SamplingParams`.
 - `OpenAIRunFields` adds what OpenAI's protocols (and llama.cpp's extensions to them) take:
   min_p, seed, stop; `SamplerFields` the rest of llama.cpp's sampler that Chat and Completions
   take (penalties under both names, logit_bias, speculative decoding).
@@ -61,6 +62,9 @@ class RunFields(BaseModel):
     repetition_detection: StrictBool | RepetitionIn | None = None
     extra: dict[str, Any] | None = None  # superlinear's bag of extensions
     stream_thinking: StrictBool = True  # false: reasoning only in the final event, not streamed
+    # false: a tool call counts only in the template's own format, not as bare or fenced JSON
+    # (default: the server's --lenient-tool-calls)
+    lenient_tool_calls: StrictBool | None = None
 
     def sampling(self, **own: Any) -> SamplingParams:
         """The request's SamplingParams: the shared fields it declares and the protocol's `own`
@@ -114,14 +118,17 @@ class SessionFields(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class RunLimits:
-    """What a run may take, as the server allows it: the wall-clock cap and loop detection."""
+    """What a run may take, as the server allows it: the wall-clock cap and loop detection; and
+    how its tool calls are read (the request's lenient_tool_calls, else the server's)."""
 
     timeout: float | None = None
     repetition: RepetitionSpec | None = None
+    lenient_tool_calls: bool = True
 
 
 def run_limits(settings: Settings, body: RunFields) -> RunLimits:
-    return RunLimits(wall_cap(settings, body), repetition(settings, body))
+    lenient = settings.lenient_tool_calls if body.lenient_tool_calls is None else body.lenient_tool_calls
+    return RunLimits(wall_cap(settings, body), repetition(settings, body), lenient)
 
 
 def shape(events: AsyncIterator[ChatEvent], body: RunFields) -> AsyncIterator[ChatEvent]:

@@ -108,7 +108,7 @@ async def create_response(request: Request) -> Response:
         model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools, tool_choice=tool_choice,
         parallel_tool_calls=body.parallel_tool_calls, response_format=response_format, reasoning=reasoning,
         request_id=rid, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
-        session=body.session_turn())
+        session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls)
     model = ctx.backend.resolve(creq.model)
 
     asm = ResponseAssembler({

@@ -22,7 +22,6 @@ from hearth.backends.local.model import EngineSettings, LocalModel, RunnerFactor
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs
 from hearth.chat.system_turns import place_system_turns
-from hearth.chat.tool_parsers import PARSERS
 from hearth.chat.tools import OutputPlan, as_text_messages, plan_output
 from hearth.chat.types import ChatRequest, CompletionRequest, Message
 from hearth.engine import EngineRequest
@@ -218,7 +217,7 @@ class LocalBackend:
                 raise BadRequest(str(e), param="reasoning_budget") from e
         # Under a grammar the output is JSON or a forced call, never thinking.
         parsers = [OutputParser(i, None if params.grammar else ReasoningParser(start, end, inside=inside),
-                                PARSERS[plan.parser](req.tools) if plan.parser else None, req.parallel_tool_calls)
+                                plan.tool_parser(req.tools), req.parallel_tool_calls)
                    for i in range(req.n)]
         return _Prepared(tokens, params, think, parsers)
 

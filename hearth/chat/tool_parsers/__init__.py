@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from hearth.chat.tool_parsers.base import BadCall, CallPart, Part, ToolParser
 from hearth.chat.tool_parsers.hermes import HermesParser
+from hearth.chat.tool_parsers.lenient import LenientCalls
 from hearth.chat.tool_parsers.llama3 import JsonParser, Llama3Parser
 from hearth.chat.tool_parsers.mistral import MistralParser
 from hearth.chat.tool_parsers.pythonic import PythonicParser
+from hearth.chat.types import Tool
 
 PARSERS: dict[str, type[ToolParser]] = {
     p.name: p for p in (HermesParser, Llama3Parser, MistralParser, PythonicParser, JsonParser)
@@ -27,4 +29,11 @@ def parser_for_template(source: str) -> str:
     return "hermes"
 
 
-__all__ = ["PARSERS", "BadCall", "CallPart", "Part", "ToolParser", "parser_for_template"]
+def make_parser(name: str, tools: list[Tool], lenient: bool = False) -> ToolParser:
+    """The parser `name` for one candidate; `lenient`: also calls written without its markers."""
+    parser = PARSERS[name](tools)
+    return LenientCalls(parser, tools) if lenient else parser
+
+
+__all__ = ["PARSERS", "BadCall", "CallPart", "LenientCalls", "Part", "ToolParser", "make_parser",
+           "parser_for_template"]

@@ -48,6 +48,7 @@ class ToolParser(ABC):
     """Incremental parser for one candidate's output."""
 
     name: str = ""
+    bare_json_native = False  # its own format is a bare JSON object (see lenient.py)
 
     def __init__(self, tools: list[Tool]) -> None:
         self.tools = {t.name: t for t in tools}

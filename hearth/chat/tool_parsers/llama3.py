@@ -13,6 +13,7 @@ PYTHON_TAG = "<|python_tag|>"
 
 class Llama3Parser(JsonCallParser):
     name = "llama3"
+    bare_json_native = True
 
     def __init__(self, tools: list[Tool]) -> None:
         super().__init__(tools)
