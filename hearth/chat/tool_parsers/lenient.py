@@ -16,10 +16,11 @@ family's parser and takes such an answer as calls when, and only when:
 Anything else is the family parser's to read, fed exactly the text it would have been fed: an
 answer is held only while it may still be such a call (it opens with `{`, `[` or a fence) and is
 released to the inner parser, unchanged, the moment it cannot be (a first key other than the
-three, a list element that is not an object, a fence that is not ```/```json, a character
-after the JSON or its closing fence). So streamed and non-streamed output stay equal, and a
-JSON answer the user asked for comes out byte for byte. A call is decided only when the output
-ends (text could still follow the JSON), so recognised calls arrive whole, at the end.
+three, a `name` that is not a declared tool's, a list element that is not an object, a fence
+that is not ```/```json, a character after the JSON or its closing fence). So streamed and
+non-streamed output stay equal, and a JSON answer the user asked for comes out byte for byte.
+A call is decided only when the output ends (text could still follow the JSON), so recognised
+calls arrive whole, at the end.
 
 For parsers whose own format is a bare object (llama3, json), an answer opening with `{` is
 theirs at once, as before; only lists and fences are held.
@@ -52,7 +53,7 @@ class LenientCalls(ToolParser):
         self._held = ""  # everything received while undecided, verbatim
         self._fenced = False
         self._body = 0  # where the JSON starts in _held
-        self._scan = _Scanner()
+        self._scan = _Scanner(frozenset(self.tools))
 
     def _run(self, out: list[Part]) -> None:
         text, self._buf = self._buf, ""
@@ -188,7 +189,8 @@ class _Scanner:
     one call, 2 inside a list) and the list's elements. Whether it parses is json.loads's to say
     at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names  # the declared tools: a call's `name` must be one of them
         self.length = 0  # characters of the JSON read so far (all of it, once it ended)
         self.failed = False
         self._stack: list[str] = []
@@ -197,6 +199,9 @@ class _Scanner:
         self._key: list[str] | None = None  # the call key being read
         self._expect = ""  # "key" or "element" when that is what must come next
         self._key_pos = False  # the next string at call depth is a key
+        self._after_name = False  # the call key just read is "name": its value comes next
+        self._name: list[str] | None = None  # the value of a call's "name" being read
+        self._name_next = False  # the next token is the value of a call's "name"
 
     def _call_depth(self) -> int:
         return 2 if self._stack and self._stack[0] == "[" else 1
@@ -208,6 +213,8 @@ class _Scanner:
             if self._in_str:
                 if self._key is not None:
                     self._key.append(c)
+                if self._name is not None:
+                    self._name.append(c)
                 if self._esc:
                     self._esc = False
                 elif c == "\\":
@@ -216,9 +223,18 @@ class _Scanner:
                     self._in_str = False
                     if self._key is not None and not self._key_ok():
                         return self._fail()
+                    if self._name is not None and not self._name_ok():
+                        return self._fail()
                 continue
             if c in WS:
                 continue
+            if self._name_next:
+                # A call's name is a declared tool's, as a string: anything else rules it out
+                # now, not when the whole object has arrived.
+                self._name_next = False
+                if c != '"':
+                    return self._fail()
+                self._name = ['"']
             if self._expect == "element" and c != "{":
                 return self._fail()
             if self._expect == "key" and c not in '"}':
@@ -248,6 +264,9 @@ class _Scanner:
                     self._key_pos = True
             elif c == ":":
                 self._key_pos = False
+                self._name_next, self._after_name = self._after_name, False
+            if c != ":":
+                self._after_name = False
         return None
 
     def _at_key(self, depth: int) -> bool:
@@ -258,7 +277,17 @@ class _Scanner:
         raw, self._key = "".join(self._key), None
         self._key_pos = False
         try:
-            return json.loads(raw) in CALL_KEYS
+            key = json.loads(raw)
+        except ValueError:
+            return False
+        self._after_name = key == "name"
+        return key in CALL_KEYS
+
+    def _name_ok(self) -> bool:
+        assert self._name is not None
+        raw, self._name = "".join(self._name), None
+        try:
+            return json.loads(raw) in self.names
         except ValueError:
             return False
 

@@ -190,6 +190,9 @@ def test_forced_calls_are_not_lenient() -> None:
 @pytest.mark.parametrize(("text", "released_by"), [
     ('{"city": "Paris"}', '{"city"'),  # the first key that is not a call's
     ("[1, 2]", "[1"),  # a list element that is not an object
+    ('{"name": "README.md", "arguments": {}}', '{"name": "README.md"'),  # a name no tool has
+    ('[{"name": "get_weather", "arguments": {}}, {"name": 7}]',
+     '[{"name": "get_weather", "arguments": {}}, {"name": 7'),  # a name that is not a string
     ("```python\nx = 1\n```", "```p"),  # a fence that is not ```json
     ("Hello", "H"),
     (f"{W} and more", f"{W} a"),  # a character after the JSON
