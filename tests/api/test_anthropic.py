@@ -27,6 +27,8 @@ async def test_message(h: Harness) -> None:
 
 async def test_stream_event_order(h: Harness) -> None:
     events = await h.sse("/v1/messages", BODY)
+    # the ping after message_start, then no heartbeat pings (a loaded machine may add some)
+    events = events[:2] + [(e, d) for e, d in events[2:] if e != "ping"]
     kinds = [e for e, _ in events]
     assert kinds[:3] == ["message_start", "ping", "content_block_start"]
     assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
