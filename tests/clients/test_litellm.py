@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the price list at import
-import litellm  # noqa: E402
+import litellm
 
-from tests.clients.shapes import (  # noqa: E402
+from tests.clients.shapes import (
     API_KEY,
     CALL_GRAMMAR,
     PERSON_PROMPT,
@@ -30,12 +30,13 @@ from tests.clients.shapes import (  # noqa: E402
     Person,
     get_weather,
 )
-from tests.helpers import EXACT, Server  # noqa: E402
+from tests.helpers import EXACT, Server
 
 pytestmark = [
     pytest.mark.slow,
     # pydantic on litellm's own TypedDicts (ReadOnly items), built lazily on first use: not ours to fix
-    pytest.mark.filterwarnings(r"ignore:Items? .* on TypedDict class '\w+' (is|are) using the `ReadOnly` qualifier:UserWarning"),
+    pytest.mark.filterwarnings(
+        r"ignore:Items? .* on TypedDict class '\w+' (is|are) using the `ReadOnly` qualifier:UserWarning"),
 ]
 
 

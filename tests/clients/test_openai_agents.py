@@ -138,7 +138,8 @@ async def test_structured_output(api: str, client: AsyncOpenAI, tool_server: Ser
 async def test_previous_response_id(client: AsyncOpenAI, tool_server: Server) -> None:
     """The second run sends only its new input and the first run's response id; the prompt Hearth
     rebuilds from its store holds the first exchange too."""
-    agent = Agent(name="chain", instructions="Answer briefly.", model=model("responses", client, tool_server, TOOL_MODEL),
+    agent = Agent(name="chain", instructions="Answer briefly.",
+                  model=model("responses", client, tool_server, TOOL_MODEL),
                   model_settings=ModelSettings(temperature=0, max_tokens=16))
     first = await Runner.run(agent, "My name is Ada. Say hello.")
     assert first.last_response_id and first.last_response_id.startswith("resp_")
