@@ -21,8 +21,9 @@ TOOL_MODEL = "qwen2.5-coder-0.5b"
 API_KEY = "unused"  # Hearth runs without a key here; the libraries insist on one
 
 WEATHER_PROMPT = "What is the weather in Paris? Use the get_weather tool."
-# The age asked for is out of bounds: only a grammar that enforces `maximum` keeps the reply valid.
-PERSON_PROMPT = "Invent a 1815-year-old person who lives in Lyon: their name, age and address."
+# The year asked for is out of Person.born's bounds: left to itself the model writes 1815 (seen:
+# `"born": 1815`), so only a grammar that enforces `minimum` keeps the reply valid.
+PERSON_PROMPT = "Invent a person born in 1815 who lives in Lyon: their name, age, year of birth and address."
 TEXT_PROMPT = "What is the capital of France?"
 
 # The call Qwen2.5-Coder writes in `auto` mode (issue 23: bare JSON, no <tool_call> tags), as
@@ -65,6 +66,7 @@ class Person(BaseModel):
 
     name: str = Field(max_length=40)
     age: int = Field(ge=0, le=150)
+    born: int = Field(ge=1900, le=2100)
     address: Address
 
 

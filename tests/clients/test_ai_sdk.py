@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.clients.shapes import CALL_GRAMMAR, TEXT_MODEL, TOOL_MODEL, City, Person, get_weather
+from tests.clients.shapes import CALL_GRAMMAR, PERSON_PROMPT, TEXT_MODEL, TOOL_MODEL, City, Person, get_weather
 from tests.helpers import Server
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def provider(request: pytest.FixtureRequest) -> str:
 
 def run(flow: str, provider: str, server: Server, model: str, sdk: Path) -> dict[str, Any]:
     env = {**os.environ, "HEARTH_URL": server.url, "HEARTH_MODEL": model, "HEARTH_AI_SDK_DIR": str(sdk),
-           "HEARTH_GRAMMAR": CALL_GRAMMAR}
+           "HEARTH_GRAMMAR": CALL_GRAMMAR, "HEARTH_PERSON_PROMPT": PERSON_PROMPT}
     p = subprocess.run(["node", str(FLOWS), flow, provider], capture_output=True, text=True, env=env, timeout=900)
     assert p.returncode == 0, f"node {flow} {provider} exited {p.returncode}:\n{p.stderr[-4000:]}"
     result: dict[str, Any] = json.loads(p.stdout)

@@ -1,7 +1,8 @@
 // The Vercel AI SDK's side of tests/clients/test_ai_sdk.py: `node flows.mjs FLOW PROVIDER` runs
 // one flow against the Hearth at $HEARTH_URL and prints one JSON object on stdout, which the
 // Python test asserts on. PROVIDER is `chat` (@ai-sdk/openai-compatible, Chat Completions) or
-// `responses` (@ai-sdk/openai's default provider, the Responses API). The packages load from the
+// `responses` (@ai-sdk/openai's default provider, the Responses API). The shapes mirror
+// tests/clients/shapes.py. The packages load from the
 // npm prefix scripts/setup_clients.sh installed ($HEARTH_AI_SDK_DIR), not from the repository.
 import { createRequire } from 'node:module';
 
@@ -69,11 +70,12 @@ const flows = {
     const Person = z.object({
       name: z.string().max(40),
       age: z.number().int().min(0).max(150),
+      born: z.number().int().min(1900).max(2100),
       address: z.object({ street: z.string().max(40), city: z.string().max(30) }),
     });
     const r = await generateText({
       ...common, maxOutputTokens: 160, output: Output.object({ schema: Person }),
-      prompt: 'Invent a 1815-year-old person who lives in Lyon: their name, age and address.',
+      prompt: process.env.HEARTH_PERSON_PROMPT,  // asks for a year out of `born`'s bounds
     });
     return { output: r.output, finishReason: r.finishReason };
   },
