@@ -8,8 +8,11 @@ nested model and bounds (`response_format=Person`)."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,6 +41,28 @@ pytestmark = [
     pytest.mark.filterwarnings(
         r"ignore:Items? .* on TypedDict class '\w+' (is|are) using the `ReadOnly` qualifier:UserWarning"),
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_litellm() -> Iterator[None]:
+    """litellm keeps its HTTP clients in a module-level cache and leaves an event loop set on the
+    main thread (its socketpair leaked, and warned in whichever later test replaced the loop):
+    close both once this module is done."""
+    yield
+    from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
+
+    try:  # taken first: asyncio.run below unsets the thread's loop, which would drop it unclosed
+        leaked: asyncio.AbstractEventLoop | None = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        leaked = None
+    asyncio.run(close_litellm_async_clients())
+    for handler in list(litellm.in_memory_llm_clients_cache.cache_dict.values()):
+        close = getattr(handler, "close", None)
+        if callable(close) and not inspect.iscoroutinefunction(close):
+            close()
+    litellm.in_memory_llm_clients_cache.flush_cache()
+    if leaked is not None and not leaked.is_running():
+        leaked.close()
 
 
 @pytest.fixture(params=["openai", "anthropic"])
