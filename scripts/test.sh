@@ -20,6 +20,7 @@ if [ "${1:-}" = "--quick" ]; then
 fi
 scripts/setup.sh
 scripts/setup_agents.sh  # the agent CLIs and the tool-calling model, for tests/agents
+scripts/setup_clients.sh  # the Vercel AI SDK from npm, for tests/clients
 .venv/bin/ruff check hearth tests bench
 .venv/bin/mypy  # files and flags: [tool.mypy] in pyproject.toml
 .venv/bin/python -m pytest -q "$@"
