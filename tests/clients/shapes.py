@@ -70,6 +70,16 @@ class Person(BaseModel):
     address: Address
 
 
+class Resident(BaseModel):
+    """`Person` without its numeric bounds, for Anthropic's own structured output: the Anthropic
+    SDK moves `minimum`/`maximum` into the field's description before it sends a schema (its API
+    takes none in output schemas), so no server could enforce them there; the nested model
+    (`$defs`) still reaches Hearth and is what the client validates."""
+
+    name: str = Field(max_length=40)
+    address: Address
+
+
 class Forecast(BaseModel):
     """Tool arguments with a nested model: a forced call whose parameters use `$defs`."""
 
