@@ -88,14 +88,8 @@ def upstreams_toml(nodes: dict[str, Server], max_in_flight: int = 2) -> str:
 
 
 @dataclass
-class Gateway:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/v1"
+class Gateway(Server):
+    """A gateway process: a server (url, process, log, /v1) with admin routes."""
 
     def admin(self, method: str, path: str, **kw: Any) -> httpx.Response:
         return httpx.request(method, self.url + path, headers={"Authorization": f"Bearer {GW_ADMIN}"}, timeout=120,
