@@ -47,6 +47,7 @@ import httpx
 from bench.client import first_model_id
 from bench.config import RESULTS_DIR, Settings, default_model
 from bench.machine import machine_info
+from bench.report import save_json
 from bench.servers import LAUNCHERS, Launch, RunningServer, free_port
 from bench.stats import median, percentile
 
@@ -310,14 +311,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write(result: dict[str, Any], out_dir: Path, final: bool) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = result["timestamp"].replace("-", "").replace(":", "")[:15]
-    path = out_dir / f"multiturn-{stamp}.json"
-    text = json.dumps(result, indent=1, default=str)
-    path.write_text(text)
-    (out_dir / "latest-multiturn.json").write_text(text)
+    path, _ = save_json(result, out_dir, "multiturn")
     if final and result["runs"]:
-        plot(json.loads(text), path.with_suffix(".png"))
+        plot(json.loads(path.read_text()), path.with_suffix(".png"))
     return path
 
 

@@ -42,16 +42,23 @@ def output_prefix(result: Result) -> str:
     return "cancel" if result["settings"].get("workloads") == ["cancel"] else "bench"
 
 
-def write_json(result: Result, out_dir: Path) -> tuple[Path, Path]:
+def save_json(result: Result, out_dir: Path, name: str, latest: str | None = None, indent: int = 1
+              ) -> tuple[Path, Path]:
+    """A run's JSON twice: `NAME-<timestamp>.json` (this run's own, git-ignored) and the one the
+    docs quote, `latest-NAME.json` (or `latest`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = re.sub(r"[^0-9T]", "", result["timestamp"])[:15]
-    prefix = output_prefix(result)
-    path = out_dir / f"{prefix}-{stamp}.json"
-    text = json.dumps(result, indent=2, default=str)
+    path = out_dir / f"{name}-{stamp}.json"
+    text = json.dumps(result, indent=indent, default=str)
     path.write_text(text)
-    latest = out_dir / ("latest.json" if prefix == "bench" else f"latest-{prefix}.json")
-    latest.write_text(text)
-    return path, latest
+    latest_path = out_dir / (latest or f"latest-{name}.json")
+    latest_path.write_text(text)
+    return path, latest_path
+
+
+def write_json(result: Result, out_dir: Path) -> tuple[Path, Path]:
+    prefix = output_prefix(result)
+    return save_json(result, out_dir, prefix, "latest.json" if prefix == "bench" else None, indent=2)
 
 
 def metric_names(servers: dict[str, Result], table: str | None = None) -> list[str]:

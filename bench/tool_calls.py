@@ -42,6 +42,7 @@ import httpx
 
 from bench.config import REPO_ROOT, RESULTS_DIR, Settings
 from bench.machine import machine_info
+from bench.report import save_json
 from bench.servers import Launch, RunningServer, free_port
 from bench.stats import median
 
@@ -205,13 +206,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write(result: dict[str, Any], out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = result["timestamp"].replace("-", "").replace(":", "")[:15]
-    path = out_dir / f"tool-calls-{stamp}.json"
-    text = json.dumps(result, indent=1, default=str)
-    path.write_text(text)
-    (out_dir / "latest-tool-calls.json").write_text(text)
-    return path
+    return save_json(result, out_dir, "tool-calls")[0]
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -8,7 +8,7 @@ returning the stream, so the HTTP layer can still answer with a 4xx; once the st
 returned, problems arrive as a `Finish(reason="error")` and `Done(error=...)`.
 Closing the stream (`aclose()`, or cancelling the task that iterates it) cancels the work.
 
-Token work (`tokenize`, `count_tokens`, ...) is async: a backend must not run it on the event
+Token work (`tokenize`, `tokenize_prompt`, ...) is async: a backend must not run it on the event
 loop (a long prompt takes seconds to template and tokenize), and a remote one makes a call.
 
 Capabilities: a backend that cannot do something optional says so by returning None from the
@@ -189,13 +189,9 @@ class Backend(Protocol):
         """The chat template's tokens for `messages` (no generation prompt, no tools)."""
         ...
 
-    async def count_tokens(self, req: ChatRequest) -> int:
-        """How many prompt tokens `chat(req)` would start from (template, tools and all)."""
-        ...
-
     async def tokenize_prompt(self, req: ChatRequest) -> list[int]:
-        """The prompt tokens `chat(req)` would start from: `count_tokens(req)` of them (/tokenize
-        with messages)."""
+        """The prompt tokens `chat(req)` would start from, template and tools and all (/tokenize
+        with messages; Anthropic's count_tokens is their number)."""
         ...
 
     async def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]: ...

@@ -46,7 +46,7 @@ def _convert(schema: dict[str, Any], root: str, prop_order: list[str] | None = N
     except ImportError as e:  # pragma: no cover - llama-cpp-python is always installed with Hearth
         raise BadRequest("structured output needs llama-cpp-python's grammar converter") from e
     conv = converter(prop_order={k: i for i, k in enumerate(prop_order or [])}, allow_fetch=False,
-                           dotall=False, raw_pattern=False)
+                     dotall=False, raw_pattern=False)
     try:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "input")
         conv.visit(resolved, root)

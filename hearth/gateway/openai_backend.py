@@ -227,9 +227,6 @@ class OpenAIUpstreamBackend:
     async def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]:
         raise BadRequest(NO_TOKENIZER)
 
-    async def count_tokens(self, req: ChatRequest) -> int:
-        raise BadRequest(NO_TOKENIZER)
-
     async def tokenize_prompt(self, req: ChatRequest) -> list[int]:
         raise BadRequest(NO_TOKENIZER)
 

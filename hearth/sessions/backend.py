@@ -65,9 +65,6 @@ class SessionBackend:
     async def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]:
         return await self.inner.tokenize_chat(model, messages)
 
-    async def count_tokens(self, req: ChatRequest) -> int:
-        return await self.inner.count_tokens(req)
-
     async def tokenize_prompt(self, req: ChatRequest) -> list[int]:
         return await self.inner.tokenize_prompt(req)
 

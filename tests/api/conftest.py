@@ -3,8 +3,11 @@ through httpx.ASGITransport. No port, no model: the whole suite runs in seconds.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +22,7 @@ from hearth.api.context import node_of
 from hearth.backends.base import Backend
 from hearth.config import Settings
 from tests.fakes import ScriptedRunner, scripted_backend
+from tests.helpers import until
 
 ANSWER = "Hello there, friend."
 
@@ -80,3 +84,21 @@ async def serve(tmp_path: Path, backend: Backend | None = None, runner: Scripted
 async def h(tmp_path: Path) -> AsyncIterator[Harness]:
     async with serve(tmp_path) as harness:
         yield harness
+
+
+async def past_the_time_cap(h: Harness, path: str, body: dict[str, Any], cap: float) -> httpx.Response:
+    """POST a run that is still going when its time cap passes. Why this cannot flake: the run
+    is held in its first decode (the fake runner's gate) until the cap has certainly passed
+    (its deadline was set when it was submitted, before that decode began), so it can neither
+    finish inside the cap on a fast machine nor depend on how many tokens a slow one decodes
+    in `cap` seconds; the engine then ends it at its next step."""
+    assert h.runner is not None
+    h.runner.gate = gate = threading.Event()
+    task = asyncio.create_task(h.post(path, body))
+    try:
+        assert await asyncio.to_thread(h.runner.entered.wait, 30), "the run never reached the engine"
+        passed = time.monotonic() + cap
+        await until(lambda: time.monotonic() > passed, "the time cap to pass")
+    finally:
+        gate.set()
+    return await task

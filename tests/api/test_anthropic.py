@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.api.conftest import ANSWER, Harness, serve
-from tests.api.test_openai_chat import past_the_time_cap
+from tests.api.conftest import ANSWER, Harness, past_the_time_cap, serve
 
 BODY = {"model": "fake", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
 

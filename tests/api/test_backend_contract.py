@@ -142,9 +142,6 @@ class EchoBackend:
     async def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]:
         return self._prompt(messages)
 
-    async def count_tokens(self, req: ChatRequest) -> int:
-        return len(self._prompt(req.messages))
-
     async def tokenize_prompt(self, req: ChatRequest) -> list[int]:
         return self._prompt(req.messages)
 

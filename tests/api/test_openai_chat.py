@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from pathlib import Path
-from typing import Any
 
-import httpx
-
-from tests.api.conftest import ANSWER, Harness, serve
+from tests.api.conftest import ANSWER, Harness, past_the_time_cap, serve
 from tests.helpers import sample
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
@@ -87,25 +81,6 @@ async def test_engine_failure_is_a_500_before_the_answer_and_in_band_after(h: Ha
     assert events[-1][1] == "[DONE]"
     assert events[-2][1]["error"]["code"] == "generation_failed"
     assert (await h.post("/v1/chat/completions", CHAT)).status_code == 200  # the engine lives on
-
-
-async def past_the_time_cap(h: Harness, path: str, body: dict[str, Any], cap: float) -> httpx.Response:
-    """POST a run that is still going when its time cap passes. Why this cannot flake: the run
-    is held in its first decode (the fake runner's gate) until the cap has certainly passed
-    (its deadline was set when it was submitted, before that decode began), so it can neither
-    finish inside the cap on a fast machine nor depend on how many tokens a slow one decodes
-    in `cap` seconds; the engine then ends it at its next step."""
-    assert h.runner is not None
-    h.runner.gate = gate = threading.Event()
-    task = asyncio.create_task(h.post(path, body))
-    try:
-        assert await asyncio.to_thread(h.runner.entered.wait, 30), "the run never reached the engine"
-        passed = time.monotonic() + cap
-        while time.monotonic() <= passed:
-            await asyncio.sleep(cap / 4)
-    finally:
-        gate.set()
-    return await task
 
 
 async def test_the_time_cap_reports_cancelled(tmp_path: Path) -> None:

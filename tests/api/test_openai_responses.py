@@ -8,8 +8,7 @@ import threading
 from pathlib import Path
 
 from hearth.api.context import node_of
-from tests.api.conftest import ANSWER, Harness, serve
-from tests.api.test_openai_chat import past_the_time_cap
+from tests.api.conftest import ANSWER, Harness, past_the_time_cap, serve
 
 BODY = {"model": "fake", "input": "Hi", "temperature": 0}
 

@@ -349,7 +349,7 @@ async def count_tokens(request: Request) -> Response:
     backend = node(request).backend
     body = validate(CountTokensIn, await read_json(request))
     creq = to_chat_request(body, new_id("msg_"))
-    return JSONResponse({"input_tokens": await backend.count_tokens(creq)})
+    return JSONResponse({"input_tokens": len(await backend.tokenize_prompt(creq))})
 
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]

@@ -165,9 +165,6 @@ class LocalBackend:
         return await self._off_loop(
             lambda: m.tokenize_text(m.template.render(place_system_turns(messages, m.late_system)), False))
 
-    async def count_tokens(self, req: ChatRequest) -> int:
-        return len(await self.tokenize_prompt(req))
-
     async def tokenize_prompt(self, req: ChatRequest) -> list[int]:
         m = self.model(req.model)
         return await self._off_loop(lambda: m.tokenize_text(self.render_chat(m, req), False))

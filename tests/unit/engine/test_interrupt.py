@@ -9,6 +9,7 @@ import threading
 
 from hearth.engine import Engine, EngineRequest, FinishReason, SamplingParams
 from hearth.engine.fake_runner import FakeRunner
+from tests.helpers import until
 
 SCRIPT = FakeRunner.script
 
@@ -56,11 +57,10 @@ async def test_abort_interrupts_a_prefill_shared_with_a_running_sequence() -> No
     eng.start()
     try:
         neighbour = asyncio.ensure_future(collect(eng, req("b", b"hello", 60)))
-        while eng.stats.generated_tokens < 3:  # b is decoding (then its next step waits for a)
-            await asyncio.sleep(0.001)
+        # b is decoding (then its next step waits for a)
+        await until(lambda: eng.stats.generated_tokens >= 3, "b to decode")
         long = asyncio.ensure_future(collect(eng, req("a", bytes(300), 8)))
-        while eng.in_flight < 2:
-            await asyncio.sleep(0.001)
+        await until(lambda: eng.in_flight == 2, "a to be submitted")
         a_queued.set()
         await wait_for(runner.held)
         held_batch = runner.calls[-1]
@@ -116,8 +116,7 @@ async def test_abort_of_a_request_outside_the_running_decode_does_not_interrupt_
         first = asyncio.ensure_future(collect(eng, req("a", bytes(100), 4)))
         await wait_for(runner.held)
         queued = asyncio.ensure_future(collect(eng, req("q", b"hello", 4)))  # waits for the only slot
-        while eng.waiting == 0:
-            await asyncio.sleep(0.001)
+        await until(lambda: eng.waiting > 0, "q to queue")
         eng.abort("q")  # interrupt() would have been called inside abort(), synchronously
         assert runner.held.is_set() and not runner._interrupted.is_set()
         hold.clear()
