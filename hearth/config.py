@@ -71,7 +71,8 @@ class Settings:
     tool_parser: str = "auto"  # auto | hermes | llama3 | mistral | pythonic | json (checked by the backend)
     data_dir: Path = field(default_factory=default_data_dir)
     session_ram_mb: int = 2048  # host RAM for swapped-out session KV; past it, KV spills to disk
-    prompt_cache_mb: int = 1024  # host RAM for stateless prompts' KV pushed out of their slot
+    prompt_cache_mb: int = 1024  # host RAM for the prompt cache (stateless prompts' KV, in blocks)
+    prompt_cache_disk_mb: int = 8192  # disk for the prompt cache under data_dir/prompt-cache (0: RAM only)
     log_level: str = "info"
     log_format: str = "text"  # text | json
     # admission and time caps
@@ -108,8 +109,8 @@ class Settings:
             raise ValueError("--port must be in 1..65535")
         if self.log_format not in ("text", "json"):
             raise ValueError("--log-format must be text or json")
-        if self.session_ram_mb < 0 or self.prompt_cache_mb < 0:
-            raise ValueError("--session-ram-mb and --prompt-cache-mb must be >= 0")
+        if self.session_ram_mb < 0 or self.prompt_cache_mb < 0 or self.prompt_cache_disk_mb < 0:
+            raise ValueError("--session-ram-mb, --prompt-cache-mb and --prompt-cache-disk-mb must be >= 0")
         if self.max_waiting < 0 or self.max_wait <= 0:
             raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
         if not self.sse_heartbeat > 0:

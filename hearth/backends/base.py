@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from hearth.chat.types import ChatEvent, ChatRequest, CompletionRequest, Message
+from hearth.engine.prefix_cache.stats import CacheEntry as CacheEntry
+from hearth.engine.prefix_cache.stats import PrefixCacheStats as PrefixCacheStats
+from hearth.engine.prefix_cache.stats import TierStats as TierStats
 from hearth.errors import NotFound
 
 
@@ -139,6 +142,31 @@ class SessionKV(Protocol):
         ...
 
 
+# ---- the prompt-cache capability ----------------------------------------------------------
+
+
+class PromptCache(Protocol):
+    """What a backend with a durable prompt cache shows and lets an admin do
+    (hearth.engine.prefix_cache: stateless prompts' KV in blocks, in RAM and on disk)."""
+
+    def cache_stats(self) -> dict[str, PrefixCacheStats]:
+        """Per model id. Cheap and non-blocking: called at every /metrics scrape."""
+        ...
+
+    async def cache_entries(self, model: str | None) -> list[CacheEntry]:
+        """The blocks one model's cache holds (None: the default model)."""
+        ...
+
+    async def clear_cache(self, model: str | None) -> int:
+        """Drop every block of one model's cache (None: every model's); how many were dropped."""
+        ...
+
+    def cache_digest(self) -> dict[str, Any]:
+        """Per model id: what the node holds, for a router to read cheaply: {block_tokens,
+        blocks: {ram: [hash...], disk: [hash...]}, sessions: {resident|host|disk: [id...]}}."""
+        ...
+
+
 # ---- the backend ---------------------------------------------------------------------------
 
 
@@ -207,6 +235,11 @@ class Backend(Protocol):
     @property
     def session_kv(self) -> SessionKV | None:
         """The session-KV capability, or None if this backend has none."""
+        ...
+
+    @property
+    def prompt_cache(self) -> PromptCache | None:
+        """The prompt-cache capability, or None if this backend has none."""
         ...
 
 

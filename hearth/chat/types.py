@@ -98,6 +98,13 @@ class ChatRequest:
     cancel: CancelToken | None = None
     cache_prompt: bool = True
     session: SessionTurn | None = None
+    # The client's conversation key (prompt_cache_key, Claude Code's session id, Codex's
+    # session-id header; docs/api.md says which, in what order): the conversation's KV is kept
+    # in priority between turns. None: none sent.
+    cache_key: str | None = None
+    # Index in `messages` of the last message a client marked with an Anthropic cache_control
+    # breakpoint (the prompt up to the end of that message is kept in the durable prompt cache).
+    cache_through: int | None = None
     # Set by the session manager, with `messages` the whole transcript: the session's length cap.
     max_len: int | None = None
     repetition: RepetitionSpec | None = None  # loop detection (None: off)
@@ -126,6 +133,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    cache_write_tokens: int = 0  # prompt tokens written to the prompt cache at breakpoints
 
     @property
     def total_tokens(self) -> int:
@@ -188,6 +196,7 @@ class Timings:
     prompt_ms: float = 0.0
     predicted_tokens: int = 0
     predicted_ms: float = 0.0
+    cache_tier: str | None = None  # where the cached prefix came from: slot, ram, disk (None: nothing)
 
     def as_llama_server(self) -> dict[str, float | int]:
         """llama-server's `timings` object, field for field."""

@@ -101,7 +101,11 @@ def serve(
         envvar="HEARTH_SESSION_RAM_MB", help="Host RAM for swapped-out session KV; more spills to disk.")] = 2048,
     prompt_cache_mb: Annotated[int, typer.Option(
         envvar="HEARTH_PROMPT_CACHE_MB",
-        help="Host RAM for stateless prompts' KV pushed out of their slot (a prefix cache).")] = 1024,
+        help="Host RAM for the prompt cache: stateless prompts' KV in blocks, shared by every prompt "
+             "with the same prefix.")] = 1024,
+    prompt_cache_disk_mb: Annotated[int, typer.Option(
+        envvar="HEARTH_PROMPT_CACHE_DISK_MB",
+        help="Disk for the prompt cache (under the data directory; survives restarts). 0: RAM only.")] = 8192,
 ) -> None:
     """Serve one or more GGUF models over the OpenAI API.
 
@@ -128,7 +132,8 @@ def serve(
                             repetition_detection=repetition_detection, lenient_tool_calls=lenient_tool_calls,
                             api_keys=keys, admin_key=admin_key, metrics_token=metrics_token,
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
-                            prompt_cache_mb=prompt_cache_mb, cors_origins=parse_origins(cors_origins),
+                            prompt_cache_mb=prompt_cache_mb,
+                            prompt_cache_disk_mb=prompt_cache_disk_mb, cors_origins=parse_origins(cors_origins),
                             data_dir=Path(data_dir).expanduser() if data_dir else default_data_dir())
         specs = [resolve_model(m) for m in settings.models]
         ids = [s.id for s in specs]

@@ -40,6 +40,7 @@ from typing import Any
 
 from hearth.engine.kv import Slot, SlotTable
 from hearth.engine.output import StepOutputs, emit
+from hearth.engine.prefix_cache import PrefixCache
 from hearth.engine.residency import Residency
 from hearth.engine.runner import BatchEntry, DecodeAborted, Runner
 from hearth.engine.scheduler import Admission, Scheduler, Work
@@ -56,7 +57,7 @@ _Call = tuple[Callable[[], Any], Future[Any]]
 class Engine:
     def __init__(self, runner: Runner, *, seq_ctx: int, token_budget: int | None = None,
                  swap: SwapStore | None = None, spec: SpecConfig | None = None,
-                 name: str = "hearth-engine") -> None:
+                 prefix_cache: PrefixCache | None = None, name: str = "hearth-engine") -> None:
         self.runner = runner
         self.spec = spec  # None: no speculative decoding
         self.seq_ctx = seq_ctx
@@ -65,10 +66,14 @@ class Engine:
         # Session KV that left its slot. Without a directory it lives in RAM only.
         self.swap = swap if swap is not None else SwapStore(None, 1 << 62, {})
         self.scheduler = Scheduler(self.slots, token_budget or runner.n_batch)
-        self.residency = Residency(runner, self.slots, self.swap, self.stats)
+        # Stateless prompts' KV in blocks, in RAM and on disk. `prefetch` (any thread but this
+        # one) reads a prompt's blocks from disk before the request is submitted.
+        self.cache = prefix_cache
+        self.residency = Residency(runner, self.slots, self.swap, self.stats, prefix_cache)
         # Session KV for the backend: engine thread only (run them through `call`), except
         # `kv_where`, a racy read from any thread. See Residency.
         self.kv_where = self.residency.kv_where
+        self.sessions_where = self.residency.sessions_where
         self.export_kv = self.residency.export_kv
         self.import_kv = self.residency.import_kv
         self.drop_kv = self.residency.drop_kv
@@ -110,6 +115,8 @@ class Engine:
                 log.info("wrote the KV of %d resident session(s) to disk", n)
             except Exception:
                 log.exception("could not write session KV to disk")
+        if self.cache is not None:
+            self.cache.close(timeout)  # what requests offered is written before the process ends
         with self._cv:
             self._stopping = True
             calls, self._calls = self._calls, []
@@ -278,7 +285,7 @@ class Engine:
         """Place an admitted request's KV and give each candidate its sampler."""
         ar, placement = adm.ar, adm.placement
         try:
-            reuse = self.residency.place(ar.req, placement)
+            reuse, ar.cache_tier = self.residency.place(ar.req, placement)
         except Exception as e:
             log.exception("could not place %s", ar.request_id)
             self.residency.unplace(ar.req, placement)
@@ -413,7 +420,13 @@ class Engine:
         """The one exit: finish every live candidate with `reason`, free slots and samplers."""
         if ar.phase is Phase.DONE:
             return
-        out.finish(ar, reason, error, stop_reason)
+        written = 0
+        if reason is not FinishReason.ERROR and ar.req.owner is None and ar.req.cache_prompt and ar.seqs:
+            try:  # its KV is intact: keep it for the next request that shares a prefix
+                written = self.residency.offer(ar.seqs[0].slot, ar.req)
+            except Exception:
+                log.exception("could not offer %s to the prompt cache", ar.request_id)
+        out.finish(ar, reason, error, stop_reason, cache_written=written)
         for seq in ar.seqs:
             seq.pending = None
             seq.sampler.free()

@@ -147,6 +147,22 @@ class FakeRunner:
     def state_get(self, seq_id: int) -> bytes:
         return b"FAKE" + np.asarray(self.kv.get(seq_id, []), dtype="<i4").tobytes()
 
+    def kv_split(self, data: bytes, ranges: list[tuple[int, int]]) -> list[bytes]:
+        if not data.startswith(b"FAKE"):
+            raise ValueError("not a fake state")
+        n = (len(data) - 4) // 4
+        if any(not 0 <= a < b <= n for a, b in ranges):
+            raise ValueError("block outside the state")
+        return [data[4 + 4 * a: 4 + 4 * b] for a, b in ranges]
+
+    def kv_join(self, parts: list[tuple[bytes, int, int]]) -> bytes:
+        if any(len(p) != 4 * n or not 0 < use <= n for p, n, use in parts):
+            raise ValueError("a block payload does not match its token count")
+        return b"FAKE" + b"".join(p[: 4 * use] for p, _, use in parts)
+
+    def kv_block_bytes(self, n_tokens: int) -> int:
+        return 4 * n_tokens
+
     def state_set(self, seq_id: int, data: bytes) -> None:
         self.kv[seq_id] = []
         if not data.startswith(b"FAKE"):

@@ -19,6 +19,7 @@ class Slot:
     busy: bool = False
     last_used: int = 0
     owner: str | None = None  # the session whose KV this is (kept between its turns)
+    key: str | None = None  # the conversation key of the stateless request that filled it last
 
 
 @dataclass(slots=True)
@@ -61,13 +62,16 @@ class SlotTable:
     def owned_by(self, owner: str) -> Slot | None:
         return next((s for s in self.slots if s.owner == owner), None)
 
-    def acquire(self, prompt: list[int], n: int, reuse_prefix: bool = True, owner: str | None = None) -> Placement:
+    def acquire(self, prompt: list[int], n: int, reuse_prefix: bool = True, owner: str | None = None,
+                key: str | None = None) -> Placement:
         """Take `n` free slots for a prompt.
 
         The first slot is the owner's own (its session KV is resident), else the unowned free
         slot whose tokens share the longest prefix with the prompt if that keeps at least half
         of what it caches, else an empty or the least recently used unowned slot, else the
-        least recently used idle session's slot (to be swapped out). The
+        least recently used idle session's slot (to be swapped out). Among unowned slots, a
+        stranger's (filled by a request without a conversation key, or with `key`) goes before
+        one another conversation's key keeps warm. The
         other candidates take unowned slots first, then idle sessions' slots. `reuse` is how
         many prompt tokens the first slot already holds (at most len(prompt) - 1, so the last
         prompt token is decoded for its logits). The caller swaps out `evict`, then trims each
@@ -79,23 +83,28 @@ class SlotTable:
         if mine is not None and mine.busy:
             raise RuntimeError(f"session {owner!r} already has a running request")
         unowned = [s for s in free if s.owner is None]
+
+        def keyed(s: Slot) -> bool:  # warm for another conversation that named itself
+            return s.key is not None and s.key != key
+
+        strangers = [s for s in unowned if not keyed(s)] or unowned
         sessions = sorted((s for s in free if s.owner is not None and s is not mine), key=lambda s: s.last_used)
         if mine is not None:
             first = mine
         elif unowned and reuse_prefix:
-            best = max(unowned, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
+            best = max(strangers, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
             # Reuse a slot in place only when most of what it caches is kept (like llama-server's
             # slot similarity): else taking it would destroy another conversation's cache for a
             # short shared prefix (a system prompt), which the engine can copy instead.
             if 2 * common_prefix_len(best.tokens, prompt) >= len(best.tokens) > 0:
                 first = best
             else:
-                first = min(unowned, key=lambda s: (bool(s.tokens), s.last_used))
+                first = min(unowned, key=lambda s: (bool(s.tokens), keyed(s), s.last_used))
         elif unowned:
-            first = min(unowned, key=lambda s: s.last_used)
+            first = min(unowned, key=lambda s: (keyed(s), s.last_used))
         else:
             first = sessions[0]
-        others = sorted((s for s in unowned if s is not first), key=lambda s: s.last_used)
+        others = sorted((s for s in unowned if s is not first), key=lambda s: (keyed(s), s.last_used))
         others += [s for s in sessions if s is not first]
         chosen = [first, *others[: n - 1]]
         evict = [(s, s.owner) for s in chosen if s.owner is not None and s is not mine]

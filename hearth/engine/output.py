@@ -24,7 +24,7 @@ class StepOutputs:
     def delta(self, ar: ActiveRequest, index: int) -> SeqDelta:
         _, out = self.by_request.setdefault(
             ar.request_id,
-            (ar, RequestOutput(ar.request_id, [], len(ar.prompt), ar.cached_tokens)))
+            (ar, RequestOutput(ar.request_id, [], len(ar.prompt), ar.cached_tokens, cache_tier=ar.cache_tier)))
         for d in out.deltas:
             if d.index == index:
                 return d
@@ -33,7 +33,7 @@ class StepOutputs:
         return d
 
     def finish(self, ar: ActiveRequest, reason: FinishReason, error: str | None = None,
-               stop_reason: str | None = None) -> None:
+               stop_reason: str | None = None, cache_written: int = 0) -> None:
         """Close a request's output (for `Engine._end`): every live candidate finishes with
         `reason`, its held-back text flushed, and the request is marked finished."""
         indices = [s.index for s in ar.seqs] or list(range(ar.req.n))
@@ -51,6 +51,7 @@ class StepOutputs:
         _, out = self.by_request[ar.request_id]
         out.finished = True
         out.error = error
+        out.cache_written = cache_written
 
 def emit(runner: Runner, ar: ActiveRequest, seq: Sequence, token: int, logits_index: int,
          delta: SeqDelta) -> FinishReason | None:

@@ -2,9 +2,9 @@
 
 The scheduler decides which slots a request gets (`SlotTable.acquire` / `release`: `busy`,
 `last_used`); this module decides what they hold (`tokens`, `owner`) and moves KV between
-slots, host RAM and disk (`SwapStore`, which also keeps the stashed stateless prompts, a RAM
-prefix cache). It is the only part of the engine that changes a sequence's KV other than by
-decoding (`Runner.kv_remove` / `kv_copy` / `state_get` / `state_set`).
+slots, host RAM and disk: session KV through `SwapStore`, stateless prompts' KV through the
+durable prompt cache (`PrefixCache`: blocks in RAM and on disk). It is the only part of the
+engine that changes a sequence's KV other than by decoding (`Runner.kv_remove` / `kv_copy` / `state_get` / `state_set`).
 
 Thread ownership: every method runs on the engine thread: `place`, `unplace`, `truncate` and
 `fork` inside a step; the session-KV methods (`export_kv`, `import_kv`, `drop_kv`, `trim_kv`,
@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 
 from hearth.engine.kv import Placement, Slot, SlotTable, common_prefix_len
+from hearth.engine.prefix_cache import Match, PrefixCache
 from hearth.engine.runner import Runner
 from hearth.engine.swap import SwapStore
 from hearth.engine.types import EngineRequest, EngineStats
@@ -30,8 +31,10 @@ MIN_COPY = 16  # prompt tokens a prefix copy from another slot or swapped state 
 
 
 class Residency:
-    def __init__(self, runner: Runner, slots: SlotTable, swap: SwapStore, stats: EngineStats) -> None:
+    def __init__(self, runner: Runner, slots: SlotTable, swap: SwapStore, stats: EngineStats,
+                 cache: PrefixCache | None = None) -> None:
         self.runner = runner
+        self.cache = cache  # the durable prompt cache (blocks in RAM and on disk); None: off
         self.slots = slots
         self.swap = swap  # session KV that left its slot (without a directory, in RAM only)
         self.stats = stats  # counts swap_ins and swap_outs
@@ -45,6 +48,14 @@ class Residency:
         if slot is not None:
             return "resident", len(slot.tokens)
         return (self.swap.where(owner) or "none"), self.swap.n_tokens(owner)
+
+    def sessions_where(self) -> dict[str, list[str]]:
+        """Session ids by residency (resident, host, disk); racy like `kv_where`."""
+        out: dict[str, list[str]] = {"resident": sorted(s.owner for s in list(self.slots.slots) if s.owner),
+                                     "host": [], "disk": []}
+        for owner, where in self.swap.owners():
+            out[where].append(owner)
+        return out
 
     def export_kv(self, owner: str) -> tuple[list[int], bytes] | None:
         """Engine thread: a copy of a session's tokens and KV bytes, wherever they are."""
@@ -112,41 +123,45 @@ class Residency:
 
     # ---- placement and upkeep (inside a step) ---------------------------------------------------
 
-    def place(self, req: EngineRequest, placement: Placement) -> int:
-        """Make the first slot hold the longest usable prefix of the prompt; return its length.
-        The slot may hold more than that: the caller `truncate`s it to the returned length.
+    def place(self, req: EngineRequest, placement: Placement) -> tuple[int, str | None]:
+        """Make the first slot hold the longest usable prefix of the prompt; return its length
+        and the tier it came from ("slot", "ram", "disk"; None: nothing reused). The slot may
+        hold more than that: the caller `truncate`s it to the returned length.
 
         Evicted sessions are swapped out first. A session's own KV is used in place
         (resident) or swapped back in; otherwise the longest prefix among the slot itself,
-        other idle slots (copied), sessions' swapped KV in RAM and stashed stateless prompts
-        (restored) is used. A copy must save at least MIN_COPY tokens of prefill to be worth
-        moving a whole KV stream. What the first slot held is stashed before it is dropped."""
+        other idle slots (copied), sessions' swapped KV in RAM and the prompt cache's RAM tier
+        (joined from blocks) is used. A copy must save at least MIN_COPY tokens of prefill to
+        be worth moving a whole KV stream. What the first slot held is offered to the prompt
+        cache before it is dropped (usually already there: requests offer theirs as they end)."""
         owner, prompt = req.owner, req.prompt_tokens
         for slot, old in placement.evict:
             self._swap_out(slot, old)
         first = placement.slots[0]
-        first.owner = owner
+        first.owner, first.key = owner, None
         limit = len(prompt) - 1
         if placement.resident:
-            return placement.reuse
+            return self._served("slot", placement.reuse)
         here = min(common_prefix_len(first.tokens, prompt), limit)
-        if len(first.tokens) - here >= MIN_COPY:  # keep what this slot cached for a later prompt
-            self.swap.stash_prefix(first.tokens, self.runner.state_get(first.seq_id))
-        if owner is not None and (got := self.swap.take(owner)) is not None:
+        if len(first.tokens) - here >= MIN_COPY and self.cache is not None:
+            seq_id = first.seq_id
+            self.cache.offer(list(first.tokens), lambda: self.runner.state_get(seq_id))
+        if owner is not None and (where := self.swap.where(owner)) is not None and (got := self.swap.take(owner)):
             tokens, data = got
             try:
                 self.runner.state_set(first.seq_id, data)
                 first.tokens[:] = tokens
                 self.stats.swap_ins += 1
-                return min(common_prefix_len(tokens, prompt), limit)
+                return self._served("ram" if where == "host" else where,
+                                    min(common_prefix_len(tokens, prompt), limit))
             except ValueError as e:  # incompatible state: re-prefill from the transcript
                 log.warning("could not restore the KV of session %s: %s", owner, e)
                 first.tokens.clear()
         if not req.cache_prompt:
             self.truncate(first, 0)
-            return 0
-        best = here
-        source: Slot | str | int | None = None
+            return self._served(None, 0)
+        best, tier = here, "slot"
+        source: Slot | str | Match | None = None
         for slot in self.slots.slots:  # idle slots, their own or sessions'
             if not slot.busy and slot is not first:
                 n = min(common_prefix_len(slot.tokens, prompt), limit)
@@ -156,19 +171,50 @@ class Residency:
             n = min(common_prefix_len(tokens, prompt), limit)
             if n > best:
                 best, source = n, other
+        if self.cache is not None and (m := self.cache.match(prompt[:limit])) is not None and m.n_tokens > best:
+            best, source = m.n_tokens, m
         if best - here < MIN_COPY:
             source = None
         if isinstance(source, Slot):  # llama.cpp copies whole streams between sequences
             self.runner.kv_remove(first.seq_id, 0, -1)
             self.runner.kv_copy(source.seq_id, first.seq_id, -1, -1)
             first.tokens[:] = source.tokens
-        elif source is not None and not isinstance(source, Slot):
-            # a session's swapped KV stays its own (peek); a stashed prompt moves into the slot
-            got = self.swap.peek(source) if isinstance(source, str) else self.swap.take_prefix(source)
+        elif isinstance(source, str):  # a session's swapped KV in RAM stays its own (peek)
+            got = self.swap.peek(source)
+            tier = "ram"
             if got is not None:
                 self.runner.state_set(first.seq_id, got[1])
                 first.tokens[:] = got[0]
-        return min(common_prefix_len(first.tokens, prompt), limit)
+        elif isinstance(source, Match):
+            assert self.cache is not None
+            try:
+                self.runner.state_set(first.seq_id, self.runner.kv_join(source.parts))
+                first.tokens[:] = prompt[:source.n_tokens]
+                self.cache.use(source)
+                return min(source.n_tokens, limit), source.tier
+            except ValueError as e:  # cannot happen for blocks this runner cut; never fail the request
+                log.warning("could not load a cached prefix: %s", e)
+                first.tokens.clear()
+        n = min(common_prefix_len(first.tokens, prompt), limit)
+        return self._served(tier if n else None, n)
+
+    def _served(self, tier: str | None, n: int) -> tuple[int, str | None]:
+        """Count where a placement's prefix came from (the cache's report covers every tier)."""
+        if self.cache is not None:
+            self.cache.record(tier if n else None, n)
+        return n, (tier if n else None)
+
+    def offer(self, slot: Slot, req: EngineRequest) -> int:
+        """A stateless request ended: offer what its slot holds to the prompt cache (blocks
+        up to `keep_tokens` kept, all of them for a keyed conversation), and mark the slot as
+        the conversation's. Returns the tokens written at the client's breakpoints."""
+        slot.key = req.cache_key
+        if self.cache is None or not slot.tokens:
+            return 0
+        seq_id = slot.seq_id
+        keep = len(slot.tokens) if req.cache_key is not None else req.keep_tokens
+        return self.cache.offer(list(slot.tokens), lambda: self.runner.state_get(seq_id), keep=keep,
+                                counted=min(req.keep_tokens, len(req.prompt_tokens)))
 
     def unplace(self, req: EngineRequest, placement: Placement) -> None:
         """After a failed `place`: the placement's slots hold nothing (a session keeps its slot,

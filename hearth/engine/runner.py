@@ -98,6 +98,22 @@ class Runner(Protocol):
         """Replace a sequence's KV with `state_get` bytes; ValueError if they do not fit."""
         ...
 
+    def kv_split(self, data: bytes, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Cut `state_get` bytes into block payloads, one per position range [a, b): the KV of
+        those tokens alone, in a form `kv_join` reads (the prompt cache's blocks). ValueError
+        if the bytes are not such a state. Pure: safe from any thread."""
+        ...
+
+    def kv_join(self, parts: list[tuple[bytes, int, int]]) -> bytes:
+        """`state_set` bytes of positions 0..N-1 from consecutive block payloads, each given as
+        (payload, tokens in it, how many of its first tokens to use). ValueError on a payload
+        whose size does not fit its token count. Pure: safe from any thread."""
+        ...
+
+    def kv_block_bytes(self, n_tokens: int) -> int:
+        """The exact size of a block payload of `n_tokens` tokens."""
+        ...
+
     @property
     def fingerprint(self) -> dict[str, Any]:
         """Everything `state_get` bytes depend on (model, KV layout, KV type as `kv_type`):

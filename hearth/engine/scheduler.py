@@ -76,7 +76,8 @@ class Scheduler:
             if mine is not None and mine.busy:  # one request per session at a time
                 break
             ar = self.waiting.popleft()
-            placement = self.slots.acquire(ar.prompt, ar.req.n, ar.req.cache_prompt, ar.req.owner)
+            placement = self.slots.acquire(ar.prompt, ar.req.n, ar.req.cache_prompt, ar.req.owner,
+                                            ar.req.cache_key)
             ar.phase = Phase.PREFILL
             ar.prefill_pos = placement.reuse  # the engine may raise it (swap-in, prefix copy)
             ar.cached_tokens = placement.reuse

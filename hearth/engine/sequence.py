@@ -70,6 +70,7 @@ class ActiveRequest:
     seqs: list[Sequence] = field(default_factory=list)
     prefill_pos: int = 0  # prompt tokens already in the first slot's KV
     cached_tokens: int = 0
+    cache_tier: str | None = None  # where the cached prefix came from (RequestOutput.cache_tier)
     arrived: float = field(default_factory=time.monotonic)
 
     @property

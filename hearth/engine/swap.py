@@ -12,15 +12,13 @@ temporary name and renamed, so a crash never leaves a half file under the real n
 whose fingerprint differs from the running model's, or whose checksum fails, is ignored and
 deleted (the session's next turn re-prefills from its transcript).
 
-The stash of stateless prompts (`stash_prefix`, a RAM-only prefix cache) lives here too: it
-shares the store's lock and RAM accounting (`ram_bytes`), and `Residency` reads both kinds of
-entry as prefix sources. The file format stays here: only this store reads and writes it.
+Stateless prompts' KV is not kept here but in the prompt cache (hearth.engine.prefix_cache).
+`Residency` reads the sessions' entries in RAM as prefix sources too.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -94,18 +92,12 @@ def read_kv_file(path: Path, fingerprint: dict[str, Any], *, with_data: bool = T
 
 
 class SwapStore:
-    def __init__(self, directory: Path | None, ram_budget: int, fingerprint: dict[str, Any],
-                 prefix_budget: int | None = None) -> None:
+    def __init__(self, directory: Path | None, ram_budget: int, fingerprint: dict[str, Any]) -> None:
         self.dir = directory
         self.ram_budget = ram_budget
-        self.prefix_budget = ram_budget // 4 if prefix_budget is None else prefix_budget
         self.fingerprint = fingerprint
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
-        # Stateless prompts whose slot was reused for something else: a RAM-only prefix cache
-        # (like llama-server's --cache-ram) of at most `prefix_budget` bytes, oldest dropped first.
-        self._prefixes: OrderedDict[int, tuple[list[int], bytes]] = OrderedDict()
-        self._prefix_ids = itertools.count()
         self._writer: threading.Thread | None = None
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
@@ -138,6 +130,11 @@ class SwapStore:
             e = self._entries.get(owner)
             return None if e is None else ("host" if e.data is not None else "disk")
 
+    def owners(self) -> list[tuple[str, str]]:
+        """(owner, "host" or "disk") of every entry."""
+        with self._lock:
+            return [(o, "host" if e.data is not None else "disk") for o, e in self._entries.items()]
+
     def n_tokens(self, owner: str) -> int:
         with self._lock:
             e = self._entries.get(owner)
@@ -145,31 +142,12 @@ class SwapStore:
 
     def ram_bytes(self) -> int:
         with self._lock:
-            return (sum(e.n_bytes for e in self._entries.values() if e.data is not None)
-                    + sum(len(d) for _, d in self._prefixes.values()))
+            return sum(e.n_bytes for e in self._entries.values() if e.data is not None)
 
-    def prefix_candidates(self) -> list[tuple[str | int, list[int]]]:
-        """What a prompt may copy a prefix from: sessions' entries in RAM (by owner) and
-        stashed stateless prompts (by number)."""
+    def prefix_candidates(self) -> list[tuple[str, list[int]]]:
+        """What a prompt may copy a prefix from: sessions' entries in RAM, by owner."""
         with self._lock:
-            return ([(o, e.tokens) for o, e in self._entries.items() if e.data is not None]
-                    + [(k, t) for k, (t, _) in self._prefixes.items()])
-
-    def stash_prefix(self, tokens: list[int], data: bytes) -> None:
-        """Keep a stateless prompt's KV for later prefix reuse (RAM only, never on disk)."""
-        cap = self.prefix_budget
-        if len(data) > cap:
-            return
-        with self._lock:
-            self._prefixes[next(self._prefix_ids)] = (list(tokens), data)
-            used = sum(len(d) for _, d in self._prefixes.values())
-            while used > cap:
-                _, (_, dropped) = self._prefixes.popitem(last=False)
-                used -= len(dropped)
-
-    def take_prefix(self, key: int) -> tuple[list[int], bytes] | None:
-        with self._lock:
-            return self._prefixes.pop(key, None)
+            return [(o, e.tokens) for o, e in self._entries.items() if e.data is not None]
 
     def __len__(self) -> int:
         with self._lock:

@@ -109,6 +109,13 @@ class EngineRequest:
     owner: str | None = None
     max_len: int | None = None  # prompt + generated tokens cap below the context (a session's max_seq_len)
     repetition: RepetitionSpec | None = None  # stop a sequence that loops
+    # The conversation a stateless request belongs to (a client's prompt_cache_key, Claude Code's
+    # session id, ...): its slot is reused before strangers' are taken, and the prompt-cache
+    # blocks it writes are evicted last. None: a stranger.
+    cache_key: str | None = None
+    # Prompt tokens a client asked the server to keep (up to its last Anthropic cache_control
+    # breakpoint): written to the durable prompt cache, evicted last. 0: none asked for.
+    keep_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -143,6 +150,12 @@ class RequestOutput:
     cached_tokens: int
     finished: bool = False
     error: str | None = None
+    # Where the reused prefix came from: "slot" (a KV slot), "ram" or "disk" (the prompt cache's
+    # tiers, or swapped session KV); None: nothing reused.
+    cache_tier: str | None = None
+    # On the final output: prompt tokens within `keep_tokens` this request wrote to the prompt
+    # cache (Anthropic's cache_creation_input_tokens).
+    cache_written: int = 0
 
 
 @dataclass(slots=True)

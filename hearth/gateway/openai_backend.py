@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelStats, SessionKV
+from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelStats, PromptCache, SessionKV
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
     ChatEvent,
@@ -242,6 +242,10 @@ class OpenAIUpstreamBackend:
     @property
     def session_kv(self) -> SessionKV | None:
         return None
+
+    @property
+    def prompt_cache(self) -> PromptCache | None:
+        return None  # the engine behind keeps its own cache, if any
 
 
 class _UpstreamError(Exception):

@@ -13,7 +13,7 @@ request must reach the engine, not come back here.
 
 from __future__ import annotations
 
-from hearth.backends.base import Backend, EventStream, ModelCard, ModelLimits, ModelStats, SessionKV
+from hearth.backends.base import Backend, EventStream, ModelCard, ModelLimits, ModelStats, PromptCache, SessionKV
 from hearth.chat.types import ChatRequest, CompletionRequest, Message
 from hearth.sessions.manager import SessionManager
 
@@ -80,3 +80,7 @@ class SessionBackend:
     @property
     def session_kv(self) -> SessionKV | None:
         return self.inner.session_kv
+
+    @property
+    def prompt_cache(self) -> PromptCache | None:
+        return self.inner.prompt_cache

@@ -128,6 +128,7 @@ class LlamaCppRunner:
         self.info = self._read_info()
         self._state_header: int | None = None
         self._state_header_len()  # measured now, while every sequence is empty
+        self._kv_layout = self._probe_kv_layout()
 
     # ---- vocabulary ---------------------------------------------------------------
 
@@ -286,6 +287,28 @@ class LlamaCppRunner:
         if L.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id) == 0:
             L.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
             raise ValueError("llama.cpp rejected the saved KV state (different model or KV layout)")
+
+    def _probe_kv_layout(self) -> seq_state.KVLayout:
+        """The block layout of this context's sequence states, read off a two-token state
+        (decoded into sequence 0 and removed again, before the engine starts)."""
+        bos = int(L.llama_vocab_bos(self.vocab))
+        token = bos if 0 <= bos < self.n_vocab else 0
+        try:
+            self.decode([BatchEntry(0, [token, token], 0, 0)])
+            return seq_state.layout_of(self.state_get(0), self._state_header_len())
+        finally:
+            L.llama_memory_seq_rm(self.mem, 0, -1, -1)
+
+    def kv_split(self, data: bytes, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Block payloads of `state_get` bytes for position ranges (hearth.backends.llamacpp.
+        seq_state); pure, safe from any thread."""
+        return seq_state.split_blocks(data, self._state_header_len(), self._kv_layout, ranges)
+
+    def kv_join(self, parts: list[tuple[bytes, int, int]]) -> bytes:
+        return seq_state.join_blocks(self._kv_layout, parts)
+
+    def kv_block_bytes(self, n_tokens: int) -> int:
+        return n_tokens * self._kv_layout.per_token
 
     def state_bytes_bound(self, n_tokens: int) -> int:
         """At most how many bytes `state_get` returns for a sequence of `n_tokens`: per cell its

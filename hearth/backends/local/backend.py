@@ -15,10 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelStats, SessionKV
+from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelStats, PromptCache, SessionKV
 from hearth.backends.local.events import admit, cancelled_while_queued, engine_events, parsed
 from hearth.backends.local.kv import LocalSessionKV
 from hearth.backends.local.model import EngineSettings, LocalModel, RunnerFactory, llamacpp_factory, load_model
+from hearth.backends.local.prompt_cache import LocalPromptCache
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs
 from hearth.chat.system_turns import place_system_turns
@@ -60,6 +61,7 @@ class LocalBackend:
         self._load_error: str | None = None
         self._tokenizer = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="hearth-tokens")
         self._session_kv = LocalSessionKV(self.model)
+        self._prompt_cache = LocalPromptCache(lambda: self._models, self.model)
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -137,6 +139,10 @@ class LocalBackend:
     @property
     def session_kv(self) -> SessionKV:
         return self._session_kv
+
+    @property
+    def prompt_cache(self) -> PromptCache:
+        return self._prompt_cache
 
     # ---- tokens -------------------------------------------------------------------------------
 
@@ -273,8 +279,14 @@ class LocalBackend:
         max_len = req.max_len if isinstance(req, ChatRequest) else None
         ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len,
-                             repetition=req.repetition)
+                             repetition=req.repetition,
+                             cache_key=req.cache_key if isinstance(req, ChatRequest) else None)
         await self._off_loop(lambda: self._validate(m, ereq, "messages" if isinstance(req, ChatRequest) else "prompt"))
+        cache = m.engine.cache
+        if cache is not None and owner is None and req.cache_prompt:
+            # The prompt's cached blocks come off the disk here, in the pool: the engine thread
+            # only joins blocks already in RAM.
+            await self._off_loop(lambda: cache.prefetch(tokens[:-1]))
         if not await admit(m.admission, n, cancel, req.timeout):
             return EventStream(cancelled_while_queued(len(tokens), n))
         events = engine_events(m.engine, ereq, cancel)

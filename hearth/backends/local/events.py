@@ -71,9 +71,10 @@ async def engine_events(engine: Engine, ereq: EngineRequest,
             if d.finish_reason is not None:
                 yield Finish(d.index, d.finish_reason.value, d.stop_reason)
         if out.finished:
+            usage.cache_write_tokens = out.cache_written
             timings = Timings(usage.cached_tokens, usage.prompt_tokens - usage.cached_tokens,
                               ((first_token or now) - placed) * 1000, usage.completion_tokens,
-                              (last_token - first_token) * 1000)
+                              (last_token - first_token) * 1000, cache_tier=out.cache_tier)
             yield Done(usage, error=out.error, timings=timings)
 
 

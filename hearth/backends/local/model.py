@@ -17,6 +17,7 @@ from hearth.chat.template import ChatTemplate
 from hearth.chat.tool_parsers import PARSERS
 from hearth.chat.tools import knows_tools, resolve_parser
 from hearth.engine import Engine
+from hearth.engine.prefix_cache import PrefixCache
 from hearth.engine.runner import Runner
 from hearth.engine.speculate import SpecConfig
 from hearth.engine.swap import SwapStore
@@ -41,7 +42,9 @@ class EngineSettings:
     tool_parser: str = "auto"  # auto (from the chat template) or a name in hearth.chat.tool_parsers
     kv_dir: Path | None = None  # where swapped session KV spills (per model); None: RAM only
     session_ram_mb: int = 2048  # host RAM for swapped-out session KV before it spills to disk
-    prompt_cache_mb: int = 1024  # host RAM for stateless prompts' KV pushed out of their slot
+    prompt_cache_mb: int = 1024  # host RAM for the prompt cache (stateless prompts' KV, in blocks)
+    prompt_cache_disk_mb: int = 8192  # disk for the prompt cache under cache_dir (0: RAM only)
+    cache_dir: Path | None = None  # where the prompt cache keeps its blocks (per model); None: RAM only
     clamp_max_tokens: bool = False  # lower a max_tokens past the context to what is left (else 400)
 
     def __post_init__(self) -> None:
@@ -103,13 +106,14 @@ def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory
     """Build the runner and start its engine thread (blocking: call it in a worker thread)."""
     runner, card, template = factory(spec, settings)
     seq_ctx = int(card.meta.get("n_ctx") or runner.n_ctx_train)
-    kv_dir = settings.kv_dir
-    swap = SwapStore(kv_dir / re.sub(r"[^A-Za-z0-9._-]", "_", spec.id) if kv_dir else None,
-                     settings.session_ram_mb << 20, runner.fingerprint,
-                     prefix_budget=settings.prompt_cache_mb << 20)
+    folder = re.sub(r"[^A-Za-z0-9._-]", "_", spec.id)
+    kv_dir, cache_dir = settings.kv_dir, settings.cache_dir
+    swap = SwapStore(kv_dir / folder if kv_dir else None, settings.session_ram_mb << 20, runner.fingerprint)
+    cache = PrefixCache(runner, runner.fingerprint, directory=cache_dir / folder if cache_dir else None,
+                        ram_budget=settings.prompt_cache_mb << 20, disk_budget=settings.prompt_cache_disk_mb << 20)
     speculation = SpecConfig(k_max=settings.spec_draft) if settings.spec_draft > 0 else None
     engine = Engine(runner, seq_ctx=seq_ctx, token_budget=settings.batch, swap=swap, spec=speculation,
-                    name=f"engine-{spec.id}")
+                    prefix_cache=cache, name=f"engine-{spec.id}")
     engine.start()
     aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path), *spec.aliases}
     admission = AdmissionQueue(runner.n_seq_max, settings.max_waiting, settings.max_wait)

@@ -9,6 +9,7 @@ import pytest
 
 from hearth.engine import Engine, EngineRequest, SamplingParams
 from hearth.engine.fake_runner import FakeRunner
+from hearth.engine.prefix_cache import PrefixCache
 from hearth.engine.swap import SwapStore, read_kv_file, write_kv_file
 from hearth.engine.types import ContextOverflow
 from tests.helpers import wait_until
@@ -25,9 +26,12 @@ def kv_consistent(eng: Engine, runner: FakeRunner) -> None:
         assert runner.kv.get(slot.seq_id, []) == slot.tokens, f"slot {slot.seq_id} KV != its tokens"
 
 
-def make(n_slots: int, swap: SwapStore | None = None) -> tuple[Engine, FakeRunner]:
+def make(n_slots: int, swap: SwapStore | None = None, cache_dir: Path | None = None,
+         with_cache: bool = False) -> tuple[Engine, FakeRunner]:
     runner = FakeRunner(n_seq_max=n_slots, n_batch=256)
-    eng = Engine(runner, seq_ctx=1024, swap=swap)
+    cache = (PrefixCache(runner, runner.fingerprint, directory=cache_dir, ram_budget=1 << 20, disk_budget=1 << 20,
+                         block_tokens=16) if with_cache or cache_dir is not None else None)
+    eng = Engine(runner, seq_ctx=1024, swap=swap, prefix_cache=cache)
     eng.start()
     return eng, runner
 
@@ -171,32 +175,24 @@ def test_kv_files_reject_corruption_and_other_models(tmp_path: Path) -> None:
         store.put("../evil", [1], b"x")
 
 
-async def test_stateless_prompts_pushed_out_of_their_slot_are_stashed_and_reused() -> None:
-    eng, runner = make(1)
+async def test_stateless_prompts_pushed_out_of_their_slot_come_back_from_the_prompt_cache() -> None:
+    eng, runner = make(1, with_cache=True)
+    assert eng.cache is not None
     try:
         a, b = [1] * 40, [2] * 40
         await run(eng, sreq("a1", a, None))
-        await run(eng, sreq("b1", b, None))  # takes the only slot: "a" is stashed, not lost
+        assert eng.cache.flush()
+        await run(eng, sreq("b1", b, None))  # takes the only slot: "a" is in the cache, not lost
+        assert eng.cache.flush()
         runner.calls.clear()
         _, _, outs = await run(eng, sreq("a2", [*a, 3, 3], None))
-        assert outs[0].cached_tokens == 40
+        assert outs[0].cached_tokens == 40 and outs[0].cache_tier == "ram"
         assert runner.calls[0][0].tokens == [3, 3]
-        _, _, outs = await run(eng, sreq("b2", [*b, 4], None))  # and "b" was stashed in turn
+        _, _, outs = await run(eng, sreq("b2", [*b, 4], None))  # and so is "b"
         assert outs[0].cached_tokens == 40
         kv_consistent(eng, runner)
     finally:
         eng.stop()
-
-
-def test_the_stash_is_bounded_by_its_budget() -> None:
-    store = SwapStore(None, ram_budget=400, fingerprint={}, prefix_budget=100)
-    for i in range(10):
-        store.stash_prefix([i], b"x" * 40)
-    assert store.ram_bytes() <= 100
-    keys = [k for k, _ in store.prefix_candidates()]
-    assert len(keys) == 2 and store.take_prefix(keys[-1]) == ([9], b"x" * 40)
-    store.stash_prefix([0], b"y" * 101)  # larger than the whole share: not kept
-    assert len(store.prefix_candidates()) == 1
 
 
 async def test_trim_cuts_resident_and_swapped_kv_to_the_kept_transcript() -> None:

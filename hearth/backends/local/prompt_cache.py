@@ -1,0 +1,37 @@
+"""The local backend's prompt-cache capability: each model's `PrefixCache`, shown and cleared."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from hearth.backends.base import CacheEntry, PrefixCacheStats
+from hearth.backends.local.model import LocalModel
+
+
+class LocalPromptCache:
+    def __init__(self, models: Callable[[], dict[str, LocalModel]], lookup: Callable[[str | None], LocalModel]) -> None:
+        self._models = models
+        self._lookup = lookup
+
+    def cache_stats(self) -> dict[str, PrefixCacheStats]:
+        return {mid: m.engine.cache.stats() for mid, m in self._models().items() if m.engine.cache is not None}
+
+    async def cache_entries(self, model: str | None) -> list[CacheEntry]:
+        cache = self._lookup(model).engine.cache
+        return await asyncio.to_thread(cache.entries) if cache is not None else []
+
+    async def clear_cache(self, model: str | None) -> int:
+        models = self._models().values() if model is None else [self._lookup(model)]
+        caches = [m.engine.cache for m in models if m.engine.cache is not None]
+        return sum([await asyncio.to_thread(c.clear) for c in caches])
+
+    def cache_digest(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for mid, m in self._models().items():
+            cache = m.engine.cache
+            d = cache.digest() if cache is not None else {"block_tokens": 0, "ram": [], "disk": []}
+            out[mid] = {"block_tokens": d["block_tokens"], "blocks": {"ram": d["ram"], "disk": d["disk"]},
+                        "sessions": m.engine.sessions_where()}
+        return out

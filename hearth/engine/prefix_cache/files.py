@@ -1,0 +1,160 @@
+"""Prompt-cache blocks on disk: one file per block, named by the block's hash.
+
+A block is `n_tokens` (1..block_tokens) consecutive prompt tokens at positions `start`.. and
+their KV, in the runner's per-block payload form (`KVCodec.kv_split`). Its key chains the
+tokens before it: `key = blake2b(parent_key + tokens as int32 LE)`, 16 bytes, where the
+first block's parent is the chain's root (the model's fingerprint and a salt). So two prompts
+share every block up to the first one that differs, and a block is stored once however many
+conversations share it.
+
+File `<key hex>.kvb` (no pickle): b"HKB1", u32 LE header length, a JSON header {fingerprint,
+parent, start, n_tokens, kv_bytes, sha256, kept}, the tokens (int32 LE), then the payload.
+Written to a hidden temporary name and renamed into place, so `kill -9` mid-write leaves at
+worst a `.tmp` file, which the next start deletes, never a half file under a real name.
+
+Reading checks, before anything is used: the name is a key (32 hex digits: no path is built
+from anything else), the magic, the header's types and ranges, the fingerprint, that the key
+is the hash of the parent and tokens the file holds (a file cannot claim another prefix's
+place), the file's exact size; and, when the payload is read, its SHA-256. A file failing
+any check raises BadBlockFile and is never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"HKB1"
+SUFFIX = ".kvb"
+KEY_BYTES = 16
+_KEY_RE = re.compile(r"^[0-9a-f]{32}$")
+_MAX_HEADER = 1 << 16
+
+
+class BadBlockFile(ValueError):
+    """A block file that is truncated, corrupt, foreign or hostile: ignored, never loaded."""
+
+
+def root_key(fingerprint: dict[str, Any], salt: str = "") -> bytes:
+    """The chain's root for one model and KV layout (and one salt: prompts under different
+    salts share nothing)."""
+    blob = json.dumps(fingerprint, sort_keys=True).encode() + b"\0" + salt.encode()
+    return hashlib.blake2b(blob, digest_size=KEY_BYTES, person=b"hearth-root").digest()
+
+
+def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
+    return hashlib.blake2b(parent + np.asarray(tokens, dtype="<i4").tobytes(), digest_size=KEY_BYTES,
+                           person=b"hearth-block").digest()
+
+
+def is_key_hex(name: str) -> bool:
+    return bool(_KEY_RE.match(name))
+
+
+@dataclass(frozen=True, slots=True)
+class BlockHeader:
+    key: bytes
+    parent: bytes
+    start: int
+    tokens: list[int]
+    kv_bytes: int
+    sha256: str
+    kept: bool
+    file_bytes: int
+
+
+def block_path(directory: Path, key: bytes) -> Path:
+    return directory / f"{key.hex()}{SUFFIX}"
+
+
+def write_block(directory: Path, key: bytes, parent: bytes, start: int, tokens: Sequence[int], payload: bytes,
+                fingerprint: dict[str, Any], kept: bool) -> int:
+    """Write one block atomically; returns the file's size. OSError as the OS raises it."""
+    header = json.dumps({"fingerprint": fingerprint, "parent": parent.hex(), "start": start,
+                         "n_tokens": len(tokens), "kv_bytes": len(payload),
+                         "sha256": hashlib.sha256(payload).hexdigest(), "kept": kept}).encode()
+    path = block_path(directory, key)
+    tmp = directory / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with tmp.open("wb") as f:
+            f.write(MAGIC + struct.pack("<I", len(header)) + header)
+            f.write(np.asarray(tokens, dtype="<i4").tobytes())
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return 8 + len(header) + 4 * len(tokens) + len(payload)
+
+
+def read_header(path: Path, fingerprint: dict[str, Any], max_tokens: int, payload_bytes: Any) -> BlockHeader:
+    """The header and tokens of a block file, without its payload. `payload_bytes(n)` is the
+    payload size a block of n tokens must have. BadBlockFile if any check fails."""
+    name = path.name
+    if not name.endswith(SUFFIX) or not is_key_hex(name[: -len(SUFFIX)]):
+        raise BadBlockFile("not a block file name")
+    key = bytes.fromhex(name[: -len(SUFFIX)])
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) != 8 or head[:4] != MAGIC:
+                raise BadBlockFile("not a Hearth prompt-cache block")
+            (hlen,) = struct.unpack("<I", head[4:])
+            if hlen > _MAX_HEADER:
+                raise BadBlockFile("header too large")
+            raw = f.read(hlen)
+            h = json.loads(raw)
+            if not isinstance(h, dict):
+                raise BadBlockFile("header is not an object")
+            parent_hex, start, n, kv_bytes = h["parent"], h["start"], h["n_tokens"], h["kv_bytes"]
+            digest, kept = h["sha256"], h.get("kept", False)
+            if not (isinstance(parent_hex, str) and is_key_hex(parent_hex) and isinstance(digest, str)
+                    and re.fullmatch(r"[0-9a-f]{64}", digest) and isinstance(kept, bool)
+                    and all(type(v) is int for v in (start, n, kv_bytes))):
+                raise BadBlockFile("bad header fields")
+            if h.get("fingerprint") != fingerprint:
+                raise BadBlockFile("written by another model or KV layout")
+            if not 1 <= n <= max_tokens or start < 0 or start % max_tokens:
+                raise BadBlockFile("token count or position out of range")
+            if kv_bytes != payload_bytes(n):
+                raise BadBlockFile("payload size does not match the token count")
+            if size != 8 + hlen + 4 * n + kv_bytes:
+                raise BadBlockFile("file is truncated or has trailing bytes")
+            traw = f.read(4 * n)
+            if len(traw) != 4 * n:
+                raise BadBlockFile("file is truncated")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if isinstance(e, BadBlockFile):
+            raise
+        raise BadBlockFile(f"unreadable: {e}") from e
+    tokens = np.frombuffer(traw, dtype="<i4").tolist()
+    if min(tokens) < 0:
+        raise BadBlockFile("negative token id")
+    parent = bytes.fromhex(parent_hex)
+    if block_key(parent, tokens) != key:
+        raise BadBlockFile("its name is not the hash of its parent and tokens")
+    return BlockHeader(key, parent, start, tokens, kv_bytes, digest, kept, size)
+
+
+def read_payload(path: Path, header: BlockHeader) -> bytes:
+    """The block's payload, checked against the header's size and SHA-256."""
+    try:
+        with path.open("rb") as f:
+            f.seek(header.file_bytes - header.kv_bytes)
+            data = f.read(header.kv_bytes + 1)
+    except OSError as e:
+        raise BadBlockFile(f"unreadable: {e}") from e
+    if len(data) != header.kv_bytes or hashlib.sha256(data).hexdigest() != header.sha256:
+        raise BadBlockFile("checksum mismatch")
+    return data
