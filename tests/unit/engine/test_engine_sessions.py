@@ -215,3 +215,34 @@ async def test_trim_cuts_resident_and_swapped_kv_to_the_kept_transcript() -> Non
         kv_consistent(eng, runner)
     finally:
         eng.stop()
+
+
+async def test_an_unrelated_burst_takes_strangers_slots_before_a_keyed_conversations() -> None:
+    eng, runner = make(3)
+    try:
+        convo = [7] * 30
+        await run(eng, sreq("k1", convo, None, cache_key="conv-1"))  # the oldest slot: LRU would take it first
+        await run(eng, sreq("x1", [8] * 30, None))
+        await run(eng, sreq("x2", [9] * 30, None))
+        for i in range(4):  # unrelated prompts, no key
+            await run(eng, sreq(f"burst{i}", [20 + i] * 30, None))
+        held = list(next(s for s in eng.slots.slots if s.key == "conv-1").tokens)
+        assert held[:30] == convo
+        _, _, outs = await run(eng, sreq("k2", [*held, 5, 5], None, cache_key="conv-1"))
+        assert outs[0].cached_tokens == len(held) and outs[0].cache_tier == "slot"
+        kv_consistent(eng, runner)
+    finally:
+        eng.stop()
+
+
+async def test_a_keyed_conversation_yields_its_slot_when_no_stranger_is_left() -> None:
+    eng, runner = make(2)
+    try:
+        await run(eng, sreq("k1", [7] * 30, None, cache_key="a"))
+        await run(eng, sreq("k2", [8] * 30, None, cache_key="b"))
+        _, _, outs = await run(eng, sreq("x", [9] * 30, None))  # both keyed: the older one goes
+        assert outs[-1].finished and outs[-1].error is None
+        assert {s.key for s in eng.slots.slots} == {None, "b"}
+        kv_consistent(eng, runner)
+    finally:
+        eng.stop()

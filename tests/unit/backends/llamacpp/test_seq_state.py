@@ -46,3 +46,69 @@ def test_only_a_one_stream_state_loads() -> None:
         seq_state.check_single_stream(state(2, 0, u32(1) + b"x"), len(HEADER))
     with pytest.raises(ValueError):
         seq_state.check_single_stream(HEADER + u32(1), len(HEADER))  # no block at all
+
+
+# ---- blocks of tokens -----------------------------------------------------------------------
+
+K_ROWS, V_ROWS = (6, 4), (4, 2)  # two layers: K and V bytes per token
+V_EL = 2  # transposed V: bytes per element (V_ROWS // V_EL dimensions per layer)
+
+
+def kv_state(positions: list[int], v_trans: bool) -> bytes:
+    """A one-stream state whose cells hold `positions` in this (buffer) order; every K/V byte
+    encodes (layer, position, byte index), so a misplaced byte shows."""
+    n = len(positions)
+    out = [HEADER, u32(1), u32(n)]
+    out += [p.to_bytes(4, "little", signed=True) + u32(1) + u32(0) for p in positions]
+    out += [u32(int(v_trans)), u32(len(K_ROWS))]
+    for layer, row in enumerate(K_ROWS):
+        out.append((1).to_bytes(4, "little") + row.to_bytes(8, "little"))
+        out += [bytes((layer * 64 + p * 3 + i) % 256 for i in range(row)) for p in positions]
+    for layer, row in enumerate(V_ROWS):
+        if v_trans:
+            dims = row // V_EL
+            out.append((1).to_bytes(4, "little") + u32(V_EL) + u32(dims))
+            out += [bytes((128 + layer * 32 + p * 5 + d * 7 + e) % 256 for p in positions for e in range(V_EL))
+                    for d in range(dims)]
+        else:
+            out.append((1).to_bytes(4, "little") + row.to_bytes(8, "little"))
+            out += [bytes((128 + layer * 32 + p * 5 + i) % 256 for i in range(row)) for p in positions]
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_blocks_cut_from_a_state_join_back_into_it(v_trans: bool) -> None:
+    data = kv_state(list(range(10)), v_trans)
+    layout = seq_state.layout_of(data, len(HEADER))
+    assert layout.per_token == sum(K_ROWS) + sum(V_ROWS)
+    parts = seq_state.split_blocks(data, len(HEADER), layout, [(0, 4), (4, 8), (8, 10)])
+    assert [len(p) for p in parts] == [4 * layout.per_token, 4 * layout.per_token, 2 * layout.per_token]
+    assert seq_state.join_blocks(layout, [(parts[0], 4, 4), (parts[1], 4, 4), (parts[2], 2, 2)]) == data
+    # a prefix ending inside a block is the state of those positions alone
+    assert seq_state.join_blocks(layout, [(parts[0], 4, 4), (parts[1], 4, 1)]) == kv_state(list(range(5)), v_trans)
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_cells_out_of_position_order_are_sorted_by_position(v_trans: bool) -> None:
+    shuffled = [3, 0, 4, 1, 2]
+    data = kv_state(shuffled, v_trans)
+    layout = seq_state.layout_of(data, len(HEADER))
+    parts = seq_state.split_blocks(data, len(HEADER), layout, [(0, 5)])
+    assert seq_state.join_blocks(layout, [(parts[0], 5, 5)]) == kv_state(list(range(5)), v_trans)
+
+
+def test_states_laid_out_otherwise_are_refused() -> None:
+    good = kv_state(list(range(4)), False)
+    layout = seq_state.layout_of(good, len(HEADER))
+    with pytest.raises(ValueError):
+        seq_state.layout_of(good[:-1], len(HEADER))  # truncated
+    with pytest.raises(ValueError):
+        seq_state.layout_of(good + b"x", len(HEADER))  # trailing bytes
+    with pytest.raises(ValueError):
+        seq_state.layout_of(kv_state([0, 1, 1, 3], False), len(HEADER))  # not positions 0..n-1
+    with pytest.raises(ValueError):
+        seq_state.split_blocks(good, len(HEADER), layout, [(2, 6)])  # past the cells
+    with pytest.raises(ValueError):
+        seq_state.split_blocks(kv_state(list(range(4)), True), len(HEADER), layout, [(0, 2)])  # another layout
+    with pytest.raises(ValueError):
+        seq_state.join_blocks(layout, [(b"\0" * 7, 1, 1)])  # a payload of the wrong size
