@@ -86,19 +86,13 @@ class _Block:
 
 @dataclass(slots=True)
 class Match:
-    """The longest cached prefix of a prompt in RAM: `parts` for `KVCodec.kv_join`."""
+    """The longest cached prefix of a prompt in RAM, with its blocks' payloads taken under the
+    lock (an eviction after `match` cannot pull them away): `parts` for `KVCodec.kv_join`."""
 
     n_tokens: int
-    blocks: list[tuple[_Block, int]]  # (block, tokens of it used)
+    blocks: list[_Block]
+    parts: list[tuple[bytes, int, int]]  # (payload, tokens in it, tokens of it used)
     tier: str  # "disk" if any block was read from disk for it, else "ram"
-
-    @property
-    def parts(self) -> list[tuple[bytes, int, int]]:
-        out = []
-        for b, n in self.blocks:
-            assert b.data is not None
-            out.append((b.data, len(b.tokens), n))
-        return out
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
@@ -181,13 +175,14 @@ class PrefixCache:
             if not chain:
                 return None
             tier = "disk" if any(b.from_disk for b, _ in chain) else "ram"
-            return Match(sum(n for _, n in chain), chain, tier)
+            parts = [(b.data, len(b.tokens), n) for b, n in chain if b.data is not None]
+            return Match(sum(n for _, n in chain), [b for b, _ in chain], parts, tier)
 
     def use(self, m: Match) -> None:
         """`m` served a prompt: touch its blocks and count the hit by tier."""
         now = time.time()
         with self._lock:
-            for b, _ in m.blocks:
+            for b in m.blocks:
                 b.last_used, b.from_disk = now, False
             t = self._stats.tiers[m.tier]
             t.hits += 1
