@@ -106,6 +106,7 @@ class LlamaTimings(_Protocol):
     predicted_ms: float
     predicted_per_token_ms: float
     predicted_per_second: float
+    cache_tier: Literal["slot", "ram", "disk"] | None = None  # where cache_n came from (Hearth's)
 
 
 class HearthStopError(_Protocol):

@@ -198,8 +198,8 @@ class Timings:
     predicted_ms: float = 0.0
     cache_tier: str | None = None  # where the cached prefix came from: slot, ram, disk (None: nothing)
 
-    def as_llama_server(self) -> dict[str, float | int]:
-        """llama-server's `timings` object, field for field."""
+    def as_llama_server(self) -> dict[str, float | int | str | None]:
+        """llama-server's `timings` object, field for field, and Hearth's `cache_tier`."""
         def per_ms(n: int, ms: float) -> float:
             return ms / n if n else 0.0
 
@@ -212,7 +212,8 @@ class Timings:
                 "prompt_per_second": round(per_s(self.prompt_tokens, self.prompt_ms), 3),
                 "predicted_n": self.predicted_tokens, "predicted_ms": round(self.predicted_ms, 3),
                 "predicted_per_token_ms": round(per_ms(self.predicted_tokens, self.predicted_ms), 3),
-                "predicted_per_second": round(per_s(self.predicted_tokens, self.predicted_ms), 3)}
+                "predicted_per_second": round(per_s(self.predicted_tokens, self.predicted_ms), 3),
+                "cache_tier": self.cache_tier}
 
 
 @dataclass(slots=True)

@@ -168,7 +168,8 @@ def usage(events: list[dict[str, Any]]) -> tuple[int, int]:
         u = last["response"]["usage"]
         return u["input_tokens"], u["input_tokens_details"]["cached_tokens"]
     u = next(e for e in events if e["type"] == "message_delta")["usage"]
-    return u["input_tokens"] + u["cache_read_input_tokens"], u["cache_read_input_tokens"]
+    prompt = u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+    return prompt, u["cache_read_input_tokens"]
 
 
 # ---- Claude Code: POST /v1/messages?beta=true ------------------------------------------------
@@ -192,6 +193,18 @@ def test_claude_code_first_request_gets_its_tool_use(tmp_path: Path) -> None:
         user = captured["body"]["messages"][0]["content"][-1]["text"]
         assert prompt.index(user) < prompt.index("<|im_start|>system\n" + env)  # the system turn, in place
         assert '"name": "DeferredToolPlaceholder"' not in prompt  # deferred until a tool search loads it
+
+
+def test_claude_code_breakpoints_keep_its_whole_first_prompt(tmp_path: Path) -> None:
+    """Its last turn (the system turn with the environment) carries a cache_control breakpoint:
+    everything but the assistant header after it is written to the prompt cache, and reported so."""
+    with agent(tmp_path, "ok") as a:
+        status, events = a.send(fixture("claude-code-first.json"))
+        assert status == 200, events
+        u = next(e for e in events if e["type"] == "message_delta")["usage"]
+        total, _ = usage(events)
+        assert (u["cache_read_input_tokens"], u["cache_creation_input_tokens"]) == (
+            0, total - len("<|im_start|>assistant\n"))
 
 
 def test_claude_code_max_tokens_past_the_context_gets_anthropics_wording(tmp_path: Path) -> None:

@@ -18,9 +18,17 @@ from starlette.responses import JSONResponse, Response
 from hearth.api.anthropic.stream import PING, collect, hearth_fields, message_body, stop_reason, stream_events
 from hearth.api.context import node
 from hearth.api.http import runs
+from hearth.api.http.cache_keys import body_key
 from hearth.api.http.errors import ApiError, respond
 from hearth.api.http.parsing import OpenBody, read_json, validate
-from hearth.api.http.run_options import RunFields, RunLimits, SessionFields, run_limits, shape
+from hearth.api.http.run_options import (
+    ConversationFields,
+    RunFields,
+    RunLimits,
+    SessionFields,
+    run_limits,
+    shape,
+)
 from hearth.chat.types import (
     ChatRequest,
     Message,
@@ -58,6 +66,7 @@ class BlockIn(OpenBody):
     is_error: bool = False
     thinking: str | None = None  # thinking
     tool_name: str | None = None  # tool_reference (tool search): a deferred tool now loaded
+    cache_control: dict[str, Any] | None = None  # a prompt cache breakpoint (`cache_through`)
 
 
 class MessageIn(OpenBody):
@@ -73,6 +82,7 @@ class ToolIn(OpenBody):
     input_schema: dict[str, Any] | None = None
     # Tool search: a deferred tool stays out of the prompt until a tool_reference loads it.
     defer_loading: bool = False
+    cache_control: dict[str, Any] | None = None
 
 
 class ToolChoiceIn(OpenBody):
@@ -106,9 +116,10 @@ class CountTokensIn(OpenBody):
     output_config: OutputConfigIn | None = None
     output_format: OutputFormatIn | None = None  # the structured-outputs beta's name for output_config.format
     session_id: str | None = None  # Hearth sessions (docs/sessions.md); count_tokens ignores it
+    cache_control: dict[str, Any] | None = None  # automatic caching: a breakpoint after the last block
 
 
-class MessagesIn(CountTokensIn, SessionFields, RunFields):
+class MessagesIn(CountTokensIn, SessionFields, RunFields, ConversationFields):
     max_tokens: int = Field(ge=1)
     stream: bool = False
     stop_sequences: list[str] | None = None
@@ -206,16 +217,18 @@ def _assistant(blocks: list[BlockIn], where: str) -> Message:
                    reasoning=BLOCK_JOINER.join(thoughts) or None)
 
 
-def to_messages(body: CountTokensIn) -> list[Message]:
+def to_messages(body: CountTokensIn, starts: list[int] | None = None) -> list[Message]:
     """The system prompt, then each turn. A `system` turn inside `messages` stays a system
     message at its position; the template decides whether it can stand there (see
-    hearth.chat.system_turns)."""
+    hearth.chat.system_turns). `starts`, if given, gets the index of each turn's first message."""
     out: list[Message] = []
     if body.system is not None:
         system = body.system if isinstance(body.system, str) else _texts(_no_billing(body.system), "system")
         out.append(Message("system", system))
     for i, m in enumerate(body.messages):
         where = f"messages[{i}].content"
+        if starts is not None:
+            starts.append(len(out))
         if isinstance(m.content, str):
             out.append(Message(m.role, m.content))
         elif m.role == "system":
@@ -225,6 +238,35 @@ def to_messages(body: CountTokensIn) -> list[Message]:
         else:
             out.append(_assistant(m.content, where))
     return out
+
+
+def _marked(block: BlockIn) -> bool:
+    """A cache_control breakpoint on the block, or on a block inside it (a tool result's)."""
+    inner = block.content if isinstance(block.content, list) else []
+    return block.cache_control is not None or any(b.cache_control is not None for b in inner)
+
+
+def cache_through(body: CountTokensIn, messages: list[Message], starts: list[int]) -> int | None:
+    """The index in `messages` (converted from `body`, `starts` their turns' first messages) of
+    the message that ends at or after the body's last cache_control breakpoint: Anthropic
+    orders a prompt tools, system, messages, so the last breakpoint is the one furthest in that
+    order. Tools come before any message: a breakpoint there keeps through message 0 (the
+    system prompt, when there is one). None: no breakpoint."""
+    if body.cache_control is not None:  # automatic caching: after the last block
+        return len(messages) - 1
+    for i in reversed(range(len(body.messages))):
+        turn = body.messages[i]
+        blocks = turn.content if isinstance(turn.content, list) else []
+        j = next((j for j in reversed(range(len(blocks))) if _marked(blocks[j])), None)
+        if j is None:
+            continue
+        if turn.role == "user":  # one turn, maybe several messages: the one holding block j
+            return starts[i] + len(_user(blocks[:j + 1], f"messages[{i}].content")) - 1
+        return starts[i]
+    system = body.system if isinstance(body.system, list) else []
+    if any(_marked(b) for b in system) or any(t.cache_control is not None for t in body.tools or []):
+        return 0
+    return None
 
 
 # Claude Code's first system block: billing metadata for Anthropic, meaningless to a model, and
@@ -311,7 +353,8 @@ def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | N
     count_tokens body has no run fields: the default sampling, no session. The server's limits
     (`settings`; none without) are checked last, after the body's own fields."""
     tools = _tools(body)
-    messages = to_messages(body)
+    starts: list[int] = []
+    messages = to_messages(body, starts)
     tool_choice = _tool_choice(body.tool_choice, tools)
     reasoning = _reasoning(body.thinking, body.output_config)
     response_format = _response_format(body)
@@ -324,7 +367,9 @@ def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | N
                        tool_choice=tool_choice, parallel_tool_calls=parallel, response_format=response_format,
                        reasoning=reasoning, request_id=request_id, timeout=limits.timeout,
                        cache_prompt=run.cache_prompt if run else True, session=session,
-                       repetition=limits.repetition, lenient_tool_calls=limits.lenient_tool_calls)
+                       repetition=limits.repetition, lenient_tool_calls=limits.lenient_tool_calls,
+                       cache_key=body_key(run.prompt_cache_key, run.metadata) if run else None,
+                       cache_through=cache_through(body, messages, starts))
 
 
 # ---- endpoints ----------------------------------------------------------------------------

@@ -53,9 +53,12 @@ def stop_reason(finish: Finish | None, stop_sequences: list[str]) -> tuple[str, 
 
 
 def usage_dict(u: Usage) -> dict[str, int]:
-    # Anthropic's input_tokens excludes cache reads: the prompt is input + cache_read + cache_creation.
-    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens}
+    """Anthropic's split of the prompt: read from the cache (any tier), written to it at the
+    client's breakpoints, and the rest; the three sum to the prompt. A token both served from
+    a slot and written to the durable cache (a slot's KV not yet in it) counts once, as read."""
+    written = max(0, min(u.cache_write_tokens, u.prompt_tokens - u.cached_tokens))
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens - written, "output_tokens": u.completion_tokens,
+            "cache_creation_input_tokens": written, "cache_read_input_tokens": u.cached_tokens}
 
 
 def error_event(message: str, type_: str = "api_error") -> bytes:

@@ -10,6 +10,8 @@
   min_p, seed, stop; `SamplerFields` the rest of llama.cpp's sampler that Chat and Completions
   take (penalties under both names, logit_bias, speculative decoding).
 - `SessionFields`: Hearth sessions on the chat protocols (docs/sessions.md).
+- `ConversationFields`: the conversation key a stateless chat request may carry in its body
+  (`prompt_cache_key`; `hearth.api.http.cache_keys` reads it with the other sources).
 
 A protocol declares only the fields of its own (its max tokens, stop under its own name,
 tools, ...): a field it does not declare stays what it was, accepted and ignored.
@@ -114,6 +116,10 @@ class SessionFields(BaseModel):
             return None
         return SessionTurn(check_session_id(self.session_id), self.replace_system, self.discard_thinking,
                            self.session_wait, self.session_create)
+
+
+class ConversationFields(BaseModel):
+    prompt_cache_key: str | None = None  # OpenAI's; read on every chat protocol
 
 
 @dataclass(frozen=True, slots=True)

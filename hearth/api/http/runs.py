@@ -12,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 
 from hearth.api.context import node
+from hearth.api.http.cache_keys import conversation_key
 from hearth.api.http.cancels import CancelRegistry, Run
 from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
 from hearth.backends.base import EventStream
@@ -85,8 +86,10 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
 async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_id: str | None) -> Generation:
     """`start` for a chat request (Chat, Messages, Responses): the run is registered under its
     cancel_id, its session and its id, then the node's backend gets `creq` complete, with the
-    run's cancel token."""
+    run's cancel token and its conversation key (`creq.cache_key` holds the body's, from
+    `cache_keys.body_key`; the headers' come second)."""
     backend = node(request).backend
+    creq = replace(creq, cache_key=conversation_key(creq.cache_key, request.headers))
     return await start(request, endpoint, lambda token: backend.chat(replace(creq, cancel=token)),
                        cancel_id=cancel_id, session_id=creq.session.session_id if creq.session else None,
                        ids=[creq.request_id])

@@ -12,8 +12,17 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http import runs
+from hearth.api.http.cache_keys import body_key
 from hearth.api.http.parsing import OpenBody, read_json, validate
-from hearth.api.http.run_options import RunLimits, SamplerFields, SessionFields, run_limits, shape, stop_fields
+from hearth.api.http.run_options import (
+    ConversationFields,
+    RunLimits,
+    SamplerFields,
+    SessionFields,
+    run_limits,
+    shape,
+    stop_fields,
+)
 from hearth.api.http.sse import DONE
 from hearth.api.openai.messages import MessageIn, to_message
 from hearth.api.openai.shapes import Chunks, generation_failed, timings_field, usage_dict
@@ -49,7 +58,7 @@ class ToolIn(OpenBody):
     function: FunctionDef
 
 
-class ChatCompletionIn(OpenBody, SamplerFields, SessionFields):
+class ChatCompletionIn(OpenBody, SamplerFields, SessionFields, ConversationFields):
     model: str | None = None
     messages: list[MessageIn] = Field(min_length=1)  # with a session_id, only the new ones
     stream: bool = False
@@ -122,7 +131,7 @@ def to_chat_request(body: ChatCompletionIn, request_id: str, settings: Settings 
         reasoning=ReasoningOptions(effort=body.reasoning_effort, budget=body.reasoning_budget),
         chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=limits.timeout,
         cache_prompt=body.cache_prompt, session=session, repetition=limits.repetition,
-        lenient_tool_calls=limits.lenient_tool_calls)
+        lenient_tool_calls=limits.lenient_tool_calls, cache_key=body_key(body.prompt_cache_key))
 
 
 # ---- output ------------------------------------------------------------------------------

@@ -20,8 +20,9 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http import runs
+from hearth.api.http.cache_keys import body_key
 from hearth.api.http.parsing import OpenBody, read_json, validate
-from hearth.api.http.run_options import OpenAIRunFields, SessionFields, run_limits, shape
+from hearth.api.http.run_options import ConversationFields, OpenAIRunFields, SessionFields, run_limits, shape
 from hearth.api.openai.responses_input import (
     check_call_outputs,
     check_metadata,
@@ -43,7 +44,8 @@ log = logging.getLogger("hearth.api")
 CANCEL_SETTLE_SECONDS = 5.0  # how long POST .../cancel waits for the run to record its outcome
 
 
-class ResponsesIn(OpenBody, OpenAIRunFields, SessionFields):  # with a session_id, input holds only the new items
+# With a session_id, input holds only the new items.
+class ResponsesIn(OpenBody, OpenAIRunFields, SessionFields, ConversationFields):
     model: str | None = None
     input: str | list[Any]
     instructions: str | None = None
@@ -108,7 +110,8 @@ async def create_response(request: Request) -> Response:
         model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools, tool_choice=tool_choice,
         parallel_tool_calls=body.parallel_tool_calls, response_format=response_format, reasoning=reasoning,
         request_id=rid, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
-        session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls)
+        session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls,
+        cache_key=body_key(body.prompt_cache_key))
     model = ctx.backend.resolve(creq.model)
 
     asm = ResponseAssembler({

@@ -49,7 +49,7 @@ _OUTCOME: dict[str, tuple[str, str | None]] = {
 
 def usage_object(u: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
     return {"input_tokens": u.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
+            "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": u.cache_write_tokens},
             "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": u.total_tokens}
 

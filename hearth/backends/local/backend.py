@@ -26,6 +26,7 @@ from hearth.chat.system_turns import place_system_turns
 from hearth.chat.tools import OutputPlan, as_text_messages, plan_output
 from hearth.chat.types import ChatRequest, CompletionRequest, Message
 from hearth.engine import EngineRequest
+from hearth.engine.kv import common_prefix_len
 from hearth.engine.thinking import ThinkBudget
 from hearth.engine.types import ContextOverflow, SamplingParams
 from hearth.errors import BadRequest, ContextLimit, NotFound, Unavailable
@@ -46,6 +47,7 @@ class _Prepared:
     params: SamplingParams
     think: ThinkBudget | None
     parsers: list[OutputParser]
+    keep_tokens: int = 0  # prompt tokens up to the client's last cache_control breakpoint
 
 
 class LocalBackend:
@@ -150,12 +152,14 @@ class LocalBackend:
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer, fn)
 
     @staticmethod
-    def _render(m: LocalModel, req: ChatRequest, plan: OutputPlan) -> str:
+    def _render(m: LocalModel, req: ChatRequest, plan: OutputPlan, *, generation_prompt: bool = True) -> str:
         kwargs = template_kwargs(req)
         messages = place_system_turns(req.messages, m.late_system)
         if m.native_tools:
-            return m.template.render(messages, tools=plan.tools_in_prompt or None, kwargs=kwargs)
-        return m.template.render(as_text_messages(messages, plan.tools_in_prompt), kwargs=kwargs)
+            return m.template.render(messages, tools=plan.tools_in_prompt or None,
+                                     add_generation_prompt=generation_prompt, kwargs=kwargs)
+        return m.template.render(as_text_messages(messages, plan.tools_in_prompt),
+                                 add_generation_prompt=generation_prompt, kwargs=kwargs)
 
     @classmethod
     def render_chat(cls, m: LocalModel, req: ChatRequest) -> str:
@@ -200,7 +204,7 @@ class LocalBackend:
         m = self.model(req.model)
         prep = await self._off_loop(lambda: self._prepare(m, req))
         return await self._generate(m, prep.tokens, req, params=prep.params, think=prep.think,
-                                    parsers=prep.parsers)
+                                    parsers=prep.parsers, keep_tokens=prep.keep_tokens)
 
     def _prepare(self, m: LocalModel, req: ChatRequest) -> _Prepared:
         """Template, tokens, grammar and parsers for a chat request; a BadRequest if any is bad."""
@@ -222,7 +226,25 @@ class LocalBackend:
         parsers = [OutputParser(i, None if params.grammar else ReasoningParser(start, end, inside=inside),
                                 plan.tool_parser(req.tools), req.parallel_tool_calls)
                    for i in range(req.n)]
-        return _Prepared(tokens, params, think, parsers)
+        return _Prepared(tokens, params, think, parsers, self._keep_tokens(m, req, plan, tokens))
+
+    @classmethod
+    def _keep_tokens(cls, m: LocalModel, req: ChatRequest, plan: OutputPlan, tokens: list[int]) -> int:
+        """How many of the prompt's `tokens` end with message `req.cache_through` (the client's
+        last cache_control breakpoint): the prompt rendered up to that message, with the same
+        tools and no generation prompt, compared token by token with the whole one. Comparing
+        rather than trusting the render keeps it a true prefix whatever the template does to
+        a conversation's last message. 0 when nothing is asked, or for a session (its KV is
+        its own, never offered to the prompt cache)."""
+        through = req.cache_through
+        if through is None or req.session is not None or not req.cache_prompt:
+            return 0
+        try:
+            text = cls._render(m, replace(req, messages=req.messages[:through + 1]), plan, generation_prompt=False)
+        except BadRequest as e:  # a template that refuses a conversation cut short: keep nothing
+            log.debug("%s: no cache breakpoint: the template refused the prefix: %s", req.request_id, e)
+            return 0
+        return common_prefix_len(m.tokenize_text(text, False), tokens)
 
     @staticmethod
     def _constrain(m: LocalModel, sampling: SamplingParams, grammar: str | None, source: str) -> SamplingParams:
@@ -268,7 +290,7 @@ class LocalBackend:
 
     async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest, *,
                         params: SamplingParams | None = None, think: ThinkBudget | None = None,
-                        parsers: list[OutputParser] | None = None) -> EventStream:
+                        parsers: list[OutputParser] | None = None, keep_tokens: int = 0) -> EventStream:
         """Validate (4xx now), wait for a slot (429 if none comes), then hand back the stream.
         The wall-clock cap counts from arrival, so time spent queued is part of it."""
         n, cancel = req.n, req.cancel
@@ -280,7 +302,8 @@ class LocalBackend:
         ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len,
                              repetition=req.repetition,
-                             cache_key=req.cache_key if isinstance(req, ChatRequest) else None)
+                             cache_key=req.cache_key if isinstance(req, ChatRequest) else None,
+                             keep_tokens=keep_tokens)
         await self._off_loop(lambda: self._validate(m, ereq, "messages" if isinstance(req, ChatRequest) else "prompt"))
         cache = m.engine.cache
         if cache is not None and owner is None and req.cache_prompt:
