@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
+from hearth.api.http.cache_keys import KEY_HEADERS
 from hearth.gateway.upstream_http import Answer
 from hearth.observability.logging import request_id
 
+# The conversation-key headers (Claude Code's, Codex's) go on too: the node keeps the
+# conversation's KV warm by them, and the gateway routes by them.
 FORWARD_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta", "openai-beta", "x-request-id",
-                   "x-session-id", "idempotency-key")
+                   "x-session-id", "idempotency-key", *KEY_HEADERS)
 
 
 def forwarded_headers(request: Request) -> dict[str, str]:

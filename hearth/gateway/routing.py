@@ -2,7 +2,8 @@
 model.
 
 Affinity key, first found: `session_id` (body), `previous_response_id`, an `X-Session-Id`
-header, `prompt_cache_key` / Anthropic `metadata.user_id`. A session or a response chain lives
+header, the conversation key a node reads (`prompt_cache_key`, Claude Code's session id,
+Codex's `session-id` header: hearth.api.http.cache_keys). A session or a response chain lives
 on one node (its transcript and KV are there): that key is *binding* while the node is
 healthy. The others are *soft*: a saturated sticky node loses to the cost model.
 
@@ -25,6 +26,8 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from hearth.api.http.cache_keys import body_key, conversation_key
 
 CHARS_PER_TOKEN = 4
 PREFIXES_PER_NODE = 65536
@@ -49,14 +52,17 @@ class Affinity:
 
 
 def affinity_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> Affinity:
+    """The first key found; a conversation key is read as a node reads it (hearth.api.http.
+    cache_keys: prompt_cache_key, Claude Code's session id, Codex's headers), so the gateway
+    routes a conversation to the node that keeps its KV warm for it."""
     for kind, value in (("session", body.get("session_id")), ("response", body.get("previous_response_id")),
-                        ("header", headers.get("x-session-id")), ("cache_key", body.get("prompt_cache_key"))):
+                        ("header", headers.get("x-session-id"))):
         if isinstance(value, str) and value:
             return Affinity(kind, value)  # type: ignore[arg-type]
-    meta = body.get("metadata")
-    if isinstance(meta, dict) and isinstance(meta.get("user_id"), str) and meta["user_id"]:
-        return Affinity("cache_key", meta["user_id"])
-    return Affinity("none")
+    pck, meta = body.get("prompt_cache_key"), body.get("metadata")
+    key = conversation_key(body_key(pck if isinstance(pck, str) else None,
+                                    meta if isinstance(meta, Mapping) else None), headers)
+    return Affinity("cache_key", key) if key else Affinity("none")
 
 
 def conversation(body: Mapping[str, Any]) -> list[Any]:

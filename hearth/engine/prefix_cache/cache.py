@@ -128,7 +128,7 @@ class PrefixCache:
         self._ram = self._disk = 0  # bytes held per tier
         self._queue: list[_Offer] = []
         self._backlog = 0
-        self._busy = False  # the writer is handling an offer
+        self._busy: _Offer | None = None  # the offer the writer is handling
         self._closed = False
         self._stats = PrefixCacheStats(block_tokens)
         self._stats.tiers["ram"].budget, self._stats.tiers["disk"].budget = ram_budget, (disk_budget if self.dir else 0)
@@ -199,9 +199,18 @@ class PrefixCache:
                 self._stats.tiers[tier].tokens += tokens
 
     def cached(self, tokens: Sequence[int]) -> int:
-        """How many leading tokens of `tokens` are cached in any tier (or being written)."""
+        """How many leading tokens of `tokens` are cached in any tier, or offered and not yet
+        stored by the writer."""
         with self._lock:
-            return sum(n for _, n in self._walk(tokens, in_ram=False))
+            return self._have(tokens)
+
+    def _have(self, tokens: Sequence[int]) -> int:
+        """Lock held: see `cached`. Counting the offers in hand keeps a request that follows
+        another before the writer caught up from copying and reporting the same tokens again."""
+        have = sum(n for _, n in self._walk(tokens, in_ram=False))
+        for o in (*self._queue, *([self._busy] if self._busy is not None else [])):
+            have = max(have, _common(o.tokens, tokens))
+        return have
 
     def prefetch(self, tokens: Sequence[int]) -> int:
         """Any thread but the engine's: read from disk the blocks of the longest cached prefix
@@ -257,7 +266,7 @@ class PrefixCache:
         with self._lock:
             if self._closed:
                 return 0
-            have = sum(n for _, n in self._walk(tokens, in_ram=False))
+            have = self._have(tokens)
             if keep:
                 self._mark_kept(tokens[:keep])
             if len(tokens) - have < self.min_new:
@@ -280,7 +289,7 @@ class PrefixCache:
         """Wait until every offer so far is handled (its blocks in RAM and written, or
         dropped); False on timeout."""
         with self._lock:
-            return self._lock.wait_for(lambda: not self._queue and not self._busy, timeout)
+            return self._lock.wait_for(lambda: not self._queue and self._busy is None, timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish the writes in hand and stop the writer."""
@@ -297,7 +306,7 @@ class PrefixCache:
                 if not self._queue:
                     return
                 offer = self._queue.pop(0)
-                self._busy = True
+                self._busy = offer
             try:
                 self._store(offer)
             except Exception:
@@ -305,7 +314,7 @@ class PrefixCache:
             finally:
                 with self._lock:
                     self._backlog -= len(offer.data)
-                    self._busy = False
+                    self._busy = None
                     self._lock.notify_all()
 
     def _store(self, offer: _Offer) -> None:

@@ -263,3 +263,21 @@ def test_digest_lists_blocks_by_tier(tmp_path: Path) -> None:
 def test_a_salt_separates_chains() -> None:
     fp = FakeRunner().fingerprint
     assert block_files.root_key(fp) != block_files.root_key(fp, "tenant-a")
+
+
+def test_offers_the_writer_has_not_stored_yet_count_as_cached(tmp_path: Path) -> None:
+    cache = make(tmp_path)
+    a = list(range(1, 30))
+    copies: list[int] = []
+
+    def data() -> bytes:
+        copies.append(1)
+        return state(a)
+
+    with cache._lock:  # hold the writer back: both offers arrive before it stores anything
+        first = cache.offer(a, data, keep=len(a), counted=len(a))
+        assert cache.cached(a) == len(a)
+    again = cache.offer(a, data, keep=len(a), counted=len(a))
+    assert (first, again, len(copies)) == (len(a), 0, 1)  # one copy, written once
+    assert cache.flush() and cache.cached(a) == len(a)
+    cache.close()

@@ -25,6 +25,11 @@ from hearth.gateway.routing import (
     ({"prompt_cache_key": "k"}, {"x-session-id": "h"}, Affinity("header", "h")),
     ({"prompt_cache_key": "k"}, {}, Affinity("cache_key", "k")),
     ({"metadata": {"user_id": "u"}}, {}, Affinity("cache_key", "u")),
+    ({"metadata": {"user_id": '{"device_id": "d", "session_id": "cc-1"}'}}, {}, Affinity("cache_key", "cc-1")),
+    ({}, {"x-claude-code-session-id": "cc-2"}, Affinity("cache_key", "cc-2")),
+    ({}, {"session-id": "codex-1", "thread-id": "t"}, Affinity("cache_key", "codex-1")),
+    ({"prompt_cache_key": "k"}, {"session-id": "codex-1"}, Affinity("cache_key", "k")),
+    ({}, {}, Affinity("none")),
     ({"metadata": {"user_id": 3}, "session_id": ""}, {}, Affinity("none")),
 ])
 def test_affinity_order(body: dict[str, object], headers: dict[str, str], want: Affinity) -> None:
