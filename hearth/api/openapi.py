@@ -53,12 +53,14 @@ class Operation:
     errors: tuple[int, ...] = (400, 401, 413)
     anthropic: bool = False
     params: dict[str, str] = field(default_factory=dict)  # path parameter → description
+    query: dict[str, str] = field(default_factory=dict)  # query parameter (optional) → description
 
 
 def _ops() -> list[Operation]:
     sid = {"session_id": "A session id: 1-128 characters of A-Z a-z 0-9 . _ -"}
     snap = {"snapshot_id": "A snapshot id: snap_ and 32 hex digits"}
     rid = {"response_id": "A stored response id: resp_ and 32 hex digits"}
+    model_q = {"model": "A model id or alias (default: the default model)"}
     return [
         Operation("POST", "/v1/chat/completions", "Create a chat completion (OpenAI)", "openai", wire.ChatCompletion,
                   ChatCompletionIn, streams=True, errors=GENERATE),
@@ -114,6 +116,15 @@ def _ops() -> list[Operation]:
                   errors=(400, 401, 403, 404, 409, 413, 422, 503), params=snap),
         Operation("GET", "/v1/snapshots/{snapshot_id}/archive", "Download a snapshot as a tar archive", "snapshots",
                   "tar", errors=(400, 401, 404, 422), params=snap),
+        Operation("GET", "/v1/prompt-cache/digest", "What this node's prompt cache and sessions hold, for a router",
+                  "prompt-cache", wire.PromptCacheDigest, errors=(401, 404)),
+        Operation("GET", "/admin/prompt-cache", "Prompt-cache counters and sizes per model and tier", "prompt-cache",
+                  wire.PromptCacheStats, errors=(401, 403, 404)),
+        Operation("DELETE", "/admin/prompt-cache", "Drop a model's prompt-cache blocks (every model's without model)",
+                  "prompt-cache", wire.PromptCacheCleared, errors=(401, 403, 404, 503), query=model_q),
+        Operation("GET", "/admin/prompt-cache/entries", "A model's prompt-cache blocks", "prompt-cache",
+                  wire.PromptCacheEntries, errors=(400, 401, 403, 404, 503),
+                  query={**model_q, "limit": "At most this many blocks (1 to 100000; default 1000)"}),
         Operation("POST", "/v1/cancel", "Cancel runs by cancel_id, session or id", "control", wire.Cancelled,
                   CancelIn),
         Operation("GET", "/v1/models", "List models", "control", wire.ModelList, errors=(401, 503)),
@@ -133,7 +144,8 @@ def _ops() -> list[Operation]:
 
 
 OPERATIONS = _ops()
-PARAM_SCHEMAS: dict[str, dict[str, Any]] = {"name": {"type": "string", "enum": sorted(web.FILES)}}
+PARAM_SCHEMAS: dict[str, dict[str, Any]] = {"name": {"type": "string", "enum": sorted(web.FILES)},
+                                            "limit": {"type": "integer", "minimum": 1, "maximum": 100_000}}
 # Endpoints that only ever answer an error (Anthropic's 404/405 for wrong methods and unknown
 # /v1/messages/... paths): not operations of the API.
 UNDOCUMENTED = {messages.unrouted}
@@ -180,10 +192,12 @@ def _operation(op: Operation, ref: Refs) -> dict[str, Any]:
         responses["304"] = {"description": "Not modified (If-None-Match)"}
     out: dict[str, Any] = {"summary": op.summary, "tags": [op.tag], "responses": responses,
                            "operationId": f"{op.method.lower()}_{re.sub(r'[^A-Za-z0-9]+', '_', op.path).strip('_')}"}
-    if op.params:
-        out["parameters"] = [{"name": name, "in": "path", "required": True, "description": text,
-                              "schema": PARAM_SCHEMAS.get(name, {"type": "string"})}
-                             for name, text in op.params.items()]
+    parameters = [{"name": name, "in": "path", "required": True, "description": text,
+                   "schema": PARAM_SCHEMAS.get(name, {"type": "string"})} for name, text in op.params.items()]
+    parameters += [{"name": name, "in": "query", "required": False, "description": text,
+                    "schema": PARAM_SCHEMAS.get(name, {"type": "string"})} for name, text in op.query.items()]
+    if parameters:
+        out["parameters"] = parameters
     if op.body == "tar":
         out["requestBody"] = {"required": True, "content": {
             "application/x-tar": {"schema": {"type": "string", "format": "binary"}}}}
@@ -211,7 +225,7 @@ def document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "Hearth", "version": __version__,
                  "description": "OpenAI Chat Completions, Responses and Completions, Anthropic Messages, and "
-                                "Hearth's sessions and snapshots, over llama.cpp."},
+                                "Hearth's sessions, snapshots and prompt cache, over llama.cpp."},
         "paths": paths,
         "components": {
             "schemas": defs.get("$defs", {}),

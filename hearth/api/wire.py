@@ -369,3 +369,82 @@ class SnapshotDeleted(_Own):
     snapshot_id: str
     object: Literal["snapshot.deleted"]
     deleted: bool
+
+
+# ---- the prompt cache ------------------------------------------------------------------------
+
+
+class PromptCacheTier(_Own):
+    hits: int  # placements whose reused prefix came from this tier
+    tokens: int  # prompt tokens served from it
+    blocks: int  # held now (ram, disk; 0 for slot: slots hold sequences)
+    bytes: int
+    budget: int  # bytes allowed (0: the tier is off)
+    evictions: int
+
+
+class PromptCacheModelStats(_Own):
+    block_tokens: int
+    tiers: dict[Literal["slot", "ram", "disk"], PromptCacheTier]
+    misses: int
+    written_blocks: int
+    write_errors: int
+    dropped_offers: int
+    disk_full: bool
+    loaded_bytes: int
+    load_seconds: float
+    rejected_files: int
+
+
+class PromptCacheStats(_Own):
+    object: Literal["prompt_cache.stats"]
+    models: dict[str, PromptCacheModelStats]
+
+
+class PromptCacheEntry(_Own):
+    hash: str  # 32 hex digits
+    parent: str  # the previous block's hash, or the chain's root
+    start: int
+    n_tokens: int
+    ram: bool
+    disk: bool
+    kept: bool
+    last_used: float
+
+
+class PromptCacheEntries(_Own):
+    object: Literal["list"]
+    model: str
+    data: list[PromptCacheEntry]
+    total: int
+    has_more: bool
+
+
+class PromptCacheCleared(_Own):
+    object: Literal["prompt_cache.cleared"]
+    model: str | None
+    dropped: int
+
+
+class DigestBlocks(_Own):
+    ram: list[str]
+    disk: list[str]
+
+
+class DigestSessions(_Own):
+    resident: list[str]
+    host: list[str]
+    disk: list[str]
+
+
+class ModelDigest(_Own):
+    block_tokens: int
+    root: str
+    blocks: DigestBlocks
+    sessions: DigestSessions
+
+
+class PromptCacheDigest(_Own):
+    object: Literal["prompt_cache.digest"]
+    version: int
+    models: dict[str, ModelDigest]

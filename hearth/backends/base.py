@@ -12,9 +12,10 @@ Token work (`tokenize`, `tokenize_prompt`, ...) is async: a backend must not run
 loop (a long prompt takes seconds to template and tokenize), and a remote one makes a call.
 
 Capabilities: a backend that cannot do something optional says so by returning None from the
-capability's property (today: `session_kv`); `require_session_kv` turns that into the one
-error the API answers with, a 404 `sessions_unsupported` (what a client sees from a server
-without sessions), never an AttributeError.
+capability's property (today: `session_kv`, `prompt_cache`); `require_session_kv` and
+`require_prompt_cache` turn that into the one error the API answers with, a 404
+`sessions_unsupported` or `prompt_cache_unsupported` (what a client sees from a server without
+them), never an AttributeError.
 """
 
 from __future__ import annotations
@@ -163,7 +164,8 @@ class PromptCache(Protocol):
 
     def cache_digest(self) -> dict[str, Any]:
         """Per model id: what the node holds, for a router to read cheaply: {block_tokens,
-        blocks: {ram: [hash...], disk: [hash...]}, sessions: {resident|host|disk: [id...]}}."""
+        root (the hash chain's root, hex), blocks: {ram: [hash...], disk: [hash...]},
+        sessions: {resident|host|disk: [id...]}}. How the hashes chain: docs/api.md."""
         ...
 
 
@@ -250,6 +252,14 @@ def require_session_kv(backend: Backend) -> SessionKV:
                        "sessions and snapshots APIs (and session_id on requests) are not available",
                        code="sessions_unsupported")
     return kv
+
+
+def require_prompt_cache(backend: Backend) -> PromptCache:
+    cache = backend.prompt_cache
+    if cache is None:
+        raise NotFound("this server keeps no prompt cache: its backend has none, so the prompt-cache routes "
+                       "are not available", code="prompt_cache_unsupported")
+    return cache
 
 
 # ---- event streams -------------------------------------------------------------------------

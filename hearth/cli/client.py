@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 # A stream may sit silent for a long prefill; reads wait long, connecting does not.
 STREAM_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 class CLIError(Exception):
@@ -145,15 +147,22 @@ class Client:
 
     def metrics(self) -> dict[str, float]:
         """Prometheus samples summed over their labels: `hearth_kv_slots_busy` → value."""
-        text = self.request("GET", "/metrics").text
         out: dict[str, float] = {}
+        for name, _, value in self.samples():
+            out[name] = out.get(name, 0.0) + value
+        return out
+
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """Every Prometheus sample of /metrics: (name, labels, value)."""
+        text = self.request("GET", "/metrics").text
+        out: list[tuple[str, dict[str, str], float]] = []
         for line in text.splitlines():
             if not line or line.startswith("#"):
                 continue
             name_labels, _, value = line.rpartition(" ")
-            name = name_labels.split("{", 1)[0]
+            name, _, labels = name_labels.partition("{")
             try:
-                out[name] = out.get(name, 0.0) + float(value)
+                out.append((name, dict(_LABEL.findall(labels)), float(value)))
             except ValueError:
                 continue
         return out

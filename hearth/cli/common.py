@@ -108,6 +108,11 @@ def human_bytes(n: float | None) -> str:
     return f"{n:.1f} GB"
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """`1 block`, `3 blocks`; `many` for an irregular plural (`misses`)."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
 def human_duration(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     if seconds < 60:

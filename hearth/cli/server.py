@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from hearth.cli.client import APIError, Client, CLIError
-from hearth.cli.common import ApiKeyOpt, JsonOpt, cli_errors, console, human_bytes, human_duration, print_json
+from hearth.cli.common import ApiKeyOpt, JsonOpt, cli_errors, console, human_bytes, human_duration, plural, print_json
 from hearth.cli.daemon import Daemon, ServeOptions
 
 app = typer.Typer(help="Run Hearth in the background: start, stop, status, logs.", no_args_is_help=True)
@@ -95,6 +95,45 @@ def _fetch(client: Client, path: str) -> Any:
         return f"? ({e})"
 
 
+CACHE_PREFIX = "hearth_prompt_cache_"
+# /metrics series → the status field they sum into, per tier
+CACHE_TIER_FIELDS = {"blocks": "blocks", "bytes": "bytes", "budget_bytes": "budget_bytes", "hits_total": "hits",
+                     "hit_tokens_total": "hit_tokens"}
+
+
+def cache_status(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, Any] | None:
+    """The prompt cache, every model together, from /metrics (which an API key may read, where
+    /admin/prompt-cache needs the admin key); None when the server reports no cache."""
+    tiers = {t: dict.fromkeys(CACHE_TIER_FIELDS.values(), 0) for t in ("slot", "ram", "disk")}
+    out: dict[str, Any] = {"tiers": tiers, "misses": 0, "disk_full": False}
+    found = False
+    for name, labels, value in samples:
+        if not name.startswith(CACHE_PREFIX):
+            continue
+        found = True
+        key, tier = name[len(CACHE_PREFIX):], labels.get("tier", "")
+        if key in CACHE_TIER_FIELDS and tier in tiers:
+            tiers[tier][CACHE_TIER_FIELDS[key]] += int(value)
+        elif key == "misses_total":
+            out["misses"] += int(value)
+        elif key == "disk_full":
+            out["disk_full"] = out["disk_full"] or value > 0
+    return out if found else None
+
+
+def cache_lines(cache: dict[str, Any]) -> list[str]:
+    """Two lines for `hearth server status`: what each tier holds, and what each served."""
+    t = cache["tiers"]
+    held = "; ".join(f"{tier} off" if not t[tier]["budget_bytes"] else
+                     f"{tier} {plural(t[tier]['blocks'], 'block')}, {human_bytes(t[tier]['bytes'])} of "
+                     f"{human_bytes(t[tier]['budget_bytes'])}" for tier in ("ram", "disk"))
+    if cache["disk_full"]:
+        held += " (disk full: cache writes stopped)"
+    served = ", ".join(f"{tier} {plural(t[tier]['hit_tokens'], 'token')} ({plural(t[tier]['hits'], 'hit')})"
+                       for tier in ("slot", "ram", "disk"))
+    return [f"  cache     {held}", f"  reused    {served}; {plural(cache['misses'], 'miss', 'misses')}"]
+
+
 def gather_status(daemon: Daemon, api_key: str | None) -> dict[str, Any]:
     info = daemon.running()
     if info is None:
@@ -122,21 +161,25 @@ def gather_status(daemon: Daemon, api_key: str | None) -> dict[str, Any]:
         else:
             out["sessions"] = sessions
         try:
-            m = client.metrics()
+            samples = client.samples()
         except CLIError:
             return out
+        m: dict[str, float] = {}
+        for name, _, value in samples:
+            m[name] = m.get(name, 0.0) + value
         out["slots_busy"] = int(m.get("hearth_kv_slots_busy", 0))
         out["running_sequences"] = int(m.get("hearth_running_sequences", 0))
         out["waiting_requests"] = int(m.get("hearth_waiting_requests", 0))
         out["kv_tokens"] = int(m.get("hearth_kv_tokens", 0))
         out["swapped_kv_ram_bytes"] = int(m.get("hearth_swapped_kv_ram_bytes", 0))
+        out["prompt_cache"] = cache_status(samples)
     return out
 
 
 @app.command()
 @cli_errors
 def status(data_dir: DataDirOpt = None, api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
-    """Show the background server: model, address, uptime, sessions and KV slots in use.
+    """Show the background server: model, address, uptime, sessions, KV slots in use, prompt cache.
 
     Exits 1 when no server runs.
 
@@ -166,6 +209,9 @@ def status(data_dir: DataDirOpt = None, api_key: ApiKeyOpt = None, as_json: Json
         if "kv_tokens" in out:
             c.print(f"  kv        {out['kv_tokens']} tokens in slots, "
                     f"{human_bytes(out['swapped_kv_ram_bytes'])} of swapped session KV in RAM")
+        if out.get("prompt_cache"):
+            for line in cache_lines(out["prompt_cache"]):
+                c.print(line, markup=False)
         c.print(f"  data dir  {out['data_dir']}")
         c.print(f"  log       {out['log']}")
     if not out["running"]:

@@ -1,5 +1,6 @@
-"""Prometheus metrics. The backend's per-model stats are read at scrape time (nothing on the
-hot path); request latencies are observed per request by a `RequestTimer` on its event stream."""
+"""Prometheus metrics. The backend's per-model stats (and its prompt cache's, per model and
+tier) are read at scrape time (nothing on the hot path); request latencies are observed per
+request by a `RequestTimer` on its event stream."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hearth.backends.base import Backend, ModelStats
+from hearth.backends.base import Backend, ModelStats, PrefixCacheStats
 from hearth.chat.types import ChatEvent, Finish, TextDelta
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -38,8 +39,57 @@ COUNTERS = (("hearth_prompt_tokens", "Prompt tokens prefilled", "prompt_tokens")
              "interrupted_decodes"))
 
 
+# The prompt cache, per model and tier (tier = slot, ram, disk): (metric, help, TierStats field,
+# the tiers it is reported for). Slots hold sequences, not blocks: only hits count there.
+CACHE_TIER_GAUGES = (("hearth_prompt_cache_blocks", "Prompt-cache blocks held", "blocks", ("ram", "disk")),
+                     ("hearth_prompt_cache_bytes", "Prompt-cache bytes held", "bytes", ("ram", "disk")),
+                     ("hearth_prompt_cache_budget_bytes", "Prompt-cache bytes allowed (0: the tier is off)", "budget",
+                      ("ram", "disk")))
+CACHE_TIER_COUNTERS = (("hearth_prompt_cache_hits", "Placements whose reused prefix came from this tier", "hits",
+                        ("slot", "ram", "disk")),
+                       ("hearth_prompt_cache_hit_tokens", "Prompt tokens served from this tier", "tokens",
+                        ("slot", "ram", "disk")),
+                       ("hearth_prompt_cache_evictions", "Blocks dropped from this tier for its budget", "evictions",
+                        ("ram", "disk")))
+# The prompt cache, per model: (metric, help, PrefixCacheStats field).
+CACHE_COUNTERS = (("hearth_prompt_cache_misses", "Placements that reused no cached prefix", "misses"),
+                  ("hearth_prompt_cache_written_blocks", "Prompt-cache blocks written to disk", "written_blocks"),
+                  ("hearth_prompt_cache_write_errors", "Prompt-cache block writes that failed", "write_errors"),
+                  ("hearth_prompt_cache_dropped_offers", "Prompts not cached: the writer's backlog was full",
+                   "dropped_offers"),
+                  ("hearth_prompt_cache_loaded_bytes", "Prompt-cache bytes read from disk into RAM", "loaded_bytes"),
+                  ("hearth_prompt_cache_load_seconds", "Time spent reading prompt-cache blocks from disk",
+                   "load_seconds"),
+                  ("hearth_prompt_cache_rejected_files", "Truncated, corrupt, foreign or hostile cache files ignored",
+                   "rejected_files"))
+
+
+def cache_families(stats: dict[str, PrefixCacheStats]) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    """The prompt cache's series, one sample per model (and tier) for each field."""
+    families: list[GaugeMetricFamily | CounterMetricFamily] = []
+    for kind, tier_table in ((GaugeMetricFamily, CACHE_TIER_GAUGES), (CounterMetricFamily, CACHE_TIER_COUNTERS)):
+        for name, doc, attr, tiers in tier_table:
+            family = kind(name, doc, labels=["model", "tier"])
+            for mid, st in stats.items():
+                for tier in tiers:
+                    family.add_metric([mid, tier], getattr(st.tiers[tier], attr))
+            families.append(family)
+    full = GaugeMetricFamily("hearth_prompt_cache_disk_full",
+                             "1 while a full disk has stopped prompt-cache writes (serving goes on)", labels=["model"])
+    for mid, st in stats.items():
+        full.add_metric([mid], 1 if st.disk_full else 0)
+    families.append(full)
+    for name, doc, field in CACHE_COUNTERS:
+        counter = CounterMetricFamily(name, doc, labels=["model"])
+        for mid, st in stats.items():
+            counter.add_metric([mid], getattr(st, field))
+        families.append(counter)
+    return families
+
+
 class BackendCollector(Collector):
-    """The backend's `stats()`, one sample per model for each field."""
+    """The backend's `stats()`, one sample per model for each field, and its prompt cache's
+    `cache_stats()` (none without the capability)."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -53,6 +103,9 @@ class BackendCollector(Collector):
                 for mid, st in stats.items():
                     family.add_metric([mid], getattr(st, attr))
                 families.append(family)
+        cache = self.backend.prompt_cache
+        if cache is not None:
+            families.extend(cache_families(cache.cache_stats()))
         yield from families
 
 

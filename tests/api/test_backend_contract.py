@@ -1,6 +1,7 @@
 """The app over a backend written here, with no engine, runner or model: everything above
 `backends/` works through the contract alone (chat, sessions and snapshots, metrics), and a
-backend without the session-KV capability gets one clear error everywhere sessions appear."""
+backend without the session-KV capability gets one clear error everywhere sessions appear, and
+one without a prompt cache a clear 404 on the prompt-cache routes (and no cache series)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hearth.backends.base import (
     ModelCard,
     ModelLimits,
     ModelStats,
+    PromptCache,
     SessionKV,
 )
 from hearth.chat.types import (
@@ -158,6 +160,10 @@ class EchoBackend:
     def session_kv(self) -> SessionKV | None:
         return self._kv
 
+    @property
+    def prompt_cache(self) -> PromptCache | None:
+        return None
+
 
 def conforms(backend: Backend) -> Backend:
     return backend  # mypy checks the structural match; at runtime the app does
@@ -210,3 +216,15 @@ async def test_a_backend_without_session_kv_answers_one_clear_error(tmp_path: Pa
         r = await h.post("/v1/messages", {"session_id": "s", "max_tokens": 5, "messages": [
             {"role": "user", "content": "x"}]})
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+async def test_a_backend_without_a_prompt_cache_answers_one_clear_error(tmp_path: Path) -> None:
+    async with serve(tmp_path, backend=conforms(EchoBackend())) as h:
+        for method, path in (("GET", "/admin/prompt-cache"), ("GET", "/admin/prompt-cache/entries"),
+                             ("DELETE", "/admin/prompt-cache"), ("GET", "/v1/prompt-cache/digest")):
+            r = await h.client.request(method, path)
+            assert r.status_code == 404, r.text
+            assert r.json()["error"]["code"] == "prompt_cache_unsupported" and r.json()["error"]["type"] == \
+                "not_found_error"
+        metrics = (await h.client.get("/metrics")).text
+        assert "hearth_running_sequences" in metrics and "hearth_prompt_cache" not in metrics

@@ -51,6 +51,10 @@ async def test_answers_have_the_documented_shapes(h: Harness) -> None:
     check(wire.Tokenized, await c.post("/tokenize", json={"messages": USER}))
     check(wire.Detokenized, await c.post("/detokenize", json={"tokens": [104, 105]}))
     check(wire.Cancelled, await c.post("/v1/cancel", json={"cancel_id": "x"}))
+    check(wire.PromptCacheStats, await c.get("/admin/prompt-cache"))
+    check(wire.PromptCacheEntries, await c.get("/admin/prompt-cache/entries", params={"limit": 5}))
+    check(wire.PromptCacheDigest, await c.get("/v1/prompt-cache/digest"))
+    check(wire.PromptCacheCleared, await c.delete("/admin/prompt-cache"))
 
     check(wire.Session, await c.post("/v1/sessions", json={"session_id": "s1"}), 201)
     check(wire.ChatCompletion, await c.post("/v1/chat/completions", json={"session_id": "s1", "messages": USER,

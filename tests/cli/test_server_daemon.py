@@ -63,9 +63,16 @@ def test_start_status_logs_stop(tmp_path: Path) -> None:
         assert st["running"] is True and st["pid"] == info["pid"] and st["url"] == url
         assert st["health"] == "ok" and st["models"] == [served["id"]]
         assert st["parallel"] == 2 and st["slots_busy"] == 0 and st["uptime_seconds"] >= 0
+        cache = st["prompt_cache"]  # the default budgets, nothing cached yet
+        assert cache["tiers"]["ram"] == {"blocks": 0, "bytes": 0, "budget_bytes": 1024 << 20, "hits": 0,
+                                         "hit_tokens": 0}
+        assert cache["tiers"]["disk"]["budget_bytes"] == 8192 << 20 and cache["misses"] == 0
 
         table = run("server", "status", "--data-dir", str(home))
         assert f"pid {info['pid']}" in table.stdout and url in table.stdout and "0 busy of 2" in table.stdout
+        assert "  cache     ram 0 blocks, 0 B of 1.0 GB; disk 0 blocks, 0 B of 8.0 GB" in table.stdout
+        assert "  reused    slot 0 tokens (0 hits), ram 0 tokens (0 hits), disk 0 tokens (0 hits); 0 misses" \
+            in table.stdout
 
         logs = run("server", "logs", "--data-dir", str(home), "-n", "0")
         assert logs.exit_code == 0 and f"serving {served['id']} on {url}" in logs.stdout

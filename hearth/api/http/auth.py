@@ -3,9 +3,10 @@
 - no keys configured: everything is open (the default bind is loopback);
 - keys configured: every endpoint but /health and the chat page (/ and /web/*) needs one of them;
 - an admin key, when configured, is accepted wherever an API key is (/metrics too) and is the
-  only key for destructive operations: every DELETE (sessions, snapshots, stored responses),
-  a snapshot load with `force: true` (it replaces a session; checked by the handler, which
-  sees the body);
+  only key for destructive operations: every DELETE (sessions, snapshots, stored responses,
+  the prompt cache), a snapshot load with `force: true` (it replaces a session; checked by the
+  handler, which sees the body); and for every path under /admin/ (the node's prompt cache, the
+  gateway's fleet), which shows what other clients' requests left behind;
 - /metrics needs the metrics token (or an API key) unless it was made public.
 """
 
@@ -23,6 +24,7 @@ from hearth.errors import Forbidden, HearthError, Unauthorized
 
 OPEN_PATHS = ("/health", "/", "/openapi.json")  # the API document holds no data
 OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
+ADMIN_PREFIX = "/admin/"  # every path under it needs the admin key (when one is set)
 
 
 def presented_key(headers: dict[bytes, bytes]) -> str | None:
@@ -70,7 +72,8 @@ class AuthMiddleware:
         if self.keys and not matches(key, self.keys + ([self.admin_key] if self.admin_key else [])):
             return Unauthorized("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None
                                 else "invalid API key")
-        needs_admin = method == "DELETE"  # every DELETE is destructive (docs/api.md)
+        # every DELETE is destructive; /admin/ shows other clients' state (docs/api.md)
+        needs_admin = method == "DELETE" or path.startswith(ADMIN_PREFIX)
         if needs_admin and self.admin_key and not matches(key, [self.admin_key]):
             return Forbidden("this operation needs the admin key")
         return None

@@ -8,6 +8,7 @@ from typing import Any
 
 from hearth.backends.base import CacheEntry, PrefixCacheStats
 from hearth.backends.local.model import LocalModel
+from hearth.engine.prefix_cache.files import root_key
 
 
 class LocalPromptCache:
@@ -32,6 +33,8 @@ class LocalPromptCache:
         for mid, m in self._models().items():
             cache = m.engine.cache
             d = cache.digest() if cache is not None else {"block_tokens": 0, "ram": [], "disk": []}
-            out[mid] = {"block_tokens": d["block_tokens"], "blocks": {"ram": d["ram"], "disk": d["disk"]},
-                        "sessions": m.engine.sessions_where()}
+            # The root lets a router hash a prompt's blocks itself (docs/api.md); "" with no cache.
+            root = root_key(cache.fingerprint).hex() if cache is not None else ""
+            out[mid] = {"block_tokens": d["block_tokens"], "root": root,
+                        "blocks": {"ram": d["ram"], "disk": d["disk"]}, "sessions": m.engine.sessions_where()}
         return out

@@ -1,0 +1,77 @@
+"""The prompt cache, seen and managed (docs/api.md, "Prompt cache"):
+
+- `GET /admin/prompt-cache`: counters and sizes per model and tier;
+- `GET /admin/prompt-cache/entries?model=&limit=`: one model's blocks;
+- `DELETE /admin/prompt-cache?model=`: drop one model's blocks (every model's without `model`);
+- `GET /v1/prompt-cache/digest`: what this node holds, as block hashes and session ids, for a
+  router. It needs only an API key: a gateway reaches its nodes with their API key.
+
+Everything under /admin needs the admin key when one is set (api/http/auth.py). A backend
+without the capability answers 404 `prompt_cache_unsupported`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hearth.api.context import node
+from hearth.backends.base import require_prompt_cache
+from hearth.errors import BadRequest
+
+DIGEST_VERSION = 1  # bump when the digest's shape or the hash chain changes
+DEFAULT_LIMIT = 1000
+MAX_LIMIT = 100_000
+
+
+def _model(request: Request) -> str | None:
+    model = request.query_params.get("model")
+    return model or None
+
+
+def _limit(request: Request) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return DEFAULT_LIMIT
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_LIMIT:
+        raise BadRequest(f"limit must be an integer from 1 to {MAX_LIMIT}", param="limit")
+    return limit
+
+
+async def stats(request: Request) -> Response:
+    cache = require_prompt_cache(node(request).backend)
+    models = {mid: asdict(st) for mid, st in cache.cache_stats().items()}
+    return JSONResponse({"object": "prompt_cache.stats", "models": models})
+
+
+async def entries(request: Request) -> Response:
+    """The blocks in chain order (by position, then hash), the first `limit` of them."""
+    backend = node(request).backend
+    cache = require_prompt_cache(backend)
+    model = backend.resolve(_model(request))
+    limit = _limit(request)
+    found = await cache.cache_entries(model)
+    data: list[dict[str, Any]] = [asdict(e) for e in found[:limit]]
+    return JSONResponse({"object": "list", "model": model, "data": data, "total": len(found),
+                         "has_more": len(found) > limit})
+
+
+async def clear(request: Request) -> Response:
+    backend = node(request).backend
+    cache = require_prompt_cache(backend)
+    requested = _model(request)
+    model = backend.resolve(requested) if requested is not None else None
+    dropped = await cache.clear_cache(model)
+    return JSONResponse({"object": "prompt_cache.cleared", "model": model, "dropped": dropped})
+
+
+async def digest(request: Request) -> Response:
+    cache = require_prompt_cache(node(request).backend)
+    return JSONResponse({"object": "prompt_cache.digest", "version": DIGEST_VERSION, "models": cache.cache_digest()})
