@@ -18,6 +18,7 @@ import pytest
 
 from hearth.api import wire
 from hearth.backends.base import PrefixCacheStats
+from hearth.hashing import sampled_digest
 from tests.api.conftest import Harness, serve
 from tests.fakes import scripted_backend
 from tests.helpers import sample, until
@@ -100,10 +101,12 @@ async def test_stats_entries_digest_and_clear(tmp_path: Path) -> None:
         assert sorted(d.blocks.ram) == sorted(d.blocks.disk) == sorted(e.hash for e in listed.data)
         assert d.sessions.model_dump() == {"resident": [], "host": [], "disk": []}
 
-        # The chain as documented: the root from the runner's fingerprint, each block from its
-        # parent and its tokens (the prompt's, as /tokenize gives them for the same messages).
+        # The chain as documented: the root from the runner's fingerprint and the weights' sampled
+        # digest, each block from its parent and its tokens (the prompt's, as /tokenize gives
+        # them for the same messages).
         assert h.runner is not None
-        root = hashlib.blake2b(json.dumps(h.runner.fingerprint, sort_keys=True).encode() + b"\0",
+        identity = {**h.runner.fingerprint, "weights": sampled_digest(tmp_path / "fake.gguf")}
+        root = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode() + b"\0",
                                digest_size=16, person=b"hearth-root").hexdigest()
         assert d.root == root == listed.data[0].parent
         tokens = (await h.post("/tokenize", {"messages": LONG})).json()["tokens"]

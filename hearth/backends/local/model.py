@@ -21,6 +21,7 @@ from hearth.engine.prefix_cache import PrefixCache
 from hearth.engine.runner import Runner
 from hearth.engine.speculate import SpecConfig
 from hearth.engine.swap import SwapStore
+from hearth.hashing import sampled_digest
 from hearth.models import ModelSpec
 
 
@@ -109,7 +110,12 @@ def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory
     folder = re.sub(r"[^A-Za-z0-9._-]", "_", spec.id)
     kv_dir, cache_dir = settings.kv_dir, settings.cache_dir
     swap = SwapStore(kv_dir / folder if kv_dir else None, settings.session_ram_mb << 20, runner.fingerprint)
-    cache = PrefixCache(runner, runner.fingerprint, directory=cache_dir / folder if cache_dir else None,
+    # The cache's identity adds the weights' sampled digest to the runner's fingerprint: a model
+    # file replaced under the same name (another fine-tune, same size) must not find these blocks.
+    # (A runner without a file, the tests' fake one, has only its fingerprint.)
+    cache_identity = {**runner.fingerprint,
+                      "weights": sampled_digest(spec.path) if spec.path.is_file() else None}
+    cache = PrefixCache(runner, cache_identity, directory=cache_dir / folder if cache_dir else None,
                         ram_budget=settings.prompt_cache_mb << 20, disk_budget=settings.prompt_cache_disk_mb << 20)
     speculation = SpecConfig(k_max=settings.spec_draft) if settings.spec_draft > 0 else None
     engine = Engine(runner, seq_ctx=seq_ctx, token_budget=settings.batch, swap=swap, spec=speculation,

@@ -8,7 +8,6 @@ from typing import Any
 
 from hearth.backends.base import CacheEntry, PrefixCacheStats
 from hearth.backends.local.model import LocalModel
-from hearth.engine.prefix_cache.files import root_key
 
 
 class LocalPromptCache:
@@ -34,7 +33,7 @@ class LocalPromptCache:
             cache = m.engine.cache
             d = cache.digest() if cache is not None else {"block_tokens": 0, "ram": [], "disk": []}
             # The root lets a router hash a prompt's blocks itself (docs/api.md); "" with no cache.
-            root = root_key(cache.fingerprint).hex() if cache is not None else ""
+            root = str(d.get("root", ""))
             out[mid] = {"block_tokens": d["block_tokens"], "root": root,
                         "blocks": {"ram": d["ram"], "disk": d["disk"]}, "sessions": m.engine.sessions_where()}
         return out

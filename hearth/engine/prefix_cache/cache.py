@@ -503,7 +503,7 @@ class PrefixCache:
     def digest(self) -> dict[str, Any]:
         """What this cache holds, by tier, as block hashes (how they chain: files.py)."""
         with self._lock:
-            return {"block_tokens": self.block_tokens,
+            return {"block_tokens": self.block_tokens, "root": self._root.hex(),
                     "ram": sorted(b.key.hex() for b in self._blocks.values() if b.data is not None),
                     "disk": sorted(b.key.hex() for b in self._blocks.values() if b.on_disk)}
 
