@@ -212,3 +212,28 @@ async def test_openai_usage_and_timings_report_the_cache(h: Harness) -> None:
                                                         {"role": "user", "content": "Hi"}]})).json()
     assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > len(SYSTEM)
     assert r["timings"]["cache_tier"] in ("slot", "ram") and r["timings"]["cache_n"] > len(SYSTEM)
+
+
+# ---- conversation keys keep their slot ------------------------------------------------------------
+
+
+async def test_an_unrelated_burst_does_not_take_a_keyed_conversations_slot(h: Harness) -> None:
+    """Two slots: a keyed conversation in one, a stranger's prompt in the other. A burst of
+    unrelated requests takes the stranger's slot each time, though the keyed one is older (plain
+    LRU would take it first), so the conversation's next turn finds its prefix in its slot."""
+    def chat(content: str, key: str | None = None) -> dict[str, Any]:
+        return {**CHAT[1], "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}],
+                **({"prompt_cache_key": key} if key else {})}
+
+    first = await h.post(CHAT[0], chat("Plan my week.", "conv-7"))
+    assert first.status_code == 200, first.text
+    assert (await h.post(CHAT[0], chat("A stranger asks."))).status_code == 200
+    for i in range(3):
+        unrelated = [{"role": "user", "content": f"Unrelated {i}: " + "x" * 300}]
+        r = await h.post(CHAT[0], {**CHAT[1], "messages": unrelated})
+        assert r.status_code == 200, r.text
+    turn = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Plan my week."},
+            {"role": "assistant", "content": ANSWER}, {"role": "user", "content": "And the next?"}]
+    again = (await h.post(CHAT[0], {**CHAT[1], "messages": turn, "prompt_cache_key": "conv-7"})).json()
+    assert again["timings"]["cache_tier"] == "slot"
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= first.json()["usage"]["prompt_tokens"] - 1
