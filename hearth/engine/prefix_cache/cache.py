@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from hearth.engine.kv import common_prefix_len
 from hearth.engine.prefix_cache import files
 from hearth.engine.prefix_cache.files import BadBlockFile, BlockHeader, block_key, block_path
 from hearth.engine.prefix_cache.stats import CacheEntry, PrefixCacheStats
@@ -93,14 +94,6 @@ class Match:
     blocks: list[_Block]
     parts: list[tuple[bytes, int, int]]  # (payload, tokens in it, tokens of it used)
     tier: str  # "disk" if any block was read from disk for it, else "ram"
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass(slots=True)
@@ -160,7 +153,7 @@ class PrefixCache:
             best, n = None, 0
             for k in self._children.get(h, ()):
                 c = self._blocks[k]
-                m = _common(c.tokens, chunk)
+                m = common_prefix_len(c.tokens, chunk)
                 if m > n and usable(c):
                     best, n = c, m
             if best is not None:
@@ -209,7 +202,7 @@ class PrefixCache:
         another before the writer caught up from copying and reporting the same tokens again."""
         have = sum(n for _, n in self._walk(tokens, in_ram=False))
         for o in (*self._queue, *([self._busy] if self._busy is not None else [])):
-            have = max(have, _common(o.tokens, tokens))
+            have = max(have, common_prefix_len(o.tokens, tokens))
         return have
 
     def prefetch(self, tokens: Sequence[int]) -> int:
