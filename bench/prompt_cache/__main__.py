@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import os
 import shutil
 import signal
@@ -90,6 +91,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="re-runs of a contaminated measurement after a restart (default 2; --quick: 0)")
     p.add_argument("--keep-state", action="store_true", help="keep the servers' state directories (printed)")
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument("--report", type=Path, default=None, metavar="JSON",
+                   help="measure nothing: summarize an earlier run's JSON again, print its tables, redraw its plot")
     return p.parse_args(argv)
 
 
@@ -175,9 +178,21 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def report(result: dict[str, Any], fixtures: list[str], plan: Plan, png: Path) -> None:
+    summarize(result, plan)
+    plot(result, fixtures, png)
+    print(summary.table(result["summary"], fixtures))
+    print(summary.shared_table(result.get("summary_shared") or {}))
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # unwinds through the blocks that stop the servers
     a = parse(argv)
+    if a.report:
+        earlier = json.loads(a.report.read_text())
+        cfg = earlier["settings"]
+        report(earlier, cfg["fixtures"], Plan(shared_fixture=cfg["shared_fixture"]), a.report.with_suffix(".png"))
+        return 0
     s, plan = configure(a)
     fixtures = _list(a.fixtures, FIXTURES)
     os.environ["PYTHONPATH"] = str(REPO_ROOT)  # the Hearth measured is this checkout's
@@ -187,13 +202,12 @@ def main(argv: list[str] | None = None) -> int:
                                                                         "fixtures": fixtures},
         "complete": False, "servers": {}}
     asyncio.run(run(s, plan, fixtures, result, a.keep_state))
-    summarize(result, plan)
     result["complete"] = True
+    summarize(result, plan)
     path, _ = save_json(result, s.out_dir, "prompt-cache")
-    png = plot(result, fixtures, path.with_suffix(".png"))
+    png = path.with_suffix(".png")
+    report(result, fixtures, plan, png)
     shutil.copyfile(png, s.out_dir / "latest-prompt-cache.png")
-    print(summary.table(result["summary"], fixtures))
-    print(summary.shared_table(result.get("summary_shared") or {}))
     print(f"\nModel {s.model.name}, threads {s.threads}, one slot of {s.ctx} tokens, {plan.runs} runs per restart "
           f"kind, {plan.second_runs} second conversations per variant. JSON: {path}; plot: {png}", file=sys.stderr)
     return 0
