@@ -35,6 +35,9 @@ def _phase(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "cached_share": _share(rows), "startup_s": median([r["restart"]["startup_s"] for r in rows]),
             "shutdown_s": median([r["restart"]["shutdown_s"] for r in rows]),
             "restore_s": median([r["restore"]["wall_s"] for r in rows if r.get("restore")]),
+            # where the server says the prefix came from (Hearth's timings.cache_tier, where it sends one)
+            "tiers": sorted({str((r.get("timings") or {}).get("cache_tier")) for r in rows
+                             if (r.get("timings") or {}).get("cache_tier")}),
             "runs": len(rows), "contaminated": sum(_contaminated(r) for r in rows),
             # Hearth logs "ignoring prompt-cache ..." for every file it refuses (corrupt, foreign, half-written)
             "ignored_files": sum("ignoring" in line for r in rows for line in r["restart"].get("log", [])),
