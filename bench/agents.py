@@ -111,12 +111,16 @@ def prepare(captured: dict[str, Any], tag: str, max_tokens: int, model: str | No
 
 async def first_output(client: httpx.AsyncClient, base_url: str, path: str, headers: dict[str, str],
                        body: dict[str, Any]) -> dict[str, Any]:
-    """Stream one request; the time to the first model output and the prompt tokens reported."""
+    """Stream one request; the time to the first model output, the prompt tokens and cached
+    prompt tokens reported in its usage, and the server's `timings` (llama-server's object,
+    which Hearth sends too) if it sent any."""
     anthropic = path.startswith("/v1/messages")
     wanted = ANTHROPIC_OUTPUT if anthropic else RESPONSES_OUTPUT
     t0 = time.perf_counter()
     ttft: float | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    timings: dict[str, Any] | None = None
     status = 0
     async with client.stream("POST", base_url + path, json=body, headers=headers) as resp:
         status = resp.status_code
@@ -140,9 +144,13 @@ async def first_output(client: httpx.AsyncClient, base_url: str, path: str, head
                     total = sum(int(usage.get(k) or 0) for k in
                                 ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
                     prompt_tokens = max(prompt_tokens or 0, total)
+                    cached_tokens = max(cached_tokens or 0, int(usage.get("cache_read_input_tokens") or 0))
                 elif usage.get("input_tokens"):
                     prompt_tokens = int(usage["input_tokens"])
-    return {"status": status, "ttft_s": ttft, "prompt_tokens": prompt_tokens, "total_s": time.perf_counter() - t0}
+                    cached_tokens = int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+            timings = data.get("timings") or (data.get("response") or {}).get("timings") or timings
+    return {"status": status, "ttft_s": ttft, "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
+            "timings": timings, "total_s": time.perf_counter() - t0}
 
 
 class FixtureRequest:
