@@ -280,11 +280,11 @@ class LlamaCppRunner:
         them (another model, KV type or layout), in which case the sequence is left empty."""
         h = self._state_header_len()
         seq_state.check_single_stream(data, h)
-        if not self.kv_unified:
-            data = seq_state.as_streams(data, h, self.n_seq_max)
+        # One copy into a writable buffer llama.cpp reads in place (ctypes wants a writable one).
+        own = seq_state.as_streams(data, h, self.n_seq_max) if not self.kv_unified else bytearray(data)
         L.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if L.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id) == 0:
+        buf = (ctypes.c_uint8 * len(own)).from_buffer(own)
+        if L.llama_state_seq_set_data(self.ctx, buf, len(own), seq_id) == 0:
             L.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
             raise ValueError("llama.cpp rejected the saved KV state (different model or KV layout)")
 

@@ -50,10 +50,14 @@ def check_single_stream(data: bytes, header: int) -> None:
         raise ValueError("not a single-stream sequence state")
 
 
-def as_streams(data: bytes, header: int, n_stream: int) -> bytes:
+def as_streams(data: bytes, header: int, n_stream: int) -> bytearray:
     """A one-stream state as the state of one sequence among `n_stream`: llama.cpp reads the
-    one non-empty block into the sequence's own stream, the rest are empty."""
-    return data[:header] + n_stream.to_bytes(_U32, "little") + data[header + _U32:] + bytes(_U32 * (n_stream - 1))
+    one non-empty block into the sequence's own stream, the rest are empty. A new bytearray
+    (one copy), so the runner hands it to llama.cpp without another."""
+    out = bytearray(len(data) + _U32 * (n_stream - 1))  # the padding: empty streams, zero cell counts
+    out[:len(data)] = data
+    out[header:header + _U32] = n_stream.to_bytes(_U32, "little")
+    return out
 
 
 # ---- blocks of tokens (the prompt cache) -----------------------------------------------------
