@@ -93,6 +93,11 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
+    def attach_cache(self, cache: PrefixCache) -> None:
+        """Give the engine its prompt cache, before it takes requests (the cache is built once
+        the runner has learned its KV layout on this engine's thread)."""
+        self.cache = self.residency.cache = cache
+
     def abort_all(self) -> None:
         """Cancel every request in flight (at the next step); the engine keeps running."""
         with self._cv:

@@ -111,7 +111,8 @@ class Runner(Protocol):
         ...
 
     def kv_block_bytes(self, n_tokens: int) -> int:
-        """The exact size of a block payload of `n_tokens` tokens."""
+        """The exact size of a block payload of `n_tokens` tokens. The first call of any of the
+        three may decode to learn the layout: make it on the engine thread."""
         ...
 
     @property

@@ -110,17 +110,21 @@ def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory
     folder = re.sub(r"[^A-Za-z0-9._-]", "_", spec.id)
     kv_dir, cache_dir = settings.kv_dir, settings.cache_dir
     swap = SwapStore(kv_dir / folder if kv_dir else None, settings.session_ram_mb << 20, runner.fingerprint)
+    speculation = SpecConfig(k_max=settings.spec_draft) if settings.spec_draft > 0 else None
+    engine = Engine(runner, seq_ctx=seq_ctx, token_budget=settings.batch, swap=swap, spec=speculation,
+                    name=f"engine-{spec.id}")
+    engine.start()
+    # The runner learns its KV block layout on the engine thread (it may decode to do so: see
+    # LlamaCppRunner._layout); the cache's start scan needs it to check block sizes.
+    engine.call(lambda: runner.kv_block_bytes(1)).result()
     # The cache's identity adds the weights' sampled digest to the runner's fingerprint: a model
     # file replaced under the same name (another fine-tune, same size) must not find these blocks.
     # (A runner without a file, the tests' fake one, has only its fingerprint.)
     cache_identity = {**runner.fingerprint,
                       "weights": sampled_digest(spec.path) if spec.path.is_file() else None}
-    cache = PrefixCache(runner, cache_identity, directory=cache_dir / folder if cache_dir else None,
-                        ram_budget=settings.prompt_cache_mb << 20, disk_budget=settings.prompt_cache_disk_mb << 20)
-    speculation = SpecConfig(k_max=settings.spec_draft) if settings.spec_draft > 0 else None
-    engine = Engine(runner, seq_ctx=seq_ctx, token_budget=settings.batch, swap=swap, spec=speculation,
-                    prefix_cache=cache, name=f"engine-{spec.id}")
-    engine.start()
+    engine.attach_cache(PrefixCache(runner, cache_identity, directory=cache_dir / folder if cache_dir else None,
+                                    ram_budget=settings.prompt_cache_mb << 20,
+                                    disk_budget=settings.prompt_cache_disk_mb << 20))
     aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path), *spec.aliases}
     admission = AdmissionQueue(runner.n_seq_max, settings.max_waiting, settings.max_wait)
     return LocalModel(spec, runner, engine, template, card, admission, longest_token(runner), aliases,
