@@ -163,6 +163,16 @@ class FakeRunner:
     def kv_block_bytes(self, n_tokens: int) -> int:
         return 4 * n_tokens
 
+    def kv_checked(self, tokens: list[int], data: bytes) -> bytes:
+        if not data.startswith(b"FAKE") or (len(data) - 4) % 4:
+            raise ValueError("not a fake state")
+        if any(not 0 <= t < self.n_vocab for t in tokens):
+            raise ValueError("token id out of range")
+        held = np.frombuffer(data[4:], dtype="<i4").tolist()
+        if held[:len(tokens)] != tokens:
+            raise ValueError("the saved KV does not hold these tokens")
+        return data[:4 + 4 * len(tokens)]
+
     def state_set(self, seq_id: int, data: bytes) -> None:
         self.kv[seq_id] = []
         if not data.startswith(b"FAKE"):

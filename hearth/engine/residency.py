@@ -92,7 +92,12 @@ class Residency:
         return n
 
     def import_kv(self, owner: str, tokens: list[int], data: bytes) -> None:
-        """Engine thread: make `tokens`/`data` the session's KV (swapped in on its next turn)."""
+        """Engine thread: make `tokens`/`data` the session's KV (swapped in on its next turn).
+        ValueError, and nothing changed, unless `data` is KV this runner lays out, holding at
+        least `tokens` (`Runner.kv_checked`, which cuts it to them): crafted KV (a cell count
+        past the data, positions out of order, ids out of range) would otherwise fail the
+        session's next decode."""
+        data = self.runner.kv_checked(tokens, data)
         self.drop_kv(owner)
         self.swap.put(owner, tokens, data)
 

@@ -115,6 +115,13 @@ class Runner(Protocol):
         three may decode to learn the layout: make it on the engine thread."""
         ...
 
+    def kv_checked(self, tokens: list[int], data: bytes) -> bytes:
+        """Saved KV from outside (an imported snapshot) made safe to load: ValueError unless
+        `data` is laid out as this runner lays it out, holds positions 0..n-1 with n at least
+        len(tokens), and every token is in the vocabulary; the state cut to exactly
+        len(tokens) cells (a session trimmed while swapped out keeps more). Engine thread."""
+        ...
+
     @property
     def fingerprint(self) -> dict[str, Any]:
         """Everything `state_get` bytes depend on (model, KV layout, KV type as `kv_type`):

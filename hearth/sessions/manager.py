@@ -40,7 +40,7 @@ from hearth.chat.types import (
 )
 from hearth.errors import BadRequest, Conflict, ContextLimit, HearthError, NotFound
 from hearth.sessions.ids import check_session_id, new_session_id
-from hearth.sessions.snapshots import MemberLimits, SnapshotStore
+from hearth.sessions.snapshots import MemberLimits, SnapshotCorrupt, SnapshotStore
 from hearth.sessions.store import SessionRow, SessionStore
 from hearth.sessions.transcript import message_to_json
 
@@ -290,7 +290,12 @@ class SessionManager:
             self._sessions[sid] = s
             self.store.save(s.row, replace_messages=True)
             if data.tokens:
-                await kv.import_kv(model_id, sid, KVState(data.tokens, data.kv))
+                try:
+                    await kv.import_kv(model_id, sid, KVState(data.tokens, data.kv))
+                except ValueError as e:  # its KV is not what its tokens say: no session from it
+                    del self._sessions[sid]
+                    self.store.delete(sid)
+                    raise SnapshotCorrupt(f"snapshot {snap_id}: {e}") from e
         return await self._describe(s)
 
     # ---- turns ---------------------------------------------------------------------------------

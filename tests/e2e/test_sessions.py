@@ -5,6 +5,8 @@ conversation run without the event under test (swap, snapshot, archive, restart)
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import signal
 import threading
 import time
@@ -14,6 +16,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -470,3 +473,47 @@ def test_a_save_killed_midway_leaves_no_snapshot(tmp_path: Path) -> None:
         assert saved.status_code == 201
     finally:
         stop_server(s)
+
+
+def recraft(snap: Path, kv: bytes | None = None, tokens: list[int] | None = None) -> None:
+    """Rewrite a snapshot's kv.bin / tokens.bin and its manifest to match (sizes and checksums),
+    as a hostile archive would: every integrity check passes, only the content lies."""
+    manifest = json.loads((snap / "manifest.json").read_text())
+    blobs = {"kv.bin": kv, "tokens.bin": np.asarray(tokens, dtype="<i4").tobytes() if tokens is not None else None}
+    for name, data in blobs.items():
+        if data is not None:
+            (snap / name).write_bytes(data)
+            manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if tokens is not None:
+        manifest["session"]["n_tokens"] = len(tokens)
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("craft", ["cell count past the data", "a position out of order", "a negative token id",
+                                   "fewer tokens than cells"])
+def test_crafted_kv_in_a_snapshot_never_fails_a_turn(srv: Server, craft: str) -> None:
+    sid = f"craft-{abs(hash(craft)) % 10**6}"
+    turn(srv, sid, [Q1], max_tokens=4)
+    snap_id = httpx.post(f"{srv.base_url}/sessions/{sid}/save", json={}, timeout=60).json()["snapshot_id"]
+    snap = srv.log.parent / "home" / "snapshots" / snap_id
+    kv = bytearray((snap / "kv.bin").read_bytes())
+    tokens = np.frombuffer((snap / "tokens.bin").read_bytes(), dtype="<i4").tolist()
+    header = 8  # llama.cpp's state header here; then u32 streams (1), u32 cells, 12 bytes per cell
+    if craft == "cell count past the data":
+        kv[header + 4:header + 8] = (1 << 30).to_bytes(4, "little")
+        recraft(snap, kv=bytes(kv))
+    elif craft == "a position out of order":
+        kv[header + 8:header + 12] = (7).to_bytes(4, "little")  # the first cell claims position 7
+        recraft(snap, kv=bytes(kv))
+    elif craft == "a negative token id":
+        recraft(snap, tokens=[-3, *tokens[1:]])
+    else:
+        recraft(snap, tokens=tokens[:-5])
+    r = httpx.post(f"{srv.base_url}/snapshots/{snap_id}/load", json={"session_id": f"{sid}-copy"}, timeout=60)
+    if craft == "fewer tokens than cells":  # legitimate (a session trimmed while swapped out): cut to the tokens
+        assert r.status_code == 201, r.text
+        got = turn(srv, f"{sid}-copy", [Q2], max_tokens=4)
+        assert got.choices[0].finish_reason in ("stop", "length")
+    else:
+        assert r.status_code == 422 and r.json()["error"]["code"] == "snapshot_corrupt", r.text
+        assert httpx.get(f"{srv.base_url}/sessions/{sid}-copy", timeout=10).status_code == 404

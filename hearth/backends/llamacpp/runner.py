@@ -318,6 +318,18 @@ class LlamaCppRunner:
     def kv_block_bytes(self, n_tokens: int) -> int:
         return n_tokens * self._layout().per_token
 
+    def kv_checked(self, tokens: list[int], data: bytes) -> bytes:
+        """Engine thread (the layout). See `Runner.kv_checked`."""
+        bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is out of range [0, {self.n_vocab})")
+        n = seq_state.cells_of(data, self._state_header_len(), self._layout())
+        if n < len(tokens):
+            raise ValueError(f"the saved KV holds {n} cells for {len(tokens)} tokens")
+        if n == len(tokens):
+            return data
+        return self.kv_join([(self.kv_split(data, [(0, len(tokens))])[0], len(tokens), len(tokens))])
+
     def state_bytes_bound(self, n_tokens: int) -> int:
         """At most how many bytes `state_get` returns for a sequence of `n_tokens`: per cell its
         position and sequence id, per layer an f16 K and V row of n_head_kv heads; a quarter and

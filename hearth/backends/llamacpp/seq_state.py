@@ -172,6 +172,15 @@ def layout_of(data: bytes, header: int) -> KVLayout:
     return _parse(data, header).layout
 
 
+def cells_of(data: bytes, header: int, layout: KVLayout) -> int:
+    """How many cells `data` holds; ValueError unless it is a one-stream state laid out as
+    `layout` with positions 0..n-1 (what imported KV must be before it is used)."""
+    p = _parse(data, header)
+    if p.layout != layout:
+        raise ValueError("the saved KV was laid out by another model or KV type")
+    return p.n
+
+
 def split_blocks(data: bytes, header: int, layout: KVLayout, ranges: list[tuple[int, int]]) -> list[bytes]:
     """Block payloads of `data` for each position range [a, b). ValueError if `data` is not laid
     out as `layout` says or a range is out of bounds."""
