@@ -74,7 +74,7 @@ class _Block:
     n_bytes: int  # payload size
     data: bytes | None = None  # the payload, when in RAM
     file_bytes: int = 0  # > 0: on disk
-    header: BlockHeader | None = None  # from the scan (to read the payload back)
+    header: BlockHeader | None = None  # once on disk: what reading the payload back checks
     writing: bool = False  # the writer holds its payload and is writing it
     kept: bool = False
     last_used: float = field(default_factory=time.time)
@@ -337,22 +337,21 @@ class PrefixCache:
                 b.data, b.n_bytes, b.writing = p, len(p), self.dir is not None and not self._stats.disk_full
                 self._insert(b)
                 self._ram += len(p)
-            self._evict_ram()
-            todo = [b for b in new if b.writing and b.key in self._blocks]
-        for b in todo:
-            self._write(b)
+            self._evict_ram()  # may drop the RAM copy of a block being written: the payload is here
+            todo = [(b, p) for b, p in zip(new, payloads, strict=False) if b.writing and b.key in self._blocks]
+        for b, p in todo:
+            self._write(b, p)
 
-    def _write(self, b: _Block) -> None:
+    def _write(self, b: _Block, data: bytes) -> None:
         assert self.dir is not None
         with self._lock:
-            data = b.data
-            if data is None or self._stats.disk_full or self._blocks.get(b.key) is not b:
+            if self._stats.disk_full or self._blocks.get(b.key) is not b:
                 b.writing = False
-                if b.data is None and not b.on_disk:
+                if b.data is None and not b.on_disk and self._blocks.get(b.key) is b:
                     self._remove(b)
                 return
         try:
-            size = files.write_block(self.dir, b.key, b.parent, b.start, b.tokens, data, self.fingerprint, b.kept)
+            header = files.write_block(self.dir, b.key, b.parent, b.start, b.tokens, data, self.fingerprint, b.kept)
         except OSError as e:
             with self._lock:
                 b.writing = False
@@ -371,9 +370,8 @@ class PrefixCache:
             if self._blocks.get(b.key) is not b:  # cleared or evicted meanwhile
                 block_path(self.dir, b.key).unlink(missing_ok=True)
                 return
-            b.file_bytes = size
-            b.header = BlockHeader(b.key, b.parent, b.start, b.tokens, b.n_bytes, "", b.kept, size)
-            self._disk += size
+            b.file_bytes, b.header = header.file_bytes, header  # its checksum, for reading it back
+            self._disk += header.file_bytes
             self._stats.written_blocks += 1
             self._evict_disk()
             self._evict_ram()

@@ -78,11 +78,13 @@ def block_path(directory: Path, key: bytes) -> Path:
 
 
 def write_block(directory: Path, key: bytes, parent: bytes, start: int, tokens: Sequence[int], payload: bytes,
-                fingerprint: dict[str, Any], kept: bool) -> int:
-    """Write one block atomically; returns the file's size. OSError as the OS raises it."""
+                fingerprint: dict[str, Any], kept: bool) -> BlockHeader:
+    """Write one block atomically; returns its header as `read_header` would read it back.
+    OSError as the OS raises it."""
+    digest = hashlib.sha256(payload).hexdigest()
     header = json.dumps({"fingerprint": fingerprint, "parent": parent.hex(), "start": start,
-                         "n_tokens": len(tokens), "kv_bytes": len(payload),
-                         "sha256": hashlib.sha256(payload).hexdigest(), "kept": kept}).encode()
+                         "n_tokens": len(tokens), "kv_bytes": len(payload), "sha256": digest,
+                         "kept": kept}).encode()
     path = block_path(directory, key)
     tmp = directory / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
@@ -94,7 +96,8 @@ def write_block(directory: Path, key: bytes, parent: bytes, start: int, tokens: 
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return 8 + len(header) + 4 * len(tokens) + len(payload)
+    size = 8 + len(header) + 4 * len(tokens) + len(payload)
+    return BlockHeader(key, parent, start, list(tokens), len(payload), digest, kept, size)
 
 
 def read_header(path: Path, fingerprint: dict[str, Any], max_tokens: int, payload_bytes: Any) -> BlockHeader:

@@ -197,7 +197,7 @@ def test_disk_budget_and_ram_tier_together(tmp_path: Path) -> None:
 
 
 def test_a_full_disk_stops_writes_but_not_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def full(*a: object, **k: object) -> int:
+    def full(*a: object, **k: object) -> block_files.BlockHeader:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(block_files, "write_block", full)
@@ -280,4 +280,16 @@ def test_offers_the_writer_has_not_stored_yet_count_as_cached(tmp_path: Path) ->
     again = cache.offer(a, data, keep=len(a), counted=len(a))
     assert (first, again, len(copies)) == (len(a), 0, 1)  # one copy, written once
     assert cache.flush() and cache.cached(a) == len(a)
+    cache.close()
+
+
+def test_a_block_this_process_wrote_and_dropped_from_ram_is_read_back(tmp_path: Path) -> None:
+    cache = make(tmp_path, ram=3 * 4 * B)  # RAM for three blocks
+    a, b = list(range(1, 3 * B + 1)), list(range(100, 100 + 3 * B))
+    put(cache, a)
+    put(cache, b)  # pushes a's blocks out of RAM: they are on disk only
+    st = cache.stats()
+    assert st.tiers["ram"].blocks == 3 and st.tiers["disk"].blocks == 6 and cache.match(a) is None
+    assert cache.prefetch(a) == len(a)  # each block read back and its checksum verified
+    assert cache.stats().rejected_files == 0 and loaded(cache, a) == a
     cache.close()
