@@ -101,7 +101,7 @@ async def create_response(request: Request) -> Response:
     messages += to_messages(history, "previous_response", toolset)
     if body.continue_final_message:
         before, tail = split_partial(items)
-        messages += to_messages(before, tools=toolset) + [partial_message(tail, toolset, offset=len(before))]
+        messages += [*to_messages(before, tools=toolset), partial_message(tail, toolset, offset=len(before))]
     else:
         messages += to_messages(items, tools=toolset)
     if body.session_id is None:  # in a session, the calls answered are in its transcript
