@@ -40,6 +40,16 @@ async def test_chat_continues_the_partial_answer_with_the_rest_only(h: Harness) 
     assert [d for _, d in events if d != "[DONE]" and d.get("usage")][-1]["usage"] == body["usage"]
 
 
+async def test_max_tokens_bounds_the_whole_answer(h: Harness) -> None:
+    whole = (await h.post("/v1/chat/completions", {"model": "fake", "messages": [USER], "temperature": 0,
+                                                   "max_tokens": 12})).json()
+    body = (await h.post("/v1/chat/completions", _chat({"content": ANSWER[:CUT]}, max_tokens=12))).json()
+    assert ANSWER[:CUT] + body["choices"][0]["message"]["content"] == whole["choices"][0]["message"]["content"]
+    assert body["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"] == "length"
+    for k in ("prompt_tokens", "completion_tokens"):
+        assert body["usage"][k] == whole["usage"][k]
+
+
 async def test_chat_without_the_flag_answers_a_new_turn(h: Harness) -> None:
     body = (await h.post("/v1/chat/completions", _chat({"content": ANSWER[:CUT]}, continue_final_message=False)))
     assert body.json()["choices"][0]["message"]["content"] == ANSWER
@@ -88,7 +98,7 @@ async def test_messages_prefill_continues_the_final_assistant_message(h: Harness
 async def test_messages_continue_a_partial_tool_use_block(tmp_path: Path) -> None:
     tools = [{"name": "get_weather", "input_schema": {"type": "object"}}]
     async with serve(tmp_path, answer=CALL) as h:
-        body = {"model": "fake", "max_tokens": 64, "temperature": 0, "tools": tools, "messages": [
+        body = {"model": "fake", "max_tokens": 128, "temperature": 0, "tools": tools, "messages": [
             {"role": "user", "content": "weather?"},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
                                                "partial_json": '{"city": "Pa'}]}]}

@@ -221,6 +221,8 @@ class LocalBackend:
         # The partial answer's tokens count as completion, not prompt (docs/api.md).
         prefilled = max(0, len(tokens) - len(m.tokenize_text(text, False))) if prefill else 0
         params = self._constrain(m, req.sampling, plan.grammar, "tool_choice" if plan.parser else "response_format")
+        if prefilled and params.max_tokens is not None:  # max_tokens bounds the whole answer, both parts
+            params = replace(params, max_tokens=max(1, params.max_tokens - prefilled))
         if partial and params.grammar is not None:
             raise BadRequest("a partial answer cannot be continued under a grammar (response_format, a forced "
                              "tool_choice or grammar): it constrains the answer from its start",
