@@ -111,6 +111,9 @@ class ChatRequest:
     # In auto mode, also take a call written as bare or fenced JSON, without the template's
     # markers (hearth/chat/tool_parsers/lenient.py): the request's lenient_tool_calls, else the server's.
     lenient_tool_calls: bool = True
+    # The last message is the assistant's partial answer: the model continues it
+    # (hearth/chat/continuation.py); the events carry only what is new.
+    continue_final: bool = False
 
 
 @dataclass(slots=True)

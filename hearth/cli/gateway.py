@@ -59,6 +59,9 @@ def serve(
     stall_timeout: Annotated[float, typer.Option(
         envvar="HEARTH_STALL_TIMEOUT", help="Seconds a stream from a Hearth node may send nothing (its own heartbeats "
         "included) before it counts as broken; 0: never. Per upstream: stall_timeout in the TOML.")] = 30.0,
+    migration_limit: Annotated[int, typer.Option(
+        envvar="HEARTH_MIGRATION_LIMIT", help="Times a stream whose Hearth node died mid-answer may continue on "
+        "another node (0: never; the client gets the protocol's terminal error).")] = 3,
     routing: Annotated[str, typer.Option(
         envvar="HEARTH_GATEWAY_ROUTING", help="cost (affinity + cache-aware) or round_robin (a baseline).")] = "cost",
     data_dir: Annotated[str | None, typer.Option(
@@ -90,7 +93,8 @@ def serve(
             admin_key=admin_key, metrics_token=metrics_token, metrics_public=metrics_public, insecure=insecure,
             cors_origins=parse_origins(cors_origins),
             max_waiting=max_waiting, max_wait=max_wait, probe_interval=probe_interval, probe_timeout=probe_timeout,
-            heartbeat=heartbeat, stall_timeout=stall_timeout, log_level=log_level, data_dir=home, routing=routing)
+            heartbeat=heartbeat, stall_timeout=stall_timeout, log_level=log_level, data_dir=home, routing=routing,
+            migration_limit=migration_limit)
     except (ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e

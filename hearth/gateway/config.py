@@ -81,6 +81,9 @@ class GatewaySettings:
     # beat every --sse-heartbeat seconds (5) while a stream is silent, so silence means a stopped
     # or wedged node; engines of the openai kind may say nothing during a long prefill: never by default.
     stall_timeout: float = 30.0
+    # Times one stream may continue on another node after its Hearth node died mid-answer
+    # (migration.py); 0: never, the client gets the terminal error.
+    migration_limit: int = 3
     log_level: str = "info"
     routing: str = "cost"  # cost | round_robin (a baseline for benchmarks)
 
@@ -94,6 +97,8 @@ class GatewaySettings:
             raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
         if self.routing not in ("cost", "round_robin"):
             raise ValueError("--routing must be cost or round_robin")
+        if self.migration_limit < 0:
+            raise ValueError("--migration-limit must be >= 0")
         if not self.stall_timeout >= 0:
             raise ValueError("--stall-timeout must be >= 0 seconds (0: never)")
         if self.probe_interval <= 0 or self.probe_timeout <= 0:

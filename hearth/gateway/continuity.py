@@ -2,7 +2,8 @@
 conversation whose node is gone continues on another.
 
 - A session (`session_id`): after each turn its transcript is copied from the node's
-  `/history` (copies of one session run in order); on another node the session is first
+  `/history` before the turn's answer ends for the client (`session_synced`; copies of one
+  session run in order); on another node the session is first
   re-created from that copy (`POST /v1/sessions` with `messages`), and the turn re-prefills it.
 - A Responses chain (`previous_response_id`) on Hearth nodes: each stored turn's input and
   output items are kept; on another node the chain is replayed as input items, without the id.
@@ -115,16 +116,28 @@ class Continuity:
 
         task.add_done_callback(done)
 
-    async def copy_transcript(self, node: Node, sid: str, alias: str) -> None:
+    async def session_synced(self, node: Node, sid: str, alias: str) -> bool:
+        """Copy the transcript after a generation turn, now: the turn's answer is held back
+        until it is in the gateway's copy (a node that dies right after answering must not take
+        the turn with it). After any copy still running for the session. False: not copied."""
+        before = self._syncs.get(sid)
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)
+        return await self.copy_transcript(node, sid, alias)
+
+    async def copy_transcript(self, node: Node, sid: str, alias: str) -> bool:
         try:
             r = await self.client.get(f"{node.up.url}/v1/sessions/{sid}/history", headers=node.up.headers(),
                                       timeout=30)
-            if r.status_code == 200:
-                data = r.json().get("data")
-                if isinstance(data, list):
-                    self.store.save_transcript(sid, alias, data)
+            data = r.json().get("data") if r.status_code == 200 else None
+            if isinstance(data, list):
+                self.store.save_transcript(sid, alias, data)
+                return True
+            log.warning("could not copy session %s's transcript from %s: it answered %d", sid, node.name,
+                        r.status_code)
         except (httpx.HTTPError, ValueError) as e:
             log.warning("could not copy session %s's transcript from %s: %s", sid, node.name, e)
+        return False
 
     async def idle(self) -> None:
         """Wait for background transcript copies (tests, shutdown)."""

@@ -52,6 +52,13 @@ class GatewayMetrics:
                                   ["outcome"], registry=r)
         self.migration_seconds = Histogram("hearth_gateway_migration_seconds", "Time to move one session with its KV",
                                            buckets=LATENCY_BUCKETS, registry=r)
+        self.stream_migrations = Counter("hearth_gateway_stream_migrations",
+                                         "Streams whose node broke mid-answer, by what became of them: continued "
+                                         "on another node, or ended with the terminal error (why)", ["outcome"],
+                                         registry=r)
+        self.stream_migration_seconds = Histogram("hearth_gateway_stream_migration_seconds",
+                                                  "Added latency at a cut: the break to the continuation's first "
+                                                  "event", buckets=LATENCY_BUCKETS, registry=r)
         self.reprefills = Counter("hearth_gateway_session_reprefills",
                                   "Sessions continued on another node from the gateway's transcript", registry=r)
         self.ttft = Histogram("hearth_gateway_ttft_seconds", "Request start to the first byte sent to the client",

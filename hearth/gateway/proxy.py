@@ -19,14 +19,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from hearth.api.http.sse import json_bytes
-from hearth.errors import TooManyRequests
+from hearth.errors import HearthError, TooManyRequests
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.continuity import Continuity
 from hearth.gateway.headers import forwarded_headers, passed_headers
 from hearth.gateway.health import counts_as_failure
 from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.migration import Cut, cut_for
 from hearth.gateway.pool import Lease, Node, Pool
-from hearth.gateway.relay import Relay, Scan
+from hearth.gateway.relay import Moved, Relay, Release, Scan
 from hearth.gateway.retry import RETRY_STATUSES, Retry, exhausted, refused
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.terminal import Protocol, protocol_of
@@ -35,6 +36,8 @@ from hearth.gateway.upstream_http import Answer, Buffered, Sender
 from hearth.sessions.ids import check_session_id
 
 log = logging.getLogger("hearth.gateway")
+
+MIGRATED = "(migrated)"  # the owner of a response finished by another node than the one that began it
 
 @dataclass(slots=True)
 class Turn:
@@ -101,8 +104,26 @@ class Proxy:
             self.metrics.rejected("upstreams_full")
         raise error
 
-    async def _attempt(self, lease: Lease, turn: Turn) -> Response:
-        node = lease.node
+    async def _send(self, node: Node, turn: Turn, body: dict[str, Any]) -> Answer:
+        """POST `body` (the turn's, or its continuation's) to `node`, the session made present
+        there first. Raises httpx.TransportError when the node cannot be reached."""
+        held = turn.session_id is not None and await self.continuity.ensure_session(
+            node, turn.alias, turn.session_id, turn.history)
+        payload = {**self.continuity.rechained(node, body), "model": node.up.models[turn.alias]}
+        if held:  # the node must not start it afresh if it lost it (a node replaced with an empty disk)
+            payload["session_create"] = False
+        headers = {**turn.headers, "content-type": "application/json", **node.up.headers()}
+        resp = await self.http.send("POST", node.up.url + turn.path, headers, json_bytes(payload),
+                                    self.settings.connect_timeout)
+        if held and resp.status_code == 404 and turn.session_id is not None:
+            passed_on = await self._session_lost(node, turn, resp)
+            resp = passed_on if passed_on is not None else await self.http.send(
+                "POST", node.up.url + turn.path, headers, json_bytes(payload), self.settings.connect_timeout)
+        node.last_bytes = self.pool.clock()
+        return resp
+
+    def _releaser(self, lease: Lease) -> Release:
+        """`Pool.release` for `lease`, once whatever calls it how often."""
         released = False
 
         def release(ok: bool | None) -> None:
@@ -111,20 +132,13 @@ class Proxy:
                 released = True
                 self.pool.release(lease, ok)
 
+        return release
+
+    async def _attempt(self, lease: Lease, turn: Turn) -> Response:
+        node = lease.node
+        release = self._releaser(lease)
         try:
-            held = turn.session_id is not None and await self.continuity.ensure_session(
-                node, turn.alias, turn.session_id, turn.history)
-            payload = {**self.continuity.rechained(node, turn.body), "model": node.up.models[turn.alias]}
-            if held:  # the node must not start it afresh if it lost it (a node replaced with an empty disk)
-                payload["session_create"] = False
-            headers = {**turn.headers, "content-type": "application/json", **node.up.headers()}
-            resp = await self.http.send("POST", node.up.url + turn.path, headers, json_bytes(payload),
-                                        self.settings.connect_timeout)
-            if held and resp.status_code == 404 and turn.session_id is not None:
-                passed_on = await self._session_lost(node, turn, resp)
-                resp = passed_on if passed_on is not None else await self.http.send(
-                    "POST", node.up.url + turn.path, headers, json_bytes(payload), self.settings.connect_timeout)
-            node.last_bytes = self.pool.clock()
+            resp = await self._send(node, turn, turn.body)
         except httpx.TransportError as e:
             release(False)
             raise Retry("connect", f"{node.name}: {type(e).__name__}: {e}") from e
@@ -150,15 +164,70 @@ class Proxy:
             ok = None if resp.status_code < 500 else False
             if resp.status_code < 300:
                 content, scan = self.relay.whole(content, node, turn.alias, turn.protocol)
-                self._finished(lease, turn, scan)
+                if not await self._finished(lease, turn, scan):
+                    # The node answered and died before its transcript was copied: nothing reached
+                    # the client, so the turn runs again elsewhere (the node's copy is stale now).
+                    release(False)
+                    raise Retry("read", f"{node.name} failed before its session transcript was copied")
                 ok = True
             release(ok)
             self.metrics.ttft.observe(time.monotonic() - turn.started)
             return Response(content, status_code=resp.status_code,
                             media_type=resp.headers.get("content-type", "application/json"),
                             headers=passed_headers(resp, node.name))
-        return await self.relay.stream(resp, node, turn.alias, turn.protocol, turn.started,
-                                       lambda scan: self._finished(lease, turn, scan), release)
+        cut = cut_for(turn.protocol, turn.body) if self.settings.migration_limit else None
+        tried = {node.name}
+        return await self.relay.stream(resp, lease, turn.alias, turn.protocol, turn.started,
+                                       lambda scan, at: self._finished(at, turn, scan), release, cut,
+                                       lambda c, failed: self._continue(turn, c, tried))
+
+    async def _continue(self, turn: Turn, cut: Cut, tried: set[str]) -> Moved | None:
+        """The turn's answer so far (`cut`) sent to another node to continue (migration.py);
+        None when there is nothing to continue with or no node takes it. `tried`: the nodes
+        this stream has been on (each at most once)."""
+        body = cut.body(turn.body)
+        if body is None:
+            self.metrics.stream_migrations.labels("nothing_to_continue").inc()
+            return None
+        for _ in range(len(self.pool.nodes)):
+            try:
+                lease = await self.pool.acquire(turn.alias, turn.affinity, turn.hashes, turn.prompt_tokens, tried)
+            except HearthError:
+                break
+            tried.add(lease.node.name)
+            release = self._releaser(lease)
+            try:
+                resp = await self._send(lease.node, turn, body)
+            except httpx.TransportError as e:
+                release(False)
+                log.warning("continuing on %s: %s", lease.node.name, e)
+                continue
+            except HearthError as e:
+                release(None)
+                log.warning("continuing on %s: %s", lease.node.name, e)
+                self.metrics.stream_migrations.labels("refused").inc()
+                return None
+            except BaseException:
+                release(None)
+                raise
+            if resp.status_code == 200 and resp.headers.get("content-type", "").startswith("text/event-stream"):
+                return Moved(resp, lease, release)
+            try:
+                text = (await resp.aread())[:300]
+            except httpx.TransportError:
+                text = b""
+            finally:
+                await resp.aclose()
+            if resp.status_code in RETRY_STATUSES:
+                release(False if counts_as_failure(resp.status_code) else None)
+                continue
+            release(None)
+            log.warning("%s would not continue the answer (%d): %s", lease.node.name, resp.status_code,
+                        text.decode(errors="replace"))
+            self.metrics.stream_migrations.labels("refused").inc()
+            return None
+        self.metrics.stream_migrations.labels("no_node").inc()
+        return None
 
     async def _session_lost(self, node: Node, turn: Turn, resp: Answer) -> Answer | None:
         """A 404 to a turn of a session the gateway holds on `node`: if the node lost the session,
@@ -178,13 +247,19 @@ class Proxy:
 
     # ---- after the answer ----------------------------------------------------------------------
 
-    def _finished(self, lease: Lease, turn: Turn, scan: Scan) -> None:
-        """A successful answer: remember where the conversation now lives."""
+    async def _finished(self, lease: Lease, turn: Turn, scan: Scan) -> bool:
+        """A successful answer from `lease`'s node: remember where the conversation now lives.
+        A session turn's transcript is copied from that node before the answer's last event
+        goes out (so the gateway's copy holds every turn a client saw answered); False if the
+        copy failed."""
         node = lease.node
         node.prefixes.add(turn.hashes)
         self.pool.remember(turn.affinity, node.name)
         if scan.response_id is not None:
-            self.pool.remember(Affinity("response", scan.response_id), node.name)
+            # A migrated response is stored on no node under the id the client has: the next
+            # turn of its chain is replayed from the gateway's copy (continuity.rechained).
+            owner = MIGRATED if scan.migrated else node.name
+            self.pool.remember(Affinity("response", scan.response_id), owner)
             if scan.output is not None:
                 self.continuity.response_done(turn.body, scan.response_id, scan.output)
         if scan.cached is not None:
@@ -193,4 +268,5 @@ class Proxy:
         if scan.prompt is not None:
             self.metrics.reported_prompt.inc(scan.prompt)
         if turn.session_id is not None:
-            self.continuity.session_done(node, turn.session_id, turn.alias)
+            return await self.continuity.session_synced(node, turn.session_id, turn.alias)
+        return True

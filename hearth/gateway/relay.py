@@ -20,7 +20,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,8 @@ from hearth.api.http.sse import EventStreamResponse
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.headers import passed_headers
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.pool import Node
+from hearth.gateway.migration import Cut
+from hearth.gateway.pool import Lease, Node
 from hearth.gateway.retry import Retry
 from hearth.gateway.terminal import Protocol, first_response, is_terminal, terminal_error
 from hearth.gateway.upstream_http import Answer, Stalled, within
@@ -54,6 +55,7 @@ class Scan:
     prompt: int | None = None
     response_id: str | None = None
     output: list[Any] | None = None  # a Responses answer's output items (kept for chain failover)
+    migrated: bool = False  # the answer was finished by another node than the one that began it
 
     def feed_response(self, data: bytes) -> None:
         """A Responses answer: the whole JSON (non-streamed) or its terminal event."""
@@ -85,7 +87,21 @@ class Broken(Exception):
 
 
 Release = Callable[[bool | None], None]  # the node's lease back, once: True ok, False failed, None neither
-Finished = Callable[[Scan], None]  # a successful answer, with what was read from it
+# A successful answer, with what was read from it and the lease of the node that ended it;
+# False: it could not be recorded (the client gets the terminal error).
+Finished = Callable[[Scan, Lease], Awaitable[bool]]
+
+
+@dataclass(slots=True)
+class Moved:
+    """A continuation on another node: its answer (a 200 event stream) and its lease."""
+
+    resp: Answer
+    lease: Lease
+    release: Release
+
+
+Move = Callable[[Cut, Node], Awaitable[Moved | None]]  # continue the answer `cut` elsewhere than the node
 
 
 class Relay:
@@ -105,17 +121,22 @@ class Relay:
             scan.feed_response(content)
         return content, scan
 
-    async def stream(self, resp: Answer, node: Node, alias: str, protocol: Protocol, started: float,
-                     finished: Finished, release: Release) -> Response:
+    async def stream(self, resp: Answer, lease: Lease, alias: str, protocol: Protocol, started: float,
+                     finished: Finished, release: Release, cut: Cut | None = None,
+                     move: Move | None = None) -> Response:
         """The upstream's event stream as the client's. Raises Retry when it broke before the
         first byte (the lease already released); past it, `release` runs when the stream ends,
-        and `finished` when it ended with its protocol's terminal event."""
+        and `finished` before the protocol's terminal event goes out (that event waits for it;
+        if it says False the client gets the terminal error instead). A stream that breaks past
+        the first byte goes on on another node (`move`, at most --migration-limit times) when
+        `cut` can say what to send it (migration.py); else it ends with the terminal error."""
+        node = lease.node
         events = _events(resp, node, self.clock, self.settings.stall_timeout_for(node.up))
         # The first read runs as a task so that waiting for it can time out (a heartbeat goes out)
         # without cancelling the read; every later read is awaited by the response body itself.
         first_read: asyncio.Task[list[bytes]] = asyncio.create_task(_next(events))
 
-        async def abandon() -> None:
+        async def abandon(events: AsyncGenerator[list[bytes], None], resp: Answer) -> None:
             first_read.cancel()
             with contextlib.suppress(BaseException):
                 await first_read
@@ -127,73 +148,144 @@ class Relay:
             await asyncio.wait((first_read,), timeout=self.settings.heartbeat)
             first = first_read.result() if first_read.done() else None
         except Broken as e:
-            await abandon()
+            await abandon(events, resp)
             release(False)
             raise Retry("broken_before_first_byte", f"{node.name}: {e}") from e
         except StopAsyncIteration:  # closed without a single event: nothing reached the client, retry
-            await abandon()
+            await abandon(events, resp)
             release(False)
             raise Retry("broken_before_first_byte", f"{node.name} sent an empty stream") from None
         except BaseException:
-            await abandon()
+            await abandon(events, resp)
             release(None)
             raise
         scan = Scan(responses=protocol == "responses")
-        state: dict[str, Any] = {"terminal": False, "events": 0, "response": None}
-        rename = renamer(node.up.models[alias], alias)
+        state: dict[str, Any] = {"terminal": None, "events": 0, "response": None, "moves": 0}
 
-        def forward(batch: list[bytes]) -> bytes:
-            """The events of one upstream read, relayed as one write."""
-            out = []
-            for event in batch:
-                event = rename(event)
-                scan.feed(event)
-                state["events"] += 1
-                if state["response"] is None and protocol == "responses":
-                    state["response"] = first_response(event)
-                if is_terminal(protocol, event):
-                    state["terminal"] = True
-                    if protocol == "responses":
-                        scan.feed_response(event)
-                out.append(event)
+        def forward(batch: list[bytes], node: Node) -> list[bytes]:
+            """The events of one upstream read as the client gets them (a continuation's
+            rewritten by `cut`); `state["terminal"]` is set to the terminal event's place."""
+            rename = renamer(node.up.models[alias], alias)
+            out: list[bytes] = []
+            for raw in batch:
+                for event in cut.rewrite(rename(raw)) if cut is not None and state["moves"] else [rename(raw)]:
+                    if cut is not None:
+                        cut.feed(event)
+                    scan.feed(event)
+                    state["events"] += 1
+                    if state["response"] is None and protocol == "responses":
+                        state["response"] = first_response(event)
+                    if state["terminal"] is None and is_terminal(protocol, event):
+                        state["terminal"] = len(out)
+                        if protocol == "responses":
+                            scan.feed_response(event)
+                    out.append(event)
+            return out
+
+        def joined(out: list[bytes]) -> bytes:
             return b"\n\n".join(out) + b"\n\n"
 
         async def body() -> AsyncIterator[bytes]:
             outcome: bool | None = None
+            current, stream, upstream, done = lease, events, resp, release
+            cut_at: float | None = None
             try:
                 self.metrics.ttft.observe(time.monotonic() - started)
+                batches: AsyncIterator[list[bytes]] = stream
                 if first is None:  # a long prefill: keep the client's connection warm until it ends
                     while not first_read.done():
                         yield HEARTBEAT
                         await asyncio.wait((first_read,), timeout=self.settings.heartbeat)
-                    try:
-                        yield forward(first_read.result())
-                    except StopAsyncIteration:
-                        raise Broken("the upstream closed the stream before its first event") from None
+                    batches = _chain(first_read, stream)
                 else:
-                    yield forward(first)
-                async for batch in events:
-                    yield forward(batch)
-                if not state["terminal"] and protocol != "other":
-                    raise Broken("the upstream closed the stream without its final event")
-                outcome = True
-                finished(scan)
-            except Broken as e:
-                outcome = False
-                phase = "after_first_event" if state["events"] else "before_first_event"
-                self.metrics.aborted.labels(phase).inc()
-                log.warning("upstream %s broke mid-stream: %s", node.name, e)
-                yield terminal_error(protocol, f"the upstream node failed mid-stream ({e}); the partial "
-                                     "answer above is all there is: send the turn again",
-                                     response=state["response"], sequence_number=state["events"])
+                    batches = _chain(None, stream, first)
+                while True:
+                    try:
+                        async for batch in batches:
+                            out = forward(batch, current.node)
+                            if cut_at is not None and out:
+                                self.metrics.stream_migration_seconds.observe(time.monotonic() - cut_at)
+                                cut_at = None
+                            at = state["terminal"]
+                            if at is None:
+                                if out:
+                                    yield joined(out)
+                                continue
+                            if out[:at]:
+                                yield joined(out[:at])
+                            scan.migrated = state["moves"] > 0
+                            if await finished(scan, current):
+                                outcome = True
+                                yield joined(out[at:])
+                            else:
+                                outcome = False
+                                yield self._failed(protocol, state, "the node that wrote this answer failed before "
+                                                   "the gateway could record it; send the turn again")
+                            return
+                        if protocol != "other":
+                            raise Broken("the upstream closed the stream without its final event")
+                        outcome = True
+                        scan.migrated = state["moves"] > 0
+                        await finished(scan, current)
+                        return
+                    except Broken as e:
+                        log.warning("upstream %s broke mid-stream: %s", current.node.name, e)
+                        cut_at = time.monotonic()
+                        await abandon(stream, upstream)
+                        done(False)
+                        moved = await self._move(cut, move, state, current.node)
+                        if moved is None:
+                            outcome = None  # the failed node's lease is back already
+                            phase = "after_first_event" if state["events"] else "before_first_event"
+                            self.metrics.aborted.labels(phase).inc()
+                            yield self._failed(protocol, state, f"the upstream node failed mid-stream ({e}); the "
+                                               "partial answer above is all there is: send the turn again")
+                            return
+                        state["moves"] += 1
+                        current, upstream, done = moved.lease, moved.resp, moved.release
+                        stream = _events(upstream, current.node, self.clock,
+                                         self.settings.stall_timeout_for(current.node.up))
+                        batches = stream
             finally:
-                await abandon()
-                release(outcome)
+                await abandon(stream, upstream)
+                done(outcome)
 
         # Later silences (a slow tool-call argument, a stalled node) get keep-alive comments from
         # the response itself.
         return EventStreamResponse(body(), headers=passed_headers(resp, node.name),
                                    heartbeat=self.settings.heartbeat, beat=HEARTBEAT)
+
+    async def _move(self, cut: Cut | None, move: Move | None, state: dict[str, Any], failed: Node) -> Moved | None:
+        """Another node's continuation of the answer, or None (nothing to continue with, the
+        limit reached, or no node would)."""
+        if cut is None or move is None:
+            return None
+        if state["moves"] >= self.settings.migration_limit:
+            self.metrics.stream_migrations.labels("limit").inc()
+            return None
+        moved = await move(cut, failed)
+        if moved is not None:
+            self.metrics.stream_migrations.labels("continued").inc()
+            log.info("the stream from %s continues on %s", failed.name, moved.lease.node.name)
+        return moved
+
+    @staticmethod
+    def _failed(protocol: Protocol, state: dict[str, Any], message: str) -> bytes:
+        return terminal_error(protocol, message, response=state["response"], sequence_number=state["events"])
+
+
+async def _chain(first: asyncio.Task[list[bytes]] | None, rest: AsyncIterator[list[bytes]],
+                 ready: list[bytes] | None = None) -> AsyncIterator[list[bytes]]:
+    """The first read (a task, or already read), then the rest of the stream."""
+    if ready is not None:
+        yield ready
+    elif first is not None:
+        try:
+            yield first.result()
+        except StopAsyncIteration:
+            raise Broken("the upstream closed the stream before its first event") from None
+    async for batch in rest:
+        yield batch
 
 
 async def _next(events: AsyncIterator[list[bytes]]) -> list[bytes]:

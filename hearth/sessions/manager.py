@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hearth.backends.base import Backend, EventStream, KVState, SessionKV, require_session_kv
+from hearth.chat.continuation import merged
 from hearth.chat.types import (
     ChatEvent,
     ChatRequest,
@@ -325,6 +326,9 @@ class SessionManager:
         await s.lock.acquire()
         try:
             base, new = self._merge(s, req.messages, turn.replace_system)
+            if req.continue_final and not (new and new[-1].role == "assistant"):
+                raise BadRequest("continue_final_message needs the turn's new messages to end with the assistant's "
+                                 "partial answer", param="continue_final_message")
             full = replace(req, messages=[*base, *new], max_len=s.row.max_seq_len)
             try:
                 stream = await self.backend.chat(full)
@@ -339,7 +343,8 @@ class SessionManager:
             self._forget_unborn(s)
             raise
         reply = _Reply()
-        commit = self._committer(s, base, new, reply, turn.discard_thinking, replaced=base is not s.row.messages)
+        commit = self._committer(s, base, new, reply, turn.discard_thinking, replaced=base is not s.row.messages,
+                                 continued=req.continue_final)
         stream.observe(reply)
         stream.observe(lambda ev: commit() if isinstance(ev, Done) else None)
         stream.on_close(commit)
@@ -351,7 +356,7 @@ class SessionManager:
             del self._sessions[s.id]
 
     def _committer(self, s: _Session, base: list[Message], new: list[Message], reply: _Reply,
-                   discard_thinking: bool, replaced: bool) -> Callable[[], None]:
+                   discard_thinking: bool, replaced: bool, continued: bool = False) -> Callable[[], None]:
         done = False
 
         def commit() -> None:
@@ -361,7 +366,13 @@ class SessionManager:
             done = True
             try:
                 if reply.started:
-                    s.row.messages = [*base, *new, reply.message(discard_thinking)]
+                    answer = reply.message(discard_thinking)
+                    if continued:  # the stored answer is the partial one and its continuation, whole
+                        partial = new[-1]
+                        answer = merged(replace(partial, reasoning=None) if discard_thinking else partial, answer)
+                        s.row.messages = [*base, *new[:-1], answer]
+                    else:
+                        s.row.messages = [*base, *new, answer]
                     s.row.last_used_at = time.time()
                     tail = s.row.messages[len(base):]
                     self.store.save(s.row, replace_messages=replaced or not s.persisted, append=tail)

@@ -67,6 +67,9 @@ class BlockIn(OpenBody):
     thinking: str | None = None  # thinking
     tool_name: str | None = None  # tool_reference (tool search): a deferred tool now loaded
     cache_control: dict[str, Any] | None = None  # a prompt cache breakpoint (`cache_through`)
+    # Hearth's extension for continuing a cut answer: a tool_use block's input as the partial
+    # JSON text streamed so far (in place of `input`); only in the message being continued.
+    partial_json: str | None = None
 
 
 class MessageIn(OpenBody):
@@ -124,6 +127,13 @@ class MessagesIn(CountTokensIn, SessionFields, RunFields, ConversationFields):
     stream: bool = False
     stop_sequences: list[str] | None = None
     metadata: dict[str, Any] | None = None
+    # A final assistant message is a prefill the answer continues (Anthropic's meaning): null
+    # continues one when the last message is the assistant's; false answers it with a new turn.
+    continue_final_message: bool | None = None
+
+    def continues(self) -> bool:
+        last = self.messages[-1].role == "assistant"
+        return last if self.continue_final_message is None else self.continue_final_message
 
 
 # ---- request → ChatRequest ------------------------------------------------------------------
@@ -193,7 +203,7 @@ def _user(blocks: list[BlockIn], where: str) -> list[Message]:
     return out or [Message("user", "")]
 
 
-def _assistant(blocks: list[BlockIn], where: str) -> Message:
+def _assistant(blocks: list[BlockIn], where: str, partial: bool = False) -> Message:
     texts, thoughts, calls = [], [], []
     for i, b in enumerate(blocks):
         at = f"{where}[{i}]"
@@ -206,6 +216,12 @@ def _assistant(blocks: list[BlockIn], where: str) -> Message:
         elif b.type == "tool_use":
             if not b.id or not b.name:
                 raise BadRequest(f"{at}: a tool_use block needs id and name", param=at)
+            if b.partial_json is not None:
+                if not partial or i != len(blocks) - 1:
+                    raise BadRequest(f"{at}.partial_json: only the last block of a message being continued "
+                                     "(continue_final_message) may carry partial input", param=f"{at}.partial_json")
+                calls.append(ToolCall(b.id, b.name, b.partial_json))
+                continue
             if not isinstance(b.input, dict):
                 raise BadRequest(f"{at}.input: must be an object", param=f"{at}.input")
             calls.append(ToolCall(b.id, b.name, json.dumps(b.input, ensure_ascii=False)))
@@ -217,7 +233,7 @@ def _assistant(blocks: list[BlockIn], where: str) -> Message:
                    reasoning=BLOCK_JOINER.join(thoughts) or None)
 
 
-def to_messages(body: CountTokensIn, starts: list[int] | None = None) -> list[Message]:
+def to_messages(body: CountTokensIn, starts: list[int] | None = None, continues: bool = False) -> list[Message]:
     """The system prompt, then each turn. A `system` turn inside `messages` stays a system
     message at its position; the template decides whether it can stand there (see
     hearth.chat.system_turns). `starts`, if given, gets the index of each turn's first message."""
@@ -236,7 +252,7 @@ def to_messages(body: CountTokensIn, starts: list[int] | None = None) -> list[Me
         elif m.role == "user":
             out.extend(_user(m.content, where))
         else:
-            out.append(_assistant(m.content, where))
+            out.append(_assistant(m.content, where, partial=continues and i == len(body.messages) - 1))
     return out
 
 
@@ -354,12 +370,13 @@ def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | N
     (`settings`; none without) are checked last, after the body's own fields."""
     tools = _tools(body)
     starts: list[int] = []
-    messages = to_messages(body, starts)
+    run = body if isinstance(body, MessagesIn) else None
+    continues = run is not None and run.continues()
+    messages = to_messages(body, starts, continues)
     tool_choice = _tool_choice(body.tool_choice, tools)
     reasoning = _reasoning(body.thinking, body.output_config)
     response_format = _response_format(body)
     parallel = body.tool_choice is None or not body.tool_choice.disable_parallel_tool_use
-    run = body if isinstance(body, MessagesIn) else None
     sampling = run.sampling(stop=run.stop_sequences, max_tokens=run.max_tokens) if run else SamplingParams()
     session = run.session_turn() if run else None
     limits = run_limits(settings, run) if run and settings is not None else RunLimits()
@@ -369,7 +386,7 @@ def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | N
                        cache_prompt=run.cache_prompt if run else True, session=session,
                        repetition=limits.repetition, lenient_tool_calls=limits.lenient_tool_calls,
                        cache_key=body_key(run.prompt_cache_key, run.metadata) if run else None,
-                       cache_through=cache_through(body, messages, starts))
+                       cache_through=cache_through(body, messages, starts), continue_final=continues)
 
 
 # ---- endpoints ----------------------------------------------------------------------------

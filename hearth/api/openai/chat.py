@@ -75,6 +75,8 @@ class ChatCompletionIn(OpenBody, SamplerFields, SessionFields, ConversationField
     reasoning_budget: int | None = Field(default=None, ge=0)  # thinking tokens before the answer is forced
     grammar: str | None = Field(default=None, min_length=1)  # GBNF (llama.cpp's extension)
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's name: the last message is the assistant's partial answer, to be continued (docs/api.md)
+    continue_final_message: bool = False
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> str | None:
@@ -131,7 +133,8 @@ def to_chat_request(body: ChatCompletionIn, request_id: str, settings: Settings 
         reasoning=ReasoningOptions(effort=body.reasoning_effort, budget=body.reasoning_budget),
         chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=limits.timeout,
         cache_prompt=body.cache_prompt, session=session, repetition=limits.repetition,
-        lenient_tool_calls=limits.lenient_tool_calls, cache_key=body_key(body.prompt_cache_key))
+        lenient_tool_calls=limits.lenient_tool_calls, cache_key=body_key(body.prompt_cache_key),
+        continue_final=body.continue_final_message)
 
 
 # ---- output ------------------------------------------------------------------------------

@@ -27,7 +27,9 @@ from hearth.api.openai.responses_input import (
     check_call_outputs,
     check_metadata,
     normalize_input,
+    partial_message,
     resolve_references,
+    split_partial,
     to_messages,
     to_reasoning,
     to_response_format,
@@ -61,6 +63,8 @@ class ResponsesIn(OpenBody, OpenAIRunFields, SessionFields, ConversationFields):
     previous_response_id: str | None = None
     background: bool = False
     conversation: Any = None
+    # The input ends with the assistant's partial output, to be continued (docs/api.md)
+    continue_final_message: bool = False
 
 
 def _history(body: ResponsesIn, store: ResponseStore) -> list[dict[str, Any]]:
@@ -94,7 +98,12 @@ async def create_response(request: Request) -> Response:
     if toolset.left_out:
         log.debug("responses: tools the server cannot run, left out of the prompt: %s", toolset.left_out)
     messages = [Message("system", body.instructions)] if body.instructions else []
-    messages += to_messages(history, "previous_response", toolset) + to_messages(items, tools=toolset)
+    messages += to_messages(history, "previous_response", toolset)
+    if body.continue_final_message:
+        before, tail = split_partial(items)
+        messages += [*to_messages(before, tools=toolset), partial_message(tail, toolset, offset=len(before))]
+    else:
+        messages += to_messages(items, tools=toolset)
     if body.session_id is None:  # in a session, the calls answered are in its transcript
         check_call_outputs(history, items)
     if not any(m.role != "system" for m in messages):
@@ -111,7 +120,7 @@ async def create_response(request: Request) -> Response:
         parallel_tool_calls=body.parallel_tool_calls, response_format=response_format, reasoning=reasoning,
         request_id=rid, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
         session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls,
-        cache_key=body_key(body.prompt_cache_key))
+        cache_key=body_key(body.prompt_cache_key), continue_final=body.continue_final_message)
     model = ctx.backend.resolve(creq.model)
 
     asm = ResponseAssembler({

@@ -144,6 +144,52 @@ def to_messages(items: list[Any], where: str = "input", tools: ToolSet | None = 
     return messages
 
 
+def _is_output(item: Any) -> bool:
+    kind = item.get("type", "message" if "role" in item else None) if isinstance(item, dict) else None
+    return kind in ("reasoning", "function_call") or (kind == "message" and item.get("role") == "assistant")
+
+
+def split_partial(items: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(the items before the answer being continued, the answer's own output items: the
+    trailing reasoning, assistant message and function_call items)."""
+    n = len(items)
+    while n and _is_output(items[n - 1]):
+        n -= 1
+    return items[:n], items[n:]
+
+
+def _reasoning_text(item: dict[str, Any], at: str) -> str:
+    """A reasoning item's text: its reasoning_text content, else its summary."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if isinstance(parts, list) and parts:
+            return "".join(_str(p, "text", f"{at}.{key}") or "" for p in parts
+                           if isinstance(p, dict) and p.get("type") == kind)
+    return ""
+
+
+def partial_message(items: list[Any], tools: ToolSet, where: str = "input", offset: int = 0) -> Message:
+    """The answer being continued (`continue_final_message`) from its output items, in order:
+    reasoning, the message's output_text, function calls (the last one's `arguments` may be
+    partial JSON)."""
+    if not items:
+        raise BadRequest("continue_final_message needs the input to end with the assistant's partial output "
+                         "(reasoning, message or function_call items)", param="continue_final_message")
+    msg = Message("assistant", "")
+    for i, item in enumerate(items):
+        at = f"{where}[{offset + i}]"
+        kind = item.get("type", "message")
+        if kind == "reasoning":
+            msg.reasoning = (msg.reasoning or "") + _reasoning_text(item, at)
+        elif kind == "message":
+            msg.content = (msg.content or "") + content_text(item.get("content") or "", at)
+        else:
+            name = tools.model_name(_str(item, "name", at) or "", _str(item, "namespace", at, optional=True))
+            call = ToolCall(_str(item, "call_id", at) or "", name, _str(item, "arguments", at, optional=True) or "")
+            msg.tool_calls = [*(msg.tool_calls or []), call]
+    return msg
+
+
 @dataclass(slots=True)
 class ToolSet:
     """The request's tools as the model sees them. Function tools inside a `namespace` join

@@ -16,10 +16,11 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelStats, PromptCache, SessionKV
-from hearth.backends.local.events import admit, cancelled_while_queued, engine_events, parsed
+from hearth.backends.local.events import admit, cancelled_while_queued, engine_events, parsed, prefilled_usage
 from hearth.backends.local.kv import LocalSessionKV
 from hearth.backends.local.model import EngineSettings, LocalModel, RunnerFactory, llamacpp_factory, load_model
 from hearth.backends.local.prompt_cache import LocalPromptCache
+from hearth.chat import continuation
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs
 from hearth.chat.system_turns import place_system_turns
@@ -48,6 +49,7 @@ class _Prepared:
     think: ThinkBudget | None
     parsers: list[OutputParser]
     keep_tokens: int = 0  # prompt tokens up to the client's last cache_control breakpoint
+    prefilled: int = 0  # tokens of a continued partial answer at the prompt's end (`continue_final`)
 
 
 class LocalBackend:
@@ -204,17 +206,27 @@ class LocalBackend:
         m = self.model(req.model)
         prep = await self._off_loop(lambda: self._prepare(m, req))
         return await self._generate(m, prep.tokens, req, params=prep.params, think=prep.think,
-                                    parsers=prep.parsers, keep_tokens=prep.keep_tokens)
+                                    parsers=prep.parsers, keep_tokens=prep.keep_tokens, prefilled=prep.prefilled)
 
     def _prepare(self, m: LocalModel, req: ChatRequest) -> _Prepared:
         """Template, tokens, grammar and parsers for a chat request; a BadRequest if any is bad."""
         plan = plan_output(req, m.tool_parser)
-        text = self._render(m, req, plan)
-        # The rendered template carries its own special tokens (BOS included, when it wants one).
-        tokens = m.tokenize_text(text, False)
-        params = self._constrain(m, req.sampling, plan.grammar, "tool_choice" if plan.parser else "response_format")
+        partial = continuation.check(req) if req.continue_final else None
+        text = self._render(m, replace(req, messages=req.messages[:-1]) if partial else req, plan)
         start, end = m.think
         inside = opens_thinking(text, start)
+        prefill = continuation.prefill_text(partial, m.think, inside, plan.parser) if partial else ""
+        # The rendered template carries its own special tokens (BOS included, when it wants one).
+        tokens = m.tokenize_text(text + prefill, False)
+        # The partial answer's tokens count as completion, not prompt (docs/api.md).
+        prefilled = max(0, len(tokens) - len(m.tokenize_text(text, False))) if prefill else 0
+        params = self._constrain(m, req.sampling, plan.grammar, "tool_choice" if plan.parser else "response_format")
+        if prefilled and params.max_tokens is not None:  # max_tokens bounds the whole answer, both parts
+            params = replace(params, max_tokens=max(1, params.max_tokens - prefilled))
+        if partial and params.grammar is not None:
+            raise BadRequest("a partial answer cannot be continued under a grammar (response_format, a forced "
+                             "tool_choice or grammar): it constrains the answer from its start",
+                             param=continuation.PARAM)
         think = None
         if req.reasoning.budget is not None:
             try:
@@ -226,7 +238,9 @@ class LocalBackend:
         parsers = [OutputParser(i, None if params.grammar else ReasoningParser(start, end, inside=inside),
                                 plan.tool_parser(req.tools), req.parallel_tool_calls)
                    for i in range(req.n)]
-        return _Prepared(tokens, params, think, parsers, self._keep_tokens(m, req, plan, tokens))
+        if prefill:
+            continuation.prefill_parsers(parsers, prefill)
+        return _Prepared(tokens, params, think, parsers, self._keep_tokens(m, req, plan, tokens), prefilled)
 
     @classmethod
     def _keep_tokens(cls, m: LocalModel, req: ChatRequest, plan: OutputPlan, tokens: list[int]) -> int:
@@ -290,7 +304,8 @@ class LocalBackend:
 
     async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest, *,
                         params: SamplingParams | None = None, think: ThinkBudget | None = None,
-                        parsers: list[OutputParser] | None = None, keep_tokens: int = 0) -> EventStream:
+                        parsers: list[OutputParser] | None = None, keep_tokens: int = 0,
+                        prefilled: int = 0) -> EventStream:
         """Validate (4xx now), wait for a slot (429 if none comes), then hand back the stream.
         The wall-clock cap counts from arrival, so time spent queued is part of it."""
         n, cancel = req.n, req.cancel
@@ -315,4 +330,6 @@ class LocalBackend:
         events = engine_events(m.engine, ereq, cancel)
         if parsers:
             events = parsed(events, parsers)
+        if prefilled:
+            events = prefilled_usage(events, prefilled)
         return EventStream(events, on_close=[lambda: m.admission.release(n)])

@@ -93,3 +93,22 @@ async def parsed(events: AsyncGenerator[ChatEvent, None],
                 yield ev
     finally:
         await events.aclose()
+
+
+async def prefilled_usage(events: AsyncGenerator[ChatEvent, None], prefilled: int) -> AsyncGenerator[ChatEvent, None]:
+    """A continued answer (`continue_final`): the `prefilled` tokens of its partial part at the
+    prompt's end count as completion tokens, not prompt tokens (a cached prefix counts in the
+    prompt it is part of, so at most the prompt)."""
+    try:
+        async for ev in events:
+            if isinstance(ev, Started):
+                prompt = max(0, ev.prompt_tokens - prefilled)
+                ev = Started(prompt, min(ev.cached_tokens, prompt))
+            elif isinstance(ev, Done):
+                u = ev.usage
+                prompt = max(0, u.prompt_tokens - prefilled)
+                ev = Done(Usage(prompt, u.completion_tokens + (u.prompt_tokens - prompt), min(u.cached_tokens, prompt),
+                                min(u.cache_write_tokens, prompt)), ev.error, ev.timings)
+            yield ev
+    finally:
+        await events.aclose()
