@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -21,6 +21,7 @@ from hearth.errors import Unavailable
 from hearth.gateway.context import gateway_of
 from hearth.gateway.headers import forwarded_headers
 from hearth.gateway.pool import Node, Pool
+from hearth.gateway.relay import renamer
 
 
 async def call(request: Request, node: Node, body: bytes | None = None, admin: bool = False) -> httpx.Response:
@@ -63,12 +64,31 @@ async def relay_stream(request: Request, node: Node) -> Response:
             await r.aclose()
         return as_response(r)
 
+    rename = aliases(node)
+
     async def chunks() -> AsyncIterator[bytes]:
+        buf = b""
         with contextlib.suppress(httpx.HTTPError):
             async for chunk in r.aiter_raw():
-                yield chunk
+                buf += chunk
+                end = buf.rfind(b"\n\n")
+                if end >= 0:  # whole events only: a model name is never cut in two
+                    whole, buf = buf[:end + 2], buf[end + 2:]
+                    yield rename(whole)
 
     return EventStreamResponse(chunks(), close=r.aclose)
+
+
+def aliases(node: Node) -> Callable[[bytes], bytes]:
+    """Answers from `node` name the model as clients do (its alias), as relayed answers do."""
+    renames = [renamer(upstream_id, alias) for alias, upstream_id in node.up.models.items() if upstream_id != alias]
+
+    def rename(data: bytes) -> bytes:
+        for one in renames:
+            data = one(data)
+        return data
+
+    return rename
 
 
 def as_response(r: httpx.Response) -> Response:
