@@ -23,6 +23,7 @@ from hearth.api.http.cors import CorsMiddleware
 from hearth.api.http.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
 from hearth.api.http.sse import ClientGone
 from hearth.api.openai import chat, completions, responses
+from hearth.api.openai.responses_events import BackgroundRuns
 from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings
@@ -72,7 +73,8 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
     metrics.cancels_pending.set_function(lambda: cancels.pending)
     context = NodeContext(backend=SessionBackend(backend, manager), sessions=manager, settings=settings,
                           cancels=cancels, metrics=metrics,
-                          responses=ResponseStore(settings.data_dir / "hearth.db"), responses_settled={})
+                          responses=ResponseStore(settings.data_dir / "hearth.db"), responses_settled={},
+                          background=BackgroundRuns())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -83,6 +85,7 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         finally:
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
+            await context.background.shutdown()  # before the backend stops: each run records its end
             await backend.stop()
             manager.close()
 

@@ -35,6 +35,7 @@ ERROR_TEXT = {400: "Invalid request", 401: "Missing or invalid API key", 403: "N
               404: "Not found", 409: "Conflict (busy session, existing id, incompatible snapshot)",
               413: "Body larger than the limit", 422: "Corrupt snapshot or archive",
               429: "Too many requests waiting (see Retry-After)", 500: "Generation failed in the engine",
+              410: "No longer kept (a background response's events)",
               503: "Model loading or server shutting down"}
 GENERATE = (400, 401, 404, 409, 413, 429, 500, 503)
 
@@ -78,8 +79,12 @@ def _ops() -> list[Operation]:
                   ResponsesIn, streams=True, errors=GENERATE),
         Operation("POST", "/responses", "Create a response (OpenAI Responses, unversioned path)", "openai",
                   wire.Response, ResponsesIn, streams=True, errors=GENERATE),
-        Operation("GET", "/v1/responses/{response_id}", "Get a stored response", "openai", wire.Response,
-                  errors=(401, 404), params=rid),
+        Operation("GET", "/v1/responses/{response_id}", "Get a stored response, or stream a background one's events",
+                  "openai", wire.Response, errors=(400, 401, 404, 410), params=rid, streams=True,
+                  query={"stream": "true: the events of a background response (text/event-stream), replayed then "
+                                   "followed live until its terminal event",
+                         "starting_after": "With stream: only the events after this sequence number (an integer "
+                                           ">= 0; default: all)"}),
         Operation("DELETE", "/v1/responses/{response_id}", "Delete a stored response", "openai",
                   wire.ResponseDeleted, errors=(401, 403, 404), params=rid),
         Operation("POST", "/v1/responses/{response_id}/cancel", "Cancel a response's run", "openai", wire.Response,
@@ -145,7 +150,9 @@ def _ops() -> list[Operation]:
 
 OPERATIONS = _ops()
 PARAM_SCHEMAS: dict[str, dict[str, Any]] = {"name": {"type": "string", "enum": sorted(web.FILES)},
-                                            "limit": {"type": "integer", "minimum": 1, "maximum": 100_000}}
+                                            "limit": {"type": "integer", "minimum": 1, "maximum": 100_000},
+                                            "stream": {"type": "boolean"},
+                                            "starting_after": {"type": "integer", "minimum": 0}}
 # Endpoints that only ever answer an error (Anthropic's 404/405 for wrong methods and unknown
 # /v1/messages/... paths): not operations of the API.
 UNDOCUMENTED = {messages.unrouted}

@@ -188,7 +188,7 @@ class Response(_Protocol):
     object: Literal["response"]
     created_at: int
     model: str
-    status: Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
+    status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
     output: list[OutputItem]
     output_text: str | None = None
     incomplete_details: dict[str, Any] | None

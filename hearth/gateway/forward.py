@@ -8,16 +8,20 @@ The client's headers go as `headers.forwarded_headers` says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hearth.api.http.sse import EventStreamResponse
 from hearth.errors import Unavailable
 from hearth.gateway.context import gateway_of
 from hearth.gateway.headers import forwarded_headers
 from hearth.gateway.pool import Node, Pool
+from hearth.gateway.relay import renamer
 
 
 async def call(request: Request, node: Node, body: bytes | None = None, admin: bool = False) -> httpx.Response:
@@ -34,6 +38,57 @@ async def call(request: Request, node: Node, body: bytes | None = None, admin: b
     except httpx.HTTPError as e:
         raise Unavailable(f"upstream {node.name} could not be reached: {type(e).__name__}", code="upstream_failed",
                           retry_after=2) from e
+
+
+async def relay_stream(request: Request, node: Node) -> Response:
+    """The client's request to `node`, its answer relayed as it comes when it is an event stream
+    (`GET /v1/responses/{id}?stream=true`: a background response's events, for as long as its
+    run lasts), whole otherwise. The node beats while it is silent, so a read that waits the
+    stall timeout means the node is gone: the stream then just ends (the client resumes with
+    `starting_after`). The client leaving closes the upstream request, nothing more."""
+    url = node.up.url + request.url.path + ("?" + request.url.query if request.url.query else "")
+    gw = gateway_of(request.app)
+    stall = gw.settings.stall_timeout_for(node.up)
+    upstream = gw.client.build_request(request.method, url, headers={**forwarded_headers(request),
+                                                                     **node.up.headers()},
+                                       timeout=httpx.Timeout(stall or None, connect=gw.settings.connect_timeout))
+    try:
+        r = await gw.client.send(upstream, stream=True)
+    except httpx.HTTPError as e:
+        raise Unavailable(f"upstream {node.name} could not be reached: {type(e).__name__}", code="upstream_failed",
+                          retry_after=2) from e
+    if r.status_code != 200 or not r.headers.get("content-type", "").startswith("text/event-stream"):
+        try:
+            await r.aread()
+        finally:
+            await r.aclose()
+        return as_response(r)
+
+    rename = aliases(node)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        buf = b""
+        with contextlib.suppress(httpx.HTTPError):
+            async for chunk in r.aiter_raw():
+                buf += chunk
+                end = buf.rfind(b"\n\n")
+                if end >= 0:  # whole events only: a model name is never cut in two
+                    whole, buf = buf[:end + 2], buf[end + 2:]
+                    yield rename(whole)
+
+    return EventStreamResponse(chunks(), close=r.aclose)
+
+
+def aliases(node: Node) -> Callable[[bytes], bytes]:
+    """Answers from `node` name the model as clients do (its alias), as relayed answers do."""
+    renames = [renamer(upstream_id, alias) for alias, upstream_id in node.up.models.items() if upstream_id != alias]
+
+    def rename(data: bytes) -> bytes:
+        for one in renames:
+            data = one(data)
+        return data
+
+    return rename
 
 
 def as_response(r: httpx.Response) -> Response:

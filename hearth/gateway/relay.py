@@ -68,6 +68,8 @@ class Scan:
         except ValueError:
             return
         r = doc.get("response", doc) if isinstance(doc, dict) else None
+        if isinstance(r, dict) and r.get("status") in ("queued", "in_progress"):
+            return  # a background response as it starts: its output is not known yet
         if isinstance(r, dict) and isinstance(r.get("output"), list):
             self.output = r["output"]
 

@@ -5,6 +5,7 @@ them, `forward.py`), cancel, tokens, admin (status, drain, move)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -19,8 +20,10 @@ from hearth.api.http.parsing import read_json, read_json_or_empty
 from hearth.errors import BadRequest, Forbidden, NotFound, Unavailable
 from hearth.gateway.context import gateway_of
 from hearth.gateway.delegate import Delegate
-from hearth.gateway.forward import as_response, call, first_found, gather_lists, live, send
-from hearth.gateway.pool import Pool
+from hearth.gateway.forward import aliases, as_response, call, first_found, gather_lists, live, relay_stream, send
+from hearth.gateway.headers import forwarded_headers
+from hearth.gateway.pool import Node, Pool
+from hearth.gateway.routing import Affinity
 from hearth.sessions.ids import check_session_id
 
 
@@ -189,19 +192,43 @@ async def cancel(request: Request) -> Response:
     return JSONResponse({"cancelled": total})
 
 
+def _renamed(node: Node, r: httpx.Response) -> Response:
+    """A node's answer about a response, naming the model by its alias as relayed answers do."""
+    return Response(aliases(node)(r.content), status_code=r.status_code, media_type=r.headers.get("content-type"))
+
+
+async def _holder(request: Request, nodes: list[Node]) -> Node | None:
+    """The first of `nodes` that holds the response (a plain GET of it answers 200)."""
+    gw = gateway_of(request.app)
+    for node in nodes:
+        with contextlib.suppress(httpx.HTTPError):
+            r = await gw.client.get(node.up.url + request.url.path, headers={**forwarded_headers(request),
+                                                                              **node.up.headers()}, timeout=30)
+            if r.status_code == 200:
+                return node
+    return None
+
+
 async def response_route(request: Request) -> Response:
-    """/v1/responses/{id}…: to the node that produced the response."""
+    """/v1/responses/{id}…: to the node that produced the response; a background response's
+    event stream (`?stream=true`) relayed as it comes."""
     pool = _pool(request)
     name = pool.store.node_of(f"response:{request.path_params['response_id']}")
+    streamed = request.method == "GET" and request.query_params.get("stream", "").lower() in ("true", "1")
     if name in pool.nodes:
-        return await send(request, pool.nodes[name])
-    found = (await first_found(request, live(pool)))[1] if live(pool) else None
+        if streamed:
+            return await relay_stream(request, pool.nodes[name])
+        return _renamed(pool.nodes[name], await call(request, pool.nodes[name]))
+    if streamed and (owner := await _holder(request, live(pool))) is not None:  # asked whole, a stream never ends
+        pool.remember(Affinity("response", request.path_params["response_id"]), owner.name)
+        return await relay_stream(request, owner)
+    holder, found = await first_found(request, live(pool)) if live(pool) else (None, None)
     translator = gateway_of(request.app).translator
     if (found is None or found.status_code == 404) and translator is not None:
         return Delegate(translator, await request.body())  # a translated model's response
-    if found is None:
+    if found is None or holder is None:
         raise NotFound("no such response", code="response_not_found")
-    return as_response(found)
+    return _renamed(holder, found)
 
 
 async def by_model(request: Request) -> Response:

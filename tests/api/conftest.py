@@ -76,6 +76,7 @@ async def serve(tmp_path: Path, backend: Backend | None = None, runner: Scripted
         async with httpx.AsyncClient(transport=transport, base_url="http://hearth.test", timeout=30) as client:
             yield Harness(app, backend, runner, client)
     finally:
+        await node_of(app).background.shutdown()  # as the app's lifespan does, before the backend stops
         await backend.stop()
         node_of(app).sessions.close()
 

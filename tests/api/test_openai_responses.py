@@ -38,7 +38,7 @@ async def test_event_order(h: Harness) -> None:
 async def test_errors(h: Harness) -> None:
     r = await h.post("/v1/responses", {**BODY, "previous_response_id": "resp_nope"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"
-    r = await h.post("/v1/responses", {**BODY, "background": True})
+    r = await h.post("/v1/responses", {**BODY, "background": True, "store": False})
     assert r.status_code == 400 and r.json()["error"]["param"] == "background"
 
 

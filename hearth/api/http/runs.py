@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from hearth.api.context import node
+from hearth.api.context import NodeContext, node
 from hearth.api.http.cache_keys import conversation_key
 from hearth.api.http.cancels import CancelRegistry, Run
 from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
@@ -83,13 +83,34 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
     return Generation(run, events, timer, registry, ctx.settings.sse_heartbeat)
 
 
+def keyed(request: Request, creq: ChatRequest) -> ChatRequest:
+    """`creq` with its conversation key: the body's (`cache_keys.body_key`) first, the headers' second."""
+    return replace(creq, cache_key=conversation_key(creq.cache_key, request.headers))
+
+
+async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run: Run, arrived: float) -> Generation:
+    """`start_chat` for a run no client holds (a background response): `run` (opened by the
+    caller in `ctx.cancels`, so that it can be cancelled before it is admitted) waits for a slot
+    as any run does, but no disconnect cancels it; closed here if it is never admitted."""
+    timer = ctx.metrics.timer(endpoint, arrived)
+    try:
+        events = await ctx.backend.chat(replace(creq, cancel=run.token))
+    except BaseException:
+        ctx.cancels.close(run)
+        if run.token.reason is not None:
+            ctx.metrics.cancellations.labels(run.token.reason).inc()
+        raise
+    timer.admitted_now()
+    return Generation(run, events, timer, ctx.cancels, ctx.settings.sse_heartbeat)
+
+
 async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_id: str | None) -> Generation:
     """`start` for a chat request (Chat, Messages, Responses): the run is registered under its
     cancel_id, its session and its id, then the node's backend gets `creq` complete, with the
     run's cancel token and its conversation key (`creq.cache_key` holds the body's, from
     `cache_keys.body_key`; the headers' come second)."""
     backend = node(request).backend
-    creq = replace(creq, cache_key=conversation_key(creq.cache_key, request.headers))
+    creq = keyed(request, creq)
     return await start(request, endpoint, lambda token: backend.chat(replace(creq, cancel=token)),
                        cancel_id=cancel_id, session_id=creq.session.session_id if creq.session else None,
                        ids=[creq.request_id])

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field
@@ -23,6 +24,9 @@ from hearth.api.http import runs
 from hearth.api.http.cache_keys import body_key
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import ConversationFields, OpenAIRunFields, SessionFields, run_limits, shape
+from hearth.api.http.sse import EventStreamResponse, until_disconnect
+from hearth.api.openai import responses_background as background
+from hearth.api.openai.responses_events import KEEP_AFTER_END, EventsExpired, stream_query
 from hearth.api.openai.responses_input import (
     check_call_outputs,
     check_metadata,
@@ -39,7 +43,7 @@ from hearth.api.openai.responses_input import (
 from hearth.api.openai.responses_store import ResponseStore, valid_id
 from hearth.api.openai.responses_stream import ResponseAssembler, collect, sse_events
 from hearth.chat.types import ChatRequest, Message, new_id
-from hearth.errors import BadRequest, GenerationFailed, NotFound
+from hearth.errors import BadRequest, GenerationFailed, HearthError, NotFound
 
 log = logging.getLogger("hearth.api")
 
@@ -80,8 +84,8 @@ def _check_unsupported(body: ResponsesIn) -> None:
     if body.session_id is not None and body.previous_response_id is not None:
         raise BadRequest("give session_id or previous_response_id, not both: each carries the conversation",
                          param="session_id")
-    if body.background:
-        raise BadRequest("background responses are not supported; use stream or a plain request",
+    if body.background and not body.store:
+        raise BadRequest("background responses must be stored: background requires store to be true",
                          param="background")
     if body.conversation is not None:
         raise BadRequest("conversations are not supported; use previous_response_id", param="conversation")
@@ -129,13 +133,13 @@ async def create_response(request: Request) -> Response:
         "tool_choice": body.tool_choice or "auto", "parallel_tool_calls": body.parallel_tool_calls,
         "temperature": sampling.temperature, "top_p": sampling.top_p, "max_output_tokens": body.max_output_tokens,
         "text": text_echo, "reasoning": reasoning_echo, "previous_response_id": body.previous_response_id,
-        "store": body.store, "background": False, "truncation": "disabled", "completed_at": None,
+        "store": body.store, "background": body.background, "truncation": "disabled", "completed_at": None,
     }, namespaced=toolset.namespaced)
 
     # Stored as in_progress before the wait for a slot, so GET and .../cancel see a queued run.
     settled = ctx.responses_settled
-    if body.store:
-        store.put(asm.response, items)
+    if body.store:  # a background one is `queued` until admitted (responses_background)
+        store.put({**asm.response, "status": "queued"} if body.background else asm.response, items)
         settled[rid] = asyncio.Event()
 
     def settle() -> None:
@@ -148,6 +152,8 @@ async def create_response(request: Request) -> Response:
             store.update(response)
             settle()
 
+    if body.background:
+        return await _background(request, runs.keyed(request, creq), body, asm, settle)
     try:
         gen = await runs.start_chat(request, "responses", creq, body.cancel_id)
     except BaseException:
@@ -167,6 +173,21 @@ async def create_response(request: Request) -> Response:
     return JSONResponse(response)
 
 
+async def _background(request: Request, creq: ChatRequest, body: ResponsesIn, asm: ResponseAssembler,
+                      settle: Callable[[], None]) -> Response:
+    """A background run (responses_background): answered once admitted, or with its refusal."""
+    ctx = node(request)
+    launched = background.launch(ctx, creq, body.cancel_id, asm, settle)
+    try:  # a client that leaves now leaves the run to itself (ClientGone: nobody to answer)
+        admitted = await until_disconnect(request, lambda: asyncio.shield(launched.admitted))
+    except HearthError:
+        ctx.responses.delete(creq.request_id)  # the client got an error, not a response: nothing to keep
+        raise
+    if body.stream:
+        return EventStreamResponse(launched.log.follow(), heartbeat=ctx.settings.sse_heartbeat)
+    return JSONResponse(admitted)
+
+
 def _not_found(rid: str) -> NotFound:
     return NotFound(f"no stored response with id {rid!r}", param="response_id")
 
@@ -180,11 +201,25 @@ def _stored_id(request: Request) -> str:
 
 
 async def get_response(request: Request) -> Response:
+    """The stored response; with `?stream=true`, a background response's events after
+    `starting_after` (all of them without it), then the live run's until its terminal event."""
     rid = _stored_id(request)
-    stored = node(request).responses.get(rid)
+    stream, after = stream_query(request.query_params)
+    ctx = node(request)
+    stored = ctx.responses.get(rid)
     if stored is None:
         raise _not_found(rid)
-    return JSONResponse(stored.response)
+    if not stream:
+        return JSONResponse(stored.response)
+    if not stored.response.get("background"):
+        raise BadRequest(f"{rid} was not created with background: true; only a background response can be "
+                         "streamed again (GET it without stream)", param="stream")
+    events = ctx.background.logs.get(rid)
+    if events is None:
+        raise EventsExpired(f"the events of {rid} are no longer kept (they are kept {KEEP_AFTER_END:g} s after "
+                            "the run ends, and not across a restart): GET it without stream", param="stream")
+    events.check(after)
+    return EventStreamResponse(events.follow(after), heartbeat=ctx.settings.sse_heartbeat)
 
 
 async def delete_response(request: Request) -> Response:

@@ -47,6 +47,15 @@ _SCHEMA = (
 )
 
 
+# A background response still `queued` or `in_progress` when the store opens belongs to a run of
+# an earlier process (one node owns its data dir, and this runs before this process stores any):
+# that run is gone, so the response is failed, not left running forever.
+_ORPHANS = """UPDATE responses SET response = json_set(response, '$.status', 'failed', '$.error', json(?))
+WHERE json_extract(response, '$.background') = 1
+  AND json_extract(response, '$.status') IN ('queued', 'in_progress')"""
+ORPHAN_ERROR = {"code": "server_restarted", "message": "the server stopped before the response finished"}
+
+
 def valid_id(response_id: str) -> bool:
     return RESPONSE_ID.fullmatch(response_id) is not None
 
@@ -81,6 +90,7 @@ class ResponseStore:
             self._conn = connect(self.path)
             for statement in _SCHEMA:
                 self._conn.execute(statement)
+            self._conn.execute(_ORPHANS, (json.dumps(ORPHAN_ERROR),))
         return self._conn
 
     @contextlib.contextmanager

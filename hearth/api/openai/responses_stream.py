@@ -85,6 +85,9 @@ class ResponseAssembler:
         self.timings: Timings | None = None
         self.error: str | None = None
         self.finished = False
+        # A background run cancelled by its client (.../cancel, /v1/cancel) ends as `cancelled`,
+        # as OpenAI's; any other cancel (time cap, disconnect) is `incomplete`.
+        self.cancelled_as = "incomplete"
         self._open: _OpenItem | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -120,6 +123,8 @@ class ResponseAssembler:
             return []
         reason = "error" if self.error else (self.finish_reason or "cancelled")
         status, incomplete = _OUTCOME.get(reason, ("completed", None))
+        if reason == "cancelled":
+            status = self.cancelled_as
         events = self._close("completed" if status == "completed" else "incomplete")
         self.finished = True
         r = self.response
@@ -138,7 +143,7 @@ class ResponseAssembler:
         if self.timings is not None:  # llama-server's timings, as an extra key
             r["timings"] = self.timings.as_llama_server()
         terminal = {"completed": "response.completed", "incomplete": "response.incomplete",
-                    "failed": "response.failed"}[status]
+                    "cancelled": "response.incomplete", "failed": "response.failed"}[status]
         events.append({"type": terminal, "response": r})
         return events
 
