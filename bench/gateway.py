@@ -93,8 +93,9 @@ class Proc:
                 self.proc.kill()
 
 
-def start_node(tmp: Path, name: str, args: argparse.Namespace) -> Proc:
-    port = free_port()
+def start_node(tmp: Path, name: str, args: argparse.Namespace, port: int | None = None) -> Proc:
+    """A node with its data dir in tmp/name (the same name again: the same node restarted)."""
+    port = port or free_port()
     env = {**os.environ, "HEARTH_HOME": str(tmp / name)}
     argv = [sys.executable, "-m", "hearth.cli.main", "serve", "--port", str(port), "--threads", str(args.threads),
             "--parallel", str(args.parallel), "--ctx", str(args.ctx)]
