@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hearth.api import control, openapi, prompt_cache, sessions, snapshots, web
+from hearth.api import control, openapi, prompt_blocks, prompt_cache, sessions, snapshots, web
 from hearth.api.anthropic import messages
 from hearth.api.context import NodeContext
 from hearth.api.http.auth import AuthMiddleware
@@ -121,6 +121,7 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/v1/snapshots/{snapshot_id}/load", snapshots.load_snapshot, methods=["POST"]),
         Route("/v1/snapshots/{snapshot_id}/archive", snapshots.archive, methods=["GET"]),
         Route("/v1/prompt-cache/digest", prompt_cache.digest, methods=["GET"]),
+        Route("/v1/prompt-cache/blocks", prompt_blocks.blocks, methods=["POST"]),
         Route("/admin/prompt-cache", prompt_cache.stats, methods=["GET"]),
         Route("/admin/prompt-cache", prompt_cache.clear, methods=["DELETE"]),
         Route("/admin/prompt-cache/entries", prompt_cache.entries, methods=["GET"]),

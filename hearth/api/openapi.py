@@ -26,6 +26,7 @@ from hearth.api.control import CancelIn, DetokenizeIn, TokenizeIn
 from hearth.api.openai.chat import ChatCompletionIn
 from hearth.api.openai.completions import CompletionIn
 from hearth.api.openai.responses import ResponsesIn
+from hearth.api.prompt_blocks import BlocksIn
 from hearth.api.sessions import CreateIn, ResizeIn, RollbackIn
 from hearth.api.snapshots import LoadIn, SnapshotMetaIn
 
@@ -123,6 +124,8 @@ def _ops() -> list[Operation]:
                   "tar", errors=(400, 401, 404, 422), params=snap),
         Operation("GET", "/v1/prompt-cache/digest", "What this node's prompt cache and sessions hold, for a router",
                   "prompt-cache", wire.PromptCacheDigest, errors=(401, 404)),
+        Operation("POST", "/v1/prompt-cache/blocks", "A generation request's prompt-cache blocks, for a router",
+                  "prompt-cache", wire.PromptCacheBlocks, BlocksIn, errors=(400, 401, 404, 413, 503)),
         Operation("GET", "/admin/prompt-cache", "Prompt-cache counters and sizes per model and tier", "prompt-cache",
                   wire.PromptCacheStats, errors=(401, 403, 404)),
         Operation("DELETE", "/admin/prompt-cache", "Drop a model's prompt-cache blocks (every model's without model)",

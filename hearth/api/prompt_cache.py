@@ -3,8 +3,10 @@
 - `GET /admin/prompt-cache`: counters and sizes per model and tier;
 - `GET /admin/prompt-cache/entries?model=&limit=`: one model's blocks;
 - `DELETE /admin/prompt-cache?model=`: drop one model's blocks (every model's without `model`);
-- `GET /v1/prompt-cache/digest`: what this node holds, as block hashes and session ids, for a
-  router. It needs only an API key: a gateway reaches its nodes with their API key.
+- `GET /v1/prompt-cache/digest`: what this node holds, as block hashes (slot, RAM, disk),
+  conversation keys and session ids, for a router. It needs only an API key: a gateway
+  reaches its nodes with their API key (and so does `POST /v1/prompt-cache/blocks`,
+  prompt_blocks.py).
 
 Everything under /admin needs the admin key when one is set (api/http/auth.py). A backend
 without the capability answers 404 `prompt_cache_unsupported`.
@@ -22,7 +24,9 @@ from hearth.api.context import node
 from hearth.backends.base import require_prompt_cache
 from hearth.errors import BadRequest
 
-DIGEST_VERSION = 1  # bump when the digest's shape or the hash chain changes
+# Bump when the digest's shape or the hash chain changes. 2: the slot tier (`blocks.slot`,
+# `keys.slot`).
+DIGEST_VERSION = 2
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 100_000
 
@@ -74,4 +78,5 @@ async def clear(request: Request) -> Response:
 
 async def digest(request: Request) -> Response:
     cache = require_prompt_cache(node(request).backend)
-    return JSONResponse({"object": "prompt_cache.digest", "version": DIGEST_VERSION, "models": cache.cache_digest()})
+    models = await cache.cache_digest()
+    return JSONResponse({"object": "prompt_cache.digest", "version": DIGEST_VERSION, "models": models})

@@ -427,8 +427,13 @@ class PromptCacheCleared(_Own):
 
 
 class DigestBlocks(_Own):
+    slot: list[str]  # full blocks idle KV slots hold (what a request arriving now reuses in place)
     ram: list[str]
     disk: list[str]
+
+
+class DigestKeys(_Own):
+    slot: list[str]  # conversation keys of the stateless requests that last filled an idle slot
 
 
 class DigestSessions(_Own):
@@ -441,6 +446,7 @@ class ModelDigest(_Own):
     block_tokens: int
     root: str
     blocks: DigestBlocks
+    keys: DigestKeys
     sessions: DigestSessions
 
 
@@ -448,3 +454,12 @@ class PromptCacheDigest(_Own):
     object: Literal["prompt_cache.digest"]
     version: int
     models: dict[str, ModelDigest]
+
+
+class PromptCacheBlocks(_Own):
+    object: Literal["prompt_cache.blocks"]
+    model: str
+    root: str  # the hash chain's root ("" when the model has no prompt cache)
+    block_tokens: int
+    n_tokens: int  # the whole prompt
+    blocks: list[str]  # full blocks only, in prompt order

@@ -146,6 +146,19 @@ class SessionKV(Protocol):
 # ---- the prompt-cache capability ----------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class PromptBlocks:
+    """A prompt's full blocks as this node's prompt cache keys them: what a router matches
+    against digests (docs/api.md, "POST /v1/prompt-cache/blocks"). `root` is "" and `blocks`
+    empty where the model has no prompt cache."""
+
+    model: str
+    root: str  # the hash chain's root, hex
+    block_tokens: int
+    n_tokens: int  # the whole prompt's tokens, the last partial block's included
+    blocks: list[str]  # hex, in prompt order: full blocks only
+
+
 class PromptCache(Protocol):
     """What a backend with a durable prompt cache shows and lets an admin do
     (hearth.engine.prefix_cache: stateless prompts' KV in blocks, in RAM and on disk)."""
@@ -162,10 +175,16 @@ class PromptCache(Protocol):
         """Drop every block of one model's cache (None: every model's); how many were dropped."""
         ...
 
-    def cache_digest(self) -> dict[str, Any]:
+    async def cache_digest(self) -> dict[str, Any]:
         """Per model id: what the node holds, for a router to read cheaply: {block_tokens,
-        root (the hash chain's root, hex), blocks: {ram: [hash...], disk: [hash...]},
-        sessions: {resident|host|disk: [id...]}}. How the hashes chain: docs/api.md."""
+        root (the hash chain's root, hex), blocks: {slot|ram|disk: [hash...]}, keys: {slot:
+        [conversation key...]}, sessions: {resident|host|disk: [id...]}}. How the hashes
+        chain: docs/api.md. Hashing work runs off the event loop and the engine thread."""
+        ...
+
+    async def cache_blocks(self, model: str | None, tokens: list[int]) -> PromptBlocks:
+        """The full blocks of a prompt's `tokens` (as `tokenize_prompt` or `tokenize` gave them)
+        keyed as this node's cache keys them; off the event loop and the engine thread."""
         ...
 
 

@@ -64,6 +64,14 @@ def serve(
         "another node (0: never; the client gets the protocol's terminal error).")] = 3,
     routing: Annotated[str, typer.Option(
         envvar="HEARTH_GATEWAY_ROUTING", help="cost (affinity + cache-aware) or round_robin (a baseline).")] = "cost",
+    digest_interval: Annotated[float, typer.Option(
+        envvar="HEARTH_DIGEST_INTERVAL", help="Seconds between reads of each Hearth node's prompt-cache digest "
+        "(routing on what nodes hold); 0: off, route by the estimate.")] = 1.0,
+    digest_timeout: Annotated[float, typer.Option(
+        envvar="HEARTH_DIGEST_TIMEOUT", help="Seconds a digest read or a request's blocks call may take.")] = 1.0,
+    digest_max_age: Annotated[float, typer.Option(
+        envvar="HEARTH_DIGEST_MAX_AGE", help="Seconds a node's last digest is used (stale) after its reads "
+        "fail; then the node is routed by the estimate.")] = 5.0,
     data_dir: Annotated[str | None, typer.Option(
         envvar="HEARTH_GATEWAY_HOME", help="Where the gateway keeps transcripts (default: DATA_DIR/gateway).")] = None,
     log_level: Annotated[str, typer.Option(envvar="HEARTH_LOG_LEVEL")] = "info",
@@ -94,7 +102,8 @@ def serve(
             cors_origins=parse_origins(cors_origins),
             max_waiting=max_waiting, max_wait=max_wait, probe_interval=probe_interval, probe_timeout=probe_timeout,
             heartbeat=heartbeat, stall_timeout=stall_timeout, log_level=log_level, data_dir=home, routing=routing,
-            migration_limit=migration_limit)
+            migration_limit=migration_limit, digest_interval=digest_interval, digest_timeout=digest_timeout,
+            digest_max_age=digest_max_age)
     except (ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e

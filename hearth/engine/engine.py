@@ -74,6 +74,7 @@ class Engine:
         # `kv_where`, a racy read from any thread. See Residency.
         self.kv_where = self.residency.kv_where
         self.sessions_where = self.residency.sessions_where
+        self.slots_digest = self.residency.slots_digest
         self.export_kv = self.residency.export_kv
         self.import_kv = self.residency.import_kv
         self.drop_kv = self.residency.drop_kv

@@ -86,6 +86,12 @@ class GatewaySettings:
     migration_limit: int = 3
     log_level: str = "info"
     routing: str = "cost"  # cost | round_robin (a baseline for benchmarks)
+    # Routing on what Hearth nodes hold (digests.py): seconds between digest reads (0: off),
+    # the bound on a read or a request's blocks call, and how long a digest whose reads fail is
+    # still used (marked stale) before the node is routed by the estimate.
+    digest_interval: float = 1.0
+    digest_timeout: float = 1.0
+    digest_max_age: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -103,6 +109,8 @@ class GatewaySettings:
             raise ValueError("--stall-timeout must be >= 0 seconds (0: never)")
         if self.probe_interval <= 0 or self.probe_timeout <= 0:
             raise ValueError("--probe-interval and --probe-timeout must be > 0")
+        if not self.digest_interval >= 0 or not self.digest_timeout > 0 or not self.digest_max_age > 0:
+            raise ValueError("--digest-interval must be >= 0 (0: off), --digest-timeout and --digest-max-age > 0")
         check_access(self.host, self.api_keys, self.insecure, "--api-key")
         check_origins(self.cors_origins)
         for alias, ups in self.aliases().items():

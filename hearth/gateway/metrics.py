@@ -1,6 +1,6 @@
 """The gateway's Prometheus metrics: per node in-flight, health and breaker (read at scrape
-time), route decisions by branch, retries, streams aborted by phase, migrations, TTFT and
-predicted vs reported cached tokens."""
+time), route decisions by branch and by prediction source, digest failures, retries, streams
+aborted by phase, migrations, TTFT and predicted vs reported cached tokens."""
 
 from __future__ import annotations
 
@@ -64,7 +64,15 @@ class GatewayMetrics:
         self.ttft = Histogram("hearth_gateway_ttft_seconds", "Request start to the first byte sent to the client",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.predicted_cached = Counter("hearth_gateway_predicted_cached_tokens",
-                                        "Cached prompt tokens the router predicted (estimates)", registry=r)
+                                        "Cached prompt tokens the router predicted for the node it chose",
+                                        registry=r)
+        self.route_sources = Counter("hearth_gateway_route_sources",
+                                     "Route decisions by what the cached-token prediction came from "
+                                     "(digest: the nodes' digests; estimate: characters / 4 and what was sent where)",
+                                     ["source"], registry=r)
+        self.digest_failures = Counter("hearth_gateway_digest_failures",
+                                       "Digest reads and blocks calls that gave nothing usable, by node and call",
+                                       ["node", "call"], registry=r)
         self.reported_cached = Counter("hearth_gateway_reported_cached_tokens",
                                        "Cached prompt tokens the nodes reported", registry=r)
         self.reported_prompt = Counter("hearth_gateway_reported_prompt_tokens",

@@ -1,5 +1,6 @@
-"""The fleet as the gateway sees it: per node its liveness, breaker, in-flight count and seen
-conversation prefixes; one bounded wait queue for a free node; the probe loop.
+"""The fleet as the gateway sees it: per node its liveness, breaker, in-flight count, seen
+conversation prefixes and last prompt-cache digest; one bounded wait queue for a free node;
+the probe loop (and the digest loop, digests.py).
 
 Admission: a request asks `acquire()` for a node. The cost model (`routing.Chooser`) picks one
 among the live, closed-breaker, non-draining nodes that serve the model and are below their
@@ -15,13 +16,16 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
 from hearth.errors import NotFound, TooManyRequests, Unavailable
+from hearth.gateway.cache_state import Digest, ModelState, RequestBlocks
 from hearth.gateway.config import GatewaySettings, Upstream
+from hearth.gateway.digests import Digests
 from hearth.gateway.health import BUSY_GRACE, Breaker, Liveness
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing import Affinity, Candidate, Chooser, Decision, PrefixTable
@@ -42,6 +46,7 @@ class Node:
     cooling_until: float = 0.0  # an upstream 429's Retry-After: no new requests before
     last_bytes: float = 0.0  # when the node last sent bytes of an answer (monotonic clock)
     prefixes: PrefixTable = field(default_factory=PrefixTable)
+    digest: Digest | None = None  # what its prompt cache holds (Hearth nodes that publish it)
 
     @property
     def name(self) -> str:
@@ -74,6 +79,7 @@ class Pool:
         self._freed = asyncio.Event()  # replaced on every wake-up: waiters hold the one they wait on
         self._waiting = 0
         self._probing: asyncio.Task[None] | None = None
+        self.digests = Digests(settings, client, metrics, lambda: list(self.nodes.values()), clock)
 
     # ---- models --------------------------------------------------------------------------------
 
@@ -89,13 +95,20 @@ class Pool:
 
     # ---- affinity ------------------------------------------------------------------------------
 
-    def sticky(self, affinity: Affinity) -> str | None:
+    def sticky(self, affinity: Affinity, alias: str | None = None) -> str | None:
+        """The node the key maps to. A conversation key this gateway has not seen (it
+        restarted, or another gateway served the conversation) maps to the node whose digest
+        says one of its slots holds that conversation."""
         key = affinity.key
         if key is None:
             return None
         if affinity.binding:
             return self.store.node_of(key)
-        return self._soft.get(key)
+        found = self._soft.get(key)
+        if found is None and affinity.kind == "cache_key" and alias is not None:
+            found = next((n.name for n in self.nodes.values() if (st := self._state(n, alias)) is not None
+                          and affinity.value in st.keys), None)
+        return found
 
     def remember(self, affinity: Affinity, node: str) -> None:
         key = affinity.key
@@ -111,22 +124,57 @@ class Pool:
 
     # ---- admission -----------------------------------------------------------------------------
 
-    def _candidates(self, alias: str, hashes: Sequence[tuple[str, int]], exclude: set[str]) -> list[Candidate]:
+    def _routable(self, alias: str, exclude: set[str]) -> list[Node]:
         now = self.clock()
-        return [Candidate(n.name, n.in_flight, n.up.max_in_flight, n.prefixes.cached(hashes))
-                for n in self.nodes.values()
-                if alias in n.up.models and n.name not in exclude and n.routable(now)]
+        return [n for n in self.nodes.values() if alias in n.up.models and n.name not in exclude and n.routable(now)]
+
+    @staticmethod
+    def _state(n: Node, alias: str) -> ModelState | None:
+        return n.digest.model(n.up.models[alias]) if n.digest is not None and alias in n.up.models else None
+
+    def _candidates(self, alias: str, hashes: Sequence[tuple[str, int]], exclude: set[str],
+                    blocks: Mapping[str, RequestBlocks]) -> list[Candidate]:
+        """Each routable node with what it would serve of the request: from its digest where
+        it has one and the request's blocks of its root are known, else the estimate."""
+        out = []
+        for n in self._routable(alias, exclude):
+            state = self._state(n, alias) if blocks else None
+            req = blocks.get(state.root) if state is not None else None
+            if state is not None and req is not None:
+                tokens, weighted = state.served(req)
+                out.append(Candidate(n.name, n.in_flight, n.up.max_in_flight, tokens, weighted, "digest"))
+            else:
+                out.append(Candidate(n.name, n.in_flight, n.up.max_in_flight, n.prefixes.cached(hashes)))
+        return out
+
+    async def request_blocks(self, alias: str, affinity: Affinity, path: str, body: dict[str, Any],
+                             exclude: set[str] | None = None) -> dict[str, RequestBlocks]:
+        """A stateless request's blocks per hash-chain root (digests.py), or {} where they
+        cannot matter: routing by digests is off, the key binds (a session, a response chain),
+        fewer than two nodes could serve it, or its conversation key's node is free to take it."""
+        if affinity.binding or not self.digests.enabled:
+            return {}
+        exclude = exclude or set()
+        nodes = [n for n in self._routable(alias, exclude) if n.up.kind == "hearth"]
+        if len(nodes) < 2:
+            return {}
+        sticky = self.sticky(affinity, alias)
+        if any(n.name == sticky and n.in_flight < n.up.max_in_flight for n in nodes):
+            return {}
+        return await self.digests.blocks(nodes, alias, path, body)
 
     def _try(self, alias: str, affinity: Affinity, hashes: Sequence[tuple[str, int]], prompt_tokens: int,
-             exclude: set[str]) -> Lease | None:
-        candidates = self._candidates(alias, hashes, exclude)
+             exclude: set[str], blocks: Mapping[str, RequestBlocks]) -> Lease | None:
+        candidates = self._candidates(alias, hashes, exclude, blocks)
         if not candidates:
             retry = max(1, int(self.settings.probe_interval))
             raise Unavailable(f"no healthy upstream serves {alias!r} right now; retry shortly",
                               code="no_healthy_upstream", retry_after=retry)
-        sticky = self.sticky(affinity)
+        sticky = self.sticky(affinity, alias)
         if sticky in exclude:
             sticky = None
+        if blocks:  # the exact count (every root's is the same prompt)
+            prompt_tokens = next(iter(blocks.values())).n_tokens
         decision = self.chooser.choose(candidates, prompt_tokens, affinity, sticky)
         if decision is None:
             return None
@@ -134,12 +182,17 @@ class Pool:
         node.in_flight += 1
         node.breaker.started()
         self.metrics.route(decision.branch)
+        self.metrics.route_sources.labels(decision.source).inc()
         return Lease(node, decision)
 
     async def acquire(self, alias: str, affinity: Affinity, hashes: Sequence[tuple[str, int]],
-                      prompt_tokens: int, exclude: set[str] | None = None) -> Lease:
+                      prompt_tokens: int, exclude: set[str] | None = None,
+                      blocks: Mapping[str, RequestBlocks] | None = None) -> Lease:
+        """A node for the request. `blocks`: the request's blocks per root
+        (`request_blocks`), for digest-based predictions; without them, the estimate."""
         exclude = exclude or set()
-        lease = self._try(alias, affinity, hashes, prompt_tokens, exclude)
+        blocks = blocks or {}
+        lease = self._try(alias, affinity, hashes, prompt_tokens, exclude, blocks)
         if lease is not None:
             return lease
         if self._waiting >= self.settings.max_waiting:
@@ -153,7 +206,7 @@ class Pool:
                 freed = self._freed
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(freed.wait(), min(remaining, self.settings.probe_interval))
-                lease = self._try(alias, affinity, hashes, prompt_tokens, exclude)
+                lease = self._try(alias, affinity, hashes, prompt_tokens, exclude, blocks)
                 if lease is not None:
                     return lease
         finally:
@@ -221,8 +274,10 @@ class Pool:
     async def start(self) -> None:
         await self.probe_all()
         self._probing = asyncio.create_task(self._probe_loop())
+        await self.digests.start()
 
     async def stop(self) -> None:
+        await self.digests.stop()
         if self._probing is not None:
             self._probing.cancel()
             with contextlib.suppress(asyncio.CancelledError):

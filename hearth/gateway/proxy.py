@@ -88,8 +88,12 @@ class Proxy:
         turn = self.turn(request, body)
         tried: set[str] = set()
         failures: list[Retry] = []
+        # What the nodes hold of this prompt (routing.py): asked once, kept across retries.
+        blocks = {} if turn.session_id is not None else await self.pool.request_blocks(
+            turn.alias, turn.affinity, turn.path, turn.body)
         for _ in range(len(self.pool.nodes)):
-            lease = await self.pool.acquire(turn.alias, turn.affinity, turn.hashes, turn.prompt_tokens, tried)
+            lease = await self.pool.acquire(turn.alias, turn.affinity, turn.hashes, turn.prompt_tokens, tried,
+                                            blocks)
             tried.add(lease.node.name)
             try:
                 answer = await self._attempt(lease, turn)

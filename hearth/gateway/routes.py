@@ -18,6 +18,7 @@ from hearth.api.context import node_of
 from hearth.api.http.auth import matches, presented_key
 from hearth.api.http.parsing import read_json, read_json_or_empty
 from hearth.errors import BadRequest, Forbidden, NotFound, Unavailable
+from hearth.gateway.cache_state import Digest
 from hearth.gateway.context import gateway_of
 from hearth.gateway.delegate import Delegate
 from hearth.gateway.forward import aliases, as_response, call, first_found, gather_lists, live, relay_stream, send
@@ -256,6 +257,15 @@ def _require_admin(request: Request) -> None:
         raise Forbidden("this operation needs the gateway's admin key")
 
 
+def _digest_json(pool: Pool, d: Digest | None) -> dict[str, Any] | None:
+    """What the gateway knows of a node's cache: the digest's age, whether its reads fail, and
+    per model its root and blocks per tier (None: it publishes nothing, or it was dropped)."""
+    if d is None:
+        return None
+    return {"age": round(pool.clock() - d.fetched, 3), "stale": d.stale,
+            "models": {mid: {"root": m.root, "blocks": m.counts(), "keys": len(m.keys)} for mid, m in d.models.items()}}
+
+
 def status_json(pool: Pool) -> dict[str, Any]:
     sessions = pool.store.counts()
     return {"object": "gateway.status", "waiting": pool.waiting, "time": int(time.time()),
@@ -263,7 +273,7 @@ def status_json(pool: Pool) -> dict[str, Any]:
                        "last_error": n.live.last_error, "breaker": n.breaker.state, "draining": n.draining,
                        "in_flight": n.in_flight, "max_in_flight": n.up.max_in_flight,
                        "sessions": sessions.get(n.name, 0), "transitions": n.live.transitions,
-                       "models": n.up.models} for n in pool.nodes.values()]}
+                       "models": n.up.models, "digest": _digest_json(pool, n.digest)} for n in pool.nodes.values()]}
 
 
 async def status(request: Request) -> Response:

@@ -1,20 +1,32 @@
-"""Which node serves a request: affinity keys, the conversation's prefix hashes and one cost
-model.
+"""Which node serves a request: affinity keys, what each node holds of the request's prompt,
+and one cost model.
 
 Affinity key, first found: `session_id` (body), `previous_response_id`, an `X-Session-Id`
 header, the conversation key a node reads (`prompt_cache_key`, Claude Code's session id,
 Codex's `session-id` header: hearth.api.http.cache_keys). A session or a response chain lives
 on one node (its transcript and KV are there): that key is *binding* while the node is
-healthy. The others are *soft*: a saturated sticky node loses to the cost model.
+healthy (a busy node makes the request wait). The others are *soft*: they pin the
+conversation to its node while that node is healthy and not saturated; a saturated one loses
+to the cost model (a conversation key is a cache hint, not state: prefilling it elsewhere
+beats waiting), and the conversation then stays where it went.
 
-Cost of node n = tokens n would prefill × (n's in-flight + 1). Tokens it would prefill = the
-conversation's estimated tokens − the longest prefix n has already seen, found by a chained
-hash over every message (not the system prompt alone, which would send every conversation
-with one system prompt to one node). Equal costs break at random.
+Cost of node n = (prompt tokens − the tokens n would serve from cache, tier-weighted) ×
+(n's in-flight + 1). Lowest cost wins; equal costs break at random. What n would serve comes
+from one of two sources (`Candidate.source`):
 
-Token counts are estimates (characters / 4): the gateway never tokenizes. What the node then
-reports as cached is recorded beside the prediction (`Decision.predicted_cached`), so routing
-quality is measured.
+- `digest`, for Hearth nodes whose digest the gateway holds (cache_state.py, digests.py): the
+  request's exact prompt tokens and block hashes, asked of one node per hash-chain root, and
+  the longest leading run of them n holds in a slot, RAM or on disk, weighted by tier (slot 1,
+  RAM 0.9, disk 0.6). Exact in tokens, to a block: the cached tail inside the last partial
+  block is not counted.
+- `estimate`, for nodes that publish nothing (foreign engines, older nodes, a digest dropped
+  after failed reads), when the blocks call fails, and for prompts under one block: the
+  conversation's characters / 4, less the longest prefix n has been *sent* (a chained hash
+  over every message, not the system prompt alone, which would send every conversation with
+  one system prompt to one node; `PrefixTable`).
+
+What the node then reports as cached is recorded beside the prediction
+(`Decision.predicted_cached`), so routing quality is measured.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ CHARS_PER_TOKEN = 4
 PREFIXES_PER_NODE = 65536
 
 KeyKind = Literal["session", "response", "header", "cache_key", "none"]
+Source = Literal["digest", "estimate"]
 Branch = Literal["sticky_hit", "sticky_miss", "prefix_hit", "load_override", "failover", "least_cost"]
 
 
@@ -135,11 +148,17 @@ class Candidate:
     name: str
     in_flight: int
     max_in_flight: int
-    cached: int  # estimated tokens of this request it already holds
+    cached: int  # tokens of this request it already holds (predicted)
+    weighted: float | None = None  # `cached` weighted by tier (None: `cached`)
+    source: Source = "estimate"
 
     @property
     def saturated(self) -> bool:
         return self.in_flight >= self.max_in_flight
+
+    @property
+    def worth(self) -> float:
+        return float(self.cached) if self.weighted is None else self.weighted
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +166,8 @@ class Decision:
     node: str
     branch: Branch
     predicted_cached: int
-    prompt_tokens: int  # estimated
+    prompt_tokens: int  # exact with a digest prediction, else estimated
+    source: Source = "estimate"
 
 
 @dataclass(slots=True)
@@ -172,18 +192,18 @@ class Chooser:
                 return None
             self._turn += 1
             pick = free[self._turn % len(free)]
-            return Decision(pick.name, "least_cost", pick.cached, prompt_tokens)
+            return Decision(pick.name, "least_cost", pick.cached, prompt_tokens, pick.source)
         by_name = {c.name: c for c in candidates}
         if sticky is not None and sticky in by_name:
             c = by_name[sticky]
             if not c.saturated:
-                return Decision(c.name, "sticky_hit", max(c.cached, 0), prompt_tokens)
+                return Decision(c.name, "sticky_hit", max(c.cached, 0), prompt_tokens, c.source)
             if binding:
                 return None  # the session's node is busy: wait for it, do not split the session
         free = [c for c in candidates if not c.saturated]
         if not free:
             return None
-        costs = [(max(1, prompt_tokens - c.cached) * (c.in_flight + 1), c) for c in free]
+        costs = [(max(1.0, prompt_tokens - c.worth) * (c.in_flight + 1), c) for c in free]
         best = min(cost for cost, _ in costs)
         pick = self.rng.choice([c for cost, c in costs if cost == best])
         if sticky is not None and sticky in by_name:
@@ -196,4 +216,4 @@ class Chooser:
             branch = "sticky_miss"
         else:
             branch = "least_cost"
-        return Decision(pick.name, branch, pick.cached, prompt_tokens)
+        return Decision(pick.name, branch, pick.cached, prompt_tokens, pick.source)

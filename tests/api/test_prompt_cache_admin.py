@@ -95,10 +95,12 @@ async def test_stats_entries_digest_and_clear(tmp_path: Path) -> None:
         assert [e.n_tokens for e in listed.data[:2]] == [BLOCK, BLOCK]
 
         digest = wire.PromptCacheDigest.model_validate((await h.client.get("/v1/prompt-cache/digest")).json())
-        assert digest.version == 1
+        assert digest.version == 2
         d = digest.models["fake"]
         assert d.block_tokens == BLOCK
         assert sorted(d.blocks.ram) == sorted(d.blocks.disk) == sorted(e.hash for e in listed.data)
+        # the slot the request ran in still holds its full blocks (and no key: none was sent)
+        assert d.blocks.slot == sorted(e.hash for e in listed.data if e.n_tokens == BLOCK) and d.keys.slot == []
         assert d.sessions.model_dump() == {"resident": [], "host": [], "disk": []}
 
         # The chain as documented: the root from the runner's fingerprint and the weights' sampled
@@ -120,8 +122,8 @@ async def test_stats_entries_digest_and_clear(tmp_path: Path) -> None:
         assert cleared.model == "fake" and cleared.dropped == listed.total
         after = (await h.client.get("/admin/prompt-cache/entries")).json()
         assert after["data"] == [] and after["total"] == 0
-        assert (await h.client.get("/v1/prompt-cache/digest")).json()["models"]["fake"]["blocks"] == {
-            "ram": [], "disk": []}
+        blocks = (await h.client.get("/v1/prompt-cache/digest")).json()["models"]["fake"]["blocks"]
+        assert blocks == {"slot": d.blocks.slot, "ram": [], "disk": []}  # clearing the cache leaves the slots
         assert list((tmp_path / "prompt-cache" / "fake").glob("*.kvb")) == []
         # clearing an empty cache (every model's) drops nothing and is not an error
         again = (await h.client.delete("/admin/prompt-cache")).json()

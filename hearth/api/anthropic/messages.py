@@ -389,13 +389,19 @@ def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | N
                        cache_through=cache_through(body, messages, starts), continue_final=continues)
 
 
+def read_messages(data: dict[str, Any], request_id: str, settings: Settings | None = None
+                  ) -> tuple[MessagesIn, ChatRequest]:
+    """A Messages body as generation reads it (POST /v1/prompt-cache/blocks reads it so too)."""
+    body = validate(MessagesIn, data)
+    return body, to_chat_request(body, request_id, settings)
+
+
 # ---- endpoints ----------------------------------------------------------------------------
 
 
 async def messages(request: Request) -> Response:
     ctx = node(request)
-    body = validate(MessagesIn, await read_json(request))
-    creq = to_chat_request(body, new_id("msg_"), ctx.settings)
+    body, creq = read_messages(await read_json(request), new_id("msg_"), ctx.settings)
     msg_id, model, stops = creq.request_id, ctx.backend.resolve(creq.model), creq.sampling.stop
     gen = await runs.start_chat(request, "messages", creq, body.cancel_id)
     if body.stream:

@@ -137,6 +137,13 @@ def to_chat_request(body: ChatCompletionIn, request_id: str, settings: Settings 
         continue_final=body.continue_final_message)
 
 
+def read_chat(data: dict[str, Any], request_id: str, settings: Settings | None = None
+              ) -> tuple[ChatCompletionIn, ChatRequest]:
+    """A Chat Completions body as generation reads it (POST /v1/prompt-cache/blocks reads it so too)."""
+    body = validate(ChatCompletionIn, data)
+    return body, to_chat_request(body, request_id, settings)
+
+
 # ---- output ------------------------------------------------------------------------------
 
 
@@ -202,8 +209,7 @@ async def collect(events: AsyncIterator[ChatEvent], n: int
 
 async def chat_completions(request: Request) -> Response:
     ctx = node(request)
-    body = validate(ChatCompletionIn, await read_json(request))
-    creq = to_chat_request(body, new_id("chatcmpl-"), ctx.settings)
+    body, creq = read_chat(await read_json(request), new_id("chatcmpl-"), ctx.settings)
     cid, model = creq.request_id, ctx.backend.resolve(creq.model)
     gen = await runs.start_chat(request, "chat", creq, body.cancel_id)
     events = gen.events

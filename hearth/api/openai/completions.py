@@ -102,10 +102,10 @@ async def merge(streams: list[EventStream], n: int) -> AsyncIterator[ChatEvent]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def completions(request: Request) -> Response:
-    ctx = node(request)
-    backend = ctx.backend
-    body = validate(CompletionIn, await read_json(request))
+def read_completion(data: dict[str, Any]) -> tuple[CompletionIn, list[str | list[int]]]:
+    """A Completions body and its prompts, as generation reads them (POST
+    /v1/prompt-cache/blocks reads it so too)."""
+    body = validate(CompletionIn, data)
     if body.suffix:
         raise BadRequest("suffix (fill-in-the-middle) is not supported", param="suffix")
     if body.echo and body.logprobs is not None:
@@ -113,6 +113,13 @@ async def completions(request: Request) -> Response:
     prompts = prompts_of(body.prompt)
     if len(prompts) > MAX_PROMPTS:
         raise BadRequest(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    return body, prompts
+
+
+async def completions(request: Request) -> Response:
+    ctx = node(request)
+    backend = ctx.backend
+    body, prompts = read_completion(await read_json(request))
     model = backend.resolve(body.model)
     parallel = backend.limits(model).parallel
     if len(prompts) * body.n > parallel:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
@@ -28,6 +29,7 @@ from hearth.api.http.sse import EventStreamResponse, until_disconnect
 from hearth.api.openai import responses_background as background
 from hearth.api.openai.responses_events import KEEP_AFTER_END, EventsExpired, stream_query
 from hearth.api.openai.responses_input import (
+    ToolSet,
     check_call_outputs,
     check_metadata,
     normalize_input,
@@ -43,6 +45,7 @@ from hearth.api.openai.responses_input import (
 from hearth.api.openai.responses_store import ResponseStore, valid_id
 from hearth.api.openai.responses_stream import ResponseAssembler, collect, sse_events
 from hearth.chat.types import ChatRequest, Message, new_id
+from hearth.config import Settings
 from hearth.errors import BadRequest, GenerationFailed, HearthError, NotFound
 
 log = logging.getLogger("hearth.api")
@@ -91,11 +94,24 @@ def _check_unsupported(body: ResponsesIn) -> None:
         raise BadRequest("conversations are not supported; use previous_response_id", param="conversation")
 
 
-async def create_response(request: Request) -> Response:
-    ctx = node(request)
-    body = validate(ResponsesIn, await read_json(request))
+@dataclass(frozen=True, slots=True)
+class Read:
+    """A Responses body as generation reads it: the ChatRequest and what the response echoes."""
+
+    body: ResponsesIn
+    creq: ChatRequest
+    items: list[Any]  # the input items, references resolved (stored with the response)
+    toolset: ToolSet
+    text_echo: dict[str, Any]
+    reasoning_echo: dict[str, Any] | None
+    metadata: dict[str, str]
+
+
+def read_response(data: dict[str, Any], store: ResponseStore, request_id: str, settings: Settings) -> Read:
+    """A Responses body → ChatRequest, every check generation makes before it runs (POST
+    /v1/prompt-cache/blocks reads it so too)."""
+    body = validate(ResponsesIn, data)
     _check_unsupported(body)
-    store = ctx.responses
     items = resolve_references(normalize_input(body.input), store.item)
     history = _history(body, store)
     toolset = to_tools(body.tools)
@@ -116,15 +132,23 @@ async def create_response(request: Request) -> Response:
     reasoning, reasoning_echo = to_reasoning(body.reasoning)
     metadata = check_metadata(body.metadata)
     sampling = body.sampling(max_tokens=body.max_output_tokens)
-    rid = new_id("resp_")
     tool_choice = to_tool_choice(body.tool_choice, toolset)
-    limits = run_limits(ctx.settings, body)
+    limits = run_limits(settings, body)
     creq = ChatRequest(
         model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools, tool_choice=tool_choice,
         parallel_tool_calls=body.parallel_tool_calls, response_format=response_format, reasoning=reasoning,
-        request_id=rid, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
+        request_id=request_id, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
         session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls,
         cache_key=body_key(body.prompt_cache_key), continue_final=body.continue_final_message)
+    return Read(body, creq, items, toolset, text_echo, reasoning_echo, metadata)
+
+
+async def create_response(request: Request) -> Response:
+    ctx = node(request)
+    store = ctx.responses
+    read = read_response(await read_json(request), store, new_id("resp_"), ctx.settings)
+    body, creq, items, toolset, metadata = read.body, read.creq, read.items, read.toolset, read.metadata
+    text_echo, reasoning_echo, sampling, rid = read.text_echo, read.reasoning_echo, creq.sampling, creq.request_id
     model = ctx.backend.resolve(creq.model)
 
     asm = ResponseAssembler({

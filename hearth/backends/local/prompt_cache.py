@@ -1,4 +1,5 @@
-"""The local backend's prompt-cache capability: each model's `PrefixCache`, shown and cleared."""
+"""The local backend's prompt-cache capability: each model's `PrefixCache`, shown and cleared,
+its digest (the slot tier included) and a prompt's blocks keyed as it keys them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from hearth.backends.base import CacheEntry, PrefixCacheStats
+from hearth.backends.base import CacheEntry, PrefixCacheStats, PromptBlocks
 from hearth.backends.local.model import LocalModel
 
 
@@ -27,13 +28,27 @@ class LocalPromptCache:
         caches = [m.engine.cache for m in models if m.engine.cache is not None]
         return sum([await asyncio.to_thread(c.clear) for c in caches])
 
-    def cache_digest(self) -> dict[str, Any]:
+    async def cache_digest(self) -> dict[str, Any]:
+        # A worker thread: the slot tier hashes every idle slot's full blocks.
+        return await asyncio.to_thread(self._digest)
+
+    def _digest(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for mid, m in self._models().items():
+        for mid, m in list(self._models().items()):
             cache = m.engine.cache
             d = cache.digest() if cache is not None else {"block_tokens": 0, "ram": [], "disk": []}
+            slot, keys = m.engine.slots_digest()
             # The root lets a router hash a prompt's blocks itself (docs/api.md); "" with no cache.
             root = str(d.get("root", ""))
             out[mid] = {"block_tokens": d["block_tokens"], "root": root,
-                        "blocks": {"ram": d["ram"], "disk": d["disk"]}, "sessions": m.engine.sessions_where()}
+                        "blocks": {"slot": slot, "ram": d["ram"], "disk": d["disk"]}, "keys": {"slot": keys},
+                        "sessions": m.engine.sessions_where()}
         return out
+
+    async def cache_blocks(self, model: str | None, tokens: list[int]) -> PromptBlocks:
+        m = self._lookup(model)
+        cache = m.engine.cache
+        if cache is None:
+            return PromptBlocks(m.spec.id, "", 0, len(tokens), [])
+        keys = await asyncio.to_thread(cache.chain, tokens)
+        return PromptBlocks(m.spec.id, cache.digest_root, cache.block_tokens, len(tokens), [k.hex() for k in keys])

@@ -491,6 +491,20 @@ class PrefixCache:
                                b.on_disk, b.kept, b.last_used)
                     for b in sorted(self._blocks.values(), key=lambda b: (b.start, b.key))]
 
+    @property
+    def digest_root(self) -> str:
+        """The chain's root, hex (the first block's parent)."""
+        return self._root.hex()
+
+    def chain(self, tokens: Sequence[int]) -> list[bytes]:
+        """The keys the full blocks of `tokens` have (or would have) here, in order: what a
+        router matches against a digest. Pure (no lock): hashing, no lookup."""
+        B, h, out = self.block_tokens, self._root, []
+        for pos in range(0, len(tokens) - B + 1, B):
+            h = block_key(h, tokens[pos:pos + B])
+            out.append(h)
+        return out
+
     def digest(self) -> dict[str, Any]:
         """What this cache holds, by tier, as block hashes (how they chain: files.py)."""
         with self._lock:

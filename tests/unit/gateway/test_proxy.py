@@ -84,7 +84,7 @@ def gateway(tmp_path: Path, fleet: Fleet, **settings: Any) -> Iterator[TestClien
     ups = [Upstream(name=n, url=f"http://127.0.0.1:{port}", api_key=f"up-{n}", models={"smol": "up-model"},
                     max_in_flight=4) for n, port in (("a", 9101), ("b", 9102))]
     gs = GatewaySettings(upstreams=ups, data_dir=tmp_path, api_keys=["gw-key"], probe_interval=60,
-                         **{"heartbeat": 0.05, **settings})
+                         **{"heartbeat": 0.05, "digest_interval": 0, **settings})  # digests: test_digest_routing
     app = create_gateway_app(gs, transport=httpx.MockTransport(fleet))
     with TestClient(app, headers={"Authorization": "Bearer gw-key"}) as c:
         yield c
