@@ -104,7 +104,7 @@ async def test_the_blocks_are_the_keys_the_cache_stores_the_prompt_under(tmp_pat
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"},
      "tool_choice"),
-    ("/v1/responses", {"input": "x", "background": True}, "background"),
+    ("/v1/responses", {"input": "x", "background": True, "store": False}, "background"),
     ("/v1/responses", {"input": []}, "input"),
     ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix"),
     ("/v1/completions", {"prompt": []}, "prompt"),
