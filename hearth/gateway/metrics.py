@@ -59,6 +59,10 @@ class GatewayMetrics:
         self.stream_migration_seconds = Histogram("hearth_gateway_stream_migration_seconds",
                                                   "Added latency at a cut: the break to the continuation's first "
                                                   "event", buckets=LATENCY_BUCKETS, registry=r)
+        self.transcripts_from_relay = Counter(
+            "hearth_gateway_transcripts_from_relay",
+            "Session turns recorded from the relayed answer: the node answered, then could not give its copy",
+            registry=r)
         self.reprefills = Counter("hearth_gateway_session_reprefills",
                                   "Sessions continued on another node from the gateway's transcript", registry=r)
         self.ttft = Histogram("hearth_gateway_ttft_seconds", "Request start to the first byte sent to the client",

@@ -57,8 +57,9 @@ class Cut:
     def feed(self, event: Event) -> None:
         raise NotImplementedError
 
-    def body(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        """The continuation request, or None when this answer cannot be continued."""
+    def body(self, request: dict[str, Any], whole: bool = False) -> dict[str, Any] | None:
+        """The continuation request, or None when this answer cannot be continued. `whole`: also
+        when it ended (the request that holds the whole answer, for turn_record.py)."""
         raise NotImplementedError
 
     def begin(self) -> None:
@@ -113,8 +114,8 @@ class ChatCut(Cut):
             if choice.get("finish_reason"):
                 self.finished = True
 
-    def body(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        if self.finished:
+    def body(self, request: dict[str, Any], whole: bool = False) -> dict[str, Any] | None:
+        if self.finished and not whole:
             return None  # the answer ended: only its totals were missing
         messages = list(request.get("messages") or [])
         partial: dict[str, Any] = {"role": "assistant", "content": self.text}
@@ -196,8 +197,8 @@ class MessagesCut(Cut):
         elif kind == "message_delta":
             self.stopped = True
 
-    def body(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        if self.stopped:
+    def body(self, request: dict[str, Any], whole: bool = False) -> dict[str, Any] | None:
+        if self.stopped and not whole:
             return None
         content = [self._block(i, b) for i, b in enumerate(self.blocks)]
         messages = list(request.get("messages") or [])

@@ -50,8 +50,8 @@ class ResponsesCut(Cut):
         elif name in TERMINAL:
             self.done = True
 
-    def body(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        if self.done or self.response is None:
+    def body(self, request: dict[str, Any], whole: bool = False) -> dict[str, Any] | None:
+        if (self.done and not whole) or self.response is None:
             return None
         given = request.get("input")
         items = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else list(given or [])

@@ -32,6 +32,7 @@ from hearth.gateway.retry import RETRY_STATUSES, Retry, exhausted, refused
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.terminal import Protocol, protocol_of
 from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.turn_record import turn_messages
 from hearth.gateway.upstream_http import Answer, Buffered, Sender
 from hearth.sessions.ids import check_session_id
 
@@ -182,7 +183,7 @@ class Proxy:
         cut = cut_for(turn.protocol, turn.body) if self.settings.migration_limit else None
         tried = {node.name}
         return await self.relay.stream(resp, lease, turn.alias, turn.protocol, turn.started,
-                                       lambda scan, at: self._finished(at, turn, scan), release, cut,
+                                       lambda scan, at: self._finished(at, turn, scan, cut), release, cut,
                                        lambda c, failed: self._continue(turn, c, tried))
 
     async def _continue(self, turn: Turn, cut: Cut, tried: set[str]) -> Moved | None:
@@ -251,11 +252,12 @@ class Proxy:
 
     # ---- after the answer ----------------------------------------------------------------------
 
-    async def _finished(self, lease: Lease, turn: Turn, scan: Scan) -> bool:
+    async def _finished(self, lease: Lease, turn: Turn, scan: Scan, cut: Cut | None = None) -> bool:
         """A successful answer from `lease`'s node: remember where the conversation now lives.
         A session turn's transcript is copied from that node before the answer's last event
-        goes out (so the gateway's copy holds every turn a client saw answered); False if the
-        copy failed."""
+        goes out (so the gateway's copy holds every turn a client saw answered). When the copy
+        fails (the node died right after answering), a streamed turn is recorded from what the
+        gateway relayed (`cut`, turn_record.py). False: the turn is in no copy."""
         node = lease.node
         node.prefixes.add(turn.hashes)
         self.pool.remember(turn.affinity, node.name)
@@ -271,6 +273,14 @@ class Proxy:
             self.metrics.predicted_cached.inc(lease.decision.predicted_cached)
         if scan.prompt is not None:
             self.metrics.reported_prompt.inc(scan.prompt)
-        if turn.session_id is not None:
-            return await self.continuity.session_synced(node, turn.session_id, turn.alias)
+        if turn.session_id is None or await self.continuity.session_synced(node, turn.session_id, turn.alias):
+            return True
+        record = turn_messages(turn.protocol, cut.body(turn.body, whole=True), first=not turn.history) \
+            if cut is not None else None
+        if record is None:
+            return False
+        self.store.save_transcript(turn.session_id, turn.alias, [*turn.history, *record])
+        self.metrics.transcripts_from_relay.inc()
+        log.warning("session %s: %s answered but its transcript could not be copied; the turn is recorded from "
+                    "what the gateway relayed", turn.session_id, node.name)
         return True

@@ -270,11 +270,23 @@ def test_a_non_streamed_session_turn_returns_once_its_transcript_is_copied(tmp_p
         assert gateway_of(c.app).pool.store.transcript("s2") == ("smol", TURN)
 
 
-def test_a_turn_whose_transcript_cannot_be_copied_is_not_reported_done(tmp_path: Path, fleet: Fleet) -> None:
-    # The node answered and died before the gateway could copy the turn: the client is told to
-    # send it again rather than see an answer the conversation's history will not hold.
+def test_a_streamed_turn_whose_transcript_cannot_be_copied_is_recorded_from_the_relayed_answer(
+        tmp_path: Path, fleet: Fleet) -> None:
+    # The node answered and died before the gateway could copy the turn: the client has the
+    # whole answer, and the gateway records the turn from the request and what it relayed.
     fleet.behave["a"] = fleet.behave["b"] = session_node(503, stream=True)
     with gateway(tmp_path, fleet) as c:
         events = parsed(stream_text(c, "/v1/chat/completions", {**CHAT, "session_id": "s3"}, {}))
-        assert events[-2][1]["error"]["code"] == "upstream_failed" and events[-1] == (None, "[DONE]")
-        assert gateway_of(c.app).pool.store.transcript("s3") is None
+        assert events[-2][1]["choices"][0]["finish_reason"] == "stop" and events[-1] == (None, "[DONE]")
+        assert gateway_of(c.app).pool.store.transcript("s3") == ("smol", TURN)
+        assert gateway_of(c.app).proxy.metrics.transcripts_from_relay._value.get() == 1
+
+
+def test_a_non_streamed_turn_whose_transcript_cannot_be_copied_is_not_reported_done(
+        tmp_path: Path, fleet: Fleet) -> None:
+    # Nothing reached the client: it is retried on the other node, which fails the copy too.
+    fleet.behave["a"] = fleet.behave["b"] = session_node(503, stream=False)
+    with gateway(tmp_path, fleet) as c:
+        r = c.post("/v1/chat/completions", json={**CHAT, "session_id": "s4"})
+        assert r.status_code >= 500
+        assert gateway_of(c.app).pool.store.transcript("s4") is None
