@@ -164,8 +164,11 @@ class Pool:
         return await self.digests.blocks(nodes, alias, path, body)
 
     def _try(self, alias: str, affinity: Affinity, hashes: Sequence[tuple[str, int]], prompt_tokens: int,
-             exclude: set[str], blocks: Mapping[str, RequestBlocks]) -> Lease | None:
+             exclude: set[str], blocks: Mapping[str, RequestBlocks], urgent: bool = False) -> Lease | None:
         candidates = self._candidates(alias, hashes, exclude, blocks)
+        if urgent:  # past the in-flight caps: the least loaded node takes it now
+            for c in candidates:
+                c.max_in_flight = max(c.max_in_flight, c.in_flight + 1)
         if not candidates:
             retry = max(1, int(self.settings.probe_interval))
             raise Unavailable(f"no healthy upstream serves {alias!r} right now; retry shortly",
@@ -187,12 +190,15 @@ class Pool:
 
     async def acquire(self, alias: str, affinity: Affinity, hashes: Sequence[tuple[str, int]],
                       prompt_tokens: int, exclude: set[str] | None = None,
-                      blocks: Mapping[str, RequestBlocks] | None = None) -> Lease:
+                      blocks: Mapping[str, RequestBlocks] | None = None, urgent: bool = False) -> Lease:
         """A node for the request. `blocks`: the request's blocks per root
-        (`request_blocks`), for digest-based predictions; without them, the estimate."""
+        (`request_blocks`), for digest-based predictions; without them, the estimate.
+        `urgent`: a stream already admitted whose node died mid-answer (its client is waiting
+        mid-stream): it does not queue behind new requests but may take a node past its
+        `max_in_flight` (the node's own admission queue holds it at most that long)."""
         exclude = exclude or set()
         blocks = blocks or {}
-        lease = self._try(alias, affinity, hashes, prompt_tokens, exclude, blocks)
+        lease = self._try(alias, affinity, hashes, prompt_tokens, exclude, blocks, urgent)
         if lease is not None:
             return lease
         if self._waiting >= self.settings.max_waiting:

@@ -196,7 +196,8 @@ class Proxy:
             return None
         for _ in range(len(self.pool.nodes)):
             try:
-                lease = await self.pool.acquire(turn.alias, turn.affinity, turn.hashes, turn.prompt_tokens, tried)
+                lease = await self.pool.acquire(turn.alias, turn.affinity, turn.hashes, turn.prompt_tokens, tried,
+                                                urgent=True)
             except HearthError:
                 break
             tried.add(lease.node.name)

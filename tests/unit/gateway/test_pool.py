@@ -46,6 +46,19 @@ async def test_caps_then_wait_then_woken_by_release(tmp_path: Path) -> None:
     assert c.node is a.node and pool.waiting == 0
 
 
+async def test_a_continuation_does_not_queue_behind_new_requests(tmp_path: Path) -> None:
+    # n0 died mid-answer (excluded); n1 is at its cap with a request waiting for it: the stream
+    # whose node died goes to n1 now, past the cap, and the new request still waits.
+    pool = make_pool(tmp_path, caps=(1, 1))
+    held = await pool.acquire("m", NONE, [], 10, exclude={"n0"})
+    waiter = asyncio.create_task(pool.acquire("m", NONE, [], 10, exclude={"n0"}))
+    while pool.waiting == 0:
+        await asyncio.sleep(0)
+    moved = await pool.acquire("m", NONE, [], 10, exclude={"n0"}, urgent=True)
+    assert moved.node is held.node and held.node.in_flight == 2 and not waiter.done()
+    waiter.cancel()
+
+
 async def test_full_queue_is_429_with_retry_after(tmp_path: Path) -> None:
     pool = make_pool(tmp_path, caps=(1,), max_waiting=1)
     await pool.acquire("m", NONE, [], 10)
