@@ -18,6 +18,7 @@ from hearth.api.anthropic import messages as anthropic
 from hearth.api.app import assemble, create_app
 from hearth.config import Settings
 from hearth.gateway import routes
+from hearth.gateway.background import BackgroundRuns
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.context import Gateway, attach
 from hearth.gateway.metrics import GatewayMetrics
@@ -53,6 +54,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     http: UpstreamHttp | HttpxSender = UpstreamHttp(HttpxSender(client)) if transport is None \
         else HttpxSender(client)
     proxy = Proxy(settings, pool, store, metrics, client, http)
+    background = BackgroundRuns(proxy, store, settings.heartbeat)
     # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
     # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.
     translated = OpenAIUpstreamBackend(pool, client)
@@ -72,6 +74,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
                     await stack.enter_async_context(translator.router.lifespan_context(translator))
                 yield
         finally:
+            await background.shutdown()  # its runs end as failed, recorded before the store closes
             await pool.stop()
             await proxy.continuity.idle()
             await http.aclose()
@@ -110,5 +113,6 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     ]
     app = assemble(route_list, lifespan, metrics.requests, access_settings(settings))
     attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=Mover(pool, client, metrics),
-                        started=int(time.time()), translator=translator, translated=frozenset(translated.aliases())))
+                        started=int(time.time()), translator=translator, translated=frozenset(translated.aliases()),
+                        background=background))
     return app

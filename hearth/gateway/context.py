@@ -13,6 +13,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
+from hearth.gateway.background import BackgroundRuns
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.migrate import Mover
 from hearth.gateway.pool import Pool
@@ -31,6 +32,7 @@ class Gateway:
     # (None and empty when no upstream is of that kind).
     translator: Starlette | None
     translated: frozenset[str]
+    background: BackgroundRuns  # the background responses the gateway runs on Hearth upstreams
 
 
 def attach(app: Starlette, gateway: Gateway) -> None:

@@ -30,7 +30,10 @@ class ResponsesCut(Cut):
         self._continued: int | None = None  # the client's item this continuation goes on with
 
     def feed(self, event: Event) -> None:
-        name, d = parse(event)
+        self.take(*parse(event))
+
+    def take(self, name: str | None, d: Any) -> None:
+        """`feed` of an event already parsed."""
         if not isinstance(d, dict):
             return
         if isinstance(d.get("sequence_number"), int):
@@ -139,12 +142,20 @@ class ResponsesCut(Cut):
             item["status"] = status
         return item
 
-    def _close(self) -> list[tuple[str, dict[str, Any]]]:
+    def output(self) -> list[dict[str, Any]]:
+        """The output items as the client has them so far (an open one with its text so far)."""
+        return [self._item(k) for k in range(len(self.items))]
+
+    def closing(self, status: str) -> list[dict[str, Any]]:
+        """The done events of the open item, ended with `status` (a run cut short: "incomplete")."""
+        return [e for _, e in self._close(status)]
+
+    def _close(self, status: str = "completed") -> list[tuple[str, dict[str, Any]]]:
         """The done events of the item the client has open, which the continuation moved past."""
         k = self.open
         if k is None:
             return []
-        item = self._item(k, "completed")
+        item = self._item(k, status)
         base = {"item_id": item.get("id"), "output_index": k}
         text = self.texts[k]
         events: list[tuple[str, dict[str, Any]]] = []

@@ -86,7 +86,11 @@ class Proxy:
                     hashes[-1][1] if hashes else 1, sid, history, body.get("stream") is True, headers)
 
     async def generate(self, request: Request, body: dict[str, Any]) -> Response:
-        turn = self.turn(request, body)
+        return await self.serve(self.turn(request, body))
+
+    async def serve(self, turn: Turn) -> Response:
+        """The turn sent, retried and relayed; needs nothing of the client's request (a
+        background run's turn is served by a task of the gateway's, `background.py`)."""
         tried: set[str] = set()
         failures: list[Retry] = []
         # What the nodes hold of this prompt (routing.py): asked once, kept across retries.

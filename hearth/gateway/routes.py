@@ -18,6 +18,7 @@ from hearth.api.context import node_of
 from hearth.api.http.auth import matches, presented_key
 from hearth.api.http.parsing import read_json, read_json_or_empty
 from hearth.errors import BadRequest, Forbidden, NotFound, Unavailable
+from hearth.gateway.background import is_background
 from hearth.gateway.cache_state import Digest
 from hearth.gateway.context import gateway_of
 from hearth.gateway.delegate import Delegate
@@ -45,6 +46,8 @@ async def generate(request: Request) -> Response:
     alias = gw.pool.resolve(body.get("model"))
     if gw.translator is not None and alias in gw.translated:
         return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode())
+    if is_background(request.url.path, body):  # run by the gateway, to survive its node (background.py)
+        return await gw.background.create(request, body)
     return await gw.proxy.generate(request, body)
 
 
@@ -170,15 +173,24 @@ async def import_snapshot(request: Request) -> Response:
 
 
 async def cancel(request: Request) -> Response:
-    """To the session's node when a session is named, else to every live Hearth node."""
+    """To the session's node when a session is named, else to every live Hearth node. A
+    background response the gateway runs is cancelled here (background.py), not by a node."""
     body = await read_json(request)
     pool = _pool(request)
     sid = body.get("session_id")
+    raw = await request.body()
+    runs, ours = gateway_of(request.app).background, 0
+    if isinstance(rid := body.get("response_id"), str) and runs.running(rid):
+        await runs.cancel(rid)
+        ours = 1
+        body = {k: v for k, v in body.items() if k != "response_id"}
+        if not any(isinstance(body.get(k), str) for k in ("cancel_id", "session_id", "completion_id", "message_id")):
+            return JSONResponse({"cancelled": ours})
+        raw = json.dumps(body).encode()
     name = pool.store.node_of(f"session:{sid}") if isinstance(sid, str) else None
     nodes = [pool.nodes[name]] if name in pool.nodes else live(pool)
-    raw = await request.body()
     answers = await asyncio.gather(*(call(request, n, body=raw) for n in nodes))
-    total = 0
+    total = ours
     for r in answers:
         if r.status_code >= 400:
             return as_response(r)  # the same validation everywhere: the first refusal speaks for all
@@ -212,7 +224,10 @@ async def _holder(request: Request, nodes: list[Node]) -> Node | None:
 
 async def response_route(request: Request) -> Response:
     """/v1/responses/{id}…: to the node that produced the response; a background response's
-    event stream (`?stream=true`) relayed as it comes."""
+    event stream (`?stream=true`) relayed as it comes. A background response the gateway runs
+    is answered here (background.py)."""
+    if (ours := await gateway_of(request.app).background.answer(request)) is not None:
+        return ours
     pool = _pool(request)
     name = pool.store.node_of(f"response:{request.path_params['response_id']}")
     streamed = request.method == "GET" and request.query_params.get("stream", "").lower() in ("true", "1")

@@ -6,7 +6,11 @@
   re-prefilled from it;
 - `responses`: each stored Responses turn on a Hearth node (its input items and output items,
   and the response it continued), so a `previous_response_id` chain whose node died is replayed
-  as input items on another node.
+  as input items on another node;
+- `background`: the response object of each background response the gateway runs
+  (`background.py`): `in_progress` while it runs, final once it ended, so a GET answers after
+  its events expired or the gateway restarted. Rows still running when the store opens belong
+  to a gateway that was killed: they are failed then (`server_restarted`, as a node's).
 
 Writes are single small statements (WAL): cheap enough for the event loop.
 """
@@ -20,13 +24,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hearth.api.openai.responses_store import ORPHAN_ERROR
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS affinity (key TEXT PRIMARY KEY, node TEXT NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS transcripts (session_id TEXT PRIMARY KEY, model TEXT NOT NULL,
                                         messages TEXT NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, previous TEXT, items TEXT NOT NULL,
                                       updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS background (id TEXT PRIMARY KEY, status TEXT NOT NULL, response TEXT NOT NULL,
+                                       updated REAL NOT NULL);
 """
+RUNNING = ("queued", "in_progress")
 MAX_CHAIN = 1000
 
 
@@ -37,6 +46,7 @@ class TranscriptStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
         self._lock = threading.Lock()
+        self.orphans = self._fail_orphans()
 
     def close(self) -> None:
         self._db.close()
@@ -110,3 +120,33 @@ class TranscriptStore:
                 parts.append(json.loads(row[1]))
                 rid = row[0]
         return [item for part in reversed(parts) for item in part]
+
+    # ---- background responses ------------------------------------------------------------------
+
+    def save_background(self, response: dict[str, Any]) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO background VALUES (?, ?, ?, ?)",
+                             (response["id"], str(response.get("status")), json.dumps(response, ensure_ascii=False),
+                              time.time()))
+
+    def background(self, response_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT response FROM background WHERE id = ?", (response_id,)).fetchone()
+        response = json.loads(row[0]) if row else None
+        return response if isinstance(response, dict) else None
+
+    def drop_background(self, response_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("DELETE FROM background WHERE id = ?", (response_id,)).rowcount > 0
+
+    def _fail_orphans(self) -> int:
+        """Runs left `queued` / `in_progress` by a gateway that stopped without ending them
+        (killed): failed, as a node fails its own (`responses_store.ORPHAN_ERROR`)."""
+        with self._lock:
+            rows = self._db.execute(f"SELECT response FROM background WHERE status IN {RUNNING}").fetchall()
+            for (raw,) in rows:
+                response = json.loads(raw)
+                response.update(status="failed", error=dict(ORPHAN_ERROR))
+                self._db.execute("UPDATE background SET status = 'failed', response = ?, updated = ? WHERE id = ?",
+                                 (json.dumps(response, ensure_ascii=False), time.time(), response["id"]))
+        return len(rows)
