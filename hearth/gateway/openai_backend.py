@@ -41,7 +41,7 @@ from hearth.chat.types import (
 )
 from hearth.errors import BadRequest, NotFound, Unavailable
 from hearth.gateway.health import counts_as_failure
-from hearth.gateway.openai_continue import Continuer, Held, joined_usage
+from hearth.gateway.openai_continue import Continuer, Echo, Held, joined_usage
 from hearth.gateway.openai_wire import chat_json, chunk_events, refusal, sampling_json, usage_of
 from hearth.gateway.pool import Pool
 from hearth.gateway.routing import Affinity, prefix_hashes
@@ -195,6 +195,7 @@ class OpenAIUpstreamBackend:
         text = ""  # the answer's text so far (choice 0): what a continuation is given
         plain = True  # only text so far: reasoning and tool calls are not continued
         moves = 0
+        echo = Echo("")  # a continuation's repetition of the partial answer it was given, dropped
         cut_at: float | None = None
         try:
             yield Started(0)
@@ -211,7 +212,7 @@ class OpenAIUpstreamBackend:
                         data = json.loads(payload)
                         if isinstance(data, dict) and data.get("error"):
                             raise _UpstreamError(str(data["error"]))
-                        for ev in chunk_events(data, completion):
+                        for ev in (e for raw in chunk_events(data, completion) for e in echo.feed(raw)):
                             if cut_at is not None:
                                 metrics.stream_migration_seconds.observe(time.monotonic() - cut_at)
                                 cut_at = None
@@ -253,13 +254,13 @@ class OpenAIUpstreamBackend:
                     cut_at = time.monotonic()
                     held.release(False)
                     await current[0].aclose()
-                    moved = await go_on.open(text)
+                    moved = await go_on.open(text, before + chunks)
                     if moved is None:
                         yield Finish(0, "error")
                         yield Done(joined_usage(usage, before, chunks), error=message)
                         return
                     log.info("the stream from %s continues on %s", node.name, moved[0].node.name)
-                    held.lease, current[0] = moved
+                    held.lease, current[0], echo = moved
                     node = moved[0].node
                     moves += 1
                     before, chunks, usage = before + chunks, 0, Usage()

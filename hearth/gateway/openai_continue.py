@@ -18,6 +18,11 @@ again, which any upstream can take. Only text is continued: a cut after a reason
 delta stays today's terminal error, since no engine continues a half-built tool call through the
 OpenAI API, and reasoning would have to be sent back in a field engines drop or reject.
 
+Recent llama-server builds repeat the prefilled message at the start of their answer (its first
+content delta is the final assistant message's text plus the first new token; tried with a
+llama-server built from llama.cpp in 2025-26), older ones and vLLM do not: `Echo` drops such a
+repetition, so the client gets only what is new either way.
+
 The engine that continues counts the partial text as prompt tokens: usage is fixed up in
 openai_backend.py (`joined_usage`).
 """
@@ -31,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from hearth.chat.types import Usage
+from hearth.chat.types import ChatEvent, TextDelta, Usage
 from hearth.errors import HearthError
 from hearth.gateway.health import counts_as_failure
 from hearth.gateway.pool import Lease, Node, Pool
@@ -42,10 +47,13 @@ log = logging.getLogger("hearth.gateway")
 RETRY_STATUSES = (429, 502, 503, 504)
 
 
-def continuation_body(body: dict[str, Any], text: str, kind: str, continue_final: bool) -> dict[str, Any]:
+def continuation_body(body: dict[str, Any], text: str, kind: str, continue_final: bool,
+                      produced: int = 0) -> dict[str, Any]:
     """`body` (a chat request as sent to an upstream) with `text`, the answer so far, as its
     final assistant message in the way of an upstream of continuation `kind`. `continue_final`:
-    the client asked to continue its own final assistant message, which `text` then extends."""
+    the client asked to continue its own final assistant message, which `text` then extends.
+    `produced`: the tokens of `text` (estimated), taken off `max_tokens`, which these engines
+    count from the continuation's first new token."""
     if not text:
         return body  # nothing reached the client: the same request again
     messages = list(body.get("messages") or [])
@@ -57,10 +65,45 @@ def continuation_body(body: dict[str, Any], text: str, kind: str, continue_final
         messages.pop()
         partial["content"] = last["content"] + text
     out = {**body, "messages": [*messages, partial]}
+    if isinstance(body.get("max_tokens"), int):
+        out["max_tokens"] = max(1, body["max_tokens"] - produced)
     if kind == "vllm":
         out["continue_final_message"] = True
         out["add_generation_prompt"] = False
     return out
+
+
+def final_text(body: dict[str, Any]) -> str:
+    """The text of the final assistant message of a continuation request ("" if none)."""
+    messages = body.get("messages") or []
+    last = messages[-1] if messages else None
+    ok = isinstance(last, dict) and last.get("role") == "assistant" and isinstance(last.get("content"), str)
+    return str(last["content"]) if ok and isinstance(last, dict) else ""
+
+
+class Echo:
+    """Drops a continuation's repetition of the message it continues (`prefix`) from the start of
+    its text: text that could still be that repetition is held back until it is whole (dropped)
+    or turns out to be something else (let through, whole)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix: str | None = prefix or None  # None: decided
+        self.held = ""
+
+    def feed(self, ev: ChatEvent) -> list[ChatEvent]:
+        if self.prefix is None:
+            return [ev]
+        if isinstance(ev, TextDelta) and ev.index == 0:
+            seen = self.held + ev.text
+            if self.prefix.startswith(seen) and seen != self.prefix:
+                self.held = seen
+                return []
+            rest = seen[len(self.prefix):] if seen.startswith(self.prefix) else seen
+            self.prefix, self.held = None, ""
+            return [TextDelta(0, rest)] if rest else []
+        out: list[ChatEvent] = [TextDelta(0, self.held)] if self.held else []
+        self.prefix, self.held = None, ""
+        return [*out, ev]
 
 
 def joined_usage(last: Usage, before: int, chunks: int) -> Usage:
@@ -108,8 +151,9 @@ class Continuer:
     continue_final: bool
     tried: set[str] = field(default_factory=set)  # each upstream at most once per stream
 
-    async def open(self, text: str) -> tuple[Lease, httpx.Response] | None:
-        """A continuation's lease and its streaming 200, or None (counted in
+    async def open(self, text: str, produced: int) -> tuple[Lease, httpx.Response, Echo] | None:
+        """A continuation of `text` (`produced` content chunks so far) on another upstream: its
+        lease, its streaming 200 and the Echo its events go through, or None (counted in
         `hearth_gateway_stream_migrations_total`: `no_node` or `refused`)."""
         metrics = self.pool.metrics.stream_migrations
         unable = {n.name for n in self.pool.nodes.values() if n.up.continuation == "none"} if text else set()
@@ -122,7 +166,7 @@ class Continuer:
             node = lease.node
             self.tried.add(node.name)
             body = continuation_body(self.body(node.up.models[self.alias]), text, node.up.continuation,
-                                     self.continue_final)
+                                     self.continue_final, produced)
             try:
                 req = self.client.build_request("POST", node.up.url + "/v1/chat/completions", json=body,
                                                 headers=node.up.headers(),
@@ -138,7 +182,7 @@ class Continuer:
                 raise
             if resp.status_code == 200:
                 metrics.labels("continued").inc()
-                return lease, resp
+                return lease, resp, Echo(final_text(body) if text else "")
             try:
                 said = (await resp.aread())[:300].decode(errors="replace")
             except httpx.TransportError:

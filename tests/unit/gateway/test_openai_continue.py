@@ -18,10 +18,11 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
+from hearth.chat.types import Finish, TextDelta
 from hearth.gateway.app import create_gateway_app
 from hearth.gateway.config import GatewaySettings, Upstream, parse_upstreams
 from hearth.gateway.context import gateway_of
-from hearth.gateway.openai_continue import continuation_body
+from hearth.gateway.openai_continue import Echo, continuation_body
 
 PORTS = (9201, 9202, 9203)
 Reply = Callable[[httpx.Request], httpx.Response]
@@ -109,7 +110,8 @@ def sse_events(c: TestClient, path: str, body: dict[str, Any]) -> list[tuple[str
     return out
 
 
-CHAT = {"model": "q", "messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}}
+CHAT = {"model": "q", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50,
+        "stream_options": {"include_usage": True}}
 MSG = {"model": "q", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
 RESP = {"model": "q", "input": "hi"}
 
@@ -140,13 +142,35 @@ def test_the_next_engine_is_asked_to_continue_in_its_own_way(tmp_path: Path, kin
         assert (second["continue_final_message"], second["add_generation_prompt"]) == (True, False)
     else:  # llama-server prefills any final assistant message by itself
         assert "continue_final_message" not in second and "add_generation_prompt" not in second
+    # the rest of the request as it was, but for max_tokens: the engine counts from its first new token
     assert {k: v for k, v in second.items() if k != "messages"} == {
-        **{k: v for k, v in first.items() if k != "messages"},
+        **{k: v for k, v in first.items() if k != "messages"}, "max_tokens": 48,
         **({"continue_final_message": True, "add_generation_prompt": False} if kind == "vllm" else {})}
     assert (text, finishes) == ("Hello world", ["stop"])
     # Completion tokens of both parts (the first part's 2 chunks, the rest's 3 reported); the
     # continuation's prompt less the partial answer it was given.
     assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (10, 5, 15)
+
+
+@pytest.mark.parametrize("pieces", [["Hello wor"], ["Hel", "lo", " wor"]])
+def test_an_engine_that_repeats_the_prefilled_text_is_relayed_only_what_is_new(tmp_path: Path,
+                                                                              pieces: list[str]) -> None:
+    # Recent llama-server builds start their answer with the prefilled message, then the new tokens.
+    echoing = stream(delta({"role": "assistant", "content": None}), *(delta({"content": p}) for p in pieces),
+                     delta({"content": "ld"}), delta({}, "stop"))
+    with gateway(tmp_path, Engines(CUT, echoing), kinds=("prefill",) * 3) as c:
+        text, finishes, _ = chat_view(sse_events(c, "/v1/chat/completions", CHAT))
+    assert (text, finishes) == ("Hello world", ["stop"])
+
+
+def test_text_that_only_begins_like_the_partial_answer_is_let_through() -> None:
+    echo = Echo("Hello")
+    assert echo.feed(TextDelta(0, "He")) == []
+    assert echo.feed(TextDelta(0, "y")) == [TextDelta(0, "Hey")]
+    assert echo.feed(TextDelta(0, "Hello")) == [TextDelta(0, "Hello")]  # decided: no more dropping
+    held = Echo("Hello")
+    assert held.feed(TextDelta(0, "Hel")) == [] and held.feed(Finish(0, "stop")) == [TextDelta(0, "Hel"),
+                                                                                       Finish(0, "stop")]
 
 
 def test_a_clients_own_final_assistant_message_and_the_partial_text_are_one_message() -> None:
