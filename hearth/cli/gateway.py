@@ -60,8 +60,9 @@ def serve(
         envvar="HEARTH_STALL_TIMEOUT", help="Seconds a stream from a Hearth node may send nothing (its own heartbeats "
         "included) before it counts as broken; 0: never. Per upstream: stall_timeout in the TOML.")] = 30.0,
     migration_limit: Annotated[int, typer.Option(
-        envvar="HEARTH_MIGRATION_LIMIT", help="Times a stream whose Hearth node died mid-answer may continue on "
-        "another node (0: never; the client gets the protocol's terminal error).")] = 3,
+        envvar="HEARTH_MIGRATION_LIMIT", help="Times a stream whose node died mid-answer may continue on "
+        "another node (openai upstreams: those with a continuation in the TOML; 0: never; the client gets the "
+        "protocol's terminal error).")] = 3,
     routing: Annotated[str, typer.Option(
         envvar="HEARTH_GATEWAY_ROUTING", help="cost (affinity + cache-aware) or round_robin (a baseline).")] = "cost",
     digest_interval: Annotated[float, typer.Option(

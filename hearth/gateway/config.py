@@ -11,6 +11,8 @@ file:
     max_in_flight = 8
     stall_timeout = 30         # seconds a stream may send nothing; 0: never (default: --stall-timeout
                                # for hearth upstreams, never for openai ones)
+    continuation = "vllm"      # openai upstreams: how this engine continues a partial answer sent
+                               # to it (vllm | prefill | none; default none), openai_continue.py
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from typing import Any
 from hearth.config import LOOPBACK, check_access, check_origins, default_data_dir
 
 KINDS = ("hearth", "openai")
+# How an openai-kind engine continues a final assistant message (openai_continue.py): vLLM's and
+# SGLang's `continue_final_message`, llama-server's assistant prefill, or not at all.
+CONTINUATIONS = ("none", "vllm", "prefill")
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -37,6 +42,7 @@ class Upstream:
     models: dict[str, str] = field(default_factory=dict)  # alias -> upstream model id
     max_in_flight: int = 8
     stall_timeout: float | None = None  # None: the gateway's default for the kind; 0: never
+    continuation: str = "none"  # openai kind: how the engine continues a partial answer (CONTINUATIONS)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -51,6 +57,11 @@ class Upstream:
             raise ValueError(f"upstream {self.name}: max_in_flight must be at least 1")
         if self.stall_timeout is not None and not self.stall_timeout >= 0:
             raise ValueError(f"upstream {self.name}: stall_timeout must be >= 0 seconds (0: never)")
+        if self.continuation not in CONTINUATIONS:
+            raise ValueError(f"upstream {self.name}: continuation must be one of {', '.join(CONTINUATIONS)}")
+        if self.continuation != "none" and self.kind != "openai":  # Hearth nodes continue by themselves
+            raise ValueError(f"upstream {self.name}: continuation is for openai upstreams (Hearth nodes always "
+                             "continue a partial answer)")
         object.__setattr__(self, "url", self.url.rstrip("/"))
 
     def headers(self, admin: bool = False) -> dict[str, str]:
@@ -81,8 +92,9 @@ class GatewaySettings:
     # beat every --sse-heartbeat seconds (5) while a stream is silent, so silence means a stopped
     # or wedged node; engines of the openai kind may say nothing during a long prefill: never by default.
     stall_timeout: float = 30.0
-    # Times one stream may continue on another node after its Hearth node died mid-answer
-    # (migration.py); 0: never, the client gets the terminal error.
+    # Times one stream may continue on another node after its node died mid-answer
+    # (migration.py), or on another openai upstream that can continue it (openai_continue.py); 0: never,
+    # the client gets the terminal error.
     migration_limit: int = 3
     log_level: str = "info"
     routing: str = "cost"  # cost | round_robin (a baseline for benchmarks)
@@ -147,7 +159,7 @@ def parse_upstreams(doc: dict[str, Any]) -> list[Upstream]:
         if not isinstance(item, dict):
             raise ValueError(f"upstream #{i + 1}: a table expected")
         unknown = set(item) - {"name", "url", "kind", "api_key", "admin_key", "models", "max_in_flight",
-                                "stall_timeout"}
+                                "stall_timeout", "continuation"}
         if unknown:
             raise ValueError(f"upstream #{i + 1}: unknown keys {sorted(unknown)}")
         models = item.get("models", {})
@@ -160,7 +172,8 @@ def parse_upstreams(doc: dict[str, Any]) -> list[Upstream]:
             out.append(Upstream(name=str(item["name"]), url=str(item["url"]), kind=str(item.get("kind", "hearth")),
                                 api_key=item.get("api_key"), admin_key=item.get("admin_key"), models=dict(models),
                                 max_in_flight=int(item.get("max_in_flight", 8)),
-                                stall_timeout=float(item["stall_timeout"]) if "stall_timeout" in item else None))
+                                stall_timeout=float(item["stall_timeout"]) if "stall_timeout" in item else None,
+                                continuation=str(item.get("continuation", "none"))))
         except KeyError as e:
             raise ValueError(f"upstream #{i + 1}: {e.args[0]} is required") from e
     return out

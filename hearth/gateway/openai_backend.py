@@ -5,8 +5,10 @@ Responses clients in front of them, tool calls and reasoning included, and keeps
 chains (`previous_response_id`) in the gateway's data dir.
 
 Routing, admission and retries before the first byte are the pool's, as for Hearth nodes.
-Once the stream is returned, an upstream failure becomes `Finish(reason="error")` +
-`Done(error=...)`, which each protocol's serializer turns into its own terminal error.
+Once the stream is returned, a chat answer whose upstream breaks goes on on another upstream
+of its alias where one can continue it (openai_continue.py); otherwise, and for an error the
+engine reports itself, it becomes `Finish(reason="error")` + `Done(error=...)`, which each
+protocol's serializer turns into its own terminal error.
 These engines keep no sessions: `session_kv` is None, so `session_id` is a 404
 `sessions_unsupported`, as on any server without sessions.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -38,11 +41,14 @@ from hearth.chat.types import (
 )
 from hearth.errors import BadRequest, NotFound, Unavailable
 from hearth.gateway.health import counts_as_failure
+from hearth.gateway.openai_continue import Continuer, Echo, Held, joined_usage
 from hearth.gateway.openai_wire import chat_json, chunk_events, refusal, sampling_json, usage_of
-from hearth.gateway.pool import Lease, Pool
+from hearth.gateway.pool import Pool
 from hearth.gateway.routing import Affinity, prefix_hashes
 from hearth.gateway.upstream_http import Stalled, within
 from hearth.sessions.transcript import message_to_json
+
+log = logging.getLogger("hearth.gateway")
 
 SEQ_CTX = 131072  # what the gateway lets through; the upstream enforces its own context
 NO_TOKENIZER = "token counting is not available for models served by OpenAI-compatible upstreams"
@@ -100,8 +106,15 @@ class OpenAIUpstreamBackend:
     async def chat(self, req: ChatRequest) -> EventStream:
         alias = self.resolve(req.model)
         hashes = prefix_hashes(alias, [message_to_json(m) for m in req.messages])
-        return await self._open(alias, "/v1/chat/completions", lambda model: chat_json(req, model), hashes,
-                                completion=False, cancel=req.cancel, timeout=req.timeout, choices=req.n)
+
+        def body(model: str) -> dict[str, Any]:
+            return chat_json(req, model)
+
+        # One answer per request can go on elsewhere (openai_continue.py); n > 1 cannot.
+        go_on = Continuer(self.pool, self.client, alias, body, hashes, req.continue_final) \
+            if req.n == 1 and self.pool.settings.migration_limit else None
+        return await self._open(alias, "/v1/chat/completions", body, hashes, completion=False, cancel=req.cancel,
+                                timeout=req.timeout, choices=req.n, go_on=go_on)
 
     async def complete(self, req: CompletionRequest) -> EventStream:
         if not isinstance(req.prompt, str):
@@ -115,9 +128,9 @@ class OpenAIUpstreamBackend:
                                                "stream_options": {"include_usage": True}, **sampling_json(req)},
                                 hashes, completion=True, cancel=req.cancel, timeout=req.timeout, choices=req.n)
 
-    async def _open(self, alias: str, path: str, body: Any, hashes: list[tuple[str, int]],
-                    completion: bool, cancel: CancelToken | None, timeout: float | None,
-                    choices: int) -> EventStream:
+    async def _open(self, alias: str, path: str, body: Callable[[str], dict[str, Any]],
+                    hashes: list[tuple[str, int]], completion: bool, cancel: CancelToken | None,
+                    timeout: float | None, choices: int, go_on: Continuer | None = None) -> EventStream:
         """Retry before the first byte, as for Hearth nodes; then stream."""
         tried: set[str] = set()
         last = "no upstream could take the request"
@@ -150,10 +163,11 @@ class OpenAIUpstreamBackend:
                 self.pool.release(lease, False if counts_as_failure(resp.status_code) else None)
                 raise refusal(resp.status_code, text)
             node.prefixes.add(hashes)
-            outcome: list[bool] = []  # set by the stream; empty if it never ran to an end
-            events = self._events(lease, resp, completion, outcome, cancel or CancelToken(), timeout, choices)
-            return EventStream(events,
-                               on_close=[self._releaser(lease, outcome)])
+            held = Held(self.pool, lease)  # released by the EventStream's close, even if it never starts
+            if go_on is not None:
+                go_on.tried.add(node.name)
+            events = self._events(held, resp, completion, cancel or CancelToken(), timeout, choices, go_on)
+            return EventStream(events, on_close=[held.close])
         raise Unavailable(f"every upstream failed: {last}", code="upstream_failed", retry_after=2)
 
     def _spawn_close(self, resp: httpx.Response) -> None:
@@ -161,64 +175,101 @@ class OpenAIUpstreamBackend:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    def _releaser(self, lease: Lease, outcome: list[bool]) -> Callable[[], None]:
-        return lambda: self.pool.release(lease, outcome[0] if outcome else None)
-
-    async def _events(self, lease: Lease, resp: httpx.Response, completion: bool, outcome: list[bool],
-                      cancel: CancelToken, timeout: float | None, choices: int) -> AsyncIterator[ChatEvent]:
-        """The lease is released by the EventStream's close (it runs even if this never starts);
-        `outcome` tells it how the stream ended. A cancel (or the time cap) closes the upstream
-        response, which stops the upstream's work; the stream then ends `cancelled`."""
+    async def _events(self, held: Held, resp: httpx.Response, completion: bool, cancel: CancelToken,
+                      timeout: float | None, choices: int, go_on: Continuer | None) -> AsyncIterator[ChatEvent]:
+        """`held.ok` tells the stream's close how it ended. A cancel (or the time cap) closes the
+        upstream response, which stops the upstream's work; the stream then ends `cancelled`.
+        A stream that breaks (transport error, stall, closed without a finish) goes on on
+        another upstream through `go_on` where it can (openai_continue.py), at most
+        --migration-limit times; else it ends with Finish(error) + Done(error)."""
         loop = asyncio.get_running_loop()
-        cancel.on_cancel(lambda: loop.call_soon_threadsafe(lambda: self._spawn_close(resp)))
+        node = held.node
+        current = [resp]  # the response a cancel closes: the continuation's once there is one
+        cancel.on_cancel(lambda: loop.call_soon_threadsafe(lambda: self._spawn_close(current[0])))
         cap = loop.call_later(timeout, cancel.cancel, "timeout") if timeout else None
-        usage = Usage()
+        metrics = self.pool.metrics
+        usage = Usage()  # the current part's report
         finished: set[int] = set()
-        chunks = 0  # content chunks: the completion tokens when the upstream reports no usage
+        chunks = 0  # the current part's content chunks: its completion tokens when it reports no usage
+        before = 0  # content chunks of the earlier parts (the partial answer a continuation was given)
+        text = ""  # the answer's text so far (choice 0): what a continuation is given
+        plain = True  # only text so far: reasoning and tool calls are not continued
+        moves = 0
+        echo = Echo("")  # a continuation's repetition of the partial answer it was given, dropped
+        cut_at: float | None = None
         try:
             yield Started(0)
-            stall = self.pool.settings.stall_timeout_for(lease.node.up)  # none unless the TOML sets one
-            try:
-                async for line in within(resp.aiter_lines(), stall):
-                    lease.node.last_bytes = self.pool.clock()
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    data = json.loads(payload)
-                    if isinstance(data, dict) and data.get("error"):
-                        raise _UpstreamError(str(data["error"]))
-                    for ev in chunk_events(data, completion):
-                        if isinstance(ev, Finish):
-                            finished.add(ev.index)
-                        elif isinstance(ev, TextDelta | ReasoningDelta | ToolCallDelta):
-                            chunks += 1
-                        yield ev
-                    usage = usage_of(data) or usage
-                if not finished:
-                    raise _UpstreamError("the upstream ended the stream without a finish reason")
-                outcome.append(True)
-                if usage.completion_tokens == 0:
-                    usage.completion_tokens = chunks
-                yield Done(usage)
-            except (httpx.HTTPError, ValueError, _UpstreamError, Stalled, RuntimeError) as e:
-                if cancel.cancelled:
-                    for i in range(choices):
-                        if i not in finished:
-                            yield Finish(i, "cancelled")
-                    usage.completion_tokens = usage.completion_tokens or chunks
-                    yield Done(usage)
+            while True:
+                stall = self.pool.settings.stall_timeout_for(node.up)  # none unless the TOML sets one
+                try:
+                    async for line in within(current[0].aiter_lines(), stall):
+                        node.last_bytes = self.pool.clock()
+                        if not line.startswith("data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == "[DONE]":
+                            break
+                        data = json.loads(payload)
+                        if isinstance(data, dict) and data.get("error"):
+                            raise _UpstreamError(str(data["error"]))
+                        for ev in (e for raw in chunk_events(data, completion) for e in echo.feed(raw)):
+                            if cut_at is not None:
+                                metrics.stream_migration_seconds.observe(time.monotonic() - cut_at)
+                                cut_at = None
+                            if isinstance(ev, Finish):
+                                finished.add(ev.index)
+                            elif isinstance(ev, TextDelta | ReasoningDelta | ToolCallDelta):
+                                chunks += 1
+                                if isinstance(ev, TextDelta) and ev.index == 0:
+                                    text += ev.text
+                                else:
+                                    plain = False
+                            yield ev
+                        usage = usage_of(data) or usage
+                    if not finished:
+                        raise _Cut("the upstream ended the stream without a finish reason")
+                    held.ok = True
+                    yield Done(joined_usage(usage, before, chunks))
                     return
-                outcome.append(False)
-                message = f"the upstream node {lease.node.name} failed mid-stream: {e}"
-                yield Finish(0, "error")
-                yield Done(usage, error=message)
+                except (httpx.HTTPError, ValueError, _Cut, _UpstreamError, Stalled, RuntimeError) as e:
+                    if cancel.cancelled:
+                        for i in range(choices):
+                            if i not in finished:
+                                yield Finish(i, "cancelled")
+                        yield Done(joined_usage(usage, before, chunks))
+                        return
+                    message = f"the upstream node {node.name} failed mid-stream: {e}"
+                    # An in-band error is the engine's own answer, not a dead engine: not continued.
+                    stop = isinstance(e, _UpstreamError) or go_on is None
+                    if not stop and (finished or not plain or moves >= self.pool.settings.migration_limit):
+                        metrics.stream_migrations.labels("limit" if plain and not finished
+                                                         else "nothing_to_continue").inc()
+                        stop = True
+                    if stop or go_on is None:
+                        held.ok = False
+                        yield Finish(0, "error")
+                        yield Done(joined_usage(usage, before, chunks), error=message)
+                        return
+                    log.warning("upstream %s broke mid-stream: %s", node.name, e)
+                    cut_at = time.monotonic()
+                    held.release(False)
+                    await current[0].aclose()
+                    moved = await go_on.open(text, before + chunks)
+                    if moved is None:
+                        yield Finish(0, "error")
+                        yield Done(joined_usage(usage, before, chunks), error=message)
+                        return
+                    log.info("the stream from %s continues on %s", node.name, moved[0].node.name)
+                    held.lease, current[0], echo = moved
+                    node = moved[0].node
+                    moves += 1
+                    before, chunks, usage = before + chunks, 0, Usage()
+                    if cancel.cancelled:  # it came while the continuation was opening
+                        self._spawn_close(current[0])
         finally:
             if cap is not None:
                 cap.cancel()
-            await resp.aclose()
-
+            await current[0].aclose()
 
     # tokens: these engines' tokenizers are not reachable through the OpenAI API
     async def tokenize(self, model: str | None, text: str, *, add_special: bool = True) -> list[int]:
@@ -249,4 +300,8 @@ class OpenAIUpstreamBackend:
 
 
 class _UpstreamError(Exception):
-    pass
+    """The engine reported an error in its stream."""
+
+
+class _Cut(Exception):
+    """The stream ended without its finish."""
