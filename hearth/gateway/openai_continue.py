@@ -160,7 +160,8 @@ class Continuer:
         for _ in range(len(self.pool.nodes)):
             try:
                 lease = await self.pool.acquire(self.alias, Affinity("none"), self.hashes,
-                                                self.hashes[-1][1] if self.hashes else 1, self.tried | unable)
+                                                self.hashes[-1][1] if self.hashes else 1, self.tried | unable,
+                                                urgent=True)  # its client is mid-stream: no queueing
             except HearthError:
                 break
             node = lease.node
