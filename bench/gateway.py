@@ -106,7 +106,8 @@ def start_gateway(tmp: Path, nodes: dict[str, Proc], args: argparse.Namespace, *
     port = free_port()
     toml = tmp / f"fleet-{port}.toml"
     toml.write_text("".join(f'[[upstream]]\nname = "{n}"\nurl = "{p.url}"\nmodels = {{ "smol" = "{MODEL_ID}" }}\n'
-                            f"max_in_flight = {args.parallel}\n\n" for n, p in nodes.items()))
+                            f"max_in_flight = {getattr(args, 'max_in_flight', None) or args.parallel}\n\n"
+                            for n, p in nodes.items()))
     env = {**os.environ, "HEARTH_GATEWAY_HOME": str(tmp / f"gw-{port}")}
     argv = [sys.executable, "-m", "hearth.cli.main", "gateway", "--upstreams", str(toml), "--port", str(port),
             "--log-level", "warning", *extra]

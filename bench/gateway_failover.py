@@ -3,7 +3,9 @@
     .venv/bin/python -m bench.gateway_failover                      # 50 streams per protocol (idle machine)
     .venv/bin/python -m bench.gateway_failover --streams 6 --max-tokens 24   # smoke
 
---nodes Hearth nodes behind one gateway. Per protocol (Chat Completions, Anthropic Messages,
+--nodes Hearth nodes (--parallel slots each, the gateway sending each at most --max-in-flight
+streams: the slots above it take the continuations of a dead node's streams at once) behind one
+gateway. Per protocol (Chat Completions, Anthropic Messages,
 Responses): first the --streams requests (distinct prompts, temperature 0) are answered with no
 failure (the reference); then the same requests are sent again, all at once, and when a third of
 them have received text, the node serving most of the streams still running is killed -9 and
@@ -217,9 +219,11 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--streams", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=8, help="slots per node")
+    ap.add_argument("--max-in-flight", type=int, default=5,
+                    help="the gateway's cap per node (below --parallel: slots kept free for continuations)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--probe-interval", type=float, default=0.3)
     ap.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
     args = ap.parse_args()

@@ -150,8 +150,9 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"hearth-routing-{policy}-"))
     nodes = {f"n{i}": start_node(tmp, f"n{i}", args) for i in range(args.nodes)}
     await asyncio.gather(*(p.ready() for p in nodes.values()))
-    gw = await start_gateway(tmp, nodes, args, "--routing", policy, "--probe-interval", "0.5",
-                             "--max-wait", "600").ready()
+    routing = {"cost": ["--routing", "cost"], "estimate": ["--routing", "cost", "--digest-interval", "0"],
+               "round_robin": ["--routing", "round_robin"]}[policy]
+    gw = await start_gateway(tmp, nodes, args, *routing, "--probe-interval", "0.5", "--max-wait", "600").ready()
     convs = [Conv(c, args.max_tokens) for c in conversations(args.conversations)]
     turns: list[dict[str, Any]] = []
     restarted = None
