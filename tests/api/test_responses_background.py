@@ -256,5 +256,6 @@ def test_a_run_left_by_a_dead_process_is_failed_when_the_store_opens(tmp_path: P
     bg = reopened.get(rid)
     assert bg is not None and bg.response["status"] == "failed"
     assert bg.response["error"]["code"] == "server_restarted"
-    other = reopened.get(plain)
-    assert other is not None and other.response["status"] == "in_progress"  # not background: left as it was
+    other = reopened.get(plain)  # a plain stored answer cut by the process's death: failed too
+    assert other is not None and other.response["status"] == "failed"
+    assert other.response["error"]["code"] == "server_restarted"

@@ -47,12 +47,12 @@ _SCHEMA = (
 )
 
 
-# A background response still `queued` or `in_progress` when the store opens belongs to a run of
-# an earlier process (one node owns its data dir, and this runs before this process stores any):
-# that run is gone, so the response is failed, not left running forever.
+# A response still `queued` or `in_progress` when the store opens (a background one, or a plain
+# stored one whose process was killed mid-answer) belongs to a run of an earlier process (one node
+# owns its data dir, and this runs before this process stores any): that run is gone, so the
+# response is failed, not left running forever.
 _ORPHANS = """UPDATE responses SET response = json_set(response, '$.status', 'failed', '$.error', json(?))
-WHERE json_extract(response, '$.background') = 1
-  AND json_extract(response, '$.status') IN ('queued', 'in_progress')"""
+WHERE json_extract(response, '$.status') IN ('queued', 'in_progress')"""
 ORPHAN_ERROR = {"code": "server_restarted", "message": "the server stopped before the response finished"}
 
 
