@@ -10,9 +10,10 @@ it fits the default model's context) first requests, each with another task
 (bench/prompt_cache/conversations.py): all Claude Code conversations share the long system
 prompt, all Codex ones theirs, and each conversation keeps its client's conversation key
 (Claude Code's session header, Codex's prompt_cache_key). Turns are interleaved (turn 1 of every
-conversation, then turn 2, ...); each later turn sends the whole conversation again plus a short
-user message. After turn --restart-after the node holding the most conversations is restarted
-(graceful, same port and data dir: its RAM tier is gone, its disk tier is not).
+conversation, then turn 2, ..., the order rotated by one each turn); each later turn sends the
+whole conversation again plus a short user message. After turn --restart-after the node holding
+the most conversations is restarted (graceful, same port and data dir: its RAM tier is gone, its
+disk tier is not).
 
 Once per --routing policy, each on a fresh fleet with empty caches:
 - cost: the gateway's cost model on the nodes' digests (real cache state);
@@ -170,7 +171,10 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
                     nodes[restarted] = await start_node(tmp, restarted, args, port=port).ready()
                     await asyncio.sleep(2)  # the gateway's probe and digest poll see it again
                     log(f"{policy}: restarted {restarted}")
-                for i, conv in enumerate(convs):
+                # interleaved, the order rotated each turn (a fixed order would give round-robin the
+                # same node for a conversation every turn whenever the nodes divide the conversations)
+                for i in [(t + k) % len(convs) for k in range(len(convs))]:
+                    conv = convs[i]
                     r = await turn(client, gw.url, conv)
                     r.update({"turn": t, "conv": i})
                     turns.append(r)

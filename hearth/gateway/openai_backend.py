@@ -41,7 +41,7 @@ from hearth.chat.types import (
 )
 from hearth.errors import BadRequest, NotFound, Unavailable
 from hearth.gateway.health import counts_as_failure
-from hearth.gateway.openai_continue import Continuer, Echo, Held, joined_usage
+from hearth.gateway.openai_continue import Continuer, Echo, Held, joined_usage, post_stream
 from hearth.gateway.openai_wire import chat_json, chunk_events, refusal, sampling_json, usage_of
 from hearth.gateway.pool import Pool
 from hearth.gateway.routing import Affinity, prefix_hashes
@@ -139,11 +139,7 @@ class OpenAIUpstreamBackend:
             node = lease.node
             tried.add(node.name)
             try:
-                req = self.client.build_request("POST", node.up.url + path, json=body(node.up.models[alias]),
-                                                headers=node.up.headers(),
-                                                timeout=httpx.Timeout(None, connect=self.pool.settings.connect_timeout))
-                resp = await self.client.send(req, stream=True)
-                node.last_bytes = self.pool.clock()
+                resp = await post_stream(self.client, self.pool, node, path, body(node.up.models[alias]))
             except httpx.TransportError as e:
                 self.pool.release(lease, False)
                 last = f"{node.name}: {type(e).__name__}"

@@ -116,6 +116,17 @@ def joined_usage(last: Usage, before: int, chunks: int) -> Usage:
     return Usage(prompt, before + completion, min(last.cached_tokens, prompt))
 
 
+async def post_stream(client: httpx.AsyncClient, pool: Pool, node: Node, path: str,
+                      body: dict[str, Any]) -> httpx.Response:
+    """POST `body` to an openai-kind upstream, its answer streamed (only the connect is timed:
+    the stream's silences are `within`'s); the node showed life when its headers came."""
+    req = client.build_request("POST", node.up.url + path, json=body, headers=node.up.headers(),
+                               timeout=httpx.Timeout(None, connect=pool.settings.connect_timeout))
+    resp = await client.send(req, stream=True)
+    node.last_bytes = pool.clock()
+    return resp
+
+
 class Held:
     """The lease a stream holds now (a continuation replaces it); each released exactly once.
     `ok` is the outcome the stream's close releases it with (None: not the node's fault)."""
@@ -169,11 +180,7 @@ class Continuer:
             body = continuation_body(self.body(node.up.models[self.alias]), text, node.up.continuation,
                                      self.continue_final, produced)
             try:
-                req = self.client.build_request("POST", node.up.url + "/v1/chat/completions", json=body,
-                                                headers=node.up.headers(),
-                                                timeout=httpx.Timeout(None, connect=self.pool.settings.connect_timeout))
-                resp = await self.client.send(req, stream=True)
-                node.last_bytes = self.pool.clock()
+                resp = await post_stream(self.client, self.pool, node, "/v1/chat/completions", body)
             except httpx.TransportError as e:
                 self.pool.release(lease, False)
                 log.warning("continuing on %s: %s", node.name, e)

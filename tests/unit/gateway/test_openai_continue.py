@@ -23,6 +23,7 @@ from hearth.gateway.app import create_gateway_app
 from hearth.gateway.config import GatewaySettings, Upstream, parse_upstreams
 from hearth.gateway.context import gateway_of
 from hearth.gateway.openai_continue import Echo, continuation_body
+from tests.unit.gateway.test_migration import parsed
 
 PORTS = (9201, 9202, 9203)
 Reply = Callable[[httpx.Request], httpx.Response]
@@ -99,15 +100,7 @@ def migrations(c: TestClient, outcome: str) -> float:
 def sse_events(c: TestClient, path: str, body: dict[str, Any]) -> list[tuple[str | None, Any]]:
     with c.stream("POST", path, json={**body, "stream": True}) as r:
         assert r.status_code == 200, r.read()
-        text = "".join(r.iter_text())
-    out: list[tuple[str | None, Any]] = []
-    for block in text.split("\n\n"):
-        if not block or block.startswith(":"):
-            continue
-        name = block.split("\n", 1)[0][7:] if block.startswith("event: ") else None
-        raw = block.split("data: ", 1)[1]
-        out.append((name, raw if raw == "[DONE]" else json.loads(raw)))
-    return out
+        return parsed("".join(r.iter_text()))
 
 
 CHAT = {"model": "q", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50,
