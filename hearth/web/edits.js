@@ -90,18 +90,20 @@ async function submitEdit(question, asBranch) {
   const text = question.querySelector(".edit-text").value.trim();
   if (state.running || !text) return;
   const keep = Number(question.dataset.index);
+  let reused = null;
   try {
-    if (asBranch) await branchAt(keep);
+    if (asBranch) reused = await branchAt(keep);
     else await rollbackTo(keep);
   } catch (e) {
     reportError(e, asBranch ? "branch" : "edit");
     return;
   }
-  sendTurn(text);
+  await sendTurn(text);
+  if (asBranch) showBanner(`Branched into a new session: ${reused} tokens of the shared part were reused; the original is kept.`, "info");
 }
 
 // A new session holding the open one's first `keep` messages and their KV; it becomes the open
-// session, and the original stays as it was.
+// session, and the original stays as it was. Returns how many KV tokens it starts with.
 async function branchAt(keep) {
   const parent = state.sessionId;
   const enc = encodeURIComponent;
@@ -115,12 +117,12 @@ async function branchAt(keep) {
     api(`/v1/snapshots/${snap.snapshot_id}`, { method: "DELETE" }).catch(() => {}).finally(refreshSnapshots);
   }
   const cut = await api(`/v1/sessions/${enc(id)}/rollback`, { method: "POST", body: { keep_messages: keep } });
-  titles[id] = ("⑂ " + label).slice(0, 60);
+  titles[id] = ("↳ " + label).slice(0, 60);
   parents[id] = parent;
   store.set("titles", JSON.stringify(titles));
   store.set("parents", JSON.stringify(parents));
   await openSession(id);
-  showBanner(`Branched into a new session: ${cut.current_pos} tokens of the shared part are reused; the original is kept.`, "info");
+  return cut.current_pos;
 }
 
 // The buttons on messages and code blocks, all handled here (no handler on any rendered node).

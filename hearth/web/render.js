@@ -15,7 +15,9 @@
 "use strict";
 
 const HearthMarkdown = (() => {
-  const md = new marked.Marked({ gfm: true, breaks: false, async: false });
+  // breaks: a single newline is a line break, as chat UIs show it: models write poems, addresses
+  // and "Red\nBlue\nYellow" with single newlines and mean them.
+  const md = new marked.Marked({ gfm: true, breaks: true, async: false });
 
   // Tags a chat answer has no use for (forms, frames, media, styles) are dropped whole; styles
   // and ids could dress model text up as the page's own controls.

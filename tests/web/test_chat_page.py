@@ -67,15 +67,22 @@ def test_static_files_are_served_without_a_key_and_nothing_else(keyed_server: Se
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")
     assert '<script src="/web/app.js"' in page.text and "http://" not in page.text and "https://" not in page.text
-    for name, kind in [("app.js", "text/javascript"), ("style.css", "text/css"), ("index.html", "text/html")]:
+    for name in ["app.js", "render.js", "messages.js", "edits.js", "style.css", "index.html",
+                 "vendor/marked.umd.js", "vendor/purify.min.js", "vendor/highlight.min.js",
+                 "vendor/hljs-github.min.css", "vendor/hljs-github-dark.min.css"]:
+        kind = {"js": "text/javascript", "css": "text/css", "html": "text/html"}[name.rsplit(".", 1)[1]]
         r = httpx.get(f"{url}/web/{name}", timeout=10)
         assert r.status_code == 200, name
         assert r.headers["content-type"].startswith(kind)
         assert "default-src 'self'" in r.headers["content-security-policy"]
+        # Every script and stylesheet the page loads is one of these: nothing from elsewhere.
+        assert f'"/web/{name}"' in page.text or name == "index.html", name
+    assert len(re.findall(r'(?:src|href)="([^"]+)"', page.text)) == 10
     etag = httpx.get(url + "/web/app.js", timeout=10).headers["etag"]
     assert httpx.get(url + "/web/app.js", headers={"if-none-match": etag}, timeout=10).status_code == 304
     for path in ["/web/__init__.py", "/web/..%2F__init__.py", "/web/../api/web.py", "/web/%2e%2e/config.py",
-                 "/web/", "/web/app.js/x"]:
+                 "/web/", "/web/app.js/x", "/web/vendor/", "/web/vendor/VERSIONS.md", "/web/vendor/LICENSE.marked",
+                 "/web/vendor/%2e%2e/app.js", "/web/vendor/..%2F..%2Fapi/web.py"]:
         r = httpx.get(url + path, timeout=10)
         # 404 from the allow-list; 401 where the client normalized `..` away (then it is not /web/).
         assert r.status_code in (401, 404), path

@@ -87,7 +87,7 @@ def test_streaming_renders_each_finished_block_once(web_server: Server, new_page
       const w0 = performance.now();
       HearthMarkdown.render(whole, text);
       const wholeMs = performance.now() - w0;
-      const blocks = new marked.Marked({gfm: true}).lexer(text).filter((t) => t.type !== 'space');
+      const blocks = new marked.Marked({gfm: true, breaks: true}).lexer(text).filter((t) => t.type !== 'space');
       return {
         parsed: s.parsedChars - before.parsedChars - text.length, blockRenders: s.blockRenders - before.blockRenders,
         tailRenders: s.tailRenders - before.tailRenders, times, maxTail, same: streamed === whole.innerHTML,
