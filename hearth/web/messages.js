@@ -127,6 +127,7 @@ class ReplyView {
     this.reasoning = "";
     this.calls = []; // tool calls streamed as deltas, by index
     this.pending = false;
+    this.finished = false;
   }
 
   add(text, reasoning) {
@@ -157,6 +158,7 @@ class ReplyView {
 
   paint() {
     this.pending = false;
+    if (this.finished) return; // a frame queued before the stream ended
     const stick = nearBottom();
     const details = this.msg.querySelector(".reasoning");
     if (this.reasoning) {
@@ -184,7 +186,7 @@ class ReplyView {
   }
 
   finish(finishReason, stats) {
-    this.pending = true; // a frame still queued finds nothing to do
+    this.finished = true;
     const details = this.msg.querySelector(".reasoning");
     if (this.reasoning) {
       details.hidden = false;

@@ -344,6 +344,26 @@ def test_page_keeps_the_chat_in_the_tab_without_sessions(web_server: Server, bro
                                           {"role": "user", "content": "Which word?"}]
         assert page.locator(".msg.assistant .stats").count() == 2
         assert page.is_disabled("#save-snapshot")
+
+        # Retry and Edit cut the conversation the tab keeps (there is no Branch without sessions).
+        turns = page.locator(".msg.assistant")
+        turns.last.hover()
+        with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/v1/chat/completions")):
+            turns.last.locator(".retry").click()
+        wait_done(page)
+        assert bodies[-1]["messages"] == [{"role": "user", "content": "Remember the word 'ember'."},
+                                          {"role": "assistant", "content": first_reply},
+                                          {"role": "user", "content": "Which word?"}], "the question again, alone"
+        first = page.locator(".msg.user").first
+        first.hover()
+        first.locator(".edit").click()
+        assert first.locator(".edit-branch").is_hidden()
+        first.locator(".edit-text").fill("Remember the word 'hearth'.")
+        with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/v1/chat/completions")):
+            first.locator(".edit-send").click()
+        wait_done(page)
+        assert bodies[-1]["messages"] == [{"role": "user", "content": "Remember the word 'hearth'."}]
+        assert page.locator(".msg.user").count() == 1 and page.locator(".msg.assistant").count() == 1
     finally:
         ctx.close()
 
