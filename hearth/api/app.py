@@ -134,7 +134,7 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/metrics", control.metrics, methods=["GET"]),
         Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
         Route("/", web.index, methods=["GET"]),
-        Route("/web/{name}", web.static_file, methods=["GET"]),
+        Route("/web/{name:path}", web.static_file, methods=["GET"]),
     ]
     app = assemble(routes, lifespan, metrics.requests, settings)
     app.state.node = context

@@ -16,10 +16,20 @@ from starlette.responses import Response
 
 from hearth.errors import NotFound
 
+_JS, _CSS = "text/javascript; charset=utf-8", "text/css; charset=utf-8"
 FILES = {
     "index.html": "text/html; charset=utf-8",
-    "app.js": "text/javascript; charset=utf-8",
-    "style.css": "text/css; charset=utf-8",
+    "app.js": _JS,
+    "render.js": _JS,
+    "messages.js": _JS,
+    "edits.js": _JS,
+    "style.css": _CSS,
+    # Browser libraries the page renders markdown with (hearth/web/vendor/VERSIONS.md).
+    "vendor/marked.umd.js": _JS,
+    "vendor/purify.min.js": _JS,
+    "vendor/highlight.min.js": _JS,
+    "vendor/hljs-github.min.css": _CSS,
+    "vendor/hljs-github-dark.min.css": _CSS,
 }
 # The page may talk only to this origin and load nothing from elsewhere.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -28,7 +38,7 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 @functools.cache
 def _asset(name: str) -> tuple[bytes, str]:
-    data = resources.files("hearth.web").joinpath(name).read_bytes()
+    data = resources.files("hearth.web").joinpath(*name.split("/")).read_bytes()
     return data, '"' + hashlib.sha256(data).hexdigest()[:16] + '"'
 
 

@@ -36,6 +36,11 @@ Ctrl-C stops the reply being written (the REPL stays); Ctrl-D leaves.
 
   /save [title]   save the session as a snapshot
   /load ID        load a snapshot into a new session and continue there
+  /retry          regenerate the last answer (the session is rolled back one turn)
+  /edit N [TEXT]  replace message N (a user message, numbered as in /history) and regenerate
+                  from there; without TEXT, edit the old text on the prompt line
+  /branch N [TEXT]  as /edit, in a new session that starts from a snapshot of messages 1..N-1
+                  (their KV is reused, nothing is prefilled again); the current session is kept
   /rollback N     keep only the first N messages of the session (numbers as in /history)
   /history        the session's messages, numbered
   /system TEXT    set the system message (applies from the next turn; /system alone shows it)
@@ -64,6 +69,7 @@ class Repl:
     server_sessions: bool = True
     local: list[dict[str, Any]] = field(default_factory=list)  # the transcript, without server sessions
     last: TurnStats | None = None
+    markdown: bool = True  # render answers as markdown (--plain: raw text)
     err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False, soft_wrap=True))
 
     # turns
@@ -82,7 +88,7 @@ class Repl:
             body["session_id"] = self.session
             if self.replace_system:
                 body["replace_system"] = True
-        result = run_turn(self.client, body, self.out, self.api_key)
+        result = run_turn(self.client, body, self.out, self.api_key, markdown=self.markdown)
         self.last = result.stats
         self.replace_system = False
         if not self.server_sessions:
@@ -101,7 +107,8 @@ class Repl:
 
     def commands(self) -> dict[str, Callable[[str], None]]:
         return {"/help": lambda _: self.out.print(HELP, markup=False), "/save": self.save, "/load": self.load,
-                "/rollback": self.rollback, "/history": self.history, "/system": self.set_system,
+                "/rollback": self.rollback, "/retry": self.retry, "/edit": self.edit, "/branch": self.branch,
+                "/history": self.history, "/system": self.set_system,
                 "/clear": self.clear, "/sessions": self.sessions, "/snapshots": self.snapshots,
                 "/stats": self.stats}
 
@@ -138,17 +145,85 @@ class Repl:
         self.out.print(f"session {self.session} now has {s.get('message_count', '?')} messages "
                        f"({s.get('current_pos', '?')} tokens)")
 
-    def history(self, _: str) -> None:
+    def messages(self) -> list[dict[str, Any]]:
         if not self.server_sessions:
-            print_history(self.out, self.local)
-            return
+            return list(self.local)
         try:
-            messages = self.client.get(f"/v1/sessions/{seg(self.session)}/history")["data"]
+            return list(self.client.get(f"/v1/sessions/{seg(self.session)}/history")["data"])
         except APIError as e:
             if e.status != 404 or e.error_code != "session_not_found":
                 raise
-            messages = []
-        print_history(self.out, messages)
+            return []
+
+    def _cut(self, keep: int) -> None:
+        """Keep the first `keep` messages (rollback cuts the session's KV to match)."""
+        if not self.server_sessions:
+            self.local = self.local[:keep]
+        else:
+            self.client.post(f"/v1/sessions/{seg(self.session)}/rollback", {"keep_messages": keep})
+
+    def retry(self, _: str) -> None:
+        messages = self.messages()
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        if not users:
+            raise CLIError("nothing to retry: the session has no user message yet")
+        text = _text(messages[users[-1]].get("content"))
+        self._cut(users[-1])
+        self.say(text)
+
+    def _edited(self, arg: str, verb: str) -> tuple[int, str]:
+        """(the message's 0-based index, the new text) for `/edit N [TEXT]` and `/branch N [TEXT]`."""
+        number, _, text = arg.partition(" ")
+        if not number.isdigit() or int(number) < 1:
+            raise CLIError(f"usage: /{verb} N [TEXT] (N: a user message, numbered as in /history)")
+        messages = self.messages()
+        index = int(number) - 1
+        if index >= len(messages) or messages[index].get("role") != "user":
+            raise CLIError(f"message {number} is not a user message (see /history)")
+        text = text.strip() or self.read_edit(_text(messages[index].get("content")))
+        if not text:
+            raise CLIError("empty message: nothing changed")
+        return index, text
+
+    def edit(self, arg: str) -> None:
+        index, text = self._edited(arg, "edit")
+        self._cut(index)
+        self.say(text)
+
+    def branch(self, arg: str) -> None:
+        """The page's Branch: save, load into a new session, cut that one back, delete the snapshot."""
+        self._needs_sessions()
+        index, text = self._edited(arg, "branch")
+        parent, name = self.session, new_session_name()
+        with self.out.status("branching…"):
+            snap = self.client.post(f"/v1/sessions/{seg(parent)}/save", {"title": f"branch point: {parent}",
+                                                                         "tags": ["branch"]})
+            snap_id = str(snap["snapshot_id"])
+            try:
+                self.client.post(f"/v1/snapshots/{seg(snap_id)}/load", {"session_id": name})
+            finally:
+                with contextlib.suppress(CLIError):  # a server with an admin key keeps it (tagged "branch")
+                    self.client.delete(f"/v1/snapshots/{seg(snap_id)}")
+            cut = self.client.post(f"/v1/sessions/{seg(name)}/rollback", {"keep_messages": index})
+        self.session = name
+        self.out.print(f"branched into session {name} ({cut.get('current_pos', '?')} tokens of messages "
+                       f"1-{index} reused); {parent} is kept", markup=False)
+        self.say(text)
+
+    def read_edit(self, old: str) -> str:
+        """The old text on the prompt line, to be edited (with readline; without, typed anew)."""
+        try:
+            import readline
+        except ImportError:
+            return input("edit> ").strip()
+        readline.set_startup_hook(lambda: readline.insert_text(old.replace("\n", " ")))
+        try:
+            return input("edit> ").strip()
+        finally:
+            readline.set_startup_hook()
+
+    def history(self, _: str) -> None:
+        print_history(self.out, self.messages())
 
     def set_system(self, text: str) -> None:
         if not text:
@@ -211,6 +286,12 @@ class Repl:
                 self.out.print(Text("[interrupted]", style="yellow"))
 
 
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
 def connect(url: str | None, api_key: str | None) -> Client:
     """A client for `url`; when none was given with --url and nothing answers at a loopback
     address, start a background server there (as `hearth server start` does) and wait."""
@@ -249,11 +330,14 @@ def chat(
     model: Annotated[str | None, typer.Option(help="Model id (default: the server's first).")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="Most tokens per reply.")] = None,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
+    plain: Annotated[bool, typer.Option(
+        "--plain", help="Print answers as raw text, not rendered as markdown.")] = False,
 ) -> None:
     """Chat with a model in the terminal, in a server session.
 
-    Replies stream; Ctrl-C stops one (the REPL stays), Ctrl-D leaves. Type /help inside for the
-    slash commands. Without --url, a server is started in the background if none answers.
+    Replies stream, rendered as markdown (--plain: raw text); Ctrl-C stops one (the REPL stays),
+    Ctrl-D leaves. Type /help inside for the slash commands (/retry, /edit N, /branch N, ...).
+    Without --url, a server is started in the background if none answers.
 
     Example: hearth chat --session demo --system "Answer briefly."
     """
@@ -275,7 +359,7 @@ def chat(
             server_sessions = False
         repl = Repl(client, out, api_key, session or new_session_name(), system=system,
                     replace_system=system is not None, max_tokens=max_tokens, temperature=temperature,
-                    model=model, server_sessions=server_sessions)
+                    model=model, server_sessions=server_sessions, markdown=not plain)
         out.print(f"hearth chat · {model or (model_ids[0] if model_ids else '?')} at {client.url}", markup=False)
         if not server_sessions:
             out.print("this server has no sessions: the conversation is kept in this REPL only", style="yellow")

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.text import Text
 
 from hearth.cli.client import Client, CLIError
+from hearth.cli.markdown import MarkdownStream
 
 
 @dataclass(slots=True)
@@ -63,9 +64,11 @@ def new_cancel_id() -> str:
     return f"cli-{uuid.uuid4().hex}"
 
 
-def run_turn(client: Client, body: dict[str, Any], out: Console, api_key: str | None = None) -> TurnResult:
+def run_turn(client: Client, body: dict[str, Any], out: Console, api_key: str | None = None, *,
+             markdown: bool = False) -> TurnResult:
     """Stream one chat completion (`body` without `stream`), printing reasoning dimmed and the
-    answer plainly. Raises CLIError for a refused request (the REPL shows it and goes on)."""
+    answer as it comes: rendered as markdown (markdown.py) when `markdown`, else plainly.
+    Raises CLIError for a refused request (the REPL shows it and goes on)."""
     cancel_id = new_cancel_id()
     body = {**body, "cancel_id": cancel_id, "stream_options": {"include_usage": True}}
     pressed = threading.Event()
@@ -89,6 +92,7 @@ def run_turn(client: Client, body: dict[str, Any], out: Console, api_key: str | 
     in_reasoning = False
     t0 = time.monotonic()
     t_first = t_last = 0.0
+    answer: MarkdownStream | None = None
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         for chunk in client.stream_chat(body):
@@ -101,10 +105,19 @@ def run_turn(client: Client, body: dict[str, Any], out: Console, api_key: str | 
                 if stats.ttft is None:
                     stats.ttft, t_first = t_last - t0, t_last
                 if is_reasoning != in_reasoning and (content or reasoning):
-                    out.print("\n" if is_reasoning else "\n\n", end="", soft_wrap=True)
+                    if answer is not None:  # reasoning after answer text (rare): the text so far stands
+                        answer.close()
+                        answer = None
+                    else:
+                        out.print("\n" if is_reasoning else "\n\n", end="", soft_wrap=True)
                 in_reasoning = is_reasoning
                 (reasoning if is_reasoning else content).append(piece)
-                out.print(Text(piece, style="dim italic" if is_reasoning else ""), end="", soft_wrap=True)
+                if markdown and not is_reasoning:
+                    if answer is None:
+                        answer = MarkdownStream(out, live=out.is_terminal)
+                    answer.add(piece)
+                else:
+                    out.print(Text(piece, style="dim italic" if is_reasoning else ""), end="", soft_wrap=True)
             stats.finish_reason = chunk.finish_reason or stats.finish_reason
             if chunk.usage:
                 stats.prompt_tokens = chunk.usage.get("prompt_tokens")
@@ -116,7 +129,9 @@ def run_turn(client: Client, body: dict[str, Any], out: Console, api_key: str | 
         signal.signal(signal.SIGINT, previous)
         stats.seconds = time.monotonic() - t0
         stats.decode_seconds = max(t_last - t_first, 0.0)
-    if content or reasoning:
+        if answer is not None:
+            answer.close()  # ends with a newline of its own
+    if (content or reasoning) and answer is None:
         out.print()
     if stats.finish_reason == "cancelled":
         out.print(Text("[stopped]", style="yellow"))

@@ -109,7 +109,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         Route("/admin/sessions/{session_id}", routes.session_status, methods=["GET"]),
         Route("/admin/sessions/{session_id}/move", routes.move_session, methods=["POST"]),
         Route("/", web.index, methods=["GET"]),
-        Route("/web/{name}", web.static_file, methods=["GET"]),
+        Route("/web/{name:path}", web.static_file, methods=["GET"]),
     ]
     app = assemble(route_list, lifespan, metrics.requests, access_settings(settings))
     attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=Mover(pool, client, metrics),

@@ -1,4 +1,7 @@
-// Hearth's chat page. Plain JS, no build step, no outside assets.
+// Hearth's chat page. Plain JS, no build step, no outside assets. The scripts, in the order
+// index.html loads them: vendor/ (marked, DOMPurify, highlight.js), render.js (markdown to safe
+// DOM), messages.js (the conversation's elements, copying), edits.js (retry, edit, branch),
+// this file (the API, sessions and snapshots, a turn, wiring).
 //
 // Talks only to this server's own API (docs/api.md, docs/sessions.md); every call carries the key
 // from the settings (kept in localStorage). A turn streams from POST /v1/chat/completions and is
@@ -16,6 +19,7 @@ const state = {
   sessionsApi: null, // null: not known yet; true / false once GET /v1/sessions answered
   sessionId: null, // the open session; null for a new chat not sent yet
   local: [], // the conversation, when the server keeps no sessions
+  count: 0, // messages in the open conversation's transcript (the server's, or `local`)
   running: null, // the turn in flight: {cancelId, controller, stopping}
   model: null,
 };
@@ -139,134 +143,15 @@ async function loadModel() {
   }
 }
 
-// ---------------------------------------------------------------- rendering
+// ---------------------------------------------------------------- titles
 
 const titles = JSON.parse(store.get("titles", "{}")); // session id -> first words, for the sidebar
+const parents = JSON.parse(store.get("parents", "{}")); // branch session id -> the session it came from
 
 function rememberTitle(sessionId, text) {
   if (!sessionId || titles[sessionId]) return;
   titles[sessionId] = text.replace(/\s+/g, " ").trim().slice(0, 60);
   store.set("titles", JSON.stringify(titles));
-}
-
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text != null) e.textContent = text;
-  return e;
-}
-
-// Text with ``` fences shown as code blocks. DOM nodes only: model output is never parsed as HTML.
-function renderText(target, text) {
-  target.replaceChildren();
-  text.split("```").forEach((part, i) => {
-    if (i % 2 === 1) {
-      const nl = part.indexOf("\n");
-      const pre = el("pre");
-      const lang = nl >= 0 ? part.slice(0, nl).trim() : "";
-      if (lang) pre.dataset.lang = lang;
-      pre.append(el("code", null, (nl >= 0 ? part.slice(nl + 1) : part).replace(/\n$/, "")));
-      target.append(pre);
-    } else if (part) {
-      target.append(el("div", "text", part));
-    }
-  });
-}
-
-function nearBottom() {
-  const m = $("messages");
-  return m.scrollHeight - m.scrollTop - m.clientHeight < 80;
-}
-
-function scrollDown(force = false) {
-  const m = $("messages");
-  if (force || nearBottom()) m.scrollTop = m.scrollHeight;
-}
-
-function clearMessages() {
-  $("messages").replaceChildren($("empty"));
-  $("empty").hidden = false;
-}
-
-function addMessage(role, content = "", reasoning = "") {
-  $("empty").hidden = true;
-  const msg = el("div", `msg ${role}`);
-  msg.append(el("div", "role", role === "user" ? "You" : role === "assistant" ? "Hearth" : role));
-  const details = el("details", "reasoning");
-  details.append(el("summary", null, "Thinking"), el("div", "reasoning-text"));
-  details.hidden = !reasoning;
-  details.lastChild.textContent = reasoning;
-  const body = el("div", "content");
-  renderText(body, content);
-  msg.append(details, body, el("div", "meta"));
-  $("messages").append(msg);
-  scrollDown(true);
-  return msg;
-}
-
-// One assistant reply being streamed; re-rendered at most once a frame.
-class ReplyView {
-  constructor() {
-    this.msg = addMessage("assistant");
-    this.msg.classList.add("streaming");
-    this.text = "";
-    this.reasoning = "";
-    this.pending = false;
-  }
-
-  add(text, reasoning) {
-    this.text += text;
-    this.reasoning += reasoning;
-    if (this.pending) return;
-    this.pending = true;
-    requestAnimationFrame(() => this.paint());
-  }
-
-  paint() {
-    this.pending = false;
-    const stick = nearBottom();
-    const details = this.msg.querySelector(".reasoning");
-    if (this.reasoning) {
-      details.hidden = false;
-      details.querySelector(".reasoning-text").textContent = this.reasoning;
-      details.querySelector("summary").textContent = this.text ? "Thought" : "Thinking…";
-    }
-    renderText(this.msg.querySelector(".content"), this.text);
-    if (stick) scrollDown(true);
-  }
-
-  error(message) {
-    this.msg.append(el("div", "error", message));
-  }
-
-  finish(finishReason, stats) {
-    this.paint();
-    this.msg.classList.remove("streaming");
-    this.msg.dataset.finish = finishReason || "";
-    const meta = this.msg.querySelector(".meta");
-    meta.replaceChildren();
-    const labels = { cancelled: "stopped · cancelled", length: "max tokens reached", error: "error" };
-    const reason = finishReason || "incomplete"; // the stream ended without saying why
-    if (!finishReason) labels.incomplete = "ended without a finish";
-    if (labels[reason]) meta.append(el("span", `badge finish is-${reason}`, labels[reason]));
-    if (stats) meta.append(el("span", "stats", stats));
-    if (!this.text && !this.reasoning && finishReason === "cancelled") {
-      this.msg.querySelector(".content").append(el("div", "text muted", "(stopped before any text)"));
-    }
-  }
-}
-
-function formatStats(t) {
-  const parts = [];
-  if (t.ttft != null) parts.push(`TTFT ${t.ttft < 1000 ? Math.round(t.ttft) + " ms" : (t.ttft / 1000).toFixed(2) + " s"}`);
-  const u = t.usage;
-  if (u) {
-    const gen = (t.end - (t.first ?? t.end)) / 1000;
-    if (u.completion_tokens > 1 && gen > 0) parts.push(`${((u.completion_tokens - 1) / gen).toFixed(1)} tok/s`);
-    const cached = (u.prompt_tokens_details && u.prompt_tokens_details.cached_tokens) || 0;
-    parts.push(`prompt ${u.prompt_tokens}`, `cached ${cached}`, `completion ${u.completion_tokens}`);
-  }
-  return parts.join(" · ");
 }
 
 // ---------------------------------------------------------------- sessions and snapshots
@@ -298,11 +183,12 @@ async function refreshSessions() {
     const li = el("li", "item");
     li.dataset.sessionId = s.session_id;
     if (s.session_id === state.sessionId) li.classList.add("active");
+    if (parents[s.session_id]) li.classList.add("branch");
     const open = el("button", "item-main");
     open.type = "button";
     open.append(el("span", "item-title", sessionLabel(s)),
       el("span", "item-sub", `${s.message_count} msgs · ${s.current_pos} tok${s.busy ? " · busy" : ""}`));
-    open.title = s.session_id;
+    open.title = s.session_id + (parents[s.session_id] ? `\nbranched from ${parents[s.session_id]}` : "");
     open.addEventListener("click", () => openSession(s.session_id));
     const del = el("button", "icon delete", "×");
     del.type = "button";
@@ -374,24 +260,21 @@ async function openSession(id) {
   state.sessionId = id;
   store.set("session", id);
   clearMessages();
-  for (const m of history.data) {
+  history.data.forEach((m, i) => {
     if (m.role === "user" && !titles[id]) rememberTitle(id, contentText(m.content));
-    addMessage(m.role, contentText(m.content), m.reasoning_content || "");
-  }
+    addMessage(m, i);
+  });
+  state.count = history.data.length;
+  markLast();
   refreshSessions();
   closeSidebarOnNarrow();
-}
-
-function contentText(content) {
-  if (typeof content === "string") return content;
-  if (Array.isArray(content)) return content.map((p) => p.text || "").join("");
-  return "";
 }
 
 function newChat() {
   if (state.running) return;
   state.sessionId = null;
   state.local = [];
+  state.count = 0;
   store.set("session", "");
   clearMessages();
   updateHeader();
@@ -503,19 +386,23 @@ async function sendTurn(text) {
   state.running = turn;
   setRunning(true);
   const fresh = state.sessionId ? false : state.local.length === 0;
-  addMessage("user", text);
+  const system = $("system").value.trim();
+  const base = state.count;
+  const sent = [];
+  if (system && fresh) sent.push({ role: "system", content: system });
+  sent.push({ role: "user", content: text });
+  // Until the server has the turn these are the places it will take in the transcript.
+  sent.forEach((m, i) => addMessage(m, base + i));
   const view = new ReplyView();
+  view.msg.dataset.index = base + sent.length;
+  markLast();
   const t = { start: performance.now(), first: null, end: null, ttft: null, usage: null };
   let finish = null;
   try {
     await ensureSession();
     rememberTitle(state.sessionId, text);
     updateHeader();
-    const system = $("system").value.trim();
-    const messages = [];
-    if (system && fresh) messages.push({ role: "system", content: system });
-    if (!state.sessionsApi) messages.push(...state.local);
-    messages.push({ role: "user", content: text });
+    const messages = state.sessionsApi ? [...sent] : [...state.local, ...sent];
     const body = {
       messages, stream: true, stream_options: { include_usage: true }, cancel_id: turn.cancelId,
     };
@@ -542,18 +429,20 @@ async function sendTurn(text) {
         const d = ch.delta || {};
         const piece = d.content || "";
         const thought = d.reasoning_content || "";
-        if ((piece || thought) && t.first == null) {
+        if ((piece || thought || d.tool_calls) && t.first == null) {
           t.first = performance.now();
           t.ttft = t.first - t.start;
         }
         if (piece || thought) view.add(piece, thought);
+        if (d.tool_calls) view.addToolCalls(d.tool_calls);
         if (ch.finish_reason) finish = ch.finish_reason;
       }
       if (ev.usage) t.usage = ev.usage;
     }
     if (!state.sessionsApi) {
-      if (messages[0] && messages[0].role === "system" && fresh) state.local.push(messages[0]);
-      state.local.push({ role: "user", content: text }, { role: "assistant", content: view.text });
+      const reply = { role: "assistant", content: view.text };
+      if (view.calls.length) reply.tool_calls = view.calls.filter(Boolean);
+      state.local.push(...sent, reply);
     }
   } catch (e) {
     if (e.name === "AbortError") {
@@ -565,11 +454,37 @@ async function sendTurn(text) {
     }
   } finally {
     t.end = performance.now();
-    if (state.running === turn) state.running = null;
     view.finish(finish, formatStats(t));
+    await syncCount(base, base + sent.length + 1);
+    if (state.running === turn) state.running = null;
     setRunning(false);
+    markLast();
     if (state.sessionsApi) refreshSessions();
   }
+}
+
+// After a turn: how many messages the transcript holds now. A turn the server never took (an
+// error before the stream) leaves it at `base`, and the messages on the page keep the places
+// they would have had, so Retry sends them again. Anything else (a reply with tool rounds, a
+// session changed elsewhere) is read back from the server's history.
+async function syncCount(base, expected) {
+  if (!state.sessionsApi) {
+    state.count = state.local.length;
+    return;
+  }
+  if (!state.sessionId) return;
+  let count;
+  try {
+    count = (await api(`/v1/sessions/${encodeURIComponent(state.sessionId)}`)).message_count;
+  } catch (_) {
+    return;
+  }
+  if (count === expected || count === base) {
+    state.count = count;
+    return;
+  }
+  state.running = null;
+  await openSession(state.sessionId);
 }
 
 async function stopTurn() {
@@ -657,6 +572,7 @@ function init() {
     if ($("save-dialog").returnValue === "save") saveSnapshot();
   });
   $("toggle-sidebar").addEventListener("click", () => document.body.classList.toggle("sidebar-open"));
+  $("messages").addEventListener("click", onMessageClick);
 
   checkHealth();
   setInterval(checkHealth, 15000);

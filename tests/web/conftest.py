@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +46,35 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     yield s
     stop_server(s)
 
+
+@pytest.fixture
+def new_page(browser: Any) -> Iterator[Callable[..., Any]]:
+    """Opens the page in a fresh browser context (its own localStorage; `context` goes to
+    playwright's new_context); closes them all after."""
+    contexts: list[Any] = []
+
+    def open_page(server: Server, *, key: str | None = None, max_tokens: int | None = None,
+                  temperature: float | None = None, wait_ready: bool = True, **context: Any) -> Any:
+        ctx = browser.new_context(viewport={"width": 1280, "height": 800}, **context)
+        contexts.append(ctx)
+        page = ctx.new_page()
+        page.set_default_timeout(30_000)
+        page.errors = []  # type: ignore[attr-defined]
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        page.goto(server.url + "/")
+        page.wait_for_function("() => document.getElementById('health').dataset.state === 'ok'")
+        settings = {"#api-key": key, "#max-tokens": max_tokens, "#temperature": temperature}
+        if any(v is not None for v in settings.values()):
+            if not page.locator("#settings").evaluate("d => d.open"):
+                page.click("#settings summary")
+            for selector, value in settings.items():
+                if value is not None:
+                    page.fill(selector, str(value))
+                    page.dispatch_event(selector, "change")
+        if wait_ready:
+            page.wait_for_function("() => document.getElementById('model-name').textContent !== ''")
+        return page
+
+    yield open_page
+    for ctx in contexts:
+        ctx.close()

@@ -6,7 +6,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,77 +15,24 @@ import pytest
 
 from tests.helpers import Server, sample, wait_until
 from tests.web.conftest import API_KEY
+from tests.web.page import chat_bodies, last_reply, send, stats_numbers, wait_done
 
 pytestmark = pytest.mark.slow
 
 # At temperature 0 the default model writes far more than the few seconds these tests wait.
 LONG_PROMPT = "Write a very long story about a dragon and a knight, with many chapters."
-# Records the last reply's text length at every DOM change while it streams.
+# Records the last reply's text length (characters received, as painted: rendered markdown can
+# shrink while it streams, `**bo` becoming bold) at every DOM change while it streams.
 WATCH_GROWTH = """() => {
   window.__growth = [];
   const box = document.getElementById('messages');
   new MutationObserver(() => {
     const msgs = box.querySelectorAll('.msg.assistant');
     const last = msgs[msgs.length - 1];
-    if (last && last.classList.contains('streaming'))
-      window.__growth.push([performance.now(), last.querySelector('.content').innerText.length]);
-  }).observe(box, {subtree: true, childList: true, characterData: true});
+    if (last && last.classList.contains('streaming') && last.dataset.chars)
+      window.__growth.push([performance.now(), Number(last.dataset.chars)]);
+  }).observe(box, {subtree: true, childList: true, characterData: true, attributes: true});
 }"""
-
-
-@pytest.fixture
-def new_page(browser: Any) -> Iterator[Callable[..., Any]]:
-    """Opens the page in a fresh browser context (its own localStorage); closes them all after."""
-    contexts: list[Any] = []
-
-    def open_page(server: Server, *, key: str | None = None, max_tokens: int | None = None,
-                  temperature: float | None = None, wait_ready: bool = True) -> Any:
-        ctx = browser.new_context(viewport={"width": 1280, "height": 800})
-        contexts.append(ctx)
-        page = ctx.new_page()
-        page.set_default_timeout(30_000)
-        page.errors = []  # type: ignore[attr-defined]
-        page.on("pageerror", lambda e: page.errors.append(str(e)))
-        page.goto(server.url + "/")
-        page.wait_for_function("() => document.getElementById('health').dataset.state === 'ok'")
-        settings = {"#api-key": key, "#max-tokens": max_tokens, "#temperature": temperature}
-        if any(v is not None for v in settings.values()):
-            if not page.locator("#settings").evaluate("d => d.open"):
-                page.click("#settings summary")
-            for selector, value in settings.items():
-                if value is not None:
-                    page.fill(selector, str(value))
-                    page.dispatch_event(selector, "change")
-        if wait_ready:
-            page.wait_for_function("() => document.getElementById('model-name').textContent !== ''")
-        return page
-
-    yield open_page
-    for ctx in contexts:
-        ctx.close()
-
-
-def send(page: Any, text: str) -> None:
-    """Start a turn and wait until it has started: its reply element exists (a count only grows,
-    where the button's "stop" state of a short turn can come and go between two polls)."""
-    before = page.locator(".msg.assistant").count()
-    page.fill("#prompt", text)
-    page.press("#prompt", "Enter")
-    page.wait_for_function(f"() => document.querySelectorAll('.msg.assistant').length > {before}")
-
-
-def wait_done(page: Any, timeout: float = 90) -> None:
-    """The turn `send` started has ended (the page set its button back in the turn's `finally`)."""
-    page.wait_for_selector("#send[data-state=send]", timeout=timeout * 1000)
-
-
-def last_reply(page: Any) -> Any:
-    return page.locator(".msg.assistant").last
-
-
-def stats_numbers(page: Any) -> dict[str, int]:
-    text = last_reply(page).locator(".stats").inner_text()
-    return {k: int(v) for k, v in re.findall(r"(prompt|cached|completion) (\d+)", text)}
 
 
 def wait_idle(server: Server, key: str | None = None, timeout: float = 120) -> dict[str, float]:
@@ -111,14 +58,6 @@ def cancel_calls(server: Server) -> float:
     return 0.0
 
 
-def chat_bodies(page: Any) -> list[dict[str, Any]]:
-    """Collects the JSON bodies the page posts to /v1/chat/completions."""
-    bodies: list[dict[str, Any]] = []
-    page.on("request", lambda r: bodies.append(r.post_data_json)
-            if r.method == "POST" and r.url.endswith("/v1/chat/completions") else None)
-    return bodies
-
-
 # ------------------------------------------------------------------------ serving
 
 
@@ -128,15 +67,22 @@ def test_static_files_are_served_without_a_key_and_nothing_else(keyed_server: Se
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")
     assert '<script src="/web/app.js"' in page.text and "http://" not in page.text and "https://" not in page.text
-    for name, kind in [("app.js", "text/javascript"), ("style.css", "text/css"), ("index.html", "text/html")]:
+    for name in ["app.js", "render.js", "messages.js", "edits.js", "style.css", "index.html",
+                 "vendor/marked.umd.js", "vendor/purify.min.js", "vendor/highlight.min.js",
+                 "vendor/hljs-github.min.css", "vendor/hljs-github-dark.min.css"]:
+        kind = {"js": "text/javascript", "css": "text/css", "html": "text/html"}[name.rsplit(".", 1)[1]]
         r = httpx.get(f"{url}/web/{name}", timeout=10)
         assert r.status_code == 200, name
         assert r.headers["content-type"].startswith(kind)
         assert "default-src 'self'" in r.headers["content-security-policy"]
+        # Every script and stylesheet the page loads is one of these: nothing from elsewhere.
+        assert f'"/web/{name}"' in page.text or name == "index.html", name
+    assert len(re.findall(r'(?:src|href)="([^"]+)"', page.text)) == 10
     etag = httpx.get(url + "/web/app.js", timeout=10).headers["etag"]
     assert httpx.get(url + "/web/app.js", headers={"if-none-match": etag}, timeout=10).status_code == 304
     for path in ["/web/__init__.py", "/web/..%2F__init__.py", "/web/../api/web.py", "/web/%2e%2e/config.py",
-                 "/web/", "/web/app.js/x"]:
+                 "/web/", "/web/app.js/x", "/web/vendor/", "/web/vendor/VERSIONS.md", "/web/vendor/LICENSE.marked",
+                 "/web/vendor/%2e%2e/app.js", "/web/vendor/..%2F..%2Fapi/web.py"]:
         r = httpx.get(url + path, timeout=10)
         # 404 from the allow-list; 401 where the client normalized `..` away (then it is not /web/).
         assert r.status_code in (401, 404), path
@@ -173,7 +119,7 @@ def test_reply_streams_in_with_stats(web_server: Server, new_page: Callable[...,
     assert lengths == sorted(lengths), "the streamed text only grows"
     assert growth[-1][0] > growth[0][0]
     reply = last_reply(page)
-    final = reply.locator(".content").inner_text()
+    final = reply.evaluate("m => m.hearthText")
     assert len(final) >= distinct[-1] > distinct[0]
 
     body = bodies[-1]
@@ -314,6 +260,7 @@ def test_sessions_sidebar_snapshots(web_server: Server, new_page: Callable[..., 
     assert bodies[-1]["messages"] == [{"role": "user", "content": "What is my name?"}], "only the new message is sent"
     assert stats_numbers(page)["cached"] > 0, "the session's KV is reused"
     replies = [r.inner_text() for r in page.locator(".msg.assistant .content").all()]
+    raw = page.eval_on_selector_all(".msg.assistant", "ms => ms.map(m => m.hearthText)")
 
     # A second chat, then back to the first: its history comes from the server.
     page.click("#new-chat")
@@ -331,7 +278,7 @@ def test_sessions_sidebar_snapshots(web_server: Server, new_page: Callable[..., 
         "My name is Ada. Say hello to me.", "What is my name?"]
     assert [r.inner_text() for r in page.locator(".msg.assistant .content").all()] == replies
     history = httpx.get(f"{web_server.url}/v1/sessions/{first_id}/history", timeout=10).json()["data"]
-    assert [m["content"] for m in history if m["role"] == "assistant"] == replies
+    assert [m["content"] for m in history if m["role"] == "assistant"] == raw
 
     # Save as snapshot, load it into a new session.
     page.click("#save-snapshot")
@@ -397,6 +344,26 @@ def test_page_keeps_the_chat_in_the_tab_without_sessions(web_server: Server, bro
                                           {"role": "user", "content": "Which word?"}]
         assert page.locator(".msg.assistant .stats").count() == 2
         assert page.is_disabled("#save-snapshot")
+
+        # Retry and Edit cut the conversation the tab keeps (there is no Branch without sessions).
+        turns = page.locator(".msg.assistant")
+        turns.last.hover()
+        with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/v1/chat/completions")):
+            turns.last.locator(".retry").click()
+        wait_done(page)
+        assert bodies[-1]["messages"] == [{"role": "user", "content": "Remember the word 'ember'."},
+                                          {"role": "assistant", "content": first_reply},
+                                          {"role": "user", "content": "Which word?"}], "the question again, alone"
+        first = page.locator(".msg.user").first
+        first.hover()
+        first.locator(".edit").click()
+        assert first.locator(".edit-branch").is_hidden()
+        first.locator(".edit-text").fill("Remember the word 'hearth'.")
+        with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/v1/chat/completions")):
+            first.locator(".edit-send").click()
+        wait_done(page)
+        assert bodies[-1]["messages"] == [{"role": "user", "content": "Remember the word 'hearth'."}]
+        assert page.locator(".msg.user").count() == 1 and page.locator(".msg.assistant").count() == 1
     finally:
         ctx.close()
 
