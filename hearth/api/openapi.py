@@ -4,7 +4,8 @@ handlers validate requests with and the response models in `hearth.api.wire`.
 One table, OPERATIONS, says per route what it takes and what it answers (status → shape). A
 test checks that every route of the app is in it, and the schema fuzzer checks real answers
 against it. Errors are documented in the envelope of the route's protocol: Anthropic's on
-/v1/messages*, OpenAI's everywhere else.
+/v1/messages*, OpenAI's everywhere else, and either on /v1/prompt-cache/blocks (it answers in the
+envelope of the generation path its body names).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class Operation:
     streams: bool = False  # also answers text/event-stream when the body asks for stream: true
     errors: tuple[int, ...] = (400, 401, 413)
     anthropic: bool = False
+    # errors in the envelope of the generation path named in the body (/v1/prompt-cache/blocks
+    # answers what that path would: Anthropic's for /v1/messages, OpenAI's otherwise)
+    either_envelope: bool = False
     params: dict[str, str] = field(default_factory=dict)  # path parameter → description
     query: dict[str, str] = field(default_factory=dict)  # query parameter (optional) → description
 
@@ -125,7 +129,8 @@ def _ops() -> list[Operation]:
         Operation("GET", "/v1/prompt-cache/digest", "What this node's prompt cache and sessions hold, for a router",
                   "prompt-cache", wire.PromptCacheDigest, errors=(401, 404)),
         Operation("POST", "/v1/prompt-cache/blocks", "A generation request's prompt-cache blocks, for a router",
-                  "prompt-cache", wire.PromptCacheBlocks, BlocksIn, errors=(400, 401, 404, 413, 503)),
+                  "prompt-cache", wire.PromptCacheBlocks, BlocksIn, errors=(400, 401, 404, 413, 503),
+                  either_envelope=True),
         Operation("GET", "/admin/prompt-cache", "Prompt-cache counters and sizes per model and tier", "prompt-cache",
                   wire.PromptCacheStats, errors=(401, 403, 404)),
         Operation("DELETE", "/admin/prompt-cache", "Drop a model's prompt-cache blocks (every model's without model)",
@@ -192,10 +197,12 @@ def _ok(op: Operation, ref: Refs) -> dict[str, Any]:
 
 
 def _operation(op: Operation, ref: Refs) -> dict[str, Any]:
-    error = wire.AnthropicError if op.anthropic else wire.OpenAIError
+    error = ref[wire.AnthropicError] if op.anthropic else ref[wire.OpenAIError]
+    if op.either_envelope:
+        error = {"anyOf": [ref[wire.OpenAIError], ref[wire.AnthropicError]]}
     responses: dict[str, Any] = {str(op.status): _ok(op, ref)}
     for code in op.errors:
-        responses[str(code)] = {"description": ERROR_TEXT[code], "content": _json(ref[error])}
+        responses[str(code)] = {"description": ERROR_TEXT[code], "content": _json(error)}
     if op.path == "/health":
         responses["503"] = {"description": "Loading, or the model failed to load", "content": _json(ref[wire.Health])}
     if op.ok in ("html", "static"):

@@ -76,3 +76,16 @@ async def test_answers_have_the_documented_shapes(h: Harness) -> None:
     check(wire.OpenAIError, await c.post("/v1/chat/completions", json={"messages": []}), 400)
     check(wire.OpenAIError, await c.get("/v1/sessions/nope"), 404)
     check(wire.AnthropicError, await c.post("/v1/messages", json={"messages": USER}), 400)
+
+
+async def test_blocks_document_both_envelopes_it_answers(h: Harness) -> None:
+    """/v1/prompt-cache/blocks answers a bad inner body in that path's envelope (the fuzzer found
+    an Anthropic 400 documented as OpenAI's): both are documented, and both are what it sends."""
+    doc = (await h.client.get("/openapi.json")).json()
+    schema = doc["paths"]["/v1/prompt-cache/blocks"]["post"]["responses"]["400"]["content"]["application/json"]
+    refs = {ref["$ref"].rsplit("/", 1)[1] for ref in schema["schema"]["anyOf"]}
+    assert refs == {"OpenAIError", "AnthropicError"}
+    c = h.client
+    check(wire.AnthropicError, await c.post("/v1/prompt-cache/blocks", json={"path": "/v1/messages", "body": {}}), 400)
+    check(wire.OpenAIError, await c.post("/v1/prompt-cache/blocks",
+                                         json={"path": "/v1/chat/completions", "body": {}}), 400)
