@@ -25,8 +25,8 @@ from hearth.backends.base import require_prompt_cache
 from hearth.errors import BadRequest
 
 # Bump when the digest's shape or the hash chain changes. 2: the slot tier (`blocks.slot`,
-# `keys.slot`).
-DIGEST_VERSION = 2
+# `keys.slot`). 3: `tails` (partial blocks' tail keys, per tier).
+DIGEST_VERSION = 3
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 100_000
 

@@ -432,6 +432,12 @@ class DigestBlocks(_Own):
     disk: list[str]
 
 
+class DigestTails(_Own):  # tail keys (files.tail_keys) of the partial blocks each tier holds
+    slot: list[str]
+    ram: list[str]
+    disk: list[str]
+
+
 class DigestKeys(_Own):
     slot: list[str]  # conversation keys of the stateless requests that last filled an idle slot
 
@@ -446,6 +452,7 @@ class ModelDigest(_Own):
     block_tokens: int
     root: str
     blocks: DigestBlocks
+    tails: DigestTails
     keys: DigestKeys
     sessions: DigestSessions
 
@@ -463,3 +470,4 @@ class PromptCacheBlocks(_Own):
     block_tokens: int
     n_tokens: int  # the whole prompt
     blocks: list[str]  # full blocks only, in prompt order
+    tails: list[list[str]]  # per block, the last partial one's included: its tail keys

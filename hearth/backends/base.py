@@ -157,6 +157,7 @@ class PromptBlocks:
     block_tokens: int
     n_tokens: int  # the whole prompt's tokens, the last partial block's included
     blocks: list[str]  # hex, in prompt order: full blocks only
+    tails: list[list[str]]  # hex, per block (the last partial one's included): its tail keys
 
 
 class PromptCache(Protocol):

@@ -57,23 +57,27 @@ class Residency:
             out[where].append(owner)
         return out
 
-    def slots_digest(self) -> tuple[list[str], list[str]]:
-        """(hashes of the full prompt-cache blocks the idle slots hold, the conversation keys of
-        the stateless requests that filled them): the slot tier of the node's digest, for a
-        router. Racy like `kv_where` (each slot's tokens are copied at once, under the GIL); a
-        busy slot is left out (what it holds is changing, and it is offered to the cache when
-        its request ends). Hashing, no lookup: call it off the engine thread and the event loop."""
+    def slots_digest(self) -> tuple[list[str], list[str], list[str]]:
+        """(hashes of the full prompt-cache blocks the idle slots hold, the tail keys of their
+        last partial blocks, the conversation keys of the stateless requests that filled them):
+        the slot tier of the node's digest, for a router. Racy like `kv_where` (each slot's
+        tokens are copied at once, under the GIL); a busy slot is left out (what it holds is
+        changing, and it is offered to the cache when its request ends). Hashing, no lookup:
+        call it off the engine thread and the event loop."""
         if self.cache is None:
-            return [], []
+            return [], [], []
         blocks: set[str] = set()
+        tails: set[str] = set()
         keys: set[str] = set()
         for slot in list(self.slots.slots):
             if slot.busy:
                 continue
-            blocks.update(k.hex() for k in self.cache.chain(list(slot.tokens)))
+            full, tail = self.cache.slot_digest(list(slot.tokens))
+            blocks.update(k.hex() for k in full)
+            tails.update(k.hex() for k in tail)
             if slot.key is not None and slot.owner is None:
                 keys.add(slot.key)
-        return sorted(blocks), sorted(keys)
+        return sorted(blocks), sorted(tails), sorted(keys)
 
     def export_kv(self, owner: str) -> tuple[list[int], bytes] | None:
         """Engine thread: a copy of a session's tokens and KV bytes, wherever they are."""

@@ -3,8 +3,12 @@
 
 A request's blocks (`RequestBlocks`, from one node's `POST /v1/prompt-cache/blocks`) are the
 hash chain over its prompt tokens, full blocks only; a node serves the longest leading run of
-them that it holds in any tier (`ModelState.served`). The chain is seeded by `root` (the model's
-weights and KV layout): nodes whose roots differ share no hashes and each needs its own blocks.
+them that it holds in any tier (`ModelState.served`), and then, where the run ends, the part
+of the next block that one of its partial blocks holds: a conversation's last turn ended inside
+a block, and the next turn reuses it to the token. Tail keys (the first 16, 32, ... tokens of a
+block, both sides: the request's for each of its blocks, the node's for its partial blocks)
+count that part to within 16 tokens. The chain is seeded by `root` (the model's weights and KV
+layout): nodes whose roots differ share no hashes and each needs its own blocks.
 
 Tier weights (what a cached token is worth against prefilling it): a slot's KV is used in
 place (1.0); RAM blocks are joined into a slot first (0.9); disk blocks are read from disk and
@@ -21,7 +25,8 @@ from typing import Any
 
 TIERS = ("slot", "ram", "disk")  # best first
 TIER_WEIGHT = {"slot": 1.0, "ram": 0.9, "disk": 0.6}
-DIGEST_VERSIONS = (1, 2)  # 1 has no slot tier (read as empty)
+DIGEST_VERSIONS = (1, 2, 3)  # 1 has no slot tier, 1 and 2 no tails (read as empty)
+TAIL_STEP = 16  # tokens per tail key (hearth/engine/prefix_cache/files.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,14 +37,16 @@ class RequestBlocks:
     block_tokens: int
     n_tokens: int  # the exact prompt tokens
     blocks: tuple[str, ...]
+    tails: tuple[tuple[str, ...], ...] = ()  # per block (the last partial one's too): its tail keys
 
     @classmethod
     def parse(cls, doc: Any) -> RequestBlocks | None:
         """None for an answer that is not one (a node of another version, a proxy's page)."""
         try:
             blocks = tuple(str(b) for b in doc["blocks"])
-            out = cls(str(doc["root"]), int(doc["block_tokens"]), int(doc["n_tokens"]), blocks)
-        except (KeyError, TypeError, ValueError):
+            tails = tuple(tuple(str(k) for k in t) for t in doc.get("tails") or ())
+            out = cls(str(doc["root"]), int(doc["block_tokens"]), int(doc["n_tokens"]), blocks, tails)
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None
         return out if out.root and out.block_tokens > 0 and out.n_tokens >= 0 else None
 
@@ -52,23 +59,36 @@ class ModelState:
     block_tokens: int
     tiers: Mapping[str, frozenset[str]]
     keys: frozenset[str] = frozenset()
+    tails: Mapping[str, frozenset[str]] = field(default_factory=dict)  # tier -> partial blocks' tail keys
+
+    def _tier(self, key: str, held: Mapping[str, frozenset[str]]) -> str | None:
+        return next((t for t in TIERS if key in held.get(t, ())), None)
 
     def served(self, req: RequestBlocks) -> tuple[int, float]:
         """(tokens, tier-weighted tokens) this cache would serve of `req`: its leading blocks
-        held here in any tier, each counted at the best tier that holds it. At most all but
-        the prompt's last token (the node always computes that one)."""
+        held here in any tier, each counted at the best tier that holds it, then the longest
+        held tail of the block where that run ends. At most all but the prompt's last token
+        (the node always computes that one)."""
         if req.root != self.root or req.block_tokens != self.block_tokens:
             return 0, 0.0
         tokens, weighted, cap = 0, 0.0, max(0, req.n_tokens - 1)
+        matched = 0
         for h in req.blocks:
-            tier = next((t for t in TIERS if h in self.tiers.get(t, ())), None)
+            tier = self._tier(h, self.tiers)
             if tier is None:
                 break
             n = min(self.block_tokens, cap - tokens)
             tokens += n
             weighted += n * TIER_WEIGHT[tier]
+            matched += 1
             if tokens >= cap:
-                break
+                return tokens, weighted
+        if matched < len(req.tails):  # the tail keys of the block where the run ended, longest first
+            for k in range(len(req.tails[matched]), 0, -1):
+                tier = self._tier(req.tails[matched][k - 1], self.tails)
+                if tier is not None:
+                    n = min(k * TAIL_STEP, cap - tokens)
+                    return tokens + n, weighted + n * TIER_WEIGHT[tier]
         return tokens, weighted
 
     def counts(self) -> dict[str, int]:
@@ -103,10 +123,11 @@ def parse_digest(doc: Any) -> dict[str, ModelState] | None:
     out: dict[str, ModelState] = {}
     try:
         for mid, m in doc["models"].items():
-            blocks, keys = m["blocks"], m.get("keys") or {}
+            blocks, keys, tails = m["blocks"], m.get("keys") or {}, m.get("tails") or {}
             tiers = {t: frozenset(str(h) for h in blocks.get(t) or ()) for t in TIERS}
+            tail_tiers = {t: frozenset(str(h) for h in tails.get(t) or ()) for t in TIERS}
             out[str(mid)] = ModelState(str(m["root"]), int(m["block_tokens"]), tiers,
-                                       frozenset(str(k) for k in keys.get("slot") or ()))
+                                       frozenset(str(k) for k in keys.get("slot") or ()), tail_tiers)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     return out

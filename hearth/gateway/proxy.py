@@ -264,7 +264,8 @@ class Proxy:
         fails (the node died right after answering), a streamed turn is recorded from what the
         gateway relayed (`cut`, turn_record.py). False: the turn is in no copy."""
         node = lease.node
-        node.prefixes.add(turn.hashes)
+        # A session's prompt holds its transcript, which `hashes` (history + items) stand for too.
+        node.prefixes.add(turn.hashes, scan.whole_prompt)
         self.pool.remember(turn.affinity, node.name)
         if scan.response_id is not None:
             # A migrated response is stored on no node under the id the client has: the next
@@ -276,8 +277,8 @@ class Proxy:
         if scan.cached is not None:
             self.metrics.reported_cached.inc(scan.cached)
             self.metrics.predicted_cached.inc(lease.decision.predicted_cached)
-        if scan.prompt is not None:
-            self.metrics.reported_prompt.inc(scan.prompt)
+        if (whole := scan.whole_prompt) is not None:
+            self.metrics.reported_prompt.inc(whole)
         if turn.session_id is None or await self.continuity.session_synced(node, turn.session_id, turn.alias):
             return True
         record = turn_messages(turn.protocol, cut.body(turn.body, whole=True), first=not turn.history) \

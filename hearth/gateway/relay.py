@@ -43,6 +43,7 @@ HEARTBEAT = b": keep-alive\n\n"
 
 _CACHED = re.compile(rb'"(?:cached_tokens|cache_read_input_tokens)":(\d+)')
 _PROMPT = re.compile(rb'"(?:prompt_tokens|input_tokens)":(\d+)')
+_CREATED = re.compile(rb'"cache_creation_input_tokens":(\d+)')
 _RESPONSE_ID = re.compile(rb'"id":"(resp_[A-Za-z0-9_-]+)"')
 
 
@@ -56,6 +57,15 @@ class Scan:
     response_id: str | None = None
     output: list[Any] | None = None  # a Responses answer's output items (kept for chain failover)
     migrated: bool = False  # the answer was finished by another node than the one that began it
+    anthropic_usage: bool = False  # `prompt` is Anthropic's input_tokens: the part not read from cache
+    created: int = 0  # Anthropic's cache_creation_input_tokens
+
+    @property
+    def whole_prompt(self) -> int | None:
+        """Every prompt token, cached or not (Anthropic's input_tokens leaves the cache out)."""
+        if self.prompt is None or not self.anthropic_usage:
+            return self.prompt
+        return self.prompt + (self.cached or 0) + self.created
 
     def feed_response(self, data: bytes) -> None:
         """A Responses answer: the whole JSON (non-streamed) or its terminal event."""
@@ -82,6 +92,10 @@ class Scan:
             self.cached = int(m[-1])
         if m := _PROMPT.findall(data):
             self.prompt = int(m[-1])
+        if b'"cache_read_input_tokens"' in data:
+            self.anthropic_usage = True
+        if m := _CREATED.findall(data):
+            self.created = int(m[-1])
 
 
 class Broken(Exception):

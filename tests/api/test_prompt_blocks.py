@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hearth.api import wire
+from hearth.gateway.cache_state import RequestBlocks, parse_digest
 from tests.api.conftest import Harness, serve
 from tests.fakes import scripted_backend
 
@@ -98,6 +99,17 @@ async def test_the_blocks_are_the_keys_the_cache_stores_the_prompt_under(tmp_pat
         # Responses and Messages clients of the same conversation find the same blocks
         assert (await blocks_of(h, "/v1/responses", BODIES["/v1/responses"])).blocks == want
         assert (await blocks_of(h, "/v1/messages", BODIES["/v1/messages"])).blocks == want
+
+        # the next turn: a router reading this digest counts past the full blocks, into the
+        # partial block the first turn ended in (its tail keys: slot and RAM)
+        turn2 = {**body, "messages": [*body["messages"], {"role": "assistant", "content": "Warm and bright."},
+                                      {"role": "user", "content": "And then?"}]}
+        r = await h.post("/v1/prompt-cache/blocks", {"path": "/v1/chat/completions", "body": turn2})
+        req = RequestBlocks.parse(r.json())
+        held = parse_digest((await h.client.get("/v1/prompt-cache/digest")).json())
+        assert req is not None and held is not None and len(req.tails) == len(req.blocks) + 1
+        assert d.tails.slot and d.tails.ram
+        assert held["fake"].served(req)[0] >= len(want) * BLOCK + 16, (len(want), held["fake"].served(req))
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [

@@ -95,7 +95,7 @@ async def test_stats_entries_digest_and_clear(tmp_path: Path) -> None:
         assert [e.n_tokens for e in listed.data[:2]] == [BLOCK, BLOCK]
 
         digest = wire.PromptCacheDigest.model_validate((await h.client.get("/v1/prompt-cache/digest")).json())
-        assert digest.version == 2
+        assert digest.version == 3
         d = digest.models["fake"]
         assert d.block_tokens == BLOCK
         assert sorted(d.blocks.ram) == sorted(d.blocks.disk) == sorted(e.hash for e in listed.data)

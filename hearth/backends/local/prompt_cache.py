@@ -37,18 +37,25 @@ class LocalPromptCache:
         for mid, m in list(self._models().items()):
             cache = m.engine.cache
             d = cache.digest() if cache is not None else {"block_tokens": 0, "ram": [], "disk": []}
-            slot, keys = m.engine.slots_digest()
+            slot, slot_tails, keys = m.engine.slots_digest()
             # The root lets a router hash a prompt's blocks itself (docs/api.md); "" with no cache.
             root = str(d.get("root", ""))
             out[mid] = {"block_tokens": d["block_tokens"], "root": root,
-                        "blocks": {"slot": slot, "ram": d["ram"], "disk": d["disk"]}, "keys": {"slot": keys},
-                        "sessions": m.engine.sessions_where()}
+                        "blocks": {"slot": slot, "ram": d["ram"], "disk": d["disk"]},
+                        "tails": {"slot": slot_tails, "ram": d.get("tails_ram", []), "disk": d.get("tails_disk", [])},
+                        "keys": {"slot": keys}, "sessions": m.engine.sessions_where()}
         return out
 
     async def cache_blocks(self, model: str | None, tokens: list[int]) -> PromptBlocks:
         m = self._lookup(model)
         cache = m.engine.cache
         if cache is None:
-            return PromptBlocks(m.spec.id, "", 0, len(tokens), [])
-        keys = await asyncio.to_thread(cache.chain, tokens)
-        return PromptBlocks(m.spec.id, cache.digest_root, cache.block_tokens, len(tokens), [k.hex() for k in keys])
+            return PromptBlocks(m.spec.id, "", 0, len(tokens), [], [])
+
+        c = cache
+
+        def hashes() -> tuple[list[str], list[list[str]]]:
+            return [k.hex() for k in c.chain(tokens)], [[k.hex() for k in t] for t in c.tails(tokens)]
+
+        keys, tails = await asyncio.to_thread(hashes)
+        return PromptBlocks(m.spec.id, cache.digest_root, cache.block_tokens, len(tokens), keys, tails)

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 from hearth.engine.kv import common_prefix_len
 from hearth.engine.prefix_cache import files
-from hearth.engine.prefix_cache.files import BadBlockFile, BlockHeader, block_key, block_path
+from hearth.engine.prefix_cache.files import BadBlockFile, BlockHeader, block_key, block_path, tail_keys
 from hearth.engine.prefix_cache.stats import CacheEntry, PrefixCacheStats
 
 log = logging.getLogger("hearth.prefix_cache")
@@ -505,12 +505,41 @@ class PrefixCache:
             out.append(h)
         return out
 
+    def tails(self, tokens: Sequence[int]) -> list[list[bytes]]:
+        """The tail keys (files.tail_keys) of each block of `tokens`, the last partial one's
+        included: what a router matches a digest's tails against. Pure, like `chain`."""
+        B, h, out = self.block_tokens, self._root, []
+        for pos in range(0, len(tokens), B):
+            out.append(tail_keys(h, tokens[pos:pos + B], B))
+            if pos + B <= len(tokens):
+                h = block_key(h, tokens[pos:pos + B])
+        return out
+
+    def slot_digest(self, tokens: Sequence[int]) -> tuple[list[bytes], list[bytes]]:
+        """(full block keys, tail keys of the last partial block) of a slot's tokens: what a
+        request continuing them reuses in place."""
+        keys = self.chain(tokens)
+        full = len(keys) * self.block_tokens
+        if full == len(tokens):
+            return keys, []
+        return keys, tail_keys(keys[-1] if keys else self._root, tokens[full:], self.block_tokens)
+
     def digest(self) -> dict[str, Any]:
-        """What this cache holds, by tier, as block hashes (how they chain: files.py)."""
-        with self._lock:
-            return {"block_tokens": self.block_tokens, "root": self._root.hex(),
-                    "ram": sorted(b.key.hex() for b in self._blocks.values() if b.data is not None),
-                    "disk": sorted(b.key.hex() for b in self._blocks.values() if b.on_disk)}
+        """What this cache holds, by tier, as block hashes (how they chain: files.py), and the
+        tail keys of its partial blocks (prompts' ends: where the next turn's match ends)."""
+        with self._lock:  # the tiers read under the lock; the hashing outside it
+            held = [(b, b.data is not None, b.on_disk) for b in self._blocks.values()]
+        tails: dict[str, set[str]] = {"ram": set(), "disk": set()}
+        for b, in_ram, on_disk in held:
+            if len(b.tokens) < self.block_tokens:  # a block's tokens never change once cut
+                ks = [k.hex() for k in tail_keys(b.parent, b.tokens, self.block_tokens)]
+                for tier, there in (("ram", in_ram), ("disk", on_disk)):
+                    if there:
+                        tails[tier].update(ks)
+        return {"block_tokens": self.block_tokens, "root": self._root.hex(),
+                "ram": sorted(b.key.hex() for b, in_ram, _ in held if in_ram),
+                "disk": sorted(b.key.hex() for b, _, on_disk in held if on_disk),
+                "tails_ram": sorted(tails["ram"]), "tails_disk": sorted(tails["disk"])}
 
     def clear(self) -> int:
         """Drop every block from RAM and disk; returns how many there were. Disk writes resume

@@ -57,6 +57,26 @@ def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
                            person=b"hearth-block").digest()
 
 
+# A router's view inside a block (docs/api.md, "Tails"): a block's first 16, 32, ... tokens are
+# keyed too, so a router can count a match that ends inside a block (a conversation's cached
+# last, partial block) to within TAIL_STEP tokens. Short keys: they only predict, never address.
+TAIL_STEP = 16
+TAIL_KEY_BYTES = 8
+
+
+def tail_keys(parent: bytes, tokens: Sequence[int], block_tokens: int) -> list[bytes]:
+    """Keys of the first TAIL_STEP·k tokens of the block at `parent` holding `tokens` (its
+    tokens, at most a block's), k = 1, 2, ... up to its length and below a whole block (a full
+    block's whole is its `block_key`): blake2b(parent + those tokens as int32 LE, 8 bytes)."""
+    h = hashlib.blake2b(parent, digest_size=TAIL_KEY_BYTES, person=b"hearth-tail")
+    raw = np.asarray(tokens[:block_tokens - 1], dtype="<i4").tobytes()
+    out: list[bytes] = []
+    for end in range(TAIL_STEP, min(len(tokens), block_tokens - 1) + 1, TAIL_STEP):
+        h.update(raw[4 * (end - TAIL_STEP):4 * end])
+        out.append(h.copy().digest())
+    return out
+
+
 def is_key_hex(name: str) -> bool:
     return bool(_KEY_RE.match(name))
 

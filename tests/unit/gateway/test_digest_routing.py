@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from hearth.gateway.cache_state import Digest, ModelState, RequestBlocks, parse_digest
@@ -88,7 +89,7 @@ def test_digests_are_read_by_version() -> None:
     v1["version"] = 1
     parsed = parse_digest(v1)
     assert parsed is not None and parsed["model"].counts() == {"slot": 0, "ram": 1, "disk": 0}
-    assert parse_digest(digest_doc(version=3)) is None
+    assert parse_digest(digest_doc(version=4)) is None
     assert parse_digest({"version": 2, "models": {"model": {"root": R1}}}) is None
     assert parse_digest(["not", "a", "digest"]) is None
     assert RequestBlocks.parse({"root": R1, "block_tokens": B, "n_tokens": 9, "blocks": []}) == RequestBlocks(
@@ -249,3 +250,47 @@ async def test_a_failed_blocks_call_or_digests_off_routes_by_the_estimate(tmp_pa
         assert (pool.nodes["n0"].digest is not None) == bool(interval)
     finally:
         await pool.digests.stop()
+
+
+def test_a_run_is_extended_by_the_longest_held_tail_of_the_next_block() -> None:
+    req = RequestBlocks(R1, B, 4 * B + 10, ("h0", "h1", "h2", "h3"), (("t0",), ("t1",), ("t2a", "t2b", "t2c"), (), ()))
+    tails = {"slot": frozenset({"t2a"}), "ram": frozenset({"t2b"}), "disk": frozenset()}
+    s = ModelState(R1, B, {"slot": frozenset({"h0", "h1"}), "ram": frozenset(), "disk": frozenset()}, tails=tails)
+    assert s.served(req) == (2 * B + 32, 2 * B + 32 * 0.9)  # the longest held tail wins, at its tier
+    nothing = ModelState(R1, B, {"slot": frozenset({"h0"}), "ram": frozenset(), "disk": frozenset()}, tails=tails)
+    assert nothing.served(req) == (B, B)  # t1 not held: the run ends at its block
+
+
+def test_tail_keys_predict_the_node_own_match_to_within_a_step(tmp_path: Path) -> None:
+    """The node's prompt cache against the gateway's reading of its digest: for prompts that
+    continue a cached one (the next turn of a conversation) or leave it inside a block, the
+    predicted tokens are what `match` really serves, rounded down to the 16-token step."""
+    from hearth.engine.fake_runner import FakeRunner
+    from hearth.engine.prefix_cache import PrefixCache
+
+    rng = random.Random(3)
+    runner = FakeRunner()
+    cache = PrefixCache(runner, runner.fingerprint, directory=tmp_path, ram_budget=1 << 22, disk_budget=1 << 22,
+                        block_tokens=64, min_new=1)
+    cached = [rng.randrange(1, 1000) for _ in range(150)]  # 2 full blocks and a 22-token partial one
+    cache.offer(cached, lambda: b"FAKE" + np.asarray(cached, dtype="<i4").tobytes())
+    assert cache.flush()
+    d = cache.digest()
+    doc = {"version": 3, "models": {"model": {"block_tokens": 64, "root": d["root"],
+                                              "blocks": {"slot": [], "ram": d["ram"], "disk": d["disk"]},
+                                              "tails": {"slot": [], "ram": d["tails_ram"], "disk": d["tails_disk"]}}}}
+    held = parse_digest(doc)
+    assert held is not None
+    def real_and_predicted(prompt: list[int]) -> tuple[int, int]:
+        m = cache.match(prompt)
+        req = RequestBlocks(d["root"], 64, len(prompt), tuple(k.hex() for k in cache.chain(prompt)),
+                            tuple(tuple(k.hex() for k in t) for t in cache.tails(prompt)))
+        return (m.n_tokens if m is not None else 0), held["model"].served(req)[0]
+
+    for prompt in ([*cached, *range(7, 200)], [*cached, 9], cached[:140] + [5] * 60, cached[:133] + [5] * 200):
+        real, predicted = real_and_predicted(prompt)
+        assert real - 16 < predicted <= real, (len(prompt), real, predicted)
+    # what it does not see: a match ending inside a full block (another conversation leaving this
+    # one mid-block) counts up to that block's start (full blocks publish no tails: 15× the digest)
+    assert real_and_predicted(cached[:100] + [5] * 9) == (100, 64)
+    cache.close()

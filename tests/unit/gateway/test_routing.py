@@ -71,6 +71,33 @@ def test_prefix_table_finds_the_longest_seen_prefix_and_evicts_lru() -> None:
     assert t.cached(turn2) == 0
 
 
+def test_a_prefix_the_node_answered_is_predicted_with_the_node_own_count() -> None:
+    turn1 = prefix_hashes("m", [{"u": "x" * 400}])
+    turn2 = prefix_hashes("m", [{"u": "x" * 400}, {"a": "y" * 40}, {"u": "z"}])
+    t = PrefixTable()
+    t.add(turn1, prompt_tokens=431)  # what the node reported for turn 1's whole prompt
+    assert t.cached(turn2) == 431 != turn1[-1][1]
+    t.add(turn2)  # a later add without a count keeps the one known
+    assert t.cached(prefix_hashes("m", [{"u": "x" * 400}, {"u": "w"}])) == 431
+    assert t.cached(prefix_hashes("m", [*[{"u": "x" * 400}, {"a": "y" * 40}, {"u": "z"}], {"u": "v"}])) == turn2[-1][1]
+
+
+def test_scan_counts_the_whole_prompt_of_every_protocol() -> None:
+    from hearth.gateway.relay import Scan
+
+    chat = Scan()
+    chat.feed(b'data: {"usage":{"prompt_tokens":120,"completion_tokens":3,'
+              b'"prompt_tokens_details":{"cached_tokens":100}}}')
+    assert (chat.prompt, chat.cached, chat.whole_prompt) == (120, 100, 120)
+    messages = Scan()  # Anthropic's input_tokens leaves out what was read from (or written to) the cache
+    messages.feed(b'event: message_start\ndata: {"message":{"usage":{"input_tokens":20,'
+                  b'"cache_creation_input_tokens":5,"cache_read_input_tokens":100,"output_tokens":1}}}')
+    assert (messages.prompt, messages.cached, messages.whole_prompt) == (20, 100, 125)
+    responses = Scan(responses=True)
+    responses.feed(b'data: {"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":100}}}')
+    assert responses.whole_prompt == 120
+
+
 def test_cost_model_prefers_cache_times_load() -> None:
     ch = Chooser(random.Random(0))
     none = Affinity("none")
