@@ -80,7 +80,8 @@ class GatewayMetrics:
         self.reported_cached = Counter("hearth_gateway_reported_cached_tokens",
                                        "Cached prompt tokens the nodes reported", registry=r)
         self.reported_prompt = Counter("hearth_gateway_reported_prompt_tokens",
-                                       "Prompt tokens the nodes reported", registry=r)
+                                       "Prompt tokens the nodes reported, cached or not "
+                                       "(Anthropic's input_tokens plus its cache reads and writes)", registry=r)
         self.waiting = Gauge("hearth_gateway_waiting_requests", "Requests in the wait queue", registry=r)
 
     def watch_nodes(self, nodes: Callable[[], list[Any]], waiting: Callable[[], int]) -> None:
