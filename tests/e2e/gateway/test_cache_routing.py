@@ -140,7 +140,9 @@ def test_a_stateless_conversation_goes_back_to_the_node_holding_its_prefix_on_di
         assert served - disk_before == cached  # all of it from the disk tier
         assert gw_metric(fresh, "hearth_gateway_route_sources_total", source="digest") == 1
         predicted = gw_metric(fresh, "hearth_gateway_predicted_cached_tokens_total")
-        assert 512 <= predicted <= cached and predicted % 256 == 0  # whole blocks, never more than served
+        # never more than served, and less than a block short (whole blocks, then tail keys to 16
+        # tokens where the match ends in the partial block the first turn left: unit-tested exactly)
+        assert 512 <= predicted <= cached < predicted + 256
         assert gw_metric(fresh, "hearth_gateway_reported_cached_tokens_total") == cached
     finally:
         stop(fresh.proc)
