@@ -116,6 +116,9 @@ class EngineRequest:
     # Prompt tokens a client asked the server to keep (up to its last Anthropic cache_control
     # breakpoint): written to the durable prompt cache, evicted last. 0: none asked for.
     keep_tokens: int = 0
+    # The prompt-cache namespace: the request reuses, and writes, only KV of its own namespace
+    # (slots, sessions' swapped KV, the prompt cache's blocks). "": the default one.
+    cache_ns: str = ""
 
 
 @dataclass(slots=True)

@@ -37,6 +37,7 @@ from hearth.api.openai.responses_events import EventLog
 from hearth.api.openai.responses_stream import ResponseAssembler
 from hearth.chat.types import ChatRequest
 from hearth.errors import HearthError
+from hearth.tenants import ADMIN
 
 log = logging.getLogger("hearth.api")
 
@@ -53,12 +54,12 @@ class Launched:
 
 
 def launch(ctx: NodeContext, creq: ChatRequest, cancel_id: str | None, asm: ResponseAssembler,
-           settle: Callable[[], None]) -> Launched:
+           settle: Callable[[], None], owner: str = ADMIN) -> Launched:
     """Start the background run of `creq` (already keyed, `runs.keyed`), whose stored row
-    (status `queued`) the caller has written. `settle` runs once its outcome is stored."""
+    (status `queued`) the caller, `owner`'s, has written. `settle` runs once its outcome is stored."""
     rid = creq.request_id
     run = ctx.cancels.open(cancel_id=cancel_id, session_id=creq.session.session_id if creq.session else None,
-                           ids=[rid])
+                           ids=[rid], owner=owner)
     launched = Launched(ctx.background.logs.open(rid))
     task = asyncio.create_task(_drive(ctx, creq, run, asm, launched, settle, time.monotonic()),
                                name=f"background {rid}")
