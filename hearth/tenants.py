@@ -1,7 +1,8 @@
 """Tenants: who owns what a node stores, and who may see it (docs/api.md, "Keys and tenants").
 
 Every API key belongs to one tenant. A key file line is
-`KEY [name=NAME] [tenant=TENANT] [cache=tenant|shared]`: a named key's tenant defaults to its
+`KEY [name=NAME] [tenant=TENANT] [cache=tenant|shared] [concurrent=N] [rpm=N] [tpm=N]` (the
+last three: the key's limits, api/http/key_usage.py): a named key's tenant defaults to its
 name, so several keys share a tenant only when they say so; a bare line (and `--api-key`) is a
 tenant of its own, named `key-` and the first 8 hex digits of the key's SHA-256 (stable across
 restarts, and it does not reveal the key).
@@ -36,6 +37,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")  # key and tenant names
 
 
 CACHE_MODES = ("tenant", "shared")
+LIMITS = ("concurrent", "rpm", "tpm")  # requests at once, requests and tokens per minute
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +46,15 @@ class ApiKey:
     name: str
     tenant: str
     cache: str = "tenant"  # the prompt-cache namespace: the tenant's own, or the shared one
+    concurrent: int | None = None  # None: no limit
+    rpm: int | None = None
+    tpm: int | None = None
 
     def __post_init__(self) -> None:
+        for limit in LIMITS:
+            value = getattr(self, limit)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"key {self.name!r}: {limit} must be a whole number of at least 1")
         if self.cache not in CACHE_MODES:
             raise ValueError(f"key {self.name!r}: cache must be one of {', '.join(CACHE_MODES)}")
         if not self.key.strip():
@@ -68,12 +77,19 @@ def parse_key_line(line: str) -> ApiKey:
     fields: dict[str, str] = {}
     for attr in attrs:
         name, eq, value = attr.partition("=")
-        if not eq or not value or name not in ("name", "tenant", "cache") or name in fields:
-            raise ValueError(f"unknown, empty or repeated key attribute {name!r}: a line is "
-                             "KEY [name=NAME] [tenant=TENANT] [cache=tenant|shared]")
+        if not eq or not value or name not in ("name", "tenant", "cache", *LIMITS) or name in fields:
+            raise ValueError(f"unknown, empty or repeated key attribute {name!r}: a line is KEY [name=NAME] "
+                             "[tenant=TENANT] [cache=tenant|shared] [concurrent=N] [rpm=N] [tpm=N]")
         fields[name] = value
+    limits: dict[str, int] = {}
+    for limit in LIMITS:
+        if limit in fields:
+            if not fields[limit].isdigit():
+                raise ValueError(f"{limit} must be a whole number of at least 1")
+            limits[limit] = int(fields[limit])
     name = fields.get("name", bare_key(key).name)
-    return ApiKey(key, name, fields.get("tenant", name), fields.get("cache", "tenant"))
+    return ApiKey(key, name, fields.get("tenant", name), fields.get("cache", "tenant"),
+                  concurrent=limits.get("concurrent"), rpm=limits.get("rpm"), tpm=limits.get("tpm"))
 
 
 def read_key_file(path: str | Path) -> list[ApiKey]:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from hearth import __version__
-from hearth.cli import cache, chat, docs, gateway, models, server, sessions, snapshots
+from hearth.cli import cache, chat, docs, gateway, keys, models, server, sessions, snapshots
 from hearth.cli.common import CorsOpt, InsecureOpt, RequireKeyOpt, required_keys
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
@@ -18,6 +18,7 @@ app.add_typer(sessions.app, name="sessions")
 app.add_typer(snapshots.app, name="snapshots")
 app.add_typer(models.app, name="models")
 app.add_typer(cache.app, name="cache")
+app.add_typer(keys.app, name="keys")
 app.add_typer(gateway.app, name="gateway")
 app.command()(chat.chat)
 app.command()(docs.docs)

@@ -33,7 +33,18 @@ def test_the_key_file_names_keys_and_their_tenants(tmp_path: Path) -> None:
     assert keys[4].tenant == "team-c" and keys[4].name == bare_key("kc").name
 
 
-@pytest.mark.parametrize("line", ["k owner=x", "k name=a name=b", "k name=", "k name=a/b", "k tenant=-x", "k name"])
+def test_the_key_file_gives_limits_and_the_cache_namespace(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("ka name=a concurrent=2 rpm=60 tpm=10000\nkb name=b cache=shared\n")
+    a, b = read_key_file(path)
+    assert (a.concurrent, a.rpm, a.tpm, a.cache) == (2, 60, 10000, "tenant")
+    assert (b.concurrent, b.rpm, b.tpm, b.cache) == (None, None, None, "shared")
+    assert Caller("b", "b", shared_cache=True).namespace() == "" == ADMIN_CALLER.namespace() == OPEN.namespace()
+    assert ALICE.namespace() != BOB.namespace() and ALICE.namespace("s") not in (ALICE.namespace(), BOB.namespace("s"))
+
+
+@pytest.mark.parametrize("line", ["k owner=x", "k name=a name=b", "k name=", "k name=a/b", "k tenant=-x", "k name",
+                                  "k rpm=0", "k tpm=-1", "k concurrent=x", "k cache=all"])
 def test_a_bad_key_line_names_its_line_and_never_the_key(tmp_path: Path, line: str) -> None:
     path = tmp_path / "keys"
     path.write_text(f"ok\n{line.replace('k ', 'secret-key ', 1)}\n")

@@ -208,7 +208,7 @@ async def _background(request: Request, creq: ChatRequest, body: ResponsesIn, as
                       settle: Callable[[], None]) -> Response:
     """A background run (responses_background): answered once admitted, or with its refusal."""
     ctx = node(request)
-    launched = background.launch(ctx, creq, body.cancel_id, asm, settle, caller(request).tenant)
+    launched = background.launch(ctx, creq, body.cancel_id, asm, settle, caller(request))
     try:  # a client that leaves now leaves the run to itself (ClientGone: nobody to answer)
         admitted = await until_disconnect(request, lambda: asyncio.shield(launched.admitted))
     except HearthError:
