@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hearth.api import wire
 from hearth.api.context import node_of
 from hearth.tenants import ApiKey
 from tests.api.conftest import Harness, serve
@@ -38,7 +39,9 @@ def clock() -> Clock:
 
 
 async def limited(tmp_path: Path, clock: Clock, **limits: int) -> AsyncIterator[Harness]:
-    keys = [ApiKey("ka", "alice", "team-a", **limits), ApiKey("kb", "bob", "team-b")]  # type: ignore[arg-type]
+    alice = ApiKey("ka", "alice", "team-a", concurrent=limits.get("concurrent"), rpm=limits.get("rpm"),
+                   tpm=limits.get("tpm"))
+    keys = [alice, ApiKey("kb", "bob", "team-b")]
     async with serve(tmp_path, named_keys=keys, admin_key="adm") as h:
         node_of(h.app).keys._clock = clock
         yield h
@@ -111,7 +114,9 @@ async def test_usage_per_key_on_metrics_and_the_admin_route(tmp_path: Path, cloc
             r.json()["usage"]["output_tokens"])
         assert 'key="ka"' not in text and 'key="kb"' not in text  # names, never the keys
         assert (await h.client.get("/admin/keys/usage", headers=ALICE)).status_code == 403
-        data = {row["name"]: row for row in (await h.client.get("/admin/keys/usage", headers=ADMIN)).json()["data"]}
+        listed = (await h.client.get("/admin/keys/usage", headers=ADMIN)).json()
+        wire.KeyUsageList.model_validate(listed)
+        data = {row["name"]: row for row in listed["data"]}
         assert data["alice"]["requests"] == 2 and data["alice"]["limited"] == 1 and data["alice"]["in_flight"] == 0
         assert data["alice"]["prompt_tokens"] == prompt and data["alice"]["limits"]["rpm"] == 2
         assert data["bob"]["requests"] == 1 and data["bob"]["limits"] == {"concurrent": None, "rpm": None, "tpm": None}
