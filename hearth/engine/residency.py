@@ -194,6 +194,7 @@ class Residency:
                                     min(common_prefix_len(tokens, prompt), limit))
             except ValueError as e:  # incompatible state: re-prefill from the transcript
                 log.warning("could not restore the KV of session %s: %s", owner, e)
+                self.stats.kv_reprefills += 1
                 first.tokens.clear()
         if not req.cache_prompt:
             self.truncate(first, 0)

@@ -176,6 +176,7 @@ class EngineStats:
     drafted_tokens: int = 0  # speculative draft tokens verified
     accepted_tokens: int = 0  # of those, the ones the sampler agreed with (emitted without a step of their own)
     interrupted_decodes: int = 0  # decodes stopped midway by an abort (their work re-run)
+    kv_reprefills: int = 0  # session KV that could not be restored or failed a decode: prefilled again
 
 
 class ContextOverflow(ValueError):

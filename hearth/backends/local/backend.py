@@ -137,7 +137,7 @@ class LocalBackend:
                 cached_tokens=s.cached_tokens, generated_tokens=s.generated_tokens, steps=s.steps,
                 finished=s.finished, cancelled=s.cancelled, swap_outs=s.swap_outs, swap_ins=s.swap_ins,
                 drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
-                interrupted_decodes=s.interrupted_decodes)
+                interrupted_decodes=s.interrupted_decodes, kv_reprefills=s.kv_reprefills)
         return out
 
     @property
