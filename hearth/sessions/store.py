@@ -66,7 +66,7 @@ class SessionStore:
         with self._lock:
             rows = self._db.execute(
                 "SELECT id, model, created_at, last_used_at, max_seq_len, owner FROM sessions").fetchall()
-            out = {r[0]: SessionRow(*r[:5], owner=r[5]) for r in rows}
+            out = {r[0]: SessionRow(r[0], r[1], r[2], r[3], r[4], owner=r[5]) for r in rows}
             query = "SELECT session_id, message FROM messages ORDER BY session_id, idx"
             for sid, text in self._db.execute(query):
                 if sid in out:  # scrubbed: an older server could store lone surrogates (hearth.text)

@@ -62,7 +62,7 @@ def test_a_restart_keeps_every_namespaces_blocks(tmp_path: Path) -> None:
     assert again.prefetch(A, ns="tenant\0a") == len(A) and again.prefetch(A, ns="tenant\0c") == 0
     m = again.match(A, ns="tenant\0a")
     assert m is not None and m.n_tokens == len(A)
-    assert loaded(again, A) == A  # the default namespace's, read back from its own files
+    assert again.prefetch(A) == len(A) and loaded(again, A) == A  # the default namespace's, from its own files
     again.close()
 
 
