@@ -76,7 +76,7 @@ def test_each_tenant_sees_exactly_its_own(srv: Server) -> None:
     with oai(srv, ALICE_CI) as c:  # the same tenant, another key: continues both
         follow = c.responses.create(model="default", input="And another?", previous_response_id=resp.id,
                                     max_output_tokens=4)
-        assert follow.status == "completed"
+        assert follow.previous_response_id == resp.id and follow.status in ("completed", "incomplete")
     assert len(get(srv, "/sessions/alice-chat/history", ALICE).json()["data"]) == 2  # nothing of bob's
 
 
