@@ -11,6 +11,8 @@ from pathlib import Path
 
 import platformdirs
 
+from hearth.tenants import ApiKey, bare_key, check_keyring
+
 KV_TYPES = ("f16", "q8_0", "q4_0")  # llama.cpp KV cache element types Hearth offers
 
 
@@ -85,7 +87,8 @@ class Settings:
     repetition_detection: bool = False  # stop looping generations unless a request says otherwise
     lenient_tool_calls: bool = True  # take tool calls written as bare/fenced JSON unless a request says otherwise
     # access
-    api_keys: list[str] = field(default_factory=list)
+    api_keys: list[str] = field(default_factory=list)  # bare keys (--api-key): each a tenant of its own
+    named_keys: list[ApiKey] = field(default_factory=list)  # from --api-key-file (hearth.tenants)
     admin_key: str | None = None
     metrics_token: str | None = None
     metrics_public: bool = False
@@ -117,11 +120,12 @@ class Settings:
             raise ValueError("--sse-heartbeat must be > 0 seconds")
         if not 0 < self.request_timeout <= self.max_request_timeout:
             raise ValueError("--request-timeout must be > 0 and at most --max-request-timeout")
-        check_access(self.host, self.api_keys, self.insecure, "--api-key (or --api-key-file)")
+        check_access(self.host, [*self.api_keys, *(k.key for k in self.named_keys)], self.insecure,
+                     "--api-key (or --api-key-file)")
+        check_keyring(self.keyring)
         check_origins(self.cors_origins)
 
-
-def read_key_file(path: str) -> list[str]:
-    """One key per line; blank lines and lines starting with # are skipped."""
-    lines = Path(path).read_text().splitlines()
-    return [s.strip() for s in lines if s.strip() and not s.strip().startswith("#")]
+    @property
+    def keyring(self) -> list[ApiKey]:
+        """Every API key with its name and tenant: the bare ones first, then the key file's."""
+        return [*(bare_key(k) for k in dict.fromkeys(self.api_keys) if k.strip()), *self.named_keys]

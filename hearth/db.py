@@ -19,3 +19,12 @@ def connect(path: Path) -> sqlite3.Connection:
     db.execute("PRAGMA busy_timeout=5000")
     db.execute("PRAGMA foreign_keys=ON")
     return db
+
+
+def add_owner_column(db: sqlite3.Connection, table: str) -> None:
+    """The migration to owners (hearth.tenants): a table from before them gains `owner`, and
+    every row it already holds becomes the admin's (''). Idempotent; run when a store opens.
+    `table` is one of the stores' own names, never input."""
+    columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+    if "owner" not in columns:
+        db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT NOT NULL DEFAULT ''")

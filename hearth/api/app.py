@@ -14,13 +14,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hearth.api import control, openapi, prompt_blocks, prompt_cache, sessions, snapshots, web
+from hearth.api import control, keys, openapi, prompt_blocks, prompt_cache, sessions, snapshots, web
 from hearth.api.anthropic import messages
 from hearth.api.context import NodeContext
 from hearth.api.http.auth import AuthMiddleware
 from hearth.api.http.cancels import CancelRegistry
 from hearth.api.http.cors import CorsMiddleware
 from hearth.api.http.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
+from hearth.api.http.key_usage import KeyAccounts, KeyLimitMiddleware, KeyUsageCollector
 from hearth.api.http.sse import ClientGone
 from hearth.api.openai import chat, completions, responses
 from hearth.api.openai.responses_events import BackgroundRuns
@@ -40,10 +41,11 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 
 
 def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]],
-             requests: object, access: Settings) -> Starlette:
+             requests: object, access: Settings, accounts: KeyAccounts | None = None) -> Starlette:
     """The Starlette app a node and the gateway share: CORS as `access.cors_origins` says (outside
     the key check, so a preflight needs no key), request ids (counted in `requests`), API keys as
-    `access` says, and the one error policy of api/http/errors.py."""
+    `access` says, each key's limits (`accounts`; None: none), and the one error policy of
+    api/http/errors.py."""
     endpoints = {r.path for r in routes if "{" not in r.path}
     return Starlette(
         routes=routes,
@@ -52,6 +54,7 @@ def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncC
             Middleware(CorsMiddleware, origins=access.cors_origins),
             Middleware(RequestIdMiddleware, count=requests, endpoints=endpoints),
             Middleware(AuthMiddleware, settings=access),
+            Middleware(KeyLimitMiddleware, accounts=accounts),
             Middleware(UnexpectedErrors),
         ],
         exception_handlers={
@@ -71,10 +74,12 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
     cancels = CancelRegistry()
     metrics.runs_registered.set_function(lambda: len(cancels))
     metrics.cancels_pending.set_function(lambda: cancels.pending)
+    accounts = KeyAccounts(settings.keyring)
+    metrics.registry.register(KeyUsageCollector(accounts))
     context = NodeContext(backend=SessionBackend(backend, manager), sessions=manager, settings=settings,
                           cancels=cancels, metrics=metrics,
                           responses=ResponseStore(settings.data_dir / "hearth.db"), responses_settled={},
-                          background=BackgroundRuns())
+                          background=BackgroundRuns(), keys=accounts)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -125,6 +130,7 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/admin/prompt-cache", prompt_cache.stats, methods=["GET"]),
         Route("/admin/prompt-cache", prompt_cache.clear, methods=["DELETE"]),
         Route("/admin/prompt-cache/entries", prompt_cache.entries, methods=["GET"]),
+        Route("/admin/keys/usage", keys.usage, methods=["GET"]),
         Route("/v1/cancel", control.cancel, methods=["POST"]),
         Route("/v1/models", control.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", control.get_model, methods=["GET"]),
@@ -136,6 +142,6 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name:path}", web.static_file, methods=["GET"]),
     ]
-    app = assemble(routes, lifespan, metrics.requests, settings)
+    app = assemble(routes, lifespan, metrics.requests, settings, accounts)
     app.state.node = context
     return app

@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 
 from hearth.api.http.cancels import CancelRegistry
+from hearth.api.http.key_usage import KeyAccounts
 from hearth.api.openai.responses_events import BackgroundRuns
 from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
@@ -36,6 +37,7 @@ class NodeContext:
     # Per in-flight stored response id: set once its outcome is stored (what .../cancel waits for).
     responses_settled: dict[str, asyncio.Event]
     background: BackgroundRuns  # background responses: their runs and their recorded events
+    keys: KeyAccounts  # usage and limits per API key
 
 
 def node_of(app: Starlette) -> NodeContext:

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
+from hearth.api.http.auth import caller
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.openai.chat import ChatCompletionIn, ToolIn, to_chat_request
 from hearth.api.openai.messages import MessageIn
@@ -119,5 +120,6 @@ async def cancel(request: Request) -> Response:
     ids = [i for i in (body.completion_id, body.response_id, body.message_id) if i]
     if body.cancel_id is None and body.session_id is None and not ids:
         raise BadRequest("name what to cancel: cancel_id, session_id, completion_id, response_id or message_id")
-    n = node(request).cancels.cancel(cancel_id=body.cancel_id, session_id=body.session_id, ids=ids)
+    n = node(request).cancels.cancel(cancel_id=body.cancel_id, session_id=body.session_id, ids=ids,
+                                     scope=caller(request).scope)
     return JSONResponse({"cancelled": n})

@@ -138,6 +138,8 @@ def _ops() -> list[Operation]:
         Operation("GET", "/admin/prompt-cache/entries", "A model's prompt-cache blocks", "prompt-cache",
                   wire.PromptCacheEntries, errors=(400, 401, 403, 404, 503),
                   query={**model_q, "limit": "At most this many blocks (1 to 100000; default 1000)"}),
+        Operation("GET", "/admin/keys/usage", "Usage and limits per API key", "control", wire.KeyUsageList,
+                  errors=(401, 403)),
         Operation("POST", "/v1/cancel", "Cancel runs by cancel_id, session or id", "control", wire.Cancelled,
                   CancelIn),
         Operation("GET", "/v1/models", "List models", "control", wire.ModelList, errors=(401, 503)),

@@ -23,13 +23,16 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.anthropic.messages import read_messages
 from hearth.api.context import NodeContext, node
+from hearth.api.http.auth import caller
 from hearth.api.http.errors import ApiError, protocol_of, respond
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.openai.chat import read_chat
 from hearth.api.openai.completions import read_completion
 from hearth.api.openai.responses import read_response
+from hearth.api.openai.responses_store import ScopedResponses
 from hearth.backends.base import require_prompt_cache
 from hearth.errors import HearthError
+from hearth.tenants import OPEN, Caller
 
 PATHS = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/messages": "messages",
          "/v1/responses": "responses", "/responses": "responses", "/v1/completions": "completions",
@@ -42,7 +45,8 @@ class BlocksIn(OpenBody):
     body: dict[str, Any]
 
 
-async def prompt_of(ctx: NodeContext, path: str, data: dict[str, Any]) -> tuple[str | None, list[int]]:
+async def prompt_of(ctx: NodeContext, path: str, data: dict[str, Any], who: Caller = OPEN
+                    ) -> tuple[str | None, list[int]]:
     """(the model asked for, the prompt's tokens) of a generation request to `path`."""
     backend, kind = ctx.backend, PATHS[path]
     if kind == "completions":
@@ -56,7 +60,7 @@ async def prompt_of(ctx: NodeContext, path: str, data: dict[str, Any]) -> tuple[
     elif kind == "messages":
         creq = read_messages(data, "blocks", ctx.settings)[1]
     else:
-        creq = read_response(data, ctx.responses, "blocks", ctx.settings).creq
+        creq = read_response(data, ScopedResponses(ctx.responses, who), "blocks", ctx.settings).creq
     return creq.model, await backend.tokenize_prompt(creq)
 
 
@@ -65,8 +69,10 @@ async def blocks(request: Request) -> Response:
     outer = validate(BlocksIn, await read_json(request))
     cache = require_prompt_cache(ctx.backend)
     try:
-        model, tokens = await prompt_of(ctx, outer.path, outer.body)
-        found = await cache.cache_blocks(model, tokens)
+        who = caller(request)
+        model, tokens = await prompt_of(ctx, outer.path, outer.body, who)
+        salt = outer.body.get("cache_salt")  # checked as generation checks it, by prompt_of
+        found = await cache.cache_blocks(model, tokens, who.namespace(salt if isinstance(salt, str) else None))
     except HearthError as e:  # what generation would answer, in the inner path's envelope
         return respond(outer.path, ApiError.of(e, protocol_of(outer.path)))
     return JSONResponse({"object": "prompt_cache.blocks", **asdict(found)})

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
+from hearth.api.http.auth import caller
 from hearth.backends.base import require_prompt_cache
 from hearth.errors import BadRequest
 
@@ -77,6 +78,15 @@ async def clear(request: Request) -> Response:
 
 
 async def digest(request: Request) -> Response:
-    cache = require_prompt_cache(node(request).backend)
-    models = await cache.cache_digest()
+    """The caller's prompt-cache namespace only (its blocks, its slots' conversation keys, and
+    of the sessions, those it sees): a digest never shows another tenant's state."""
+    ctx = node(request)
+    cache = require_prompt_cache(ctx.backend)
+    who = caller(request)
+    models = await cache.cache_digest(who.namespace())
+    if not who.admin:
+        mine = ctx.sessions.visible_ids(who)
+        for m in models.values():
+            sessions = m.get("sessions") or {}
+            m["sessions"] = {where: [s for s in ids if s in mine] for where, ids in sessions.items()}
     return JSONResponse({"object": "prompt_cache.digest", "version": DIGEST_VERSION, "models": models})

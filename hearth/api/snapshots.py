@@ -1,4 +1,5 @@
-"""/v1/snapshots: list, inspect, edit metadata, delete, load, archive, import (docs/sessions.md)."""
+"""/v1/snapshots: list, inspect, edit metadata, delete, load, archive, import (docs/sessions.md).
+Every route acts for its caller: a snapshot of another tenant is not found (hearth.tenants)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hearth.api.context import node
-from hearth.api.http.auth import require_admin
+from hearth.api.http.auth import caller, require_admin
 from hearth.api.http.body import stream_limited
 from hearth.api.http.parsing import StrictBody, read_json, read_json_or_empty, validate
 from hearth.errors import BadRequest
@@ -56,11 +57,14 @@ def session_manager(request: Request) -> SessionManager:
 
 
 def _id(request: Request) -> str:
-    return check_snapshot_id(request.path_params["snapshot_id"])
+    """The path's snapshot id, once checked and found to be one the caller sees (else 404)."""
+    snap = check_snapshot_id(request.path_params["snapshot_id"])
+    session_manager(request).snapshots.owner(snap, caller(request))
+    return snap
 
 
 async def list_snapshots(request: Request) -> Response:
-    data = await run_in_threadpool(session_manager(request).snapshots.list)
+    data = await run_in_threadpool(session_manager(request).snapshots.list, caller(request))
     snaps = [snapshot_json(m) for m in data]
     return JSONResponse({"object": "list", "data": snaps, "snapshots": snaps})  # "snapshots": superlinear's name
 
@@ -86,7 +90,7 @@ async def load_snapshot(request: Request) -> Response:
     body = validate(LoadIn, await read_json_or_empty(request))
     if body.force:  # replacing an existing session is destructive (docs/api.md, "Admin key")
         require_admin(request, node(request).settings.admin_key)
-    info = await session_manager(request).load(_id(request), body.session_id, body.force)
+    info = await session_manager(request).load(_id(request), body.session_id, body.force, caller(request))
     return JSONResponse(wrapped(info), status_code=201)
 
 
@@ -114,7 +118,7 @@ async def import_snapshot(request: Request) -> Response:
                 f.write(chunk)
         if size == 0:
             raise BadRequest("the request body is empty; send the archive from GET /v1/snapshots/{id}/archive")
-        manifest = await run_in_threadpool(store.import_archive, spool, limits)
+        manifest = await run_in_threadpool(store.import_archive, spool, limits, caller(request).tenant)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(spool)

@@ -401,6 +401,29 @@ class PromptCacheStats(_Own):
     models: dict[str, PromptCacheModelStats]
 
 
+class KeyLimits(_Own):
+    concurrent: int | None
+    rpm: int | None
+    tpm: int | None
+
+
+class KeyUsage(_Own):
+    name: str
+    tenant: str
+    requests: int
+    limited: int
+    in_flight: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    limits: KeyLimits
+
+
+class KeyUsageList(_Own):
+    object: Literal["list"]
+    data: list[KeyUsage]
+
+
 class PromptCacheEntry(_Own):
     hash: str  # 32 hex digits
     parent: str  # the previous block's hash, or the chain's root

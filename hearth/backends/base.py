@@ -70,6 +70,7 @@ class ModelStats:
     drafted_tokens: int = 0  # speculative draft tokens verified
     accepted_tokens: int = 0  # of those, the ones accepted (emitted without a step of their own)
     interrupted_decodes: int = 0  # decodes stopped midway by an abort (their work re-run)
+    kv_reprefills: int = 0  # session KV that could not be restored or failed a decode: prefilled again
 
 
 # ---- session KV ----------------------------------------------------------------------------
@@ -176,16 +177,18 @@ class PromptCache(Protocol):
         """Drop every block of one model's cache (None: every model's); how many were dropped."""
         ...
 
-    async def cache_digest(self) -> dict[str, Any]:
-        """Per model id: what the node holds, for a router to read cheaply: {block_tokens,
-        root (the hash chain's root, hex), blocks: {slot|ram|disk: [hash...]}, keys: {slot:
-        [conversation key...]}, sessions: {resident|host|disk: [id...]}}. How the hashes
-        chain: docs/api.md. Hashing work runs off the event loop and the engine thread."""
+    async def cache_digest(self, ns: str = "") -> dict[str, Any]:
+        """Per model id: what the node holds in prompt-cache namespace `ns`, for a router to
+        read cheaply: {block_tokens, root (the namespace's hash chain root, hex), blocks:
+        {slot|ram|disk: [hash...]}, keys: {slot: [conversation key...]}, sessions:
+        {resident|host|disk: [id...]}}. How the hashes chain: docs/api.md. Hashing work runs off
+        the event loop and the engine thread."""
         ...
 
-    async def cache_blocks(self, model: str | None, tokens: list[int]) -> PromptBlocks:
+    async def cache_blocks(self, model: str | None, tokens: list[int], ns: str = "") -> PromptBlocks:
         """The full blocks of a prompt's `tokens` (as `tokenize_prompt` or `tokenize` gave them)
-        keyed as this node's cache keys them; off the event loop and the engine thread."""
+        keyed as this node's cache keys them in namespace `ns`; off the event loop and the
+        engine thread."""
         ...
 
 

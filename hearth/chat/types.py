@@ -16,6 +16,7 @@ from hearth.engine.types import InvalidParam as InvalidParam
 from hearth.engine.types import SamplingParams as SamplingParams
 from hearth.engine.types import StopKind as StopKind
 from hearth.engine.types import TokenLogprob as TokenLogprob
+from hearth.tenants import OPEN, Caller
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -78,6 +79,7 @@ class SessionTurn:
     discard_thinking: bool = False  # keep the reply's reasoning out of the stored transcript
     wait: bool = True  # wait for a running turn of the same session (else 409 session_busy)
     create: bool = True  # an unknown id creates the session (else 404 session_not_found)
+    caller: Caller = OPEN  # who asks: a session of another tenant is not found (hearth.tenants)
 
 
 @dataclass(slots=True)
@@ -114,6 +116,11 @@ class ChatRequest:
     # The last message is the assistant's partial answer: the model continues it
     # (hearth/chat/continuation.py); the events carry only what is new.
     continue_final: bool = False
+    # The body's cache_salt (vLLM's name): prompts under different salts share no cached KV.
+    cache_salt: str | None = None
+    # The prompt-cache namespace (hearth.engine.types.EngineRequest.cache_ns): the HTTP layer
+    # sets it from the caller's tenant and `cache_salt` (hearth.tenants). "": the default one.
+    cache_ns: str = ""
 
 
 @dataclass(slots=True)
@@ -129,6 +136,7 @@ class CompletionRequest:
     cancel: CancelToken | None = None
     cache_prompt: bool = True
     repetition: RepetitionSpec | None = None
+    cache_ns: str = ""  # as ChatRequest.cache_ns
 
 
 @dataclass(slots=True)

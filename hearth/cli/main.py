@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from hearth import __version__
-from hearth.cli import cache, chat, docs, gateway, models, server, sessions, snapshots
+from hearth.cli import cache, chat, docs, gateway, keys, models, server, sessions, snapshots
 from hearth.cli.common import CorsOpt, InsecureOpt, RequireKeyOpt, required_keys
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
@@ -18,6 +18,7 @@ app.add_typer(sessions.app, name="sessions")
 app.add_typer(snapshots.app, name="snapshots")
 app.add_typer(models.app, name="models")
 app.add_typer(cache.app, name="cache")
+app.add_typer(keys.app, name="keys")
 app.add_typer(gateway.app, name="gateway")
 app.command()(chat.chat)
 app.command()(docs.docs)
@@ -87,7 +88,8 @@ def serve(
              "template's markers (a request's lenient_tool_calls overrides it).")] = True,
     api_key: RequireKeyOpt = None,
     api_key_file: Annotated[str | None, typer.Option(
-        envvar="HEARTH_API_KEY_FILE", help="File with one API key per line.")] = None,
+        envvar="HEARTH_API_KEY_FILE",
+        help="File with one API key per line: KEY [name=NAME] [tenant=TENANT] (docs/api.md).")] = None,
     admin_key: Annotated[str | None, typer.Option(
         envvar="HEARTH_ADMIN_KEY", help="Key needed to delete sessions and snapshots.")] = None,
     metrics_token: Annotated[str | None, typer.Option(
@@ -116,14 +118,14 @@ def serve(
 
     from hearth.api.app import create_app
     from hearth.backends.build import build_backend
-    from hearth.config import Settings, default_data_dir, parse_origins, read_key_file
+    from hearth.config import Settings, default_data_dir, parse_origins
     from hearth.models import resolve_model
     from hearth.observability.logging import setup_logging
+    from hearth.tenants import read_key_file
 
     try:
         keys = required_keys(api_key)
-        if api_key_file:
-            keys += read_key_file(api_key_file)
+        named = read_key_file(api_key_file) if api_key_file else []
         settings = Settings(models=model or ["default"], host=host, port=port, ctx=ctx, parallel=parallel,
                             threads=threads, batch=batch, kv_unified=kv_unified, kv_type=kv_type,
                             spec_draft=spec_draft, tool_parser=tool_parser, log_level=log_level,
@@ -131,7 +133,7 @@ def serve(
                             request_timeout=request_timeout, max_request_timeout=max_request_timeout,
                             clamp_max_tokens=clamp_max_tokens, sse_heartbeat=sse_heartbeat,
                             repetition_detection=repetition_detection, lenient_tool_calls=lenient_tool_calls,
-                            api_keys=keys, admin_key=admin_key, metrics_token=metrics_token,
+                            api_keys=keys, named_keys=named, admin_key=admin_key, metrics_token=metrics_token,
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
                             prompt_cache_mb=prompt_cache_mb,
                             prompt_cache_disk_mb=prompt_cache_disk_mb, cors_origins=parse_origins(cors_origins),
@@ -145,7 +147,7 @@ def serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     setup_logging(settings.log_level, settings.log_format)
-    auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key"
+    auth = f"{len(settings.keyring)} API key(s)" if settings.keyring else "no API key"
     typer.echo(f"hearth {__version__}: serving {', '.join(ids)} on http://{host}:{port} ({auth})", err=True)
     config = uvicorn.Config(create_app(backend, settings), host=settings.host, port=settings.port,
                             log_level=settings.log_level.lower(), timeout_graceful_shutdown=5, log_config=None,

@@ -329,6 +329,21 @@ class Engine:
                 self._in_decode = frozenset()
                 self.runner.clear_interrupt()
 
+    def _reprefill(self, ar: ActiveRequest) -> bool:
+        """After a failed decode (its slots already emptied): a session turn still prefilling on
+        KV it did not compute itself (swapped in, or loaded from a snapshot, which a hostile
+        archive may have crafted) starts its prefill again from the first token, once, instead
+        of failing: the turn answers as if the session had no KV. True if it does."""
+        if ar.req.owner is None or ar.phase is not Phase.PREFILL or ar.cached_tokens == 0 or ar.reprefilled:
+            return False
+        log.warning("session %s: a decode on its restored KV failed; the KV is dropped and the transcript "
+                    "prefilled again", ar.req.owner)
+        ar.reprefilled = True
+        ar.prefill_pos = ar.cached_tokens = 0
+        ar.cache_tier = None
+        self.stats.kv_reprefills += 1
+        return True
+
     def _run_batch(self, work: list[Work], out: StepOutputs) -> None:
         try:
             logit_idx = self._decode(work)
@@ -345,7 +360,8 @@ class Engine:
             for ar in {id(w.ar): w.ar for w in work}.values():
                 for seq in ar.seqs:  # the KV state of these sequences is unknown now
                     self.residency.truncate(seq.slot, 0)
-                self._end(ar, FinishReason.ERROR, out, error=f"decode failed: {e}")
+                if not self._reprefill(ar):
+                    self._end(ar, FinishReason.ERROR, out, error=f"decode failed: {e}")
             return
         self.stats.steps += 1
         idx = iter(logit_idx)

@@ -21,6 +21,7 @@ class Slot:
     last_used: int = 0
     owner: str | None = None  # the session whose KV this is (kept between its turns)
     key: str | None = None  # the conversation key of the stateless request that filled it last
+    ns: str = ""  # the prompt-cache namespace of what it holds: only that namespace reuses it
 
 
 @dataclass(slots=True)
@@ -64,7 +65,7 @@ class SlotTable:
         return next((s for s in self.slots if s.owner == owner), None)
 
     def acquire(self, prompt: list[int], n: int, reuse_prefix: bool = True, owner: str | None = None,
-                key: str | None = None) -> Placement:
+                key: str | None = None, ns: str = "") -> Placement:
         """Take `n` free slots for a prompt.
 
         The first slot is the owner's own (its session KV is resident), else the unowned free
@@ -76,7 +77,8 @@ class SlotTable:
         other candidates take unowned slots first, then idle sessions' slots. `reuse` is how
         many prompt tokens the first slot already holds (at most len(prompt) - 1, so the last
         prompt token is decoded for its logits). The caller swaps out `evict`, then trims each
-        slot's KV to what its `tokens` say."""
+        slot's KV to what its `tokens` say. A slot of another namespace (`ns`) shares nothing
+        with the prompt, whatever its tokens."""
         free = [s for s in self.slots if not s.busy]
         if len(free) < n:
             raise RuntimeError("not enough free slots")
@@ -88,16 +90,19 @@ class SlotTable:
         def keyed(s: Slot) -> bool:  # warm for another conversation that named itself
             return s.key is not None and s.key != key
 
+        def shared(s: Slot) -> int:
+            return common_prefix_len(s.tokens, prompt) if s.ns == ns else 0
+
         strangers = [s for s in unowned if not keyed(s)] or unowned
         sessions = sorted((s for s in free if s.owner is not None and s is not mine), key=lambda s: s.last_used)
         if mine is not None:
             first = mine
         elif unowned and reuse_prefix:
-            best = max(strangers, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
+            best = max(strangers, key=lambda s: (shared(s), -s.last_used))
             # Reuse a slot in place only when most of what it caches is kept (like llama-server's
             # slot similarity): else taking it would destroy another conversation's cache for a
             # short shared prefix (a system prompt), which the engine can copy instead.
-            if 2 * common_prefix_len(best.tokens, prompt) >= len(best.tokens) > 0:
+            if 2 * shared(best) >= len(best.tokens) > 0:
                 first = best
             else:
                 first = min(unowned, key=lambda s: (bool(s.tokens), keyed(s), s.last_used))
@@ -111,7 +116,8 @@ class SlotTable:
         evict = [(s, s.owner) for s in chosen if s.owner is not None and s is not mine]
         reuse = 0
         if not evict or evict[0][0] is not first:
-            keep = common_prefix_len(first.tokens, prompt) if (reuse_prefix or mine is not None) else 0
+            keep = (common_prefix_len(first.tokens, prompt) if mine is not None
+                    else shared(first) if reuse_prefix else 0)
             reuse = min(keep, len(prompt) - 1)
         for s in chosen:
             s.busy = True

@@ -13,6 +13,12 @@ read from any thread, good enough for reporting.
 
 Invariant (the one every other module relies on): a slot's `tokens` are exactly what its KV
 sequence holds at positions 0..len-1; every method here keeps it.
+
+Namespaces (`EngineRequest.cache_ns`, one per tenant): a request reuses KV only of its own
+namespace, from every source: its first slot, other idle slots, sessions' swapped KV and the
+prompt cache. A slot records the namespace of what it holds (`Slot.ns`), a swapped session the
+namespace its KV was made in; KV whose namespace is unknown (imported from a snapshot) serves
+only its own session.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class Residency:
         self.slots = slots
         self.swap = swap  # session KV that left its slot (without a directory, in RAM only)
         self.stats = stats  # counts swap_ins and swap_outs
+        self._swap_ns: dict[str, str] = {}  # a swapped session's KV namespace (absent: unknown)
 
     # ---- session KV (between steps, through Engine.call) ----------------------------------------
 
@@ -57,12 +64,13 @@ class Residency:
             out[where].append(owner)
         return out
 
-    def slots_digest(self) -> tuple[list[str], list[str], list[str]]:
+    def slots_digest(self, ns: str = "") -> tuple[list[str], list[str], list[str]]:
         """(hashes of the full prompt-cache blocks the idle slots hold, the tail keys of their
         last partial blocks, the conversation keys of the stateless requests that filled them):
         the slot tier of the node's digest, for a router. Racy like `kv_where` (each slot's
         tokens are copied at once, under the GIL); a busy slot is left out (what it holds is
-        changing, and it is offered to the cache when its request ends). Hashing, no lookup:
+        changing, and it is offered to the cache when its request ends). Only namespace `ns`'s
+        slots, hashed from its root. Hashing, no lookup:
         call it off the engine thread and the event loop."""
         if self.cache is None:
             return [], [], []
@@ -70,9 +78,9 @@ class Residency:
         tails: set[str] = set()
         keys: set[str] = set()
         for slot in list(self.slots.slots):
-            if slot.busy:
+            if slot.busy or slot.ns != ns:
                 continue
-            full, tail = self.cache.slot_digest(list(slot.tokens))
+            full, tail = self.cache.slot_digest(list(slot.tokens), ns)
             blocks.update(k.hex() for k in full)
             tails.update(k.hex() for k in tail)
             if slot.key is not None and slot.owner is None:
@@ -95,6 +103,7 @@ class Residency:
             self.truncate(slot, 0)
             slot.owner = None
         self.swap.drop(owner)
+        self._swap_ns.pop(owner, None)
 
     def trim_kv(self, owner: str, tokens: list[int]) -> int:
         """Engine thread: cut a session's KV back to its common prefix with `tokens` (after a
@@ -120,7 +129,7 @@ class Residency:
         past the data, positions out of order, ids out of range) would otherwise fail the
         session's next decode."""
         data = self.runner.kv_checked(tokens, data)
-        self.drop_kv(owner)
+        self.drop_kv(owner)  # its namespace is now unknown: it serves its own session only
         self.swap.put(owner, tokens, data)
 
     def spill_all(self) -> int:
@@ -144,6 +153,7 @@ class Residency:
     def _swap_out(self, slot: Slot, owner: str) -> None:
         if slot.tokens:
             self.swap.put(owner, list(slot.tokens), self.runner.state_get(slot.seq_id))
+            self._swap_ns[owner] = slot.ns
             self.stats.swap_outs += 1
         self.truncate(slot, 0)
         slot.owner = None
@@ -161,44 +171,52 @@ class Residency:
         (joined from blocks) is used. A copy must save at least MIN_COPY tokens of prefill to
         be worth moving a whole KV stream. What the first slot held is offered to the prompt
         cache before it is dropped (usually already there: requests offer theirs as they end)."""
-        owner, prompt = req.owner, req.prompt_tokens
+        owner, prompt, ns = req.owner, req.prompt_tokens, req.cache_ns
         for slot, old in placement.evict:
             self._swap_out(slot, old)
         first = placement.slots[0]
         first.owner, first.key = owner, None
         limit = len(prompt) - 1
-        if placement.resident:
+        if placement.resident:  # the session's own KV, in the namespace it was made in
             return self._served("slot", placement.reuse)
-        here = min(common_prefix_len(first.tokens, prompt), limit)
+        here = min(common_prefix_len(first.tokens, prompt), limit) if first.ns == ns else 0
         if len(first.tokens) - here >= MIN_COPY and self.cache is not None:
             seq_id = first.seq_id
-            self.cache.offer(list(first.tokens), lambda: self.runner.state_get(seq_id))
+            self.cache.offer(list(first.tokens), lambda: self.runner.state_get(seq_id), ns=first.ns)
+        if first.ns != ns:  # another namespace's KV (offered to the cache under its own): none serves here
+            self.truncate(first, 0)
+            first.ns = ns
+        swapped_ns = self._swap_ns.pop(owner, ns) if owner is not None else ns
         if owner is not None and (where := self.swap.where(owner)) is not None and (got := self.swap.take(owner)):
             tokens, data = got
             try:
                 self.runner.state_set(first.seq_id, data)
                 first.tokens[:] = tokens
+                first.ns = swapped_ns
                 self.stats.swap_ins += 1
                 return self._served("ram" if where == "host" else where,
                                     min(common_prefix_len(tokens, prompt), limit))
             except ValueError as e:  # incompatible state: re-prefill from the transcript
                 log.warning("could not restore the KV of session %s: %s", owner, e)
+                self.stats.kv_reprefills += 1
                 first.tokens.clear()
         if not req.cache_prompt:
             self.truncate(first, 0)
             return self._served(None, 0)
         best, tier = here, "slot"
         source: Slot | str | Match | None = None
-        for slot in self.slots.slots:  # idle slots, their own or sessions'
-            if not slot.busy and slot is not first:
+        for slot in self.slots.slots:  # idle slots, their own or sessions', of this namespace
+            if not slot.busy and slot is not first and slot.ns == ns:
                 n = min(common_prefix_len(slot.tokens, prompt), limit)
                 if n > best:
                     best, source = n, slot
         for other, tokens in self.swap.prefix_candidates():
+            if self._swap_ns.get(other) != ns:
+                continue
             n = min(common_prefix_len(tokens, prompt), limit)
             if n > best:
                 best, source = n, other
-        if self.cache is not None and (m := self.cache.match(prompt[:limit])) is not None and m.n_tokens > best:
+        if self.cache is not None and (m := self.cache.match(prompt[:limit], ns)) is not None and m.n_tokens > best:
             best, source = m.n_tokens, m
         if best - here < MIN_COPY:
             source = None
@@ -241,7 +259,7 @@ class Residency:
         seq_id = slot.seq_id
         keep = len(slot.tokens) if req.cache_key is not None else req.keep_tokens
         return self.cache.offer(list(slot.tokens), lambda: self.runner.state_get(seq_id), keep=keep,
-                                counted=min(req.keep_tokens, len(req.prompt_tokens)))
+                                counted=min(req.keep_tokens, len(req.prompt_tokens)), ns=slot.ns)
 
     def unplace(self, req: EngineRequest, placement: Placement) -> None:
         """After a failed `place`: the placement's slots hold nothing (a session keeps its slot,
@@ -263,3 +281,4 @@ class Residency:
             self.runner.kv_remove(slot.seq_id, 0, -1)
             self.runner.kv_copy(first.seq_id, slot.seq_id, -1, -1)
             slot.tokens[:] = first.tokens
+            slot.ns = first.ns

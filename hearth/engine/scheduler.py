@@ -77,7 +77,7 @@ class Scheduler:
                 break
             ar = self.waiting.popleft()
             placement = self.slots.acquire(ar.prompt, ar.req.n, ar.req.cache_prompt, ar.req.owner,
-                                            ar.req.cache_key)
+                                            ar.req.cache_key, ar.req.cache_ns)
             ar.phase = Phase.PREFILL
             ar.prefill_pos = placement.reuse  # the engine may raise it (swap-in, prefix copy)
             ar.cached_tokens = placement.reuse

@@ -72,6 +72,7 @@ class ActiveRequest:
     cached_tokens: int = 0
     cache_tier: str | None = None  # where the cached prefix came from (RequestOutput.cache_tier)
     arrived: float = field(default_factory=time.monotonic)
+    reprefilled: bool = False  # its restored KV failed a decode and was dropped (Engine._reprefill)
 
     @property
     def request_id(self) -> str:

@@ -116,6 +116,9 @@ class EngineRequest:
     # Prompt tokens a client asked the server to keep (up to its last Anthropic cache_control
     # breakpoint): written to the durable prompt cache, evicted last. 0: none asked for.
     keep_tokens: int = 0
+    # The prompt-cache namespace: the request reuses, and writes, only KV of its own namespace
+    # (slots, sessions' swapped KV, the prompt cache's blocks). "": the default one.
+    cache_ns: str = ""
 
 
 @dataclass(slots=True)
@@ -173,6 +176,7 @@ class EngineStats:
     drafted_tokens: int = 0  # speculative draft tokens verified
     accepted_tokens: int = 0  # of those, the ones the sampler agreed with (emitted without a step of their own)
     interrupted_decodes: int = 0  # decodes stopped midway by an abort (their work re-run)
+    kv_reprefills: int = 0  # session KV that could not be restored or failed a decode: prefilled again
 
 
 class ContextOverflow(ValueError):

@@ -36,7 +36,9 @@ COUNTERS = (("hearth_prompt_tokens", "Prompt tokens prefilled", "prompt_tokens")
             ("hearth_spec_accepted_tokens", "Draft tokens accepted (emitted without a step of their own)",
              "accepted_tokens"),
             ("hearth_interrupted_decodes", "Decodes stopped midway by an abort (neighbours re-run)",
-             "interrupted_decodes"))
+             "interrupted_decodes"),
+            ("hearth_session_kv_reprefills", "Session KV that could not be restored or failed a decode, "
+             "dropped and prefilled again from the transcript", "kv_reprefills"))
 
 
 # The prompt cache, per model and tier (tier = slot, ram, disk): (metric, help, TierStats field,

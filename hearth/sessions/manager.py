@@ -12,7 +12,11 @@ always describes the tokens in the KV up to reconciliation.
 Invariants:
 - at most one turn per session runs; others wait on the session's lock (or get 409);
 - every operation that touches a session's KV (delete, save, load, rollback) holds the lock;
-- nothing is stored for a turn that never reached the engine (a 4xx, a 429).
+- nothing is stored for a turn that never reached the engine (a 4xx, a 429);
+- every lookup by id goes through `_get` with the caller: another tenant's session is the same
+  404 as one that does not exist (hearth.tenants). Session ids are one namespace per node, so
+  creating an id another tenant holds answers 409 session_exists (it says the name is taken,
+  nothing of what it holds; generated ids are random).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from hearth.sessions.ids import check_session_id, new_session_id
 from hearth.sessions.snapshots import MemberLimits, SnapshotCorrupt, SnapshotStore
 from hearth.sessions.store import SessionRow, SessionStore
 from hearth.sessions.transcript import message_to_json
+from hearth.tenants import OPEN, Caller
 
 # Hearth's own two, then superlinear's names, which here all mean "reject" (nothing is dropped).
 RESIZE_STRATEGIES = ("reject", "drop_oldest", "auto", "gpu", "disk")
@@ -116,15 +121,23 @@ class SessionManager:
 
     # ---- lookups -----------------------------------------------------------------------------
 
-    def _get(self, sid: str) -> _Session:
+    def _get(self, sid: str, caller: Caller) -> _Session:
         self._kv()
         s = self._sessions.get(check_session_id(sid))
-        if s is None:
+        if s is None or not caller.sees(s.row.owner):
             raise NotFound(f"session {sid} not found", param="session_id", code="session_not_found")
         return s
 
-    async def info(self, sid: str) -> dict[str, Any]:
-        return await self._describe(self._get(sid))
+    def owner(self, sid: str, caller: Caller = OPEN) -> str:
+        """The owner of a session `caller` sees (404 otherwise)."""
+        return self._get(sid, caller).row.owner
+
+    def visible_ids(self, caller: Caller) -> set[str]:
+        """The ids of the sessions `caller` sees (no capability needed: none, then)."""
+        return {sid for sid, s in self._sessions.items() if caller.sees(s.row.owner)}
+
+    async def info(self, sid: str, caller: Caller = OPEN) -> dict[str, Any]:
+        return await self._describe(self._get(sid, caller))
 
     async def _describe(self, s: _Session) -> dict[str, Any]:
         try:
@@ -139,30 +152,31 @@ class SessionManager:
                 # superlinear's names for the same facts (docs/sessions.md)
                 "cache_position": n_tokens, "status": "busy" if s.lock.locked() else "idle"}
 
-    async def list_all(self) -> list[dict[str, Any]]:
+    async def list_all(self, caller: Caller = OPEN) -> list[dict[str, Any]]:
         self._kv()
-        ordered = sorted(self._sessions.values(), key=lambda s: s.row.last_used_at, reverse=True)
+        visible = [s for s in self._sessions.values() if caller.sees(s.row.owner)]
+        ordered = sorted(visible, key=lambda s: s.row.last_used_at, reverse=True)
         return list(await asyncio.gather(*(self._describe(s) for s in ordered)))
 
-    def history(self, sid: str) -> list[dict[str, Any]]:
-        return [message_to_json(m) for m in self._get(sid).row.messages]
+    def history(self, sid: str, caller: Caller = OPEN) -> list[dict[str, Any]]:
+        return [message_to_json(m) for m in self._get(sid, caller).row.messages]
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
     async def create(self, sid: str | None = None, model: str | None = None, max_seq_len: int | None = None,
-                     messages: list[Message] | None = None) -> dict[str, Any]:
+                     messages: list[Message] | None = None, caller: Caller = OPEN) -> dict[str, Any]:
         self._kv()
         sid = check_session_id(sid) if sid is not None else new_session_id()
         if sid in self._sessions:
             raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
-        s = self._new(sid, model, max_seq_len)
+        s = self._new(sid, model, max_seq_len, caller.tenant)
         if messages:
             s.row.messages = list(messages)
         self.store.save(s.row, replace_messages=True)
         self._sessions[sid] = s
         return await self._describe(s)
 
-    def _new(self, sid: str, model: str | None, max_seq_len: int | None) -> _Session:
+    def _new(self, sid: str, model: str | None, max_seq_len: int | None, owner: str) -> _Session:
         model_id = self.backend.resolve(model)
         limit = self.backend.limits(model_id).seq_ctx
         if max_seq_len is None:
@@ -171,10 +185,10 @@ class SessionManager:
             raise BadRequest(f"max_seq_len must be between 16 and {limit} (the server's per-sequence context)",
                              param="max_seq_len")
         now = time.time()
-        return _Session(SessionRow(sid, model_id, now, now, max_seq_len))
+        return _Session(SessionRow(sid, model_id, now, now, max_seq_len, owner=owner))
 
-    async def delete(self, sid: str) -> None:
-        s = self._get(sid)
+    async def delete(self, sid: str, caller: Caller = OPEN) -> None:
+        s = self._get(sid, caller)
         async with self._exclusive(s):
             await self._drop_kv(s)
             self.store.delete(s.id)
@@ -184,8 +198,8 @@ class SessionManager:
         with contextlib.suppress(NotFound):  # its model is no longer served: no KV of it to drop
             await self._kv().drop_kv(s.row.model, s.id)
 
-    async def rollback(self, sid: str, keep_messages: int) -> dict[str, Any]:
-        s = self._get(sid)
+    async def rollback(self, sid: str, keep_messages: int, caller: Caller = OPEN) -> dict[str, Any]:
+        s = self._get(sid, caller)
         async with self._exclusive(s):
             if not 0 <= keep_messages <= len(s.row.messages):
                 raise BadRequest(f"keep_messages must be between 0 and {len(s.row.messages)} "
@@ -196,8 +210,9 @@ class SessionManager:
             await self._trim(s)
         return await self._describe(s)  # outside the lock: an idle session is not busy
 
-    async def resize(self, sid: str, max_seq_len: int, strategy: str = "reject") -> dict[str, Any]:
-        s = self._get(sid)
+    async def resize(self, sid: str, max_seq_len: int, strategy: str = "reject",
+                     caller: Caller = OPEN) -> dict[str, Any]:
+        s = self._get(sid, caller)
         if strategy not in RESIZE_STRATEGIES:
             raise BadRequest(f"strategy must be one of {', '.join(RESIZE_STRATEGIES)}", param="strategy")
         mode = "drop_oldest" if strategy == "drop_oldest" else "reject"  # superlinear's auto|gpu|disk: no loss
@@ -231,13 +246,13 @@ class SessionManager:
         tokens = await self.backend.tokenize_chat(s.row.model, s.row.messages) if s.row.messages else []
         await self._kv().trim_kv(s.row.model, s.id, tokens)
 
-    async def resize_next_pow2(self, sid: str) -> dict[str, Any]:
-        s = self._get(sid)
+    async def resize_next_pow2(self, sid: str, caller: Caller = OPEN) -> dict[str, Any]:
+        s = self._get(sid, caller)
         limit = self.backend.limits(s.row.model).seq_ctx
         if s.row.max_seq_len >= limit:
             raise BadRequest(f"session {s.id} is already at the server's per-sequence context ({limit} tokens); "
                              "start the server with a larger --ctx", param="max_seq_len")
-        return await self.resize(sid, min(1 << s.row.max_seq_len.bit_length(), limit))
+        return await self.resize(sid, min(1 << s.row.max_seq_len.bit_length(), limit), caller=caller)
 
     async def _count(self, model: str, messages: list[Message]) -> int:
         return len(await self.backend.tokenize_chat(model, messages)) if messages else 0
@@ -252,8 +267,9 @@ class SessionManager:
                             n_tokens=max(self.backend.limits(mid).seq_ctx for mid in ids))
 
     async def save(self, sid: str, title: str | None = None, description: str | None = None,
-                   tags: list[str] | None = None) -> dict[str, Any]:
-        s = self._get(sid)
+                   tags: list[str] | None = None, caller: Caller = OPEN) -> dict[str, Any]:
+        """A snapshot of the session; it belongs to the session's owner (whoever asks for it)."""
+        s = self._get(sid, caller)
         async with self._exclusive(s):
             kv = self._kv()
             state = await kv.export_kv(s.row.model, s.id) or KVState([], b"")
@@ -263,10 +279,13 @@ class SessionManager:
             return await asyncio.to_thread(
                 self._snapshots.create, model=identity.model, engine=identity.engine, session=session,
                 messages=list(s.row.messages), tokens=state.tokens, kv=state.data, title=title,
-                description=description, tags=tags)
+                description=description, tags=tags, owner=s.row.owner)
 
-    async def load(self, snap_id: str, sid: str | None = None, force: bool = False) -> dict[str, Any]:
+    async def load(self, snap_id: str, sid: str | None = None, force: bool = False,
+                   caller: Caller = OPEN) -> dict[str, Any]:
+        """A new session from the snapshot; it belongs to the snapshot's owner."""
         kv = self._kv()
+        owner = self._snapshots.owner(snap_id, caller)
         manifest = self._snapshots.get(snap_id)
         model_id = (manifest.get("model") or {}).get("id")
         try:
@@ -281,11 +300,13 @@ class SessionManager:
         max_seq_len = min(int((manifest.get("session") or {}).get("max_seq_len") or limit), limit)
         existing = self._sessions.get(sid)
         if existing is not None:
+            if not caller.sees(existing.row.owner):  # never replaced, and nothing said of it
+                raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
             if not force:
                 raise Conflict(f"session {sid} already exists; pass force: true to replace it",
                                param="session_id", code="session_exists")
-            await self.delete(sid)
-        s = self._new(sid, model_id, max_seq_len)
+            await self.delete(sid, caller)
+        s = self._new(sid, model_id, max_seq_len, owner)
         s.row.messages = data.messages
         async with s.lock:
             self._sessions[sid] = s
@@ -312,11 +333,16 @@ class SessionManager:
             raise BadRequest("a session turn has one reply: n must be 1", param="n")
         model_id = self.backend.resolve(req.model)
         s = self._sessions.get(sid)
+        if s is not None and not turn.caller.sees(s.row.owner):
+            if not turn.create:  # as if it did not exist
+                raise NotFound(f"session {sid} not found (session_create is false)", param="session_id",
+                               code="session_not_found")
+            raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
         if s is None and not turn.create:  # a caller that knows the session exists (the gateway)
             raise NotFound(f"session {sid} not found (session_create is false)", param="session_id",
                            code="session_not_found")
         if s is None:  # the first turn creates the session (stored when the turn runs)
-            s = self._new(sid, model_id, None)
+            s = self._new(sid, model_id, None, turn.caller.tenant)
             s.persisted = False
             self._sessions[sid] = s
         elif s.row.model != model_id:

@@ -12,6 +12,11 @@ validated before any path is built. Nothing read is unpickled: JSON and raw byte
 Archives are plain tar streams of the four files under `<snapshot_id>/`; an import is
 unpacked member by member (regular files with the four expected names only) into a
 temporary directory and verified before it is renamed into place.
+
+A snapshot's owner (hearth.tenants) is this node's fact, not the snapshot's: it lives in
+`<root>/<snapshot_id>/owner` (the tenant's name as text), written into the temporary directory
+before the rename (so a snapshot is never visible without it), and never archived. A snapshot
+without the file (made before owners) is the admin's.
 """
 
 from __future__ import annotations
@@ -39,10 +44,12 @@ from hearth.ids import is_snapshot_id
 from hearth.sessions.ids import check_snapshot_id, new_snapshot_id
 from hearth.sessions.manifest import DATA_FILES, ManifestInvalid, check_manifest
 from hearth.sessions.transcript import message_from_json, message_to_json
+from hearth.tenants import ADMIN, NAME, OPEN, Caller
 
 log = logging.getLogger("hearth.snapshots")
 
 FORMAT_VERSION = 1
+OWNER_FILE = "owner"  # beside the snapshot's files; not one of them (never archived)
 ALL_FILES = ("manifest.json", *DATA_FILES)
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_TRANSCRIPT_BYTES = 64 << 20
@@ -122,7 +129,8 @@ class SnapshotStore:
 
     def create(self, *, model: dict[str, Any], engine: dict[str, Any], session: dict[str, Any],
                messages: list[Message], tokens: list[int], kv: bytes, title: str | None = None,
-               description: str | None = None, tags: list[str] | None = None) -> dict[str, Any]:
+               description: str | None = None, tags: list[str] | None = None, owner: str = ADMIN
+               ) -> dict[str, Any]:
         check_meta(title, description, tags)
         snap_id = new_snapshot_id()
         tmp = self.root / f".tmp-{uuid.uuid4().hex}"
@@ -145,6 +153,7 @@ class SnapshotStore:
             # A backend's identity that the reader would refuse fails the save, not every later load.
             check_manifest(manifest, repair_text=False)
             _write(tmp / "manifest.json", json.dumps(manifest, indent=1).encode())
+            _write_owner(tmp, owner)
             _fsync_dir(tmp)
             os.rename(tmp, self.root / snap_id)
             _fsync_dir(self.root)
@@ -177,6 +186,16 @@ class SnapshotStore:
 
     # ---- read ------------------------------------------------------------------------------
 
+    def owner(self, snap_id: str, caller: Caller = OPEN) -> str:
+        """The owner of a snapshot `caller` sees; the same 404 as a missing one otherwise."""
+        d = self._dir(snap_id)
+        if not (d / "manifest.json").is_file():
+            raise _not_found(snap_id)
+        owner = _read_owner(d)
+        if not caller.sees(owner):
+            raise _not_found(snap_id)
+        return owner
+
     def get(self, snap_id: str) -> dict[str, Any]:
         path = self._dir(snap_id) / "manifest.json"
         if not path.is_file():
@@ -192,12 +211,12 @@ class SnapshotStore:
             raise SnapshotCorrupt(f"snapshot {snap_id} has an unreadable manifest: {e}") from e
         return manifest
 
-    def list(self) -> list[dict[str, Any]]:
-        """Every readable snapshot, newest first. A corrupt one is left out (and logged, with
-        its id, so an admin can delete it): it never hides the others."""
+    def list(self, caller: Caller = OPEN) -> list[dict[str, Any]]:
+        """Every readable snapshot `caller` sees, newest first. A corrupt one is left out (and
+        logged, with its id, so an admin can delete it): it never hides the others."""
         out = []
         for d in self.root.iterdir():
-            if is_snapshot_id(d.name):
+            if is_snapshot_id(d.name) and caller.sees(_read_owner(d)):
                 try:
                     out.append(self.get(d.name))
                 except NotFound:
@@ -278,7 +297,7 @@ class SnapshotStore:
 
         return stream()
 
-    def import_archive(self, archive: Path, limits: MemberLimits) -> dict[str, Any]:
+    def import_archive(self, archive: Path, limits: MemberLimits, owner: str = ADMIN) -> dict[str, Any]:
         """Unpack and verify an archive (a file on disk); it becomes visible only when whole.
         Members are bounded by `limits`, the manifest must have its exact shape and the
         transcript must parse as messages, so what is imported can be listed and loaded."""
@@ -304,6 +323,7 @@ class SnapshotStore:
             dest = self.root / snap_id
             if dest.exists():
                 raise Conflict(f"snapshot {snap_id} already exists here", code="snapshot_exists")
+            _write_owner(tmp, owner)
             _fsync_dir(tmp)
             os.rename(tmp, dest)
             _fsync_dir(self.root)
@@ -361,3 +381,22 @@ def _read_checked(path: Path, meta: dict[str, Any]) -> bytes:
     if data is None or hashlib.sha256(data).hexdigest() != meta["sha256"]:
         raise SnapshotCorrupt(f"{path.name} does not match its checksum: the snapshot is corrupt")
     return data
+
+
+def _not_found(snap_id: str) -> NotFound:
+    return NotFound(f"snapshot {snap_id} not found", param="snapshot_id", code="snapshot_not_found")
+
+
+def _write_owner(d: Path, owner: str) -> None:
+    if owner != ADMIN:  # no file: the admin's, as every snapshot from before owners
+        _write(d / OWNER_FILE, owner.encode())
+
+
+def _read_owner(d: Path) -> str:
+    """The owner recorded in a snapshot directory. A file that is not a tenant name (edited by
+    hand, cut short) makes the snapshot the admin's: never visible to a tenant by mistake."""
+    try:
+        text = (d / OWNER_FILE).read_bytes()[:256].decode("ascii")
+    except (OSError, UnicodeDecodeError):  # none (the usual case for the admin's), or unreadable
+        return ADMIN
+    return text if NAME.fullmatch(text) else ADMIN

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hearth.chat.types import Message
-from hearth.db import connect
+from hearth.db import add_owner_column, connect
 from hearth.sessions.transcript import message_from_json, message_to_json
+from hearth.tenants import ADMIN
 from hearth.text import scrub_value
 
 _SCHEMA = """
@@ -24,7 +25,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     model TEXT NOT NULL,
     created_at REAL NOT NULL,
     last_used_at REAL NOT NULL,
-    max_seq_len INTEGER NOT NULL
+    max_seq_len INTEGER NOT NULL,
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS messages (
     session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
@@ -43,6 +45,7 @@ class SessionRow:
     last_used_at: float
     max_seq_len: int
     messages: list[Message] = field(default_factory=list)
+    owner: str = ADMIN  # the tenant that created it (hearth.tenants)
 
 
 class SessionStore:
@@ -53,6 +56,7 @@ class SessionStore:
         self._lock = threading.Lock()
         self._db = connect(path)
         self._db.executescript(_SCHEMA)
+        add_owner_column(self._db, "sessions")
 
     def close(self) -> None:
         with self._lock:
@@ -61,8 +65,8 @@ class SessionStore:
     def load_all(self) -> list[SessionRow]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, model, created_at, last_used_at, max_seq_len FROM sessions").fetchall()
-            out = {r[0]: SessionRow(*r) for r in rows}
+                "SELECT id, model, created_at, last_used_at, max_seq_len, owner FROM sessions").fetchall()
+            out = {r[0]: SessionRow(r[0], r[1], r[2], r[3], r[4], owner=r[5]) for r in rows}
             query = "SELECT session_id, message FROM messages ORDER BY session_id, idx"
             for sid, text in self._db.execute(query):
                 if sid in out:  # scrubbed: an older server could store lone surrogates (hearth.text)
@@ -76,10 +80,11 @@ class SessionStore:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.execute("INSERT INTO sessions (id, model, created_at, last_used_at, max_seq_len) VALUES "
-                           "(?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET last_used_at=excluded.last_used_at, "
+                # The owner is set once, when the row is made: no later write changes it.
+                db.execute("INSERT INTO sessions (id, model, created_at, last_used_at, max_seq_len, owner) VALUES "
+                           "(?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET last_used_at=excluded.last_used_at, "
                            "max_seq_len=excluded.max_seq_len",
-                           (row.id, row.model, row.created_at, row.last_used_at, row.max_seq_len))
+                           (row.id, row.model, row.created_at, row.last_used_at, row.max_seq_len, row.owner))
                 if replace_messages:
                     db.execute("DELETE FROM messages WHERE session_id = ?", (row.id,))
                     tail, start = row.messages, 0

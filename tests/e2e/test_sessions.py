@@ -517,3 +517,85 @@ def test_crafted_kv_in_a_snapshot_never_fails_a_turn(srv: Server, craft: str) ->
     else:
         assert r.status_code == 422 and r.json()["error"]["code"] == "snapshot_corrupt", r.text
         assert httpx.get(f"{srv.base_url}/sessions/{sid}-copy", timeout=10).status_code == 404
+
+
+def _tar(members: dict[str, bytes]) -> bytes:
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _untar(data: bytes) -> dict[str, bytes]:
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+
+
+def _crafted(members: dict[str, bytes], craft: str) -> dict[str, bytes]:
+    """The archive's members with its KV or tokens made to lie, manifest sizes and checksums
+    rewritten to match (every integrity check passes)."""
+    files = {name.split("/")[1]: (name, data) for name, data in members.items()}
+    kv = bytearray(files["kv.bin"][1])
+    tokens = np.frombuffer(files["tokens.bin"][1], dtype="<i4").tolist()
+    header = 8  # llama.cpp's state header here; then u32 streams (1), u32 cells, 12 bytes per cell
+    if craft == "cell count past the data":
+        kv[header + 4:header + 8] = (1 << 30).to_bytes(4, "little")
+    elif craft == "a flipped header byte":
+        kv[0] ^= 0xFF
+    elif craft == "a negative token id":
+        tokens = [-3, *tokens[1:]]
+    else:  # fewer tokens than cells
+        tokens = tokens[:-5]
+    blobs = {"kv.bin": bytes(kv), "tokens.bin": np.asarray(tokens, dtype="<i4").tobytes()}
+    manifest = json.loads(files["manifest.json"][1])
+    for name, data in blobs.items():
+        manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["session"]["n_tokens"] = len(tokens)
+    blobs["manifest.json"] = json.dumps(manifest).encode()
+    return {files[n][0]: blobs.get(n, files[n][1]) for n in ("manifest.json", "transcript.json", "tokens.bin",
+                                                               "kv.bin")}
+
+
+@pytest.mark.parametrize("craft", ["cell count past the data", "fewer tokens than cells", "a negative token id",
+                                   "a flipped header byte"])
+def test_a_crafted_archive_never_gives_a_5xx_and_a_loaded_one_answers_as_a_clean_reprefill(
+        srv: Server, craft: str) -> None:
+    """Issue 27's four crafted archives, imported as a hostile client would send them: the import
+    and the load answer 201 or 422, never a 5xx; a session loaded from one answers its next turn,
+    and that answer equals the answer of the same transcript prefilled from scratch; every later
+    request about it answers without a 5xx."""
+    sid = "arc-" + hashlib.sha256(craft.encode()).hexdigest()[:8]
+    turn(srv, sid, [SYSTEM, Q1], max_tokens=8, cache_prompt=False)
+    snap = httpx.post(f"{srv.base_url}/sessions/{sid}/save", json={}, timeout=60).json()["snapshot_id"]
+    archive = httpx.get(f"{srv.base_url}/snapshots/{snap}/archive", timeout=60)
+    assert archive.status_code == 200
+    assert httpx.delete(f"{srv.base_url}/snapshots/{snap}", timeout=10).status_code == 200
+    crafted = _tar(_crafted(_untar(archive.content), craft))
+    imported = httpx.post(f"{srv.base_url}/snapshots/import", content=crafted, timeout=60)
+    assert imported.status_code in (201, 422), imported.text
+    loaded = None
+    if imported.status_code == 201:
+        loaded = httpx.post(f"{srv.base_url}/snapshots/{snap}/load", json={"session_id": f"{sid}-c"}, timeout=60)
+        assert loaded.status_code in (201, 422), loaded.text
+    if loaded is not None and loaded.status_code == 201:
+        got = turn(srv, f"{sid}-c", [Q2], max_tokens=8, cache_prompt=False)
+        clean = httpx.post(f"{srv.base_url}/sessions", json={"session_id": f"{sid}-clean",
+                                                                "messages": history(srv, sid)}, timeout=30)
+        assert clean.status_code == 201, clean.text
+        want = turn(srv, f"{sid}-clean", [Q2], max_tokens=8, cache_prompt=False)
+        assert text(got) == text(want)
+    for path in (f"/sessions/{sid}-c", f"/sessions/{sid}-c/history", f"/snapshots/{snap}", "/snapshots", "/sessions"):
+        r = httpx.get(f"{srv.base_url}{path}", timeout=30)
+        assert r.status_code < 500, (path, r.text)
+    r = httpx.post(f"{srv.base_url}/chat/completions", json={"session_id": f"{sid}-c", "messages": [Q2],
+                                                              "max_tokens": 2}, timeout=120)
+    assert r.status_code == 200, r.text

@@ -8,6 +8,10 @@
   handler, which sees the body); and for every path under /admin/ (the node's prompt cache, the
   gateway's fleet), which shows what other clients' requests left behind;
 - /metrics needs the metrics token (or an API key) unless it was made public.
+
+Which key matched decides the request's `Caller` (hearth.tenants): its tenant, or the admin.
+The middleware records it in the ASGI scope; handlers read it with `caller(request)`. A node
+without keys makes every request the admin's (`OPEN`): nothing is scoped.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from hearth.api.http.errors import ApiError, respond
 from hearth.config import Settings
 from hearth.errors import Forbidden, HearthError, Unauthorized
+from hearth.tenants import ADMIN_CALLER, OPEN, ApiKey, Caller
 
 OPEN_PATHS = ("/health", "/", "/openapi.json")  # the API document holds no data
 OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
 ADMIN_PREFIX = "/admin/"  # every path under it needs the admin key (when one is set)
+CALLER = "hearth.caller"  # the scope key the middleware records the caller under
 
 
 def presented_key(headers: dict[bytes, bytes]) -> str | None:
@@ -44,6 +50,24 @@ def matches(key: str | None, allowed: list[str]) -> bool:
     return found
 
 
+def which(key: str | None, keyring: list[ApiKey]) -> ApiKey | None:
+    """The entry of `keyring` that `key` is; every entry is compared, so the time taken says
+    nothing about which matched (or whether one did)."""
+    if key is None:
+        return None
+    found = None
+    for k in keyring:
+        if hmac.compare_digest(key.encode(), k.key.encode()):
+            found = k
+    return found
+
+
+def caller(request: Request) -> Caller:
+    """Who sent `request`, as the key check found it (OPEN on a node without keys)."""
+    found = request.scope.get(CALLER)
+    return found if isinstance(found, Caller) else OPEN
+
+
 def require_admin(request: Request, admin: str | None) -> None:
     """For a destructive operation the middleware cannot see (it depends on the body): the
     request must present `admin`, the server's admin key, if it has one."""
@@ -54,7 +78,8 @@ def require_admin(request: Request, admin: str | None) -> None:
 class AuthMiddleware:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
-        self.keys = list(settings.api_keys)
+        self.keyring = settings.keyring
+        self.keys = [k.key for k in self.keyring]
         self.admin_key = settings.admin_key
         self.metrics_token = settings.metrics_token
         self.metrics_public = settings.metrics_public
@@ -78,13 +103,27 @@ class AuthMiddleware:
             return Forbidden("this operation needs the admin key")
         return None
 
+    def _caller(self, key: str | None) -> Caller:
+        if not self.keys:
+            return OPEN
+        if self.admin_key and matches(key, [self.admin_key]):
+            return ADMIN_CALLER
+        found = which(key, self.keyring)
+        # No key matched: an open path (/health, the page) or /metrics by its token; nothing
+        # there reads a caller, and an unknown tenant sees nothing should one ever do.
+        if found is None:
+            return Caller("\0none", None)
+        return Caller(found.tenant, found.name, shared_cache=found.cache == "shared")
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        verdict = self._verdict(scope["method"], scope["path"], presented_key(headers))
+        key = presented_key(headers)
+        verdict = self._verdict(scope["method"], scope["path"], key)
         if verdict is None:
+            scope[CALLER] = self._caller(key)
             await self.app(scope, receive, send)
             return
         err = ApiError.of(verdict)

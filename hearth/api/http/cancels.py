@@ -6,6 +6,10 @@ Invariant: `register` and the stash of an early cancel take the same lock, so a 
 arrives before its run is registered is never lost: it is remembered for PENDING_TTL seconds
 and applied by `register`. Expired stashes are dropped whenever the registry is read, so the
 pending count never includes them.
+
+Runs are a tenant's like what they store (hearth.tenants): each run records its owner, and a
+cancel with a scope (a tenant's; None is the admin's, every run) matches only that owner's runs,
+and its stash only that owner's later run. The answer counts only what the caller may see.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from hearth.chat.cancel import CancelToken
+from hearth.tenants import ADMIN
 
 PENDING_TTL = 30.0
 
@@ -28,13 +33,14 @@ class Run:
     cancel_id: str | None = None
     session_id: str | None = None
     ids: frozenset[str] = field(default_factory=frozenset)  # completion / response / message ids
+    owner: str = ADMIN
 
 
 class CancelRegistry:
     def __init__(self, clock: Callable[[], float] = time.monotonic, ttl: float = PENDING_TTL) -> None:
         self._lock = threading.Lock()
         self._runs: set[Run] = set()
-        self._pending: dict[str, float] = {}  # cancel_id -> expiry
+        self._pending: dict[tuple[str | None, str], float] = {}  # (scope, cancel_id) -> expiry
         self._clock = clock
         self._ttl = ttl
 
@@ -48,8 +54,8 @@ class CancelRegistry:
             return len(self._pending)
 
     def open(self, *, cancel_id: str | None = None, session_id: str | None = None,
-             ids: Iterable[str] = ()) -> Run:
-        run = Run(CancelToken(), cancel_id, session_id, frozenset(ids))
+             ids: Iterable[str] = (), owner: str = ADMIN) -> Run:
+        run = Run(CancelToken(), cancel_id, session_id, frozenset(ids), owner)
         self.register(run)
         return run
 
@@ -57,7 +63,8 @@ class CancelRegistry:
         with self._lock:
             self._purge()
             self._runs.add(run)
-            early = run.cancel_id is not None and self._pending.pop(run.cancel_id, None) is not None
+            early = run.cancel_id is not None and any(
+                [self._pending.pop((scope, run.cancel_id), None) is not None for scope in (run.owner, None)])
         if early:
             run.token.cancel("cancel_call")
 
@@ -66,7 +73,7 @@ class CancelRegistry:
             self._runs.discard(run)
 
     def cancel(self, *, cancel_id: str | None = None, session_id: str | None = None,
-               ids: Iterable[str] = ()) -> int:
+               ids: Iterable[str] = (), scope: str | None = None) -> int:
         """Cancel the runs named; return how many distinct runs matched.
 
         A cancel_id is matched alone (a stale session_id beside it must not cancel a newer run
@@ -75,14 +82,15 @@ class CancelRegistry:
         wanted = frozenset(ids)
         with self._lock:
             self._purge()
+            runs = [r for r in self._runs if scope is None or r.owner == scope]
             if cancel_id is not None:
-                matches = [r for r in self._runs if r.cancel_id == cancel_id]
+                matches = [r for r in runs if r.cancel_id == cancel_id]
                 if not matches:
-                    self._pending[cancel_id] = self._clock() + self._ttl
+                    self._pending[(scope, cancel_id)] = self._clock() + self._ttl
             elif session_id is None and not wanted:
                 matches = []
             else:
-                matches = [r for r in self._runs
+                matches = [r for r in runs
                            if (session_id is not None and r.session_id == session_id) or (r.ids & wanted)]
         for r in matches:
             r.token.cancel("cancel_call")

@@ -67,6 +67,9 @@ class RunFields(BaseModel):
     # false: a tool call counts only in the template's own format, not as bare or fenced JSON
     # (default: the server's --lenient-tool-calls)
     lenient_tool_calls: StrictBool | None = None
+    # vLLM's name: prompts with different salts share no cached KV, within the caller's own
+    # prompt-cache namespace (docs/api.md, "Prompt cache and tenants")
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
 
     def sampling(self, **own: Any) -> SamplingParams:
         """The request's SamplingParams: the shared fields it declares and the protocol's `own`

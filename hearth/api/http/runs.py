@@ -12,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 
 from hearth.api.context import NodeContext, node
+from hearth.api.http.auth import caller
 from hearth.api.http.cache_keys import conversation_key
 from hearth.api.http.cancels import CancelRegistry, Run
 from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
@@ -69,11 +70,12 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
     arrived = time.monotonic()
     ctx = node(request)
     registry, metrics = ctx.cancels, ctx.metrics
-    run = registry.open(cancel_id=cancel_id, session_id=session_id, ids=ids)
+    run = registry.open(cancel_id=cancel_id, session_id=session_id, ids=ids, owner=caller(request).tenant)
     timer = metrics.timer(endpoint, arrived)
     try:
         events = await until_disconnect(request, lambda: open_stream(run.token),
                                         lambda: run.token.cancel("disconnect"))
+        events.observe(ctx.keys.observer(caller(request).key_name))
     except BaseException:
         registry.close(run)
         if run.token.reason is not None:
@@ -84,17 +86,23 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
 
 
 def keyed(request: Request, creq: ChatRequest) -> ChatRequest:
-    """`creq` with its conversation key: the body's (`cache_keys.body_key`) first, the headers' second."""
-    return replace(creq, cache_key=conversation_key(creq.cache_key, request.headers))
+    """`creq` with its conversation key (the body's, `cache_keys.body_key`, first, the headers'
+    second) and, for a session turn, its caller (a session of another tenant is not found)."""
+    who = caller(request)
+    session = replace(creq.session, caller=who) if creq.session is not None else None
+    return replace(creq, cache_key=conversation_key(creq.cache_key, request.headers), session=session,
+                   cache_ns=who.namespace(creq.cache_salt))
 
 
-async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run: Run, arrived: float) -> Generation:
+async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run: Run, arrived: float,
+                         key_name: str | None = None) -> Generation:
     """`start_chat` for a run no client holds (a background response): `run` (opened by the
     caller in `ctx.cancels`, so that it can be cancelled before it is admitted) waits for a slot
     as any run does, but no disconnect cancels it; closed here if it is never admitted."""
     timer = ctx.metrics.timer(endpoint, arrived)
     try:
         events = await ctx.backend.chat(replace(creq, cancel=run.token))
+        events.observe(ctx.keys.observer(key_name))
     except BaseException:
         ctx.cancels.close(run)
         if run.token.reason is not None:

@@ -134,6 +134,7 @@ def to_chat_request(body: ChatCompletionIn, request_id: str, settings: Settings 
         chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=limits.timeout,
         cache_prompt=body.cache_prompt, session=session, repetition=limits.repetition,
         lenient_tool_calls=limits.lenient_tool_calls, cache_key=body_key(body.prompt_cache_key),
+        cache_salt=body.cache_salt,
         continue_final=body.continue_final_message)
 
 

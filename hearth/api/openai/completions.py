@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http import runs
+from hearth.api.http.auth import caller
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import SamplerFields, run_limits, shape, stop_fields
 from hearth.api.http.sse import DONE
@@ -131,6 +132,8 @@ async def completions(request: Request) -> Response:
     cid = new_id("cmpl-")
     limits = run_limits(ctx.settings, body)
 
+    namespace = caller(request).namespace(body.cache_salt)
+
     async def open_stream(token: CancelToken) -> EventStream:
         # One engine request per prompt, merged; all of them share the run's cancel token.
         streams: list[EventStream] = []
@@ -138,7 +141,7 @@ async def completions(request: Request) -> Response:
             for i, p in enumerate(prompts):
                 streams.append(await backend.complete(CompletionRequest(
                     model, p, sampling, n=body.n, request_id=f"{cid}-{i}", timeout=limits.timeout, cancel=token,
-                    cache_prompt=body.cache_prompt, repetition=limits.repetition)))
+                    cache_prompt=body.cache_prompt, repetition=limits.repetition, cache_ns=namespace)))
         except BaseException:
             for s in streams:
                 await s.aclose()

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http import runs
+from hearth.api.http.auth import caller
 from hearth.api.http.cache_keys import body_key
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import ConversationFields, OpenAIRunFields, SessionFields, run_limits, shape
@@ -42,7 +43,7 @@ from hearth.api.openai.responses_input import (
     to_tool_choice,
     to_tools,
 )
-from hearth.api.openai.responses_store import ResponseStore, valid_id
+from hearth.api.openai.responses_store import ScopedResponses, valid_id
 from hearth.api.openai.responses_stream import ResponseAssembler, collect, sse_events
 from hearth.chat.types import ChatRequest, Message, new_id
 from hearth.config import Settings
@@ -74,7 +75,12 @@ class ResponsesIn(OpenBody, OpenAIRunFields, SessionFields, ConversationFields):
     continue_final_message: bool = False
 
 
-def _history(body: ResponsesIn, store: ResponseStore) -> list[dict[str, Any]]:
+def stored_responses(request: Request) -> ScopedResponses:
+    """The stored responses the request's caller sees (its tenant's; all of them for the admin)."""
+    return ScopedResponses(node(request).responses, caller(request))
+
+
+def _history(body: ResponsesIn, store: ScopedResponses) -> list[dict[str, Any]]:
     if body.previous_response_id is None:
         return []
     items = store.chain(body.previous_response_id) if valid_id(body.previous_response_id) else None
@@ -107,7 +113,7 @@ class Read:
     metadata: dict[str, str]
 
 
-def read_response(data: dict[str, Any], store: ResponseStore, request_id: str, settings: Settings) -> Read:
+def read_response(data: dict[str, Any], store: ScopedResponses, request_id: str, settings: Settings) -> Read:
     """A Responses body → ChatRequest, every check generation makes before it runs (POST
     /v1/prompt-cache/blocks reads it so too)."""
     body = validate(ResponsesIn, data)
@@ -139,13 +145,14 @@ def read_response(data: dict[str, Any], store: ResponseStore, request_id: str, s
         parallel_tool_calls=body.parallel_tool_calls, response_format=response_format, reasoning=reasoning,
         request_id=request_id, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
         session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls,
-        cache_key=body_key(body.prompt_cache_key), continue_final=body.continue_final_message)
+        cache_key=body_key(body.prompt_cache_key), continue_final=body.continue_final_message,
+        cache_salt=body.cache_salt)
     return Read(body, creq, items, toolset, text_echo, reasoning_echo, metadata)
 
 
 async def create_response(request: Request) -> Response:
     ctx = node(request)
-    store = ctx.responses
+    store = stored_responses(request)
     read = read_response(await read_json(request), store, new_id("resp_"), ctx.settings)
     body, creq, items, toolset, metadata = read.body, read.creq, read.items, read.toolset, read.metadata
     text_echo, reasoning_echo, sampling, rid = read.text_echo, read.reasoning_echo, creq.sampling, creq.request_id
@@ -201,11 +208,11 @@ async def _background(request: Request, creq: ChatRequest, body: ResponsesIn, as
                       settle: Callable[[], None]) -> Response:
     """A background run (responses_background): answered once admitted, or with its refusal."""
     ctx = node(request)
-    launched = background.launch(ctx, creq, body.cancel_id, asm, settle)
+    launched = background.launch(ctx, creq, body.cancel_id, asm, settle, caller(request))
     try:  # a client that leaves now leaves the run to itself (ClientGone: nobody to answer)
         admitted = await until_disconnect(request, lambda: asyncio.shield(launched.admitted))
     except HearthError:
-        ctx.responses.delete(creq.request_id)  # the client got an error, not a response: nothing to keep
+        stored_responses(request).delete(creq.request_id)  # the client got an error, not a response: nothing to keep
         raise
     if body.stream:
         return EventStreamResponse(launched.log.follow(), heartbeat=ctx.settings.sse_heartbeat)
@@ -230,7 +237,7 @@ async def get_response(request: Request) -> Response:
     rid = _stored_id(request)
     stream, after = stream_query(request.query_params)
     ctx = node(request)
-    stored = ctx.responses.get(rid)
+    stored = stored_responses(request).get(rid)
     if stored is None:
         raise _not_found(rid)
     if not stream:
@@ -248,7 +255,7 @@ async def get_response(request: Request) -> Response:
 
 async def delete_response(request: Request) -> Response:
     rid = _stored_id(request)
-    if not node(request).responses.delete(rid):
+    if not stored_responses(request).delete(rid):
         raise _not_found(rid)
     return JSONResponse({"id": rid, "object": "response", "deleted": True})
 
@@ -258,7 +265,7 @@ async def cancel_response(request: Request) -> Response:
     it is, if it already ended or does not end within CANCEL_SETTLE_SECONDS)."""
     rid = _stored_id(request)
     ctx = node(request)
-    store = ctx.responses
+    store = stored_responses(request)
     stored = store.get(rid)
     if stored is None:
         raise _not_found(rid)

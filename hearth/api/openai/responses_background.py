@@ -37,6 +37,7 @@ from hearth.api.openai.responses_events import EventLog
 from hearth.api.openai.responses_stream import ResponseAssembler
 from hearth.chat.types import ChatRequest
 from hearth.errors import HearthError
+from hearth.tenants import OPEN, Caller
 
 log = logging.getLogger("hearth.api")
 
@@ -53,21 +54,21 @@ class Launched:
 
 
 def launch(ctx: NodeContext, creq: ChatRequest, cancel_id: str | None, asm: ResponseAssembler,
-           settle: Callable[[], None]) -> Launched:
+           settle: Callable[[], None], who: Caller = OPEN) -> Launched:
     """Start the background run of `creq` (already keyed, `runs.keyed`), whose stored row
-    (status `queued`) the caller has written. `settle` runs once its outcome is stored."""
+    (status `queued`) the caller `who` has written. `settle` runs once its outcome is stored."""
     rid = creq.request_id
     run = ctx.cancels.open(cancel_id=cancel_id, session_id=creq.session.session_id if creq.session else None,
-                           ids=[rid])
+                           ids=[rid], owner=who.tenant)
     launched = Launched(ctx.background.logs.open(rid))
-    task = asyncio.create_task(_drive(ctx, creq, run, asm, launched, settle, time.monotonic()),
+    task = asyncio.create_task(_drive(ctx, creq, run, asm, launched, settle, time.monotonic(), who.key_name),
                                name=f"background {rid}")
     ctx.background.add(rid, task, run.token)
     return launched
 
 
 async def _drive(ctx: NodeContext, creq: ChatRequest, run: Run, asm: ResponseAssembler, launched: Launched,
-                 settle: Callable[[], None], arrived: float) -> None:
+                 settle: Callable[[], None], arrived: float, key_name: str | None) -> None:
     store, events_log = ctx.responses, launched.log
 
     def end(tail: list[dict[str, Any]]) -> None:
@@ -77,7 +78,7 @@ async def _drive(ctx: NodeContext, creq: ChatRequest, run: Run, asm: ResponseAss
         settle()
 
     try:
-        gen = await runs.start_detached(ctx, "responses", creq, run, arrived)
+        gen = await runs.start_detached(ctx, "responses", creq, run, arrived, key_name)
     except BaseException as e:
         shutdown = run.token.reason == "shutdown" or isinstance(e, asyncio.CancelledError)
         message = SHUTDOWN_MESSAGE if shutdown else (e.message if isinstance(e, HearthError) else repr(e))

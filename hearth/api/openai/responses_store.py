@@ -10,6 +10,11 @@ response: `response_items` maps each output item's id to the response that holds
 with the response's final state. The item itself is read from that response's row, so an item
 lives exactly as long as its response: deleting the response (or never storing it, `store:
 false`) makes its items unknown. Responses stored before the index existed have no entries.
+
+Each row records its owner (hearth.tenants). Every read takes `scope`, the owner the caller is
+limited to (None: the admin, who sees all): a row of another owner is not found, exactly as a
+missing one, and a chain stops at a link it may not see. `ScopedResponses` binds one caller's
+scope, so a route cannot forget it. Rows from before owners are the admin's ('').
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hearth.db import connect
+from hearth.db import add_owner_column, connect
+from hearth.tenants import ADMIN, Caller
 
 RESPONSE_ID = re.compile(r"^resp_[0-9a-f]{32}$")
 ITEM_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -90,6 +96,7 @@ class ResponseStore:
             self._conn = connect(self.path)
             for statement in _SCHEMA:
                 self._conn.execute(statement)
+            add_owner_column(self._conn, "responses")
             self._conn.execute(_ORPHANS, (json.dumps(ORPHAN_ERROR),))
         return self._conn
 
@@ -111,17 +118,17 @@ class ResponseStore:
             if self._conn is not None:
                 self._conn.close()
 
-    def put(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
-        """Insert or replace the row for `response["id"]`."""
+    def put(self, response: dict[str, Any], input_items: list[dict[str, Any]], owner: str = ADMIN) -> None:
+        """Insert or replace the row for `response["id"]`, owned by `owner`."""
         rid = response["id"]
         if not valid_id(rid):
             raise ValueError(f"invalid response id {rid!r}")
         with self._write() as db:
             db.execute(
-                "INSERT OR REPLACE INTO responses (id, created_at, previous_response_id, input, response) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO responses (id, created_at, previous_response_id, input, response, owner) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 (rid, float(response.get("created_at") or time.time()), response.get("previous_response_id"),
-                 json.dumps(input_items, ensure_ascii=False), json.dumps(response, ensure_ascii=False)))
+                 json.dumps(input_items, ensure_ascii=False), json.dumps(response, ensure_ascii=False), owner))
             _index(db, response)
 
     def update(self, response: dict[str, Any]) -> bool:
@@ -134,37 +141,41 @@ class ResponseStore:
                 _index(db, response)
         return cur.rowcount > 0
 
-    def item(self, item_id: str) -> dict[str, Any] | None:
-        """The output item `item_id` of a stored response, or None."""
+    def item(self, item_id: str, scope: str | None = None) -> dict[str, Any] | None:
+        """The output item `item_id` of a stored response within `scope`, or None."""
         if not ITEM_ID.fullmatch(item_id):
             return None
         with self._lock:
-            row = self._db.execute("SELECT r.response FROM response_items i JOIN responses r ON r.id = i.response_id "
-                                   "WHERE i.item_id = ?", (item_id,)).fetchone()
-        if row is None:
+            row = self._db.execute("SELECT r.response, r.owner FROM response_items i JOIN responses r "
+                                   "ON r.id = i.response_id WHERE i.item_id = ?", (item_id,)).fetchone()
+        if row is None or (scope is not None and row[1] != scope):
             return None
         output = json.loads(row[0]).get("output") or []
         return next((it for it in output if isinstance(it, dict) and it.get("id") == item_id), None)
 
-    def get(self, response_id: str) -> StoredResponse | None:
+    def get(self, response_id: str, scope: str | None = None) -> StoredResponse | None:
         if not valid_id(response_id):
             return None
         with self._lock:
-            row = self._db.execute("SELECT response, input, previous_response_id FROM responses WHERE id = ?",
+            row = self._db.execute("SELECT response, input, previous_response_id, owner FROM responses WHERE id = ?",
                                    (response_id,)).fetchone()
-        if row is None:
+        if row is None or (scope is not None and row[3] != scope):
             return None
         return StoredResponse(json.loads(row[0]), json.loads(row[1]), row[2])
 
-    def delete(self, response_id: str) -> bool:
+    def delete(self, response_id: str, scope: str | None = None) -> bool:
         if not valid_id(response_id):
             return False
         with self._write() as db:
-            cur = db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
-            db.execute("DELETE FROM response_items WHERE response_id = ?", (response_id,))
+            if scope is None:
+                cur = db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+            else:
+                cur = db.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (response_id, scope))
+            if cur.rowcount > 0:
+                db.execute("DELETE FROM response_items WHERE response_id = ?", (response_id,))
         return cur.rowcount > 0
 
-    def chain(self, response_id: str) -> list[dict[str, Any]] | None:
+    def chain(self, response_id: str, scope: str | None = None) -> list[dict[str, Any]] | None:
         """Every item of the conversation up to and including `response_id`, oldest first: each
         response's input items followed by its output items. None if `response_id` is unknown;
         a link deleted further back ends the chain there."""
@@ -173,7 +184,7 @@ class ResponseStore:
         seen: set[str] = set()
         while rid is not None and rid not in seen and len(links) < MAX_CHAIN:
             seen.add(rid)
-            stored = self.get(rid)
+            stored = self.get(rid, scope)
             if stored is None:
                 if not links:
                     return None
@@ -185,3 +196,29 @@ class ResponseStore:
             items.extend(stored.input)
             items.extend(stored.response.get("output") or [])
         return items
+
+
+@dataclass(frozen=True, slots=True)
+class ScopedResponses:
+    """The store as one caller sees it: reads limited to its scope, writes owned by its tenant."""
+
+    store: ResponseStore
+    caller: Caller
+
+    def put(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
+        self.store.put(response, input_items, self.caller.tenant)
+
+    def update(self, response: dict[str, Any]) -> bool:
+        return self.store.update(response)  # by id: the row was put by this caller
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        return self.store.get(response_id, self.caller.scope)
+
+    def item(self, item_id: str) -> dict[str, Any] | None:
+        return self.store.item(item_id, self.caller.scope)
+
+    def chain(self, response_id: str) -> list[dict[str, Any]] | None:
+        return self.store.chain(response_id, self.caller.scope)
+
+    def delete(self, response_id: str) -> bool:
+        return self.store.delete(response_id, self.caller.scope)

@@ -137,7 +137,7 @@ class LocalBackend:
                 cached_tokens=s.cached_tokens, generated_tokens=s.generated_tokens, steps=s.steps,
                 finished=s.finished, cancelled=s.cancelled, swap_outs=s.swap_outs, swap_ins=s.swap_ins,
                 drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
-                interrupted_decodes=s.interrupted_decodes)
+                interrupted_decodes=s.interrupted_decodes, kv_reprefills=s.kv_reprefills)
         return out
 
     @property
@@ -318,13 +318,13 @@ class LocalBackend:
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len,
                              repetition=req.repetition,
                              cache_key=req.cache_key if isinstance(req, ChatRequest) else None,
-                             keep_tokens=keep_tokens)
+                             keep_tokens=keep_tokens, cache_ns=req.cache_ns)
         await self._off_loop(lambda: self._validate(m, ereq, "messages" if isinstance(req, ChatRequest) else "prompt"))
         cache = m.engine.cache
         if cache is not None and owner is None and req.cache_prompt:
             # The prompt's cached blocks come off the disk here, in the pool: the engine thread
             # only joins blocks already in RAM.
-            await self._off_loop(lambda: cache.prefetch(tokens[:-1]))
+            await self._off_loop(lambda: cache.prefetch(tokens[:-1], req.cache_ns))
         if not await admit(m.admission, n, cancel, req.timeout):
             return EventStream(cancelled_while_queued(len(tokens), n))
         events = engine_events(m.engine, ereq, cancel)

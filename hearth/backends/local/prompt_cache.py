@@ -28,16 +28,16 @@ class LocalPromptCache:
         caches = [m.engine.cache for m in models if m.engine.cache is not None]
         return sum([await asyncio.to_thread(c.clear) for c in caches])
 
-    async def cache_digest(self) -> dict[str, Any]:
+    async def cache_digest(self, ns: str = "") -> dict[str, Any]:
         # A worker thread: the slot tier hashes every idle slot's full blocks.
-        return await asyncio.to_thread(self._digest)
+        return await asyncio.to_thread(self._digest, ns)
 
-    def _digest(self) -> dict[str, Any]:
+    def _digest(self, ns: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for mid, m in list(self._models().items()):
             cache = m.engine.cache
-            d = cache.digest() if cache is not None else {"block_tokens": 0, "ram": [], "disk": []}
-            slot, slot_tails, keys = m.engine.slots_digest()
+            d = cache.digest(ns) if cache is not None else {"block_tokens": 0, "ram": [], "disk": []}
+            slot, slot_tails, keys = m.engine.slots_digest(ns)
             # The root lets a router hash a prompt's blocks itself (docs/api.md); "" with no cache.
             root = str(d.get("root", ""))
             out[mid] = {"block_tokens": d["block_tokens"], "root": root,
@@ -46,7 +46,7 @@ class LocalPromptCache:
                         "keys": {"slot": keys}, "sessions": m.engine.sessions_where()}
         return out
 
-    async def cache_blocks(self, model: str | None, tokens: list[int]) -> PromptBlocks:
+    async def cache_blocks(self, model: str | None, tokens: list[int], ns: str = "") -> PromptBlocks:
         m = self._lookup(model)
         cache = m.engine.cache
         if cache is None:
@@ -55,7 +55,7 @@ class LocalPromptCache:
         c = cache
 
         def hashes() -> tuple[list[str], list[list[str]]]:
-            return [k.hex() for k in c.chain(tokens)], [[k.hex() for k in t] for t in c.tails(tokens)]
+            return [k.hex() for k in c.chain(tokens, ns)], [[k.hex() for k in t] for t in c.tails(tokens, ns)]
 
         keys, tails = await asyncio.to_thread(hashes)
-        return PromptBlocks(m.spec.id, cache.digest_root, cache.block_tokens, len(tokens), keys, tails)
+        return PromptBlocks(m.spec.id, cache.root(ns).hex(), cache.block_tokens, len(tokens), keys, tails)

@@ -31,6 +31,12 @@ is never older than its child. A full disk (ENOSPC, EDQUOT) stops disk writes; s
 At start the directory is scanned: headers and tokens only, no KV bytes; files that fail a
 check (files.py) are counted, logged and deleted, and so are blocks whose parent is missing.
 
+Namespaces: every lookup and write names one (`ns`, "" by default): it salts the chain's root
+(files.root_key), so prompts in different namespaces share no block, and a namespace's blocks
+are exactly those reachable from its root. The server gives each tenant its own (docs/api.md,
+"Prompt cache and tenants"); a digest lists only its namespace's blocks. A first block (start 0)
+is a chain's start whatever its root: the scan keeps every namespace's blocks across restarts.
+
 Thread-safety: one lock over the index; file reads and writes happen outside it.
 """
 
@@ -53,6 +59,7 @@ from hearth.engine.prefix_cache.stats import CacheEntry, PrefixCacheStats
 log = logging.getLogger("hearth.prefix_cache")
 
 BLOCK_TOKENS = 256
+MAX_ROOTS = 4096  # namespaces' roots remembered (recomputed when forgotten)
 
 
 class KVCodec(Protocol):
@@ -101,6 +108,7 @@ class _Offer:
     tokens: list[int]
     data: bytes
     keep: int  # tokens [0, keep) are kept (evicted last)
+    ns: str = ""
 
 
 class PrefixCache:
@@ -114,7 +122,8 @@ class PrefixCache:
         self.min_new = min_new
         self.ram_budget, self.disk_budget = ram_budget, disk_budget
         self.max_backlog = max_backlog if max_backlog is not None else max(ram_budget, 256 << 20)
-        self._root = files.root_key(fingerprint)
+        self._roots: dict[str, bytes] = {}
+        self._root = self.root("")
         self._lock = threading.Condition()
         self._blocks: dict[bytes, _Block] = {}
         self._children: dict[bytes, set[bytes]] = {}
@@ -133,10 +142,19 @@ class PrefixCache:
 
     # ---- lookups ---------------------------------------------------------------------------
 
-    def _walk(self, tokens: Sequence[int], in_ram: bool) -> list[tuple[_Block, int]]:
-        """Lock held: the blocks of the longest cached prefix of `tokens` (in RAM only, or in
-        any tier), each with how many of its tokens match."""
-        B, h, pos = self.block_tokens, self._root, 0
+    def root(self, ns: str = "") -> bytes:
+        """The chain's root for namespace `ns` (any thread: a pure hash, memoized)."""
+        got = self._roots.get(ns)
+        if got is None:
+            if len(self._roots) >= MAX_ROOTS:  # per-request salts are the client's: bound the memo
+                self._roots.clear()
+            got = self._roots[ns] = files.root_key(self.fingerprint, ns)
+        return got
+
+    def _walk(self, tokens: Sequence[int], in_ram: bool, ns: str = "") -> list[tuple[_Block, int]]:
+        """Lock held: the blocks of the longest cached prefix of `tokens` in namespace `ns` (in
+        RAM only, or in any tier), each with how many of its tokens match."""
+        B, h, pos = self.block_tokens, self.root(ns), 0
         out: list[tuple[_Block, int]] = []
 
         def usable(b: _Block) -> bool:
@@ -161,10 +179,10 @@ class PrefixCache:
             break
         return out
 
-    def match(self, tokens: Sequence[int]) -> Match | None:
+    def match(self, tokens: Sequence[int], ns: str = "") -> Match | None:
         """The longest prefix of `tokens` whose blocks are in RAM (None: not even one token)."""
         with self._lock:
-            chain = self._walk(tokens, in_ram=True)
+            chain = self._walk(tokens, in_ram=True, ns=ns)
             if not chain:
                 return None
             tier = "disk" if any(b.from_disk for b, _ in chain) else "ram"
@@ -191,26 +209,27 @@ class PrefixCache:
                 self._stats.tiers[tier].hits += 1
                 self._stats.tiers[tier].tokens += tokens
 
-    def cached(self, tokens: Sequence[int]) -> int:
+    def cached(self, tokens: Sequence[int], ns: str = "") -> int:
         """How many leading tokens of `tokens` are cached in any tier, or offered and not yet
         stored by the writer."""
         with self._lock:
-            return self._have(tokens)
+            return self._have(tokens, ns)
 
-    def _have(self, tokens: Sequence[int]) -> int:
+    def _have(self, tokens: Sequence[int], ns: str) -> int:
         """Lock held: see `cached`. Counting the offers in hand keeps a request that follows
         another before the writer caught up from copying and reporting the same tokens again."""
-        have = sum(n for _, n in self._walk(tokens, in_ram=False))
+        have = sum(n for _, n in self._walk(tokens, in_ram=False, ns=ns))
         for o in (*self._queue, *([self._busy] if self._busy is not None else [])):
-            have = max(have, common_prefix_len(o.tokens, tokens))
+            if o.ns == ns:
+                have = max(have, common_prefix_len(o.tokens, tokens))
         return have
 
-    def prefetch(self, tokens: Sequence[int]) -> int:
+    def prefetch(self, tokens: Sequence[int], ns: str = "") -> int:
         """Any thread but the engine's: read from disk the blocks of the longest cached prefix
         of `tokens` that are not in RAM (checking each); returns the tokens now in RAM. A block
         that fails its check is dropped with its descendants, and the prefix ends before it."""
         with self._lock:
-            chain = self._walk(tokens, in_ram=False)
+            chain = self._walk(tokens, in_ram=False, ns=ns)
         got = 0
         for b, n in chain:
             with self._lock:
@@ -249,7 +268,7 @@ class PrefixCache:
     # ---- writes ----------------------------------------------------------------------------
 
     def offer(self, tokens: Sequence[int], get_data: Callable[[], bytes], *, keep: int = 0,
-              counted: int = 0) -> int:
+              counted: int = 0, ns: str = "") -> int:
         """Engine thread: cache the KV of `tokens` (what a finished request's slot holds).
         `get_data()` (the slot's `state_get`) is called only when at least `min_new` tokens are
         not cached yet. Tokens [0, keep) are kept (evicted last). Returns how many of tokens
@@ -259,9 +278,9 @@ class PrefixCache:
         with self._lock:
             if self._closed:
                 return 0
-            have = self._have(tokens)
+            have = self._have(tokens, ns)
             if keep:
-                self._mark_kept(tokens[:keep])
+                self._mark_kept(tokens[:keep], ns)
             if len(tokens) - have < self.min_new:
                 return 0
         data = get_data()
@@ -269,13 +288,13 @@ class PrefixCache:
             if self._backlog + len(data) > self.max_backlog:
                 self._stats.dropped_offers += 1
                 return 0
-            self._queue.append(_Offer(list(tokens), data, keep))
+            self._queue.append(_Offer(list(tokens), data, keep, ns))
             self._backlog += len(data)
             self._lock.notify_all()
         return max(0, counted - have)
 
-    def _mark_kept(self, tokens: Sequence[int]) -> None:
-        for b, _ in self._walk(tokens, in_ram=False):
+    def _mark_kept(self, tokens: Sequence[int], ns: str) -> None:
+        for b, _ in self._walk(tokens, in_ram=False, ns=ns):
             b.kept = True
 
     def flush(self, timeout: float = 30.0) -> bool:
@@ -315,7 +334,7 @@ class PrefixCache:
         B, tokens = self.block_tokens, offer.tokens
         new: list[_Block] = []
         with self._lock:
-            h = self._root
+            h = self.root(offer.ns)
             for start in range(0, len(tokens), B):
                 chunk = tokens[start:start + B]
                 key = block_key(h, chunk)
@@ -332,7 +351,7 @@ class PrefixCache:
             if self._closed:
                 return
             for b, p in zip(new, payloads, strict=True):
-                if b.parent != self._root and b.parent not in self._blocks:
+                if b.start != 0 and b.parent not in self._blocks:
                     break  # its parent was evicted meanwhile: the rest is unreachable
                 b.data, b.n_bytes, b.writing = p, len(p), self.dir is not None and not self._stats.disk_full
                 self._insert(b)
@@ -493,52 +512,60 @@ class PrefixCache:
 
     @property
     def digest_root(self) -> str:
-        """The chain's root, hex (the first block's parent)."""
+        """The default namespace's root, hex (the first block's parent)."""
         return self._root.hex()
 
-    def chain(self, tokens: Sequence[int]) -> list[bytes]:
-        """The keys the full blocks of `tokens` have (or would have) here, in order: what a
-        router matches against a digest. Pure (no lock): hashing, no lookup."""
-        B, h, out = self.block_tokens, self._root, []
+    def chain(self, tokens: Sequence[int], ns: str = "") -> list[bytes]:
+        """The keys the full blocks of `tokens` have (or would have) here in namespace `ns`, in
+        order: what a router matches against a digest. Pure (no lock): hashing, no lookup."""
+        B, h, out = self.block_tokens, self.root(ns), []
         for pos in range(0, len(tokens) - B + 1, B):
             h = block_key(h, tokens[pos:pos + B])
             out.append(h)
         return out
 
-    def tails(self, tokens: Sequence[int]) -> list[list[bytes]]:
-        """The tail keys (files.tail_keys) of each block of `tokens`, the last partial one's
-        included: what a router matches a digest's tails against. Pure, like `chain`."""
-        B, h, out = self.block_tokens, self._root, []
+    def tails(self, tokens: Sequence[int], ns: str = "") -> list[list[bytes]]:
+        """The tail keys (files.tail_keys) of each block of `tokens` in namespace `ns`, the last
+        partial one's included: what a router matches a digest's tails against. Pure, like `chain`."""
+        B, h, out = self.block_tokens, self.root(ns), []
         for pos in range(0, len(tokens), B):
             out.append(tail_keys(h, tokens[pos:pos + B], B))
             if pos + B <= len(tokens):
                 h = block_key(h, tokens[pos:pos + B])
         return out
 
-    def slot_digest(self, tokens: Sequence[int]) -> tuple[list[bytes], list[bytes]]:
-        """(full block keys, tail keys of the last partial block) of a slot's tokens: what a
-        request continuing them reuses in place."""
-        keys = self.chain(tokens)
+    def slot_digest(self, tokens: Sequence[int], ns: str = "") -> tuple[list[bytes], list[bytes]]:
+        """(full block keys, tail keys of the last partial block) of a slot's tokens in namespace
+        `ns`: what a request continuing them reuses in place."""
+        keys = self.chain(tokens, ns)
         full = len(keys) * self.block_tokens
         if full == len(tokens):
             return keys, []
-        return keys, tail_keys(keys[-1] if keys else self._root, tokens[full:], self.block_tokens)
+        return keys, tail_keys(keys[-1] if keys else self.root(ns), tokens[full:], self.block_tokens)
 
-    def digest(self) -> dict[str, Any]:
-        """What this cache holds, by tier, as block hashes (how they chain: files.py), and the
-        tail keys of its partial blocks (prompts' ends: where the next turn's match ends)."""
-        with self._lock:  # the tiers read under the lock; the hashing outside it
-            held = [(b, b.data is not None, b.on_disk) for b in self._blocks.values()]
+    def digest(self, ns: str = "") -> dict[str, Any]:
+        """What this cache holds in namespace `ns`, by tier, as block hashes (how they chain:
+        files.py), and the tail keys of its partial blocks (prompts' ends: where the next turn's
+        match ends). Only the blocks reachable from the namespace's root: another namespace's
+        hashes are never shown (knowing its root, one could test guessed prompts against them)."""
+        root = self.root(ns)
+        with self._lock:  # the tiers read under the lock; the tail hashing outside it
+            mine, todo = [], list(self._children.get(root, ()))
+            while todo:
+                b = self._blocks.get(todo.pop())
+                if b is not None:
+                    mine.append((b, b.data is not None, b.on_disk))
+                    todo.extend(self._children.get(b.key, ()))
         tails: dict[str, set[str]] = {"ram": set(), "disk": set()}
-        for b, in_ram, on_disk in held:
+        for b, in_ram, on_disk in mine:
             if len(b.tokens) < self.block_tokens:  # a block's tokens never change once cut
                 ks = [k.hex() for k in tail_keys(b.parent, b.tokens, self.block_tokens)]
                 for tier, there in (("ram", in_ram), ("disk", on_disk)):
                     if there:
                         tails[tier].update(ks)
-        return {"block_tokens": self.block_tokens, "root": self._root.hex(),
-                "ram": sorted(b.key.hex() for b, in_ram, _ in held if in_ram),
-                "disk": sorted(b.key.hex() for b, _, on_disk in held if on_disk),
+        return {"block_tokens": self.block_tokens, "root": root.hex(),
+                "ram": sorted(b.key.hex() for b, in_ram, _ in mine if in_ram),
+                "disk": sorted(b.key.hex() for b, _, on_disk in mine if on_disk),
                 "tails_ram": sorted(tails["ram"]), "tails_disk": sorted(tails["disk"])}
 
     def clear(self) -> int:

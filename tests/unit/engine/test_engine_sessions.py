@@ -246,3 +246,31 @@ async def test_a_keyed_conversation_yields_its_slot_when_no_stranger_is_left() -
         kv_consistent(eng, runner)
     finally:
         eng.stop()
+
+
+async def test_a_decode_that_fails_on_restored_kv_drops_it_and_prefills_again() -> None:
+    """Crafted KV can pass every check and still fail the decode on top of it (issue 27): the
+    turn re-prefills its whole prompt, once, answers as a session without KV would, and says so
+    in the stats; a stateless request (no restored KV) still fails as before."""
+    eng, runner = make(2)
+    try:
+        prompt = list(range(1, 41))
+        await run(eng, sreq("t1", prompt, "s"))
+        eng.call(eng.spill_all).result(10)  # its KV now comes back from the swap
+        slot = eng.slots.owned_by("s")
+        assert slot is None or not slot.tokens
+        runner.fail_decodes = 1
+        runner.calls.clear()
+        texts, reasons, _ = await run(eng, sreq("t2", [*prompt, 5, 6, 7], "s"))
+        assert reasons[0] != "error"
+        first = runner.calls[0][0]  # (the failed decode is not recorded)
+        assert first.pos0 == 0 and first.tokens[:3] == [1, 2, 3]  # prefilled again from the first token
+        assert eng.stats.kv_reprefills == 1
+        kv_consistent(eng, runner)
+        clean, _, _ = await run(eng, sreq("t3", [*prompt, 5, 6, 7], "other", cache_prompt=False))
+        assert texts == clean  # the answer of the same prompt prefilled from scratch
+        runner.fail_decodes = 1
+        _, reasons, _ = await run(eng, sreq("t4", [9, 9, 9], None))
+        assert reasons[0] == "error"
+    finally:
+        eng.stop()

@@ -1,0 +1,13 @@
+"""`GET /admin/keys/usage`: each API key's usage and limits (docs/api.md, "Usage and limits per
+key"), by name and tenant, never the key itself. Under /admin: the admin key's when one is set."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hearth.api.context import node
+
+
+async def usage(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": node(request).keys.usage()})

@@ -1,0 +1,145 @@
+"""Tenants: who owns what a node stores, and who may see it (docs/api.md, "Keys and tenants").
+
+Every API key belongs to one tenant. A key file line is
+`KEY [name=NAME] [tenant=TENANT] [cache=tenant|shared] [concurrent=N] [rpm=N] [tpm=N]` (the
+last three: the key's limits, api/http/key_usage.py): a named key's tenant defaults to its
+name, so several keys share a tenant only when they say so; a bare line (and `--api-key`) is a
+tenant of its own, named `key-` and the first 8 hex digits of the key's SHA-256 (stable across
+restarts, and it does not reveal the key).
+
+Every session, snapshot and stored response records its owner (a tenant name) when created.
+A caller sees an object when it owns it, or when it is the admin: the admin key, or anyone on a
+node without keys (the local default, where nothing changes). The admin's own objects, and all
+data stored before owners existed, have the owner `ADMIN` (the empty string, which no tenant
+name can be), so they are the admin's alone.
+
+The prompt cache is partitioned the same way (`Caller.namespace`): each tenant reuses only KV
+its own requests left (in slots, sessions' swapped KV, the durable prompt cache), so how fast a
+first token comes says nothing about other tenants' prompts. A key with `cache=shared` uses the
+default namespace, the one the admin and a node without keys use: prefixes its requests leave
+are reused by every caller in it (a system prompt all users send). A request's `cache_salt`
+(vLLM's name) splits its caller's namespace further.
+
+Invariant: a caller never learns that another tenant's object exists. Lookups that miss and
+lookups of another tenant's id give the same 404 (the routes check `Caller.sees` before
+anything else about the object).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ADMIN = ""  # the owner of the admin's objects and of everything stored before owners
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")  # key and tenant names
+
+
+CACHE_MODES = ("tenant", "shared")
+LIMITS = ("concurrent", "rpm", "tpm")  # requests at once, requests and tokens per minute
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    key: str
+    name: str
+    tenant: str
+    cache: str = "tenant"  # the prompt-cache namespace: the tenant's own, or the shared one
+    concurrent: int | None = None  # None: no limit
+    rpm: int | None = None
+    tpm: int | None = None
+
+    def __post_init__(self) -> None:
+        for limit in LIMITS:
+            value = getattr(self, limit)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"key {self.name!r}: {limit} must be a whole number of at least 1")
+        if self.cache not in CACHE_MODES:
+            raise ValueError(f"key {self.name!r}: cache must be one of {', '.join(CACHE_MODES)}")
+        if not self.key.strip():
+            raise ValueError("API keys must not be empty")
+        for what, value in (("name", self.name), ("tenant", self.tenant)):
+            if not NAME.fullmatch(value):
+                raise ValueError(f"key {what} {value!r}: use 1-64 letters, digits, _ . @ -, starting with a letter "
+                                 "or digit")
+
+
+def bare_key(key: str) -> ApiKey:
+    """A key given without a name: a tenant of its own, named after a hash of the key."""
+    name = "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+    return ApiKey(key, name, name)
+
+
+def parse_key_line(line: str) -> ApiKey:
+    """One line of a key file (not blank, not a comment). ValueError saying what is wrong."""
+    key, *attrs = line.split()
+    fields: dict[str, str] = {}
+    for attr in attrs:
+        name, eq, value = attr.partition("=")
+        if not eq or not value or name not in ("name", "tenant", "cache", *LIMITS) or name in fields:
+            raise ValueError(f"unknown, empty or repeated key attribute {name!r}: a line is KEY [name=NAME] "
+                             "[tenant=TENANT] [cache=tenant|shared] [concurrent=N] [rpm=N] [tpm=N]")
+        fields[name] = value
+    limits: dict[str, int] = {}
+    for limit in LIMITS:
+        if limit in fields:
+            if not fields[limit].isdigit():
+                raise ValueError(f"{limit} must be a whole number of at least 1")
+            limits[limit] = int(fields[limit])
+    name = fields.get("name", bare_key(key).name)
+    return ApiKey(key, name, fields.get("tenant", name), fields.get("cache", "tenant"),
+                  concurrent=limits.get("concurrent"), rpm=limits.get("rpm"), tpm=limits.get("tpm"))
+
+
+def read_key_file(path: str | Path) -> list[ApiKey]:
+    """The keys of a key file: one per line; blank lines and lines starting with # are skipped."""
+    out = []
+    for n, raw in enumerate(Path(path).read_text().splitlines(), 1):
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            try:
+                out.append(parse_key_line(line))
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: {e}") from None  # never echo the line: it holds a key
+    return out
+
+
+def check_keyring(keys: list[ApiKey]) -> None:
+    """No key twice, no name twice: a name is what usage and logs report."""
+    if len({k.key for k in keys}) != len(keys):
+        raise ValueError("the same API key is given twice")
+    names = [k.name for k in keys]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"two API keys share the name {twice[0]!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request, as the node's key check found it."""
+
+    tenant: str  # the owner recorded on what it creates
+    key_name: str | None = None  # None: the node has no keys
+    admin: bool = False  # sees and manages every tenant's objects
+    shared_cache: bool = False  # its key says cache=shared
+
+    def sees(self, owner: str) -> bool:
+        return self.admin or owner == self.tenant
+
+    def namespace(self, salt: str | None = None) -> str:
+        """The prompt-cache namespace of its requests: "" (the default, shared one) for the
+        admin, a node without keys and `cache=shared` keys; else its tenant's own. A salt
+        splits it further. Distinct inputs give distinct strings (NUL never is in a name)."""
+        base = "" if self.admin or self.shared_cache else "tenant\0" + self.tenant
+        return base if salt is None else base + "\0salt\0" + salt
+
+    @property
+    def scope(self) -> str | None:
+        """The owner a listing or lookup is limited to; None: every owner (the admin)."""
+        return None if self.admin else self.tenant
+
+
+OPEN = Caller(ADMIN, None, admin=True)  # any request on a node without keys
+ADMIN_CALLER = Caller(ADMIN, "admin", admin=True)  # the admin key
+
