@@ -114,6 +114,9 @@ class ChatRequest:
     # The last message is the assistant's partial answer: the model continues it
     # (hearth/chat/continuation.py); the events carry only what is new.
     continue_final: bool = False
+    # Seconds the model stays loaded after this request (Ollama's keep_alive: 0 unloads it at
+    # once, negative keeps it); None: the server's --keep-alive.
+    keep_alive: float | None = None
 
 
 @dataclass(slots=True)
@@ -129,6 +132,7 @@ class CompletionRequest:
     cancel: CancelToken | None = None
     cache_prompt: bool = True
     repetition: RepetitionSpec | None = None
+    keep_alive: float | None = None  # as ChatRequest's
 
 
 @dataclass(slots=True)

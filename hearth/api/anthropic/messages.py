@@ -383,7 +383,7 @@ def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | N
     return ChatRequest(model=body.model or "", messages=messages, sampling=sampling, tools=tools,
                        tool_choice=tool_choice, parallel_tool_calls=parallel, response_format=response_format,
                        reasoning=reasoning, request_id=request_id, timeout=limits.timeout,
-                       cache_prompt=run.cache_prompt if run else True, session=session,
+                       keep_alive=limits.keep_alive, cache_prompt=run.cache_prompt if run else True, session=session,
                        repetition=limits.repetition, lenient_tool_calls=limits.lenient_tool_calls,
                        cache_key=body_key(run.prompt_cache_key, run.metadata) if run else None,
                        cache_through=cache_through(body, messages, starts), continue_final=continues)

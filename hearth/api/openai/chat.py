@@ -132,7 +132,7 @@ def to_chat_request(body: ChatCompletionIn, request_id: str, settings: Settings 
         tool_choice=tool_choice, parallel_tool_calls=body.parallel_tool_calls, response_format=response_format,
         reasoning=ReasoningOptions(effort=body.reasoning_effort, budget=body.reasoning_budget),
         chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=limits.timeout,
-        cache_prompt=body.cache_prompt, session=session, repetition=limits.repetition,
+        keep_alive=limits.keep_alive, cache_prompt=body.cache_prompt, session=session, repetition=limits.repetition,
         lenient_tool_calls=limits.lenient_tool_calls, cache_key=body_key(body.prompt_cache_key),
         continue_final=body.continue_final_message)
 

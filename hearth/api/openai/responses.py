@@ -138,7 +138,7 @@ def read_response(data: dict[str, Any], store: ResponseStore, request_id: str, s
         model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools, tool_choice=tool_choice,
         parallel_tool_calls=body.parallel_tool_calls, response_format=response_format, reasoning=reasoning,
         request_id=request_id, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
-        session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls,
+        keep_alive=limits.keep_alive, session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls,
         cache_key=body_key(body.prompt_cache_key), continue_final=body.continue_final_message)
     return Read(body, creq, items, toolset, text_echo, reasoning_echo, metadata)
 
