@@ -213,6 +213,11 @@ class ModelLoading(Protocol):
         """Per model id. Cheap and non-blocking: called at every /metrics scrape."""
         ...
 
+    def is_loaded(self, model: str | None) -> bool:
+        """Whether a request for `model` finds it loaded now; True for a name that is not a
+        model (the request's own error says so) and while the server starts."""
+        ...
+
     async def load_model(self, model: str, keep_alive: float | None = None) -> ModelCard:
         """Load `model` now (if it is not loaded) and keep it for `keep_alive` seconds from now
         (Ollama's meaning: 0 now, negative forever; None: the server's default); its card."""

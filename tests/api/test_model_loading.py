@@ -20,7 +20,7 @@ from hearth.backends.local.loader import LoadPolicy
 from hearth.backends.local.model import EngineSettings
 from hearth.chat.template import ChatTemplate
 from hearth.models import ModelSpec
-from tests.api.conftest import Harness, serve
+from tests.api.conftest import Harness, parse_sse, serve
 from tests.fakes import SMOL, ScriptedRunner
 from tests.helpers import sample, until
 
@@ -190,3 +190,21 @@ async def test_a_session_continues_from_its_kv_after_its_model_was_unloaded(tmp_
         assert second.status_code == 200, second.text
         assert factory.loads == ["alpha", "beta", "beta"]
         assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt
+
+
+async def test_a_stream_waits_for_its_model_inside_the_response(tmp_path: Path) -> None:
+    async with models_server(tmp_path, "alpha", "beta", "broken") as (h, factory):
+        factory.broken.add("broken")
+        events = await h.sse("/v1/chat/completions", chat("beta"))
+        assert events[0][1]["choices"][0]["delta"]["role"] == "assistant"
+        assert "".join(d["choices"][0]["delta"].get("content") or "" for _, d in events[:-1] if d["choices"]) \
+            == "beta here."
+        assert events[-1] == (None, "[DONE]")
+        # a failed load after the status line went out: the stream's own error event
+        r = await h.post("/v1/chat/completions", {**chat("broken"), "stream": True})
+        assert r.status_code == 200
+        errors = [d["error"] for _, d in parse_sse(r.text) if isinstance(d, dict) and "error" in d]
+        assert len(errors) == 1 and "model_load_failed" in errors[0]["message"] and "'broken'" in errors[0]["message"]
+        # Anthropic's stream too
+        r = await h.post("/v1/messages", {**chat("broken"), "max_tokens": 8, "stream": True})
+        assert r.status_code == 200 and "model_load_failed" in r.text

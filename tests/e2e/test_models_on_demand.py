@@ -141,6 +141,17 @@ def test_a_cancel_during_a_load_ends_the_request(srv: Server) -> None:
     wait_until(lambda: status(srv)[CODER] == "loaded", "the load to complete anyway", 120)
 
 
+def test_a_stream_starts_before_its_model_is_loaded(srv: Server) -> None:
+    answer(srv, DEFAULT_MODEL_ID)  # the coder model is unloaded
+    body = {"model": CODER, "messages": PROMPT, "temperature": 0, "max_tokens": 8, "stream": True}
+    with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200  # the status line and headers: sent before the load ends
+        assert status(srv)[CODER] != "loaded"
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert '"role":"assistant"' in lines[0] and lines[-1] == "data: [DONE]"
+    assert status(srv)[CODER] == "loaded"
+
+
 def test_a_corrupt_gguf_fails_with_its_name_and_the_others_serve(srv: Server) -> None:
     r = chat(srv, "broken")
     assert r.status_code == 503, r.text

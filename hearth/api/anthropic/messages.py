@@ -403,7 +403,7 @@ async def messages(request: Request) -> Response:
     ctx = node(request)
     body, creq = read_messages(await read_json(request), new_id("msg_"), ctx.settings)
     msg_id, model, stops = creq.request_id, ctx.backend.resolve(creq.model), creq.sampling.stop
-    gen = await runs.start_chat(request, "messages", creq, body.cancel_id)
+    gen = await runs.start_chat(request, "messages", creq, body.cancel_id, stream=bool(body.stream))
     if body.stream:
         return gen.stream(stream_events(shape(gen.events, body), msg_id, model, stops), beat=PING)
     out = await gen.collect(request, lambda: collect(gen.events))

@@ -211,7 +211,7 @@ async def chat_completions(request: Request) -> Response:
     ctx = node(request)
     body, creq = read_chat(await read_json(request), new_id("chatcmpl-"), ctx.settings)
     cid, model = creq.request_id, ctx.backend.resolve(creq.model)
-    gen = await runs.start_chat(request, "chat", creq, body.cancel_id)
+    gen = await runs.start_chat(request, "chat", creq, body.cancel_id, stream=bool(body.stream))
     events = gen.events
     created = int(time.time())
     want_logprobs = bool(body.logprobs)

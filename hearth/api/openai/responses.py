@@ -179,7 +179,7 @@ async def create_response(request: Request) -> Response:
     if body.background:
         return await _background(request, runs.keyed(request, creq), body, asm, settle)
     try:
-        gen = await runs.start_chat(request, "responses", creq, body.cancel_id)
+        gen = await runs.start_chat(request, "responses", creq, body.cancel_id, stream=bool(body.stream))
     except BaseException:
         if body.store:  # the client got an error, not a response: nothing to keep
             store.delete(rid)

@@ -41,7 +41,7 @@ from hearth.engine import EngineRequest
 from hearth.engine.kv import common_prefix_len
 from hearth.engine.thinking import ThinkBudget
 from hearth.engine.types import ContextOverflow, SamplingParams
-from hearth.errors import BadRequest, ContextLimit, Unavailable
+from hearth.errors import BadRequest, ContextLimit, NotFound, Unavailable
 from hearth.models import ModelSpec
 
 log = logging.getLogger("hearth.backend")
@@ -148,6 +148,14 @@ class LocalBackend:
     def limits(self, model: str | None) -> ModelLimits:
         self._check_started()
         return self._set.limits(model)
+
+    def is_loaded(self, model: str | None) -> bool:
+        if not self._ready:
+            return True
+        try:
+            return self._set.loaded_model(model) is not None
+        except NotFound:
+            return True
 
     async def load_model(self, model: str, keep_alive: float | None = None) -> ModelCard:
         """POST /models/load: the model loaded now, kept for `keep_alive` (else the default)."""
