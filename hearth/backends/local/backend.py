@@ -99,13 +99,16 @@ class LocalBackend:
     async def start(self) -> None:
         """Load the models named at start (in worker threads, so /health answers 503 meanwhile),
         then unload idle models as their keep-alive runs out."""
-        try:
-            for model_id in self._preload:
+        for model_id in self._preload:
+            try:
                 await self._set.loader.load(model_id)
+            except Exception as e:
+                error = self._set.loader.entry(model_id).error
+                self._load_error = f"{model_id}: {error}" if error else f"{type(e).__name__}: {e}"
+                log.exception("model loading failed")
+                break
+        else:
             self._ready = True
-        except Exception as e:
-            self._load_error = str(e)
-            log.exception("model loading failed")
         self._expiry = asyncio.create_task(self._set.loader.run_expiry())
 
     def cancel_all(self) -> None:
