@@ -93,6 +93,7 @@ class Settings:
     models: list[str] = field(default_factory=list)
     models_dir: Path | None = None  # GGUF files here are servable on demand too
     models_max: int = 4  # models in memory at once (llama-server's --models-max)
+    models_ram_mb: int = 0  # what loaded models may take together, measured per load; 0: no budget
     keep_alive: float = 300.0  # seconds an idle model stays loaded (inf: forever; Ollama's 5m)
     host: str = "127.0.0.1"
     port: int = 8000
@@ -154,6 +155,8 @@ class Settings:
             raise ValueError("--request-timeout must be > 0 and at most --max-request-timeout")
         if self.models_max < 1:
             raise ValueError("--models-max must be at least 1")
+        if self.models_ram_mb < 0:
+            raise ValueError("--models-ram-mb must be >= 0 (0: no budget)")
         if self.models_max < len(self.models):
             raise ValueError(f"--models-max {self.models_max} is less than the {len(self.models)} models named "
                              "with --model (each is kept loaded)")

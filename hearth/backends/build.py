@@ -23,7 +23,8 @@ def build_backend(settings: Settings, specs: list[ModelSpec]) -> Backend:
                          "catalog model is installed, and no --model or --models-dir names one")
     preload = [] if specs else [DEFAULT_MODEL_ID if any(s.id == DEFAULT_MODEL_ID for s in available)
                                 else available[0].id]
-    policy = LoadPolicy(max_loaded=settings.models_max, keep_alive=settings.keep_alive)
+    policy = LoadPolicy(max_loaded=settings.models_max, keep_alive=settings.keep_alive,
+                        ram_budget=settings.models_ram_mb << 20)
     return LocalBackend(specs, available=available, policy=policy, preload=preload, settings=EngineSettings(
         ctx=settings.ctx, parallel=settings.parallel, threads=settings.threads, batch=settings.batch,
         kv_unified=settings.kv_unified, kv_type=settings.kv_type, spec_draft=settings.spec_draft,

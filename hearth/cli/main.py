@@ -49,6 +49,9 @@ def serve(
     models_max: Annotated[int, typer.Option(
         envvar="HEARTH_MODELS_MAX", help="Models in memory at once; to load another, the least recently "
                                          "used idle one is unloaded.")] = 4,
+    models_ram_mb: Annotated[int, typer.Option(
+        envvar="HEARTH_MODELS_RAM_MB", help="Memory the loaded models may take together (each measured when it "
+                                            "loads: weights, KV, compute buffers); 0: no budget.")] = 0,
     keep_alive: Annotated[str, typer.Option(
         envvar="HEARTH_KEEP_ALIVE", help="How long an idle model stays loaded: seconds or 90s, 5m, 1h; 0 "
                                          "unloads after each request, -1 never (a request's keep_alive "
@@ -137,7 +140,8 @@ def serve(
         if api_key_file:
             keys += read_key_file(api_key_file)
         settings = Settings(models=model or [], models_dir=Path(models_dir).expanduser() if models_dir else None,
-                            models_max=models_max, keep_alive=parse_duration(keep_alive), host=host, port=port,
+                            models_max=models_max, models_ram_mb=models_ram_mb,
+                            keep_alive=parse_duration(keep_alive), host=host, port=port,
                             ctx=ctx, parallel=parallel,
                             threads=threads, batch=batch, kv_unified=kv_unified, kv_type=kv_type,
                             spec_draft=spec_draft, tool_parser=tool_parser, log_level=log_level,

@@ -9,6 +9,12 @@ unloaded when idle (Ollama's policy, and llama-server's router's).
 - At most `max_loaded` models are in memory, loading and unloading ones included. To make
   room the least recently used idle model is unloaded; a request that finds none idle waits
   until one is.
+- With a RAM budget (`--models-ram-mb`), the models in memory must also fit it, each counted
+  at what its load took, measured (the process's RSS after the load minus before: weights, KV
+  cache and compute buffers); a model not loaded yet counts at what its last load took, or
+  its file's size before its first load (a lower bound, corrected as soon as it is loaded: a
+  model that turns out larger makes the least recently used idle ones go). A model larger
+  than the whole budget is refused (503 `model_too_large`) once its size is known.
 - A model with a request between `acquire` and `release` is never unloaded, nor one pinned
   (`--model`: loaded at start and kept).
 
@@ -46,10 +52,13 @@ DEFAULT_KEEP_ALIVE = 300.0  # seconds: Ollama's default
 class LoadPolicy:
     max_loaded: int = 4  # llama-server's --models-max default
     keep_alive: float = DEFAULT_KEEP_ALIVE  # seconds after the last request; inf: never unload
+    ram_budget: int = 0  # bytes the loaded models may take together (measured); 0: no budget
 
     def __post_init__(self) -> None:
         if self.max_loaded < 1:
             raise ValueError("--models-max must be at least 1")
+        if self.ram_budget < 0:
+            raise ValueError("--models-ram-mb must be >= 0")
         if self.keep_alive < 0:
             raise ValueError("the keep-alive must be >= 0 seconds (inf: never)")
 
@@ -77,6 +86,15 @@ class Entry(Generic[M]):
     load_seconds: float = 0.0  # all loads together
     loaded_bytes: int = 0  # memory its last load took (see ModelLoader.measure)
     loaded_at: float = 0.0
+
+    def expected_bytes(self) -> int:
+        """What it takes in memory: its last load's measure, else its file's size (a lower bound)."""
+        if self.loaded_bytes:
+            return self.loaded_bytes
+        try:
+            return self.spec.path.stat().st_size
+        except OSError:
+            return 0
 
     def expires_at(self, default: float) -> float:
         """When an idle loaded model is due to go (inf: never)."""
@@ -250,24 +268,54 @@ class ModelLoader(Generic[M]):
         if e.busy is None and e.state == "loaded":
             self._begin_unload(e)
 
+    def held_bytes(self) -> int:
+        """What the models in memory take (loading ones at what they are expected to)."""
+        return sum(e.expected_bytes() for e in self._entries.values() if e.state != "unloaded")
+
+    def _fits(self, want: Entry[M]) -> bool:
+        budget = self.policy.ram_budget
+        return budget == 0 or self.held_bytes() + want.expected_bytes() <= budget
+
+    def _idle(self, but: Entry[M] | None = None) -> list[Entry[M]]:
+        """Loaded models that may be unloaded now, least recently used first."""
+        return sorted((e for e in self._entries.values() if e is not but and e.state == "loaded" and not e.users
+                       and not e.pinned and e.busy is None), key=lambda e: e.last_used)
+
     async def _make_room(self, want: Entry[M]) -> None:
-        """Until one more model fits: unload the least recently used idle one, or wait for one
-        to become idle. Unavailable if every place is held by a pinned model."""
-        while self.in_memory() >= self.policy.max_loaded:
+        """Until one more model fits (--models-max, the RAM budget): unload the least recently
+        used idle one, or wait for one to become idle. Unavailable if it never can."""
+        budget = self.policy.ram_budget
+        if budget and want.expected_bytes() > budget:
+            raise Unavailable(f"cannot load model {want.spec.id!r}: it takes about {want.expected_bytes() >> 20} MiB, "
+                              f"more than --models-ram-mb {budget >> 20}", code="model_too_large")
+        while self.in_memory() >= self.policy.max_loaded or not self._fits(want):
             if want.state != "unloaded" or want.busy is not None:
                 return  # another request started it meanwhile: it has its place
-            idle = [e for e in self._entries.values()
-                    if e.state == "loaded" and not e.users and not e.pinned and e.busy is None]
+            idle = self._idle()
             if idle:
-                victim = min(idle, key=lambda e: e.last_used)
-                log.info("unloading %s (least recently used) to make room for %s", victim.spec.id, want.spec.id)
-                await asyncio.shield(self._begin_unload(victim))
+                log.info("unloading %s (least recently used) to make room for %s", idle[0].spec.id, want.spec.id)
+                await asyncio.shield(self._begin_unload(idle[0]))
                 continue
             if all(e.pinned for e in self._entries.values() if e.state != "unloaded"):
-                raise Unavailable(f"cannot load model {want.spec.id!r}: all {self.policy.max_loaded} model places "
-                                  "hold models named with --model (raise --models-max)", code="models_max")
+                what = (f"all {self.policy.max_loaded} model places hold" if self.in_memory() >= self.policy.max_loaded
+                        else f"--models-ram-mb {budget >> 20} is taken by")
+                raise Unavailable(f"cannot load model {want.spec.id!r}: {what} models named with --model "
+                                  "(raise --models-max or --models-ram-mb)", code="models_max")
             change = self._change.event
             await change.wait()  # a request ended, or a load or unload finished
+
+    def _trim_to_budget(self, loaded: Entry[M]) -> None:
+        """After a load measured larger than expected: unload least recently used idle models
+        (never `loaded`, which its waiters are about to use) until the budget holds again."""
+        budget = self.policy.ram_budget
+        held = self.held_bytes()
+        for victim in self._idle(but=loaded):
+            if not budget or held <= budget:
+                return
+            held -= victim.expected_bytes()  # still held while it unloads: counted as gone
+            log.info("unloading %s (least recently used): %s took %d MiB, over --models-ram-mb", victim.spec.id,
+                     loaded.spec.id, loaded.loaded_bytes >> 20)
+            self._begin_unload(victim)
 
     async def _load(self, e: Entry[M]) -> None:
         try:
@@ -293,7 +341,8 @@ class ModelLoader(Generic[M]):
         e.loaded_bytes = max(0, after - before)
         e.loaded_at = e.last_used = self.clock()
         self._changed()
-        log.info("loaded %s from %s in %.1fs", e.spec.id, e.spec.path, seconds)
+        log.info("loaded %s from %s in %.1fs (%d MiB)", e.spec.id, e.spec.path, seconds, e.loaded_bytes >> 20)
+        self._trim_to_budget(e)
 
     async def _unload(self, e: Entry[M], model: M | None) -> None:
         try:

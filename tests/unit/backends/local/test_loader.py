@@ -234,3 +234,49 @@ async def test_close_unloads_everything_pinned_or_not() -> None:
     await ml.load("b")
     await ml.close()
     assert sorted(fake.unloaded) == ["a", "b"] and ml.loaded() == {}
+
+
+class Memory:
+    """A process's RSS as the fake loads change it: each model takes `sizes[id]` bytes."""
+
+    def __init__(self, fake: FakeLoads, sizes: dict[str, int]) -> None:
+        self.rss, self.sizes = 1000, sizes
+        load, unload = fake.load, fake.unload
+
+        def measured_load(spec: ModelSpec) -> Model:
+            m = load(spec)
+            self.rss += sizes[spec.id]
+            return m
+
+        def measured_unload(m: Model) -> None:
+            unload(m)
+            self.rss -= sizes[m.id]
+
+        fake.load, fake.unload = measured_load, measured_unload  # type: ignore[method-assign]
+
+    def __call__(self) -> int:
+        return self.rss
+
+
+async def test_the_ram_budget_counts_measured_loads_and_unloads_the_least_recently_used() -> None:
+    fake, clock = FakeLoads(), Clock()
+    memory = Memory(fake, {"a": 200, "b": 150, "c": 400})
+    specs = [ModelSpec(i, Path(f"/models/{i}.gguf")) for i in "abc"]
+    ml = ModelLoader(specs, fake.load, fake.unload, policy=LoadPolicy(4, 300.0, ram_budget=300), clock=clock,
+                     measure=memory)
+    await ml.load("a")
+    assert ml.entry("a").loaded_bytes == 200 and ml.held_bytes() == 200
+    clock.now += 1
+    await ml.load("b")  # expected 0 before its first load (no file): it loads, measures 150, a goes
+    busy = ml.entry("a").busy
+    assert busy is not None
+    await busy
+    assert fake.unloaded == ["a"] and set(ml.loaded()) == {"b"} and ml.held_bytes() == 150
+    clock.now += 1
+    await ml.load("a")  # now known at 200: b (150) goes first to make room, before a loads
+    assert fake.unloaded == ["a", "b"] and set(ml.loaded()) == {"a"}
+    await ml.load("c")  # 400 > 300 once measured: it stays (loaded and asked for), every idle other goes
+    await ml.unload("c")
+    with pytest.raises(Unavailable) as err:
+        await ml.acquire("c")
+    assert err.value.code == "model_too_large" and "'c'" in str(err.value)
