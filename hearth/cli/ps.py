@@ -24,7 +24,7 @@ def until(status: dict[str, Any]) -> str:
     if status.get("users"):
         return f"in use ({status['users']} request{'s' if status['users'] != 1 else ''})"
     if status["value"] != "loaded":
-        return status["value"]
+        return str(status["value"])
     left = status.get("expires_in")
     return "forever" if left is None else f"{human_duration(left)} from now"
 

@@ -223,8 +223,13 @@ class ModelLoader(Generic[M]):
             times = [t for e in self._entries.values() if (t := self.expires_at(e)) is not None]
             wait = min([idle_check, *(t - self.clock() for t in times)])
             if wait > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(change.wait(), wait)
+                # not asyncio.wait_for: cancelled (at shutdown) in the instant the event is set,
+                # it can leave this task cancelling forever (seen on 3.11)
+                changed = asyncio.ensure_future(change.wait())
+                try:
+                    await asyncio.wait({changed}, timeout=wait)
+                finally:
+                    changed.cancel()
             await self.expire()
 
     async def close(self) -> None:
