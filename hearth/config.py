@@ -58,9 +58,45 @@ def check_origins(origins: Sequence[str]) -> None:
                              f"no trailing slash), one with * in its host, {LOOPBACK!r}, or *")
 
 
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)?")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """A keep-alive as Ollama takes it: a number of seconds, or a duration (`90s`, `5m`, `1h`,
+    `1h30m`); negative means forever (returned as inf), 0 now. ValueError if it is neither."""
+    if isinstance(text, bool):
+        raise ValueError("a duration is a number of seconds or a string such as 5m")
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        s = text.strip().lower()
+        pos, seconds, parts = 0, 0.0, 0
+        sign = -1.0 if s.startswith("-") else 1.0
+        s = s.lstrip("-")
+        while pos < len(s):
+            m = _DURATION.match(s, pos)
+            if m is None or m.end() == pos:
+                raise ValueError(f"{text!r} is not a duration: write seconds (300), or 90s, 5m, 1h, 1h30m, -1")
+            seconds += float(m.group(1)) * _UNIT[m.group(2)]
+            pos, parts = m.end(), parts + 1
+        if not parts:
+            raise ValueError(f"{text!r} is not a duration: write seconds (300), or 90s, 5m, 1h, 1h30m, -1")
+        seconds *= sign
+    if seconds != seconds:  # NaN
+        raise ValueError("a duration must be a number")
+    return float("inf") if seconds < 0 else seconds
+
+
 @dataclass(slots=True)
 class Settings:
-    models: list[str] = field(default_factory=lambda: ["default"])
+    # --model: loaded at start and kept loaded; empty: the default model, loaded at start, which
+    # then follows the keep-alive like every other model servable on demand
+    models: list[str] = field(default_factory=list)
+    models_dir: Path | None = None  # GGUF files here are servable on demand too
+    models_max: int = 4  # models in memory at once (llama-server's --models-max)
+    models_ram_mb: int = 0  # what loaded models may take together, measured per load; 0: no budget
+    keep_alive: float = 300.0  # seconds an idle model stays loaded (inf: forever; Ollama's 5m)
     host: str = "127.0.0.1"
     port: int = 8000
     ctx: int | None = None  # tokens per sequence; None: the model's training context
@@ -120,6 +156,17 @@ class Settings:
             raise ValueError("--sse-heartbeat must be > 0 seconds")
         if not 0 < self.request_timeout <= self.max_request_timeout:
             raise ValueError("--request-timeout must be > 0 and at most --max-request-timeout")
+        if self.models_max < 1:
+            raise ValueError("--models-max must be at least 1")
+        if self.models_ram_mb < 0:
+            raise ValueError("--models-ram-mb must be >= 0 (0: no budget)")
+        if self.models_max < len(self.models):
+            raise ValueError(f"--models-max {self.models_max} is less than the {len(self.models)} models named "
+                             "with --model (each is kept loaded)")
+        if not self.keep_alive >= 0:
+            raise ValueError("--keep-alive must be >= 0 (or negative on the command line: forever)")
+        if self.models_dir is not None and not self.models_dir.is_dir():
+            raise ValueError(f"--models-dir {self.models_dir} is not a directory")
         check_access(self.host, [*self.api_keys, *(k.key for k in self.named_keys)], self.insecure,
                      "--api-key (or --api-key-file)")
         check_keyring(self.keyring)

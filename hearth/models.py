@@ -3,6 +3,7 @@ short name (hearth.catalog), and GGUF files named on the command line."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,3 +56,31 @@ def resolve_model(name_or_path: str) -> ModelSpec:
         raise FileNotFoundError(f"model not found: {name_or_path!r} is neither a GGUF file nor one of "
                                 f"{', '.join((*DEFAULT_ALIASES, *catalog.CATALOG))}")
     return ModelSpec(model_id or path.stem, path.resolve())
+
+
+def servable_models(pinned: list[ModelSpec], models_dir: Path | None = None) -> list[ModelSpec]:
+    """Every model a server may load on demand: the ones named with --model first, then the
+    embedded default (when its package is installed), the catalog's models installed in the
+    model cache, and each `*.gguf` in `models_dir` (its id the file name without extension).
+    A model already listed under an id or a path is not listed twice."""
+    out = list(pinned)
+    ids = {s.id for s in out}
+    paths = {s.path.resolve() for s in out}
+
+    def add(spec: ModelSpec) -> None:
+        if spec.id not in ids and spec.path.resolve() not in paths:
+            out.append(spec)
+            ids.add(spec.id)
+            paths.add(spec.path.resolve())
+
+    with contextlib.suppress(FileNotFoundError):  # no default package: the others still serve
+        add(ModelSpec(DEFAULT_MODEL_ID, embedded_model_path(), DEFAULT_ALIASES))
+    for m in catalog.CATALOG.values():
+        path = catalog.installed_path(m)
+        if path.is_file():
+            add(ModelSpec(m.id, path, m.aliases))
+    if models_dir is not None:
+        for path in sorted(models_dir.expanduser().glob("*.gguf")):
+            if path.is_file():
+                add(ModelSpec(path.stem, path.resolve()))
+    return out

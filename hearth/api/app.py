@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hearth.api import control, keys, openapi, prompt_blocks, prompt_cache, sessions, snapshots, web
+from hearth.api import control, keys, model_control, openapi, prompt_blocks, prompt_cache, sessions, snapshots, web
 from hearth.api.anthropic import messages
 from hearth.api.context import NodeContext
 from hearth.api.http.auth import AuthMiddleware
@@ -133,6 +133,10 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/admin/keys/usage", keys.usage, methods=["GET"]),
         Route("/v1/cancel", control.cancel, methods=["POST"]),
         Route("/v1/models", control.list_models, methods=["GET"]),
+        Route("/models/load", model_control.load, methods=["POST"]),
+        Route("/v1/models/load", model_control.load, methods=["POST"]),
+        Route("/models/unload", model_control.unload, methods=["POST"]),
+        Route("/v1/models/unload", model_control.unload, methods=["POST"]),
         Route("/v1/models/{model:path}", control.get_model, methods=["GET"]),
         Route("/health", control.health, methods=["GET"]),
         Route("/tokenize", control.tokenize, methods=["POST"]),

@@ -25,7 +25,10 @@ from hearth.observability.logging import note_error
 
 
 def _card(c: ModelCard) -> dict[str, Any]:
-    return {"id": c.id, "object": "model", "created": c.created, "owned_by": c.owned_by, "meta": c.meta}
+    out = {"id": c.id, "object": "model", "created": c.created, "owned_by": c.owned_by, "meta": c.meta}
+    if c.status is not None:
+        out["status"] = c.status
+    return out
 
 
 async def list_models(request: Request) -> Response:

@@ -24,6 +24,8 @@ from hearth.api import web, wire
 from hearth.api.anthropic import messages
 from hearth.api.anthropic.messages import CountTokensIn, MessagesIn
 from hearth.api.control import CancelIn, DetokenizeIn, TokenizeIn
+from hearth.api.model_control import LoadIn as LoadModelIn
+from hearth.api.model_control import UnloadIn as UnloadModelIn
 from hearth.api.openai.chat import ChatCompletionIn
 from hearth.api.openai.completions import CompletionIn
 from hearth.api.openai.responses import ResponsesIn
@@ -145,6 +147,14 @@ def _ops() -> list[Operation]:
         Operation("GET", "/v1/models", "List models", "control", wire.ModelList, errors=(401, 503)),
         Operation("GET", "/v1/models/{model:path}", "Get a model", "control", wire.ModelObject,
                   errors=(401, 404, 503), params={"model": "A model id or alias"}),
+        Operation("POST", "/models/load", "Load a model now (llama-server's router shape)", "control",
+                  wire.ModelLoaded, LoadModelIn, errors=(400, 401, 403, 404, 409, 503)),
+        Operation("POST", "/v1/models/load", "Load a model now", "control", wire.ModelLoaded, LoadModelIn,
+                  errors=(400, 401, 403, 404, 409, 503)),
+        Operation("POST", "/models/unload", "Unload a model now (llama-server's router shape)", "control",
+                  wire.ModelUnloaded, UnloadModelIn, errors=(400, 401, 403, 404, 409, 503)),
+        Operation("POST", "/v1/models/unload", "Unload a model now", "control", wire.ModelUnloaded, UnloadModelIn,
+                  errors=(400, 401, 403, 404, 409, 503)),
         Operation("GET", "/health", "Health: 200 once the model is loaded", "control", wire.Health, errors=()),
         Operation("POST", "/tokenize", "Tokenize text or messages", "control", wire.Tokenized, TokenizeIn,
                   errors=(400, 401, 404, 413, 503)),

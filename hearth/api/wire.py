@@ -243,12 +243,36 @@ class TokenCount(_Protocol):
 # ---- models, health, tokenizer, cancel ----------------------------------------------------------
 
 
+class ModelStatus(_Protocol):
+    value: Literal["loaded", "loading", "unloaded", "unloading"]
+    pinned: bool  # named with --model: loaded at start and kept
+    users: int  # requests holding it now
+    loads: int
+    load_seconds: float
+    expires_in: float | None = None  # seconds until an idle loaded model is unloaded (absent: never, or busy)
+    loaded_bytes: int | None = None  # memory its load took (process RSS after minus before)
+    error: str | None = None  # why its last load failed
+
+
 class ModelObject(_Protocol):
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
     meta: dict[str, Any] = Field(default_factory=dict)
+    status: ModelStatus | None = None  # on a server that loads models on demand (llama-server's router)
+
+
+class ModelLoaded(_Own):
+    success: bool
+    model: str
+    status: ModelStatus | None = None
+
+
+class ModelUnloaded(_Own):
+    success: bool
+    model: str
+    unloaded: bool  # false: it was not loaded
 
 
 class ModelList(_Own):

@@ -12,8 +12,8 @@ Token work (`tokenize`, `tokenize_prompt`, ...) is async: a backend must not run
 loop (a long prompt takes seconds to template and tokenize), and a remote one makes a call.
 
 Capabilities: a backend that cannot do something optional says so by returning None from the
-capability's property (today: `session_kv`, `prompt_cache`); `require_session_kv` and
-`require_prompt_cache` turn that into the one error the API answers with, a 404
+capability's property (today: `session_kv`, `prompt_cache`, `model_loading`); the
+`require_...` functions turn that into the one error the API answers with, a 404
 `sessions_unsupported` or `prompt_cache_unsupported` (what a client sees from a server without
 them), never an AttributeError.
 """
@@ -37,6 +37,9 @@ class ModelCard:
     created: int
     owned_by: str = "hearth"
     meta: dict[str, Any] = field(default_factory=dict)
+    # Where the model stands on a server that loads models on demand (llama-server's router
+    # shape): {"value": "loaded" | "loading" | "unloaded" | "unloading", ...}; None: always loaded.
+    status: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +195,43 @@ class PromptCache(Protocol):
         ...
 
 
+# ---- the model-loading capability ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LoadStats:
+    """One servable model's loads, for /metrics."""
+
+    loaded: bool
+    loads: int  # loads that succeeded
+    load_failures: int
+    load_seconds: float  # all loads together
+    loaded_bytes: int  # memory its load took, measured (process RSS after minus before); 0 unloaded
+
+
+class ModelLoading(Protocol):
+    """A backend that loads models when requests name them and unloads idle ones
+    (hearth.backends.local.loader): counters, and loading or unloading one on request."""
+
+    def load_stats(self) -> dict[str, LoadStats]:
+        """Per model id. Cheap and non-blocking: called at every /metrics scrape."""
+        ...
+
+    def is_loaded(self, model: str | None) -> bool:
+        """Whether a request for `model` finds it loaded now; True for a name that is not a
+        model (the request's own error says so) and while the server starts."""
+        ...
+
+    async def load_model(self, model: str, keep_alive: float | None = None) -> ModelCard:
+        """Load `model` now (if it is not loaded) and keep it for `keep_alive` seconds from now
+        (Ollama's meaning: 0 now, negative forever; None: the server's default); its card."""
+        ...
+
+    async def unload_model(self, model: str) -> bool:
+        """Unload `model` now; False if it was not loaded. Conflict while requests use it."""
+        ...
+
+
 # ---- the backend ---------------------------------------------------------------------------
 
 
@@ -267,6 +307,11 @@ class Backend(Protocol):
         """The prompt-cache capability, or None if this backend has none."""
         ...
 
+    @property
+    def model_loading(self) -> ModelLoading | None:
+        """The model-loading capability, or None if this backend keeps its models loaded."""
+        ...
+
 
 def require_session_kv(backend: Backend) -> SessionKV:
     kv = backend.session_kv
@@ -283,6 +328,14 @@ def require_prompt_cache(backend: Backend) -> PromptCache:
         raise NotFound("this server keeps no prompt cache: its backend has none, so the prompt-cache routes "
                        "are not available", code="prompt_cache_unsupported")
     return cache
+
+
+def require_model_loading(backend: Backend) -> ModelLoading:
+    loading = backend.model_loading
+    if loading is None:
+        raise NotFound("this server does not load or unload models on request: its backend keeps its models "
+                       "loaded", code="model_loading_unsupported")
+    return loading
 
 
 # ---- event streams -------------------------------------------------------------------------

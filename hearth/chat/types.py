@@ -121,6 +121,9 @@ class ChatRequest:
     # The prompt-cache namespace (hearth.engine.types.EngineRequest.cache_ns): the HTTP layer
     # sets it from the caller's tenant and `cache_salt` (hearth.tenants). "": the default one.
     cache_ns: str = ""
+    # Seconds the model stays loaded after this request (Ollama's keep_alive: 0 unloads it at
+    # once, negative keeps it); None: the server's --keep-alive.
+    keep_alive: float | None = None
 
 
 @dataclass(slots=True)
@@ -137,6 +140,7 @@ class CompletionRequest:
     cache_prompt: bool = True
     repetition: RepetitionSpec | None = None
     cache_ns: str = ""  # as ChatRequest.cache_ns
+    keep_alive: float | None = None  # as ChatRequest's
 
 
 @dataclass(slots=True)

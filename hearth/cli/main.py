@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from hearth import __version__
-from hearth.cli import cache, chat, docs, gateway, keys, models, server, sessions, snapshots
+from hearth.cli import cache, chat, docs, gateway, keys, models, ps, server, sessions, snapshots
 from hearth.cli.common import CorsOpt, InsecureOpt, RequireKeyOpt, required_keys
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
@@ -22,6 +22,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(gateway.app, name="gateway")
 app.command()(chat.chat)
 app.command()(docs.docs)
+app.command()(ps.ps)
 
 
 def _version(value: bool) -> None:
@@ -41,7 +42,21 @@ def serve(
     model: Annotated[list[str] | None, typer.Option(
         "--model", "-m", envvar="HEARTH_MODEL",
         help="GGUF path, ID=PATH, 'default' (the embedded SmolLM2-135M-Instruct) or an installed "
-             "catalog model (qwen2.5-coder-0.5b: `hearth models install`). Repeatable.")] = None,
+             "catalog model (qwen2.5-coder-0.5b: `hearth models install`), loaded at start and kept "
+             "loaded. Repeatable. Every other installed model is loaded when a request names it.")] = None,
+    models_dir: Annotated[str | None, typer.Option(
+        envvar="HEARTH_MODELS_DIR", help="Serve every *.gguf here too (its id: the file name without "
+                                         ".gguf), loaded when a request names it.")] = None,
+    models_max: Annotated[int, typer.Option(
+        envvar="HEARTH_MODELS_MAX", help="Models in memory at once; to load another, the least recently "
+                                         "used idle one is unloaded.")] = 4,
+    models_ram_mb: Annotated[int, typer.Option(
+        envvar="HEARTH_MODELS_RAM_MB", help="Memory the loaded models may take together (each measured when it "
+                                            "loads: weights, KV, compute buffers); 0: no budget.")] = 0,
+    keep_alive: Annotated[str, typer.Option(
+        envvar="HEARTH_KEEP_ALIVE", help="How long an idle model stays loaded: seconds or 90s, 5m, 1h; 0 "
+                                         "unloads after each request, -1 never (a request's keep_alive "
+                                         "overrides it).")] = "5m",
     host: Annotated[str, typer.Option(envvar="HEARTH_HOST", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="HEARTH_PORT")] = 8000,
     ctx: Annotated[int | None, typer.Option(
@@ -117,8 +132,8 @@ def serve(
     import uvicorn
 
     from hearth.api.app import create_app
-    from hearth.backends.build import build_backend
-    from hearth.config import Settings, default_data_dir, parse_origins
+    from hearth.backends.build import build_backend, startup_models
+    from hearth.config import Settings, default_data_dir, parse_duration, parse_origins
     from hearth.models import resolve_model
     from hearth.observability.logging import setup_logging
     from hearth.tenants import read_key_file
@@ -126,7 +141,10 @@ def serve(
     try:
         keys = required_keys(api_key)
         named = read_key_file(api_key_file) if api_key_file else []
-        settings = Settings(models=model or ["default"], host=host, port=port, ctx=ctx, parallel=parallel,
+        settings = Settings(models=model or [], models_dir=Path(models_dir).expanduser() if models_dir else None,
+                            models_max=models_max, models_ram_mb=models_ram_mb,
+                            keep_alive=parse_duration(keep_alive), host=host, port=port,
+                            ctx=ctx, parallel=parallel,
                             threads=threads, batch=batch, kv_unified=kv_unified, kv_type=kv_type,
                             spec_draft=spec_draft, tool_parser=tool_parser, log_level=log_level,
                             log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,
@@ -143,12 +161,15 @@ def serve(
         if len(set(ids)) != len(ids):
             raise ValueError(f"two models share an id: {ids}; name them with ID=PATH")
         backend = build_backend(settings, specs)
+        at_start, on_demand = startup_models(settings, specs)
     except (ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     setup_logging(settings.log_level, settings.log_format)
     auth = f"{len(settings.keyring)} API key(s)" if settings.keyring else "no API key"
-    typer.echo(f"hearth {__version__}: serving {', '.join(ids)} on http://{host}:{port} ({auth})", err=True)
+    also = f"; loaded on request: {', '.join(on_demand)}" if on_demand else ""
+    typer.echo(f"hearth {__version__}: serving {', '.join(at_start)} on http://{host}:{port} ({auth}){also}",
+               err=True)
     config = uvicorn.Config(create_app(backend, settings), host=settings.host, port=settings.port,
                             log_level=settings.log_level.lower(), timeout_graceful_shutdown=5, log_config=None,
                             access_log=False)

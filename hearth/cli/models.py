@@ -1,5 +1,7 @@
-"""`hearth models [install NAME]`: the models available on this machine, read from their GGUF
-headers, and installing the catalog's models into the model cache."""
+"""`hearth models [install NAME | load NAME | unload NAME]`: the models available on this machine,
+read from their GGUF headers; installing the catalog's models into the model cache; and loading
+or unloading one in a running server (POST /models/load, /models/unload: the admin key, when
+the server has one)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ import typer
 from rich.table import Table
 
 from hearth import catalog, gguf
-from hearth.cli.client import CLIError
-from hearth.cli.common import JsonOpt, cli_errors, console, human_bytes, print_json
+from hearth.cli.client import Client, CLIError
+from hearth.cli.common import JsonOpt, UrlOpt, cli_errors, console, human_bytes, print_json
 from hearth.models import DEFAULT_ALIASES, resolve_model
 
 app = typer.Typer()  # help: the callback's docstring
@@ -99,3 +101,52 @@ def install(
         catalog.install(m, force=force, log=lambda s: typer.echo(s, err=True))
     except catalog.InstallError as e:
         raise CLIError(str(e)) from e
+
+
+AdminKeyOpt = Annotated[str | None, typer.Option(
+    "--api-key", envvar=["HEARTH_ADMIN_KEY", "HEARTH_API_KEY"], show_default=False,
+    help="The server's admin key (any API key if it has none). Env: HEARTH_ADMIN_KEY, then HEARTH_API_KEY.")]
+NameArg = Annotated[str, typer.Argument(help="Model id or alias, as requests name it.", show_default=False)]
+
+
+@app.command()
+@cli_errors
+def load(
+    name: NameArg,
+    keep_alive: Annotated[str | None, typer.Option(
+        "--keep-alive", help="Keep it this long once idle: seconds or 5m, 1h; -1 forever (default: the "
+                             "server's).")] = None,
+    url: UrlOpt = None, api_key: AdminKeyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Load a model in the running server now (it would load on its first request otherwise).
+
+    Example: hearth models load qwen2.5-coder-0.5b --keep-alive 1h
+    """
+    body: dict[str, Any] = {"model": name}
+    if keep_alive is not None:
+        body["keep_alive"] = keep_alive
+    with Client(url, api_key) as client:
+        data = client.post("/models/load", body, timeout=600.0)  # a large model takes a while
+    if as_json:
+        print_json(data)
+        return
+    st = data.get("status") or {}
+    console().print(f"{data['model']} is loaded ({st.get('loads', '?')} load(s), "
+                    f"{human_bytes(st.get('loaded_bytes'))} of memory)", markup=False)
+
+
+@app.command()
+@cli_errors
+def unload(name: NameArg, url: UrlOpt = None, api_key: AdminKeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Unload a model from the running server now (its sessions' KV is written to disk first).
+
+    Refused while requests use it, or for a model the server was started with (--model).
+
+    Example: hearth models unload qwen2.5-coder-0.5b
+    """
+    with Client(url, api_key) as client:
+        data = client.post("/models/unload", {"model": name})
+    if as_json:
+        print_json(data)
+    else:
+        console().print(f"{data['model']} {'unloaded' if data['unloaded'] else 'was not loaded'}", markup=False)

@@ -13,6 +13,7 @@ from rich.console import Console
 from hearth.cli.client import APIError, Client, CLIError
 from hearth.cli.common import ApiKeyOpt, JsonOpt, cli_errors, console, human_bytes, human_duration, plural, print_json
 from hearth.cli.daemon import Daemon, ServeOptions
+from hearth.cli.ps import in_memory
 
 app = typer.Typer(help="Run Hearth in the background: start, stop, status, logs.", no_args_is_help=True)
 
@@ -146,8 +147,10 @@ def gather_status(daemon: Daemon, api_key: str | None) -> dict[str, Any]:
             return out
         models = _fetch(client, "/v1/models")
         if isinstance(models, dict):
-            out["models"] = [m["id"] for m in models["data"]]
-            out["parallel"] = sum(int(m.get("meta", {}).get("parallel") or 0) for m in models["data"]) or None
+            loaded = in_memory(models["data"])  # the others load when a request names them
+            out["models"] = [m["id"] for m in loaded]
+            out["on_demand"] = [m["id"] for m in models["data"] if m not in loaded]
+            out["parallel"] = sum(int(m.get("meta", {}).get("parallel") or 0) for m in loaded) or None
         else:
             out["models"] = models
         sessions = _fetch(client, "/v1/sessions")
@@ -200,6 +203,8 @@ def status(data_dir: DataDirOpt = None, api_key: ApiKeyOpt = None, as_json: Json
         c.print(f"  health    {out['health']}")
         models = out.get("models")
         c.print(f"  model     {', '.join(models) if isinstance(models, list) else models or '-'}")
+        if out.get("on_demand"):
+            c.print(f"  on demand {', '.join(out['on_demand'])} (hearth ps: what is loaded)")
         c.print(f"  slots     {'-' if slots is None else slots} busy of {parallel or '?'}"
                 f" ({out.get('running_sequences', 0)} running, {out.get('waiting_requests', 0)} waiting)")
         if isinstance(sessions, int):

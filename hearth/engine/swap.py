@@ -91,6 +91,22 @@ def read_kv_file(path: Path, fingerprint: dict[str, Any], *, with_data: bool = T
         return tokens, data
 
 
+def read_kv_header(path: Path) -> int:
+    """How many tokens a KV file holds, from its header alone (no check of what it was written
+    by: for reporting a session whose model is not loaded). ValueError if it is no KV file."""
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) != 8 or head[:4] != MAGIC:
+            raise ValueError("not a Hearth KV file")
+        (hlen,) = struct.unpack("<I", head[4:])
+        if hlen > 1 << 20:
+            raise ValueError("KV file header too large")
+        try:
+            return int(json.loads(f.read(hlen))["n_tokens"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"bad KV file header: {e}") from e
+
+
 class SwapStore:
     def __init__(self, directory: Path | None, ram_budget: int, fingerprint: dict[str, Any]) -> None:
         self.dir = directory

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelStats, PromptCache, SessionKV
+from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelLoading, ModelStats, PromptCache, SessionKV
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
     ChatEvent,
@@ -293,6 +293,10 @@ class OpenAIUpstreamBackend:
     @property
     def prompt_cache(self) -> PromptCache | None:
         return None  # the engine behind keeps its own cache, if any
+
+    @property
+    def model_loading(self) -> ModelLoading | None:
+        return None  # the engines behind load their own models
 
 
 class _UpstreamError(Exception):

@@ -138,13 +138,16 @@ class Pool:
         it has one and the request's blocks of its root are known, else the estimate."""
         out = []
         for n in self._routable(alias, exclude):
+            # a Hearth node's digest lists the models it has loaded (and only those)
+            loaded = self._state(n, alias) is not None if n.digest is not None and n.up.kind == "hearth" else None
             state = self._state(n, alias) if blocks else None
             req = blocks.get(state.root) if state is not None else None
             if state is not None and req is not None:
                 tokens, weighted = state.served(req)
-                out.append(Candidate(n.name, n.in_flight, n.up.max_in_flight, tokens, weighted, "digest"))
+                out.append(Candidate(n.name, n.in_flight, n.up.max_in_flight, tokens, weighted, "digest", loaded))
             else:
-                out.append(Candidate(n.name, n.in_flight, n.up.max_in_flight, n.prefixes.cached(hashes)))
+                out.append(Candidate(n.name, n.in_flight, n.up.max_in_flight, n.prefixes.cached(hashes),
+                                     loaded=loaded))
         return out
 
     async def request_blocks(self, alias: str, affinity: Affinity, path: str, body: dict[str, Any],

@@ -11,7 +11,9 @@ to the cost model (a conversation key is a cache hint, not state: prefilling it 
 beats waiting), and the conversation then stays where it went.
 
 Cost of node n = (prompt tokens − the tokens n would serve from cache, tier-weighted) ×
-(n's in-flight + 1). Lowest cost wins; equal costs break at random. What n would serve comes
+(n's in-flight + 1). Lowest cost wins; equal costs break at random. Nodes that would have to
+load the model first (their digest does not list it: a Hearth node loads models on request)
+are considered only when no free node has it loaded. What n would serve comes
 from one of two sources (`Candidate.source`):
 
 - `digest`, for Hearth nodes whose digest the gateway holds (cache_state.py, digests.py): the
@@ -161,6 +163,9 @@ class Candidate:
     cached: int  # tokens of this request it already holds (predicted)
     weighted: float | None = None  # `cached` weighted by tier (None: `cached`)
     source: Source = "estimate"
+    # Whether the node has the model loaded now (its digest lists only loaded models); None:
+    # unknown (no digest). A node that would have to load it first goes last.
+    loaded: bool | None = None
 
     @property
     def saturated(self) -> bool:
@@ -213,6 +218,9 @@ class Chooser:
         free = [c for c in candidates if not c.saturated]
         if not free:
             return None
+        # A load takes seconds (a prefill of thousands of tokens): any free node that has the
+        # model loaded, or may have, beats one known to need a load.
+        free = [c for c in free if c.loaded is not False] or free
         costs = [(max(1.0, prompt_tokens - c.worth) * (c.in_flight + 1), c) for c in free]
         best = min(cost for cost, _ in costs)
         pick = self.rng.choice([c for cost, c in costs if cost == best])

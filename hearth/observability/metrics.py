@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hearth.backends.base import Backend, ModelStats, PrefixCacheStats
+from hearth.backends.base import Backend, LoadStats, ModelStats, PrefixCacheStats
 from hearth.chat.types import ChatEvent, Finish, TextDelta
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -66,6 +66,27 @@ CACHE_COUNTERS = (("hearth_prompt_cache_misses", "Placements that reused no cach
                    "rejected_files"))
 
 
+# Models loaded on demand, per model: (metric, help, LoadStats field). The engine's counters above
+# belong to one load of a model: they start again from 0 when it is loaded again.
+LOAD_GAUGES = (("hearth_model_loaded", "1 while the model is loaded", "loaded"),
+               ("hearth_model_loaded_bytes", "Memory the model's load took (RSS after minus before; 0 unloaded)",
+                "loaded_bytes"))
+LOAD_COUNTERS = (("hearth_model_loads", "Model loads that succeeded", "loads"),
+                 ("hearth_model_load_failures", "Model loads that failed", "load_failures"),
+                 ("hearth_model_load_seconds", "Time spent loading the model", "load_seconds"))
+
+
+def load_families(stats: dict[str, LoadStats]) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    families: list[GaugeMetricFamily | CounterMetricFamily] = []
+    for kind, table in ((GaugeMetricFamily, LOAD_GAUGES), (CounterMetricFamily, LOAD_COUNTERS)):
+        for name, doc, attr in table:
+            family = kind(name, doc, labels=["model"])
+            for mid, st in stats.items():
+                family.add_metric([mid], float(getattr(st, attr)))
+            families.append(family)
+    return families
+
+
 def cache_families(stats: dict[str, PrefixCacheStats]) -> list[GaugeMetricFamily | CounterMetricFamily]:
     """The prompt cache's series, one sample per model (and tier) for each field."""
     families: list[GaugeMetricFamily | CounterMetricFamily] = []
@@ -90,8 +111,8 @@ def cache_families(stats: dict[str, PrefixCacheStats]) -> list[GaugeMetricFamily
 
 
 class BackendCollector(Collector):
-    """The backend's `stats()`, one sample per model for each field, and its prompt cache's
-    `cache_stats()` (none without the capability)."""
+    """The backend's `stats()`, one sample per model for each field, its prompt cache's
+    `cache_stats()` and its models' `load_stats()` (none without the capability)."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -108,6 +129,9 @@ class BackendCollector(Collector):
         cache = self.backend.prompt_cache
         if cache is not None:
             families.extend(cache_families(cache.cache_stats()))
+        loading = self.backend.model_loading
+        if loading is not None:
+            families.extend(load_families(loading.load_stats()))
         yield from families
 
 

@@ -13,7 +13,16 @@ request must reach the engine, not come back here.
 
 from __future__ import annotations
 
-from hearth.backends.base import Backend, EventStream, ModelCard, ModelLimits, ModelStats, PromptCache, SessionKV
+from hearth.backends.base import (
+    Backend,
+    EventStream,
+    ModelCard,
+    ModelLimits,
+    ModelLoading,
+    ModelStats,
+    PromptCache,
+    SessionKV,
+)
 from hearth.chat.types import ChatRequest, CompletionRequest, Message
 from hearth.sessions.manager import SessionManager
 
@@ -84,3 +93,7 @@ class SessionBackend:
     @property
     def prompt_cache(self) -> PromptCache | None:
         return self.inner.prompt_cache
+
+    @property
+    def model_loading(self) -> ModelLoading | None:
+        return self.inner.model_loading

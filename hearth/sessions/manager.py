@@ -260,9 +260,12 @@ class SessionManager:
     # ---- snapshots -----------------------------------------------------------------------------
 
     async def import_limits(self) -> MemberLimits:
-        """What an imported snapshot may hold: the longest sequence of any model served here."""
+        """What an imported snapshot may hold: the longest sequence of any model loaded here
+        (asking a model not loaded would load it: on a server that loads models on request,
+        only the loaded ones count, or the default model when none is)."""
         kv = self._kv()
-        ids = [c.id for c in self.backend.models()] or [self.backend.resolve(None)]
+        loaded = [c.id for c in self.backend.models() if c.status is None or c.status.get("value") == "loaded"]
+        ids = loaded or [self.backend.resolve(None)]
         return MemberLimits(kv_bytes=max([await kv.max_kv_bytes(mid) for mid in ids]),
                             n_tokens=max(self.backend.limits(mid).seq_ctx for mid in ids))
 

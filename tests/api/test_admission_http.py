@@ -61,7 +61,7 @@ async def hold_the_slot(h: Harness) -> tuple[asyncio.Task[Any], threading.Event]
 
 
 def admission(h: Harness) -> Any:
-    return h.backend._models["fake"].admission  # type: ignore[attr-defined]
+    return h.backend.model("fake").admission  # type: ignore[attr-defined]
 
 
 async def test_a_queued_request_that_gets_no_slot_in_max_wait_is_a_429_queue_timeout(tmp_path: Path) -> None:

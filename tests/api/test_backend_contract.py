@@ -16,6 +16,7 @@ from hearth.backends.base import (
     KVState,
     ModelCard,
     ModelLimits,
+    ModelLoading,
     ModelStats,
     PromptCache,
     SessionKV,
@@ -162,6 +163,10 @@ class EchoBackend:
 
     @property
     def prompt_cache(self) -> PromptCache | None:
+        return None
+
+    @property
+    def model_loading(self) -> ModelLoading | None:
         return None
 
 

@@ -182,9 +182,11 @@ def test_a_keyed_server_needs_the_key(tmp_path: Path) -> None:
         denied = run("sessions", "ls", "--url", url)
         assert denied.exit_code == 1 and "HTTP 401" in denied.stderr and denied.stderr.count("\n") == 1
         models = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sekret"}, timeout=10).json()
-        ids = [m["id"] for m in models["data"]]
+        # status names the loaded models; the others (installed, loaded on request) apart
+        ids = [m["id"] for m in models["data"] if m["status"]["value"] == "loaded"]
         status = run("server", "status", "--data-dir", str(home), "--api-key", "sekret", "--json")
         assert json.loads(status.stdout)["models"] == ids
+        assert json.loads(status.stdout)["on_demand"] == [m["id"] for m in models["data"] if m["id"] not in ids]
         # HEARTH_API_KEY works as well as --api-key; without a key, status says what it could not read
         status = run("server", "status", "--data-dir", str(home), "--json", env={"HEARTH_API_KEY": "sekret"})
         assert json.loads(status.stdout)["models"] == ids

@@ -383,7 +383,7 @@ def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | N
     return ChatRequest(model=body.model or "", messages=messages, sampling=sampling, tools=tools,
                        tool_choice=tool_choice, parallel_tool_calls=parallel, response_format=response_format,
                        reasoning=reasoning, request_id=request_id, timeout=limits.timeout,
-                       cache_prompt=run.cache_prompt if run else True, session=session,
+                       keep_alive=limits.keep_alive, cache_prompt=run.cache_prompt if run else True, session=session,
                        repetition=limits.repetition, lenient_tool_calls=limits.lenient_tool_calls,
                        cache_key=body_key(run.prompt_cache_key, run.metadata) if run else None,
                        cache_salt=run.cache_salt if run else None,
@@ -404,7 +404,7 @@ async def messages(request: Request) -> Response:
     ctx = node(request)
     body, creq = read_messages(await read_json(request), new_id("msg_"), ctx.settings)
     msg_id, model, stops = creq.request_id, ctx.backend.resolve(creq.model), creq.sampling.stop
-    gen = await runs.start_chat(request, "messages", creq, body.cancel_id)
+    gen = await runs.start_chat(request, "messages", creq, body.cancel_id, stream=bool(body.stream))
     if body.stream:
         return gen.stream(stream_events(shape(gen.events, body), msg_id, model, stops), beat=PING)
     out = await gen.collect(request, lambda: collect(gen.events))

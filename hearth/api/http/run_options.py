@@ -29,7 +29,7 @@ from hearth.api.http import runs
 from hearth.api.http.parsing import first_set, parse_logit_bias, parse_stop, sampling_params
 from hearth.api.http.stream_shaping import coalesce, hold_reasoning
 from hearth.chat.types import ChatEvent, Finish, RepetitionSpec, SamplingParams, SessionTurn, StopKind
-from hearth.config import Settings
+from hearth.config import Settings, parse_duration
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_session_id
 
@@ -70,6 +70,9 @@ class RunFields(BaseModel):
     # vLLM's name: prompts with different salts share no cached KV, within the caller's own
     # prompt-cache namespace (docs/api.md, "Prompt cache and tenants")
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    # how long the model stays loaded after this request (Ollama's: seconds or "5m"; 0 unloads
+    # it at once, negative never); None: the server's --keep-alive
+    keep_alive: float | str | None = None
 
     def sampling(self, **own: Any) -> SamplingParams:
         """The request's SamplingParams: the shared fields it declares and the protocol's `own`
@@ -133,11 +136,22 @@ class RunLimits:
     timeout: float | None = None
     repetition: RepetitionSpec | None = None
     lenient_tool_calls: bool = True
+    keep_alive: float | None = None  # seconds (inf: forever); None: the server's
 
 
 def run_limits(settings: Settings, body: RunFields) -> RunLimits:
     lenient = settings.lenient_tool_calls if body.lenient_tool_calls is None else body.lenient_tool_calls
-    return RunLimits(wall_cap(settings, body), repetition(settings, body), lenient)
+    return RunLimits(wall_cap(settings, body), repetition(settings, body), lenient, keep_alive(body.keep_alive))
+
+
+def keep_alive(asked: float | str | None) -> float | None:
+    """A request's keep_alive in seconds (Ollama's meaning; inf: forever); BadRequest if unreadable."""
+    if asked is None:
+        return None
+    try:
+        return parse_duration(asked)
+    except ValueError as e:
+        raise BadRequest(f"keep_alive: {e}", param="keep_alive") from e
 
 
 def shape(events: AsyncIterator[ChatEvent], body: RunFields) -> AsyncIterator[ChatEvent]:

@@ -5,7 +5,7 @@ it for metrics, and undo all of that on every path."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -16,11 +16,11 @@ from hearth.api.http.auth import caller
 from hearth.api.http.cache_keys import conversation_key
 from hearth.api.http.cancels import CancelRegistry, Run
 from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
-from hearth.backends.base import EventStream
+from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
-from hearth.chat.types import ChatRequest
+from hearth.chat.types import ChatEvent, ChatRequest, Done, Finish, Started, Usage
 from hearth.config import Settings
-from hearth.errors import BadRequest
+from hearth.errors import BadRequest, HearthError
 from hearth.observability.metrics import RequestTimer
 
 
@@ -112,13 +112,54 @@ async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run
     return Generation(run, events, timer, ctx.cancels, ctx.settings.sse_heartbeat)
 
 
-async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_id: str | None) -> Generation:
+async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_id: str | None,
+                     stream: bool = False) -> Generation:
     """`start` for a chat request (Chat, Messages, Responses): the run is registered under its
     cancel_id, its session and its id, then the node's backend gets `creq` complete, with the
     run's cancel token and its conversation key (`creq.cache_key` holds the body's, from
-    `cache_keys.body_key`; the headers' come second)."""
-    backend = node(request).backend
+    `cache_keys.body_key`; the headers' come second). A `stream` whose model must be loaded
+    first starts at once (`opened_later`)."""
+    ctx = node(request)
     creq = keyed(request, creq)
-    return await start(request, endpoint, lambda token: backend.chat(replace(creq, cancel=token)),
-                       cancel_id=cancel_id, session_id=creq.session.session_id if creq.session else None,
-                       ids=[creq.request_id])
+    registered: dict[str, Any] = {"cancel_id": cancel_id, "ids": [creq.request_id],
+                                  "session_id": creq.session.session_id if creq.session else None}
+    if stream and must_load(ctx.backend, creq.model):
+        return opened_later(ctx, endpoint, lambda token: ctx.backend.chat(replace(creq, cancel=token)), creq.n,
+                            registered)
+    return await start(request, endpoint, lambda token: ctx.backend.chat(replace(creq, cancel=token)),
+                       **registered)
+
+
+def must_load(backend: Backend, model: str | None) -> bool:
+    loading = backend.model_loading
+    return loading is not None and not loading.is_loaded(model)
+
+
+def opened_later(ctx: NodeContext, endpoint: str, open_stream: Callable[[CancelToken], Awaitable[EventStream]],
+                 n: int, registered: dict[str, Any]) -> Generation:
+    """A stream whose model is not loaded: its response starts now, so its headers and heartbeats
+    go out while the model loads (a load takes seconds, and clients give up on a silent
+    connection); the backend's stream opens inside it. The run is registered first, so a cancel
+    or a disconnect during the load ends it as anywhere else (`cancelled`, no tokens). What
+    would have been a 4xx or 503 before the first byte (a failed load, a context overflow)
+    arrives as the stream's error event instead: the status line is already sent."""
+    run = ctx.cancels.open(**registered)
+    timer = ctx.metrics.timer(endpoint, time.monotonic())
+
+    async def events() -> AsyncIterator[ChatEvent]:
+        try:
+            inner = await open_stream(run.token)
+        except HearthError as e:
+            yield Started(0)
+            for i in range(n):
+                yield Finish(i, "error")
+            yield Done(Usage(), error=f"{e.code}: {e.message}")
+            return
+        timer.admitted_now()
+        try:
+            async for ev in inner:
+                yield ev
+        finally:
+            await inner.aclose()
+
+    return Generation(run, EventStream(events()), timer, ctx.cancels, ctx.settings.sse_heartbeat)

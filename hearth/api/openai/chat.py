@@ -132,7 +132,7 @@ def to_chat_request(body: ChatCompletionIn, request_id: str, settings: Settings 
         tool_choice=tool_choice, parallel_tool_calls=body.parallel_tool_calls, response_format=response_format,
         reasoning=ReasoningOptions(effort=body.reasoning_effort, budget=body.reasoning_budget),
         chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=limits.timeout,
-        cache_prompt=body.cache_prompt, session=session, repetition=limits.repetition,
+        keep_alive=limits.keep_alive, cache_prompt=body.cache_prompt, session=session, repetition=limits.repetition,
         lenient_tool_calls=limits.lenient_tool_calls, cache_key=body_key(body.prompt_cache_key),
         cache_salt=body.cache_salt,
         continue_final=body.continue_final_message)
@@ -212,7 +212,7 @@ async def chat_completions(request: Request) -> Response:
     ctx = node(request)
     body, creq = read_chat(await read_json(request), new_id("chatcmpl-"), ctx.settings)
     cid, model = creq.request_id, ctx.backend.resolve(creq.model)
-    gen = await runs.start_chat(request, "chat", creq, body.cancel_id)
+    gen = await runs.start_chat(request, "chat", creq, body.cancel_id, stream=bool(body.stream))
     events = gen.events
     created = int(time.time())
     want_logprobs = bool(body.logprobs)

@@ -141,7 +141,8 @@ async def completions(request: Request) -> Response:
             for i, p in enumerate(prompts):
                 streams.append(await backend.complete(CompletionRequest(
                     model, p, sampling, n=body.n, request_id=f"{cid}-{i}", timeout=limits.timeout, cancel=token,
-                    cache_prompt=body.cache_prompt, repetition=limits.repetition, cache_ns=namespace)))
+                    cache_prompt=body.cache_prompt, repetition=limits.repetition, cache_ns=namespace,
+                    keep_alive=limits.keep_alive)))
         except BaseException:
             for s in streams:
                 await s.aclose()

@@ -144,7 +144,7 @@ def read_response(data: dict[str, Any], store: ScopedResponses, request_id: str,
         model=body.model or "", messages=messages, sampling=sampling, tools=toolset.tools, tool_choice=tool_choice,
         parallel_tool_calls=body.parallel_tool_calls, response_format=response_format, reasoning=reasoning,
         request_id=request_id, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
-        session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls,
+        keep_alive=limits.keep_alive, session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls,
         cache_key=body_key(body.prompt_cache_key), continue_final=body.continue_final_message,
         cache_salt=body.cache_salt)
     return Read(body, creq, items, toolset, text_echo, reasoning_echo, metadata)
@@ -186,7 +186,7 @@ async def create_response(request: Request) -> Response:
     if body.background:
         return await _background(request, runs.keyed(request, creq), body, asm, settle)
     try:
-        gen = await runs.start_chat(request, "responses", creq, body.cancel_id)
+        gen = await runs.start_chat(request, "responses", creq, body.cancel_id, stream=bool(body.stream))
     except BaseException:
         if body.store:  # the client got an error, not a response: nothing to keep
             store.delete(rid)

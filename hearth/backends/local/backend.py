@@ -10,15 +10,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelStats, PromptCache, SessionKV
+from hearth.backends.base import (
+    EventStream,
+    LoadStats,
+    ModelCard,
+    ModelLimits,
+    ModelLoading,
+    ModelStats,
+    PromptCache,
+    SessionKV,
+)
 from hearth.backends.local.events import admit, cancelled_while_queued, engine_events, parsed, prefilled_usage
 from hearth.backends.local.kv import LocalSessionKV
-from hearth.backends.local.model import EngineSettings, LocalModel, RunnerFactory, llamacpp_factory, load_model
+from hearth.backends.local.loader import LoadPolicy, ModelLoader
+from hearth.backends.local.model import EngineSettings, LocalModel, RunnerFactory, llamacpp_factory
+from hearth.backends.local.model_set import ModelSet
 from hearth.backends.local.prompt_cache import LocalPromptCache
 from hearth.chat import continuation
 from hearth.chat.output import OutputParser
@@ -53,19 +64,23 @@ class _Prepared:
 
 
 class LocalBackend:
+    """`specs` are loaded at start and kept (`--model`); `available` models are loaded when a
+    request names them and unloaded when idle, under `policy` (hearth.backends.local.loader);
+    `preload` ids of those are loaded at start too (the default model, when no --model is
+    given), then follow the policy like the others."""
+
     def __init__(self, specs: list[ModelSpec], settings: EngineSettings | None = None,
-                 factory: RunnerFactory = llamacpp_factory) -> None:
-        if not specs:
-            raise ValueError("at least one model is needed")
-        self.specs = specs
+                 factory: RunnerFactory = llamacpp_factory, *, available: list[ModelSpec] | None = None,
+                 policy: LoadPolicy | None = None, preload: list[str] | None = None) -> None:
         self.settings = settings or EngineSettings()
-        self._factory = factory
-        self._models: dict[str, LocalModel] = {}
+        self._set = ModelSet(specs, available or [], self.settings, factory, policy)
+        self._preload = [s.id for s in specs] + [p for p in preload or [] if p not in {s.id for s in specs}]
         self._ready = False
         self._load_error: str | None = None
+        self._expiry: asyncio.Task[None] | None = None
         self._tokenizer = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="hearth-tokens")
-        self._session_kv = LocalSessionKV(self.model)
-        self._prompt_cache = LocalPromptCache(lambda: self._models, self.model)
+        self._session_kv = LocalSessionKV(self._set)
+        self._prompt_cache = LocalPromptCache(self._set)
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -77,59 +92,89 @@ class LocalBackend:
     def load_error(self) -> str | None:
         return self._load_error
 
+    @property
+    def loader(self) -> ModelLoader[LocalModel]:
+        return self._set.loader
+
     async def start(self) -> None:
-        """Load every model (in a worker thread, so /health answers 503 meanwhile)."""
-        try:
-            for spec in self.specs:
-                t0 = time.monotonic()
-                model = await asyncio.to_thread(load_model, spec, self.settings, self._factory)
-                self._models[spec.id] = model
-                log.info("loaded %s from %s in %.1fs", spec.id, spec.path, time.monotonic() - t0)
+        """Load the models named at start (in worker threads, so /health answers 503 meanwhile),
+        then unload idle models as their keep-alive runs out."""
+        for model_id in self._preload:
+            try:
+                await self._set.loader.load(model_id)
+            except Exception as e:
+                error = self._set.loader.entry(model_id).error
+                self._load_error = f"{model_id}: {error}" if error else f"{type(e).__name__}: {e}"
+                log.exception("model loading failed")
+                break
+        else:
             self._ready = True
-        except Exception as e:
-            self._load_error = f"{type(e).__name__}: {e}"
-            log.exception("model loading failed")
+        self._expiry = asyncio.create_task(self._set.loader.run_expiry())
 
     def cancel_all(self) -> None:
-        for m in self._models.values():
+        for m in self._set.loaded().values():
             m.admission.close()
             m.engine.abort_all()
 
     async def stop(self) -> None:
-        for m in self._models.values():
-            await asyncio.to_thread(m.engine.stop)
-            m.runner.close()
-        self._models.clear()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            await asyncio.wait({self._expiry})
+        await self._set.loader.close()
         self._ready = False
         self._tokenizer.shutdown(wait=False, cancel_futures=True)
 
-    # ---- lookups ----------------------------------------------------------------------------
+    # ---- models -------------------------------------------------------------------------------
 
     def models(self) -> list[ModelCard]:
-        return [m.card for m in self._models.values()]
+        return self._set.cards()
 
-    def model(self, name: str | None) -> LocalModel:
+    def _check_started(self) -> None:
         if self._load_error:
             raise Unavailable(f"the model failed to load: {self._load_error}", code="model_load_failed")
         if not self._ready:
             raise Unavailable("the model is still loading; retry shortly", code="model_loading")
-        if not name:
-            return next(iter(self._models.values()))
-        for m in self._models.values():
-            if name in m.aliases:
-                return m
-        raise NotFound(f"The model '{name}' does not exist. Available: "
-                       f"{', '.join(self._models)}", param="model", code="model_not_found")
+
+    def model(self, name: str | None) -> LocalModel:
+        """The model `name` stands for, if it is loaded now (Unavailable if not): for tools and
+        tests that look inside it; requests go through `_holding`, which loads it."""
+        self._check_started()
+        m = self._set.loaded_model(name)
+        if m is None:
+            raise Unavailable(f"model {self._set.resolve(name)!r} is not loaded", code="model_not_loaded")
+        return m
 
     def resolve(self, model: str | None) -> str:
-        return self.model(model).spec.id
+        self._check_started()
+        return self._set.resolve(model)
 
     def limits(self, model: str | None) -> ModelLimits:
-        return self.model(model).limits
+        self._check_started()
+        return self._set.limits(model)
+
+    def is_loaded(self, model: str | None) -> bool:
+        if not self._ready:
+            return True
+        try:
+            return self._set.loaded_model(model) is not None
+        except NotFound:
+            return True
+
+    async def load_model(self, model: str, keep_alive: float | None = None) -> ModelCard:
+        """POST /models/load: the model loaded now, kept for `keep_alive` (else the default)."""
+        self._check_started()
+        model_id = self._set.resolve(model)
+        await self._set.loader.load(model_id, keep_alive)
+        return self._set.card(self._set.loader.entry(model_id))
+
+    async def unload_model(self, model: str) -> bool:
+        """POST /models/unload: the model unloaded now; False if it was not loaded."""
+        self._check_started()
+        return await self._set.loader.unload(self._set.resolve(model))
 
     def stats(self) -> dict[str, ModelStats]:
         out = {}
-        for mid, m in self._models.items():
+        for mid, m in self._set.loaded().items():
             e, s = m.engine, m.engine.stats
             out[mid] = ModelStats(
                 running=e.running, waiting=m.admission.waiting + e.waiting, kv_tokens=e.slots.kv_tokens,
@@ -140,6 +185,13 @@ class LocalBackend:
                 interrupted_decodes=s.interrupted_decodes, kv_reprefills=s.kv_reprefills)
         return out
 
+    def load_stats(self) -> dict[str, LoadStats]:
+        """Per model id, every servable model: its loads, load seconds and the memory it holds."""
+        return {e.spec.id: LoadStats(loaded=e.state == "loaded", loads=e.loads, load_failures=e.load_failures,
+                                     load_seconds=e.load_seconds,
+                                     loaded_bytes=e.loaded_bytes if e.state == "loaded" else 0)
+                for e in self._set.loader.entries()}
+
     @property
     def session_kv(self) -> SessionKV:
         return self._session_kv
@@ -147,6 +199,10 @@ class LocalBackend:
     @property
     def prompt_cache(self) -> PromptCache:
         return self._prompt_cache
+
+    @property
+    def model_loading(self) -> ModelLoading:
+        return self
 
     # ---- tokens -------------------------------------------------------------------------------
 
@@ -168,28 +224,33 @@ class LocalBackend:
         return cls._render(m, req, plan_output(req, m.tool_parser))
 
     async def tokenize(self, model: str | None, text: str, *, add_special: bool = True) -> list[int]:
-        m = self.model(model)
-        m.check_fits(text)  # here too, so a refusal does not queue behind other tokenizing
-        return await self._off_loop(lambda: m.tokenize_text(text, add_special))
+        self._check_started()
+        async with self._set.using(model) as m:
+            m.check_fits(text)  # here too, so a refusal does not queue behind other tokenizing
+            return await self._off_loop(lambda: m.tokenize_text(text, add_special))
 
     async def tokenize_chat(self, model: str | None, messages: list[Message]) -> list[int]:
-        m = self.model(model)
-        return await self._off_loop(
-            lambda: m.tokenize_text(m.template.render(place_system_turns(messages, m.late_system)), False))
+        self._check_started()
+        async with self._set.using(model) as m:
+            return await self._off_loop(
+                lambda: m.tokenize_text(m.template.render(place_system_turns(messages, m.late_system)), False))
 
     async def tokenize_prompt(self, req: ChatRequest) -> list[int]:
-        m = self.model(req.model)
-        return await self._off_loop(lambda: m.tokenize_text(self.render_chat(m, req), False))
+        self._check_started()
+        async with self._set.using(req.model) as m:
+            return await self._off_loop(lambda: m.tokenize_text(self.render_chat(m, req), False))
 
     async def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]:
-        m = self.model(model)
-        return await self._off_loop(
-            lambda: [m.runner.token_text(t).decode("utf-8", errors="replace") for t in self._checked(m, tokens)])
+        self._check_started()
+        async with self._set.using(model) as m:
+            return await self._off_loop(lambda: [m.runner.token_text(t).decode("utf-8", errors="replace")
+                                                 for t in self._checked(m, tokens)])
 
     async def detokenize(self, model: str | None, tokens: list[int]) -> str:
-        m = self.model(model)
-        return await self._off_loop(
-            lambda: b"".join(m.runner.token_text(t) for t in self._checked(m, tokens)).decode("utf-8", "replace"))
+        self._check_started()
+        async with self._set.using(model) as m:
+            return await self._off_loop(
+                lambda: b"".join(m.runner.token_text(t) for t in self._checked(m, tokens)).decode("utf-8", "replace"))
 
     @staticmethod
     def _checked(m: LocalModel, tokens: list[int], param: str = "tokens") -> list[int]:
@@ -203,10 +264,32 @@ class LocalBackend:
     # ---- generation ---------------------------------------------------------------------------
 
     async def chat(self, req: ChatRequest) -> EventStream:
-        m = self.model(req.model)
-        prep = await self._off_loop(lambda: self._prepare(m, req))
-        return await self._generate(m, prep.tokens, req, params=prep.params, think=prep.think,
-                                    parsers=prep.parsers, keep_tokens=prep.keep_tokens, prefilled=prep.prefilled)
+        async def run(m: LocalModel, arrived: float) -> EventStream:
+            prep = await self._off_loop(lambda: self._prepare(m, req))
+            return await self._generate(m, prep.tokens, req, arrived, params=prep.params, think=prep.think,
+                                        parsers=prep.parsers, keep_tokens=prep.keep_tokens,
+                                        prefilled=prep.prefilled)
+
+        return await self._holding(req, run)
+
+    async def _holding(self, req: ChatRequest | CompletionRequest,
+                       run: Callable[[LocalModel, float], Awaitable[EventStream]]) -> EventStream:
+        """`run` on the request's model, loaded first if it is not (the wait bounded by the
+        request's time cap, and ended by its cancel token); the model is held until the
+        stream closes, then kept for the request's keep_alive."""
+        self._check_started()
+        arrived = time.monotonic()
+        m = await self._set.acquire(req.model, req.timeout, req.cancel)
+        if m is None:
+            return EventStream(cancelled_while_queued(0, req.n))
+        model_id = m.spec.id
+        try:
+            stream = await run(m, arrived)
+        except BaseException:
+            self._set.release(model_id, req.keep_alive)
+            raise
+        stream.on_close(lambda: self._set.release(model_id, req.keep_alive))
+        return stream
 
     def _prepare(self, m: LocalModel, req: ChatRequest) -> _Prepared:
         """Template, tokens, grammar and parsers for a chat request; a BadRequest if any is bad."""
@@ -293,23 +376,26 @@ class LocalBackend:
             raise BadRequest(str(e)) from e
 
     async def complete(self, req: CompletionRequest) -> EventStream:
-        m = self.model(req.model)
-        prompt = req.prompt
-        if isinstance(prompt, str):
-            m.check_fits(prompt)
-            tokens = await self._off_loop(lambda: m.tokenize_text(prompt, True))
-        else:
-            tokens = await self._off_loop(lambda: list(self._checked(m, prompt, "prompt")))
-        return await self._generate(m, tokens, req)
+        async def run(m: LocalModel, arrived: float) -> EventStream:
+            prompt = req.prompt
+            if isinstance(prompt, str):
+                m.check_fits(prompt)
+                tokens = await self._off_loop(lambda: m.tokenize_text(prompt, True))
+            else:
+                tokens = await self._off_loop(lambda: list(self._checked(m, prompt, "prompt")))
+            return await self._generate(m, tokens, req, arrived)
 
-    async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest, *,
+        return await self._holding(req, run)
+
+    async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest,
+                        arrived: float, *,
                         params: SamplingParams | None = None, think: ThinkBudget | None = None,
                         parsers: list[OutputParser] | None = None, keep_tokens: int = 0,
                         prefilled: int = 0) -> EventStream:
         """Validate (4xx now), wait for a slot (429 if none comes), then hand back the stream.
-        The wall-clock cap counts from arrival, so time spent queued is part of it."""
+        The wall-clock cap counts from arrival, so time spent loading or queued is part of it."""
         n, cancel = req.n, req.cancel
-        deadline = time.monotonic() + req.timeout if req.timeout else None
+        deadline = arrived + req.timeout if req.timeout else None
         # Only the session manager passes a request with `session` on to the backend, with the
         # whole transcript in it: the session owns the KV the engine request builds.
         owner = req.session.session_id if isinstance(req, ChatRequest) and req.session else None
@@ -325,7 +411,8 @@ class LocalBackend:
             # The prompt's cached blocks come off the disk here, in the pool: the engine thread
             # only joins blocks already in RAM.
             await self._off_loop(lambda: cache.prefetch(tokens[:-1], req.cache_ns))
-        if not await admit(m.admission, n, cancel, req.timeout):
+        left = max(0.0, deadline - time.monotonic()) if deadline is not None else None
+        if not await admit(m.admission, n, cancel, left):
             return EventStream(cancelled_while_queued(len(tokens), n))
         events = engine_events(m.engine, ereq, cancel)
         if parsers:

@@ -3,6 +3,7 @@ queue and the settings they are built from."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,7 +108,7 @@ def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory
     """Build the runner and start its engine thread (blocking: call it in a worker thread)."""
     runner, card, template = factory(spec, settings)
     seq_ctx = int(card.meta.get("n_ctx") or runner.n_ctx_train)
-    folder = re.sub(r"[^A-Za-z0-9._-]", "_", spec.id)
+    folder = model_folder(spec)
     kv_dir, cache_dir = settings.kv_dir, settings.cache_dir
     swap = SwapStore(kv_dir / folder if kv_dir else None, settings.session_ram_mb << 20, runner.fingerprint)
     speculation = SpecConfig(k_max=settings.spec_draft) if settings.spec_draft > 0 else None
@@ -131,3 +132,27 @@ def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory
                       tool_parser=resolve_parser(settings.tool_parser, template),
                       native_tools=knows_tools(template), late_system=renders_late_system(template),
                       think=think_markers(template.source))
+
+
+def model_folder(spec: ModelSpec) -> str:
+    """The model's folder name under the swap and prompt-cache directories."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", spec.id)
+
+
+def unload_model(m: LocalModel) -> None:
+    """Stop the model's engine and free its weights and KV (blocking: a worker thread). The
+    engine writes its sessions' resident KV to the swap directory first and the prompt cache
+    writes what it holds, so both are found again when the model is loaded next
+    (`SwapStore` and `PrefixCache` scan their directories when they start)."""
+    m.admission.close(f"model {m.spec.id!r} is being unloaded")
+    m.engine.stop()
+    m.runner.close()
+
+
+def process_rss() -> int:
+    """This process's resident memory in bytes (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -1,31 +1,37 @@
 """The local backend's prompt-cache capability: each model's `PrefixCache`, shown and cleared,
-its digest (the slot tier included) and a prompt's blocks keyed as it keys them."""
+its digest (the slot tier included) and a prompt's blocks keyed as it keys them. Stats and the
+digest cover the models loaded now; a call naming one model loads it."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from hearth.backends.base import CacheEntry, PrefixCacheStats, PromptBlocks
 from hearth.backends.local.model import LocalModel
+from hearth.backends.local.model_set import ModelSet
 
 
 class LocalPromptCache:
-    def __init__(self, models: Callable[[], dict[str, LocalModel]], lookup: Callable[[str | None], LocalModel]) -> None:
-        self._models = models
-        self._lookup = lookup
+    def __init__(self, models: ModelSet) -> None:
+        self._set = models
+
+    def _models(self) -> dict[str, LocalModel]:
+        return self._set.loaded()
 
     def cache_stats(self) -> dict[str, PrefixCacheStats]:
         return {mid: m.engine.cache.stats() for mid, m in self._models().items() if m.engine.cache is not None}
 
     async def cache_entries(self, model: str | None) -> list[CacheEntry]:
-        cache = self._lookup(model).engine.cache
-        return await asyncio.to_thread(cache.entries) if cache is not None else []
+        async with self._set.using(model) as m:
+            cache = m.engine.cache
+            return await asyncio.to_thread(cache.entries) if cache is not None else []
 
     async def clear_cache(self, model: str | None) -> int:
-        models = self._models().values() if model is None else [self._lookup(model)]
-        caches = [m.engine.cache for m in models if m.engine.cache is not None]
+        if model is not None:
+            async with self._set.using(model) as m:
+                return await asyncio.to_thread(m.engine.cache.clear) if m.engine.cache is not None else 0
+        caches = [m.engine.cache for m in self._models().values() if m.engine.cache is not None]
         return sum([await asyncio.to_thread(c.clear) for c in caches])
 
     async def cache_digest(self, ns: str = "") -> dict[str, Any]:
@@ -47,15 +53,14 @@ class LocalPromptCache:
         return out
 
     async def cache_blocks(self, model: str | None, tokens: list[int], ns: str = "") -> PromptBlocks:
-        m = self._lookup(model)
-        cache = m.engine.cache
-        if cache is None:
-            return PromptBlocks(m.spec.id, "", 0, len(tokens), [], [])
+        async with self._set.using(model) as m:
+            cache = m.engine.cache
+            if cache is None:
+                return PromptBlocks(m.spec.id, "", 0, len(tokens), [], [])
+            c = cache
 
-        c = cache
+            def hashes() -> tuple[list[str], list[list[str]]]:
+                return [k.hex() for k in c.chain(tokens, ns)], [[k.hex() for k in t] for t in c.tails(tokens, ns)]
 
-        def hashes() -> tuple[list[str], list[list[str]]]:
-            return [k.hex() for k in c.chain(tokens, ns)], [[k.hex() for k in t] for t in c.tails(tokens, ns)]
-
-        keys, tails = await asyncio.to_thread(hashes)
-        return PromptBlocks(m.spec.id, cache.root(ns).hex(), cache.block_tokens, len(tokens), keys, tails)
+            keys, tails = await asyncio.to_thread(hashes)
+            return PromptBlocks(m.spec.id, cache.root(ns).hex(), cache.block_tokens, len(tokens), keys, tails)

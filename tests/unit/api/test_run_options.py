@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,3 +70,27 @@ def test_the_admin_key_reads_metrics_and_other_keys_do_what_they_did() -> None:
     assert verdict("GET", "/metrics", "x") == 401
     assert verdict("POST", "/v1/sessions/s/rollback", "k") is None  # not destructive: any key
     assert verdict("GET", "/v1/models", "m") == 401  # the metrics token is for /metrics only
+
+
+def test_keep_alive_reads_ollamas_values_and_names_itself_when_bad() -> None:
+    from hearth.api.http.run_options import keep_alive
+
+    assert keep_alive(None) is None
+    assert [keep_alive(v) for v in (0, 30, "90s", "5m", "1h30m", "250ms", "300")] == \
+        [0.0, 30.0, 90.0, 300.0, 5400.0, 0.25, 300.0]
+    assert keep_alive(-1) == keep_alive("-1") == float("inf")  # negative: keep it loaded
+    for bad in ("soon", "5x", "", "m", "1.5.5"):
+        with pytest.raises(BadRequest) as err:
+            keep_alive(bad)
+        assert err.value.param == "keep_alive"
+
+
+def test_model_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="--models-max 1 is less than the 2 models"):
+        server(models=["a", "b"], models_max=1)
+    with pytest.raises(ValueError, match="--models-max"):
+        server(models_max=0)
+    with pytest.raises(ValueError, match="--models-dir"):
+        server(models_dir=Path("/nonexistent/models"))
+    with pytest.raises(ValueError, match="--models-ram-mb"):
+        server(models_ram_mb=-1)

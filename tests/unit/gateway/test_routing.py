@@ -145,3 +145,15 @@ def test_round_robin_baseline_ignores_cache_and_keys() -> None:
     cands = [Candidate("a", 0, 8, 900), Candidate("b", 0, 8, 0), Candidate("c", 0, 8, 0)]
     picks = [ch.choose(cands, 1000, Affinity("session", "s"), "a").node for _ in range(6)]  # type: ignore[union-attr]
     assert picks == ["b", "c", "a", "b", "c", "a"]
+
+
+def test_a_node_with_the_model_loaded_beats_one_that_would_load_it() -> None:
+    ch, none = Chooser(), Affinity("none")
+    # b holds more of the prompt and is idle, but would have to load the model first
+    cands = [Candidate("a", 3, 8, 0, loaded=True), Candidate("b", 0, 8, 900, loaded=False)]
+    assert ch.choose(cands, 1000, none, None).node == "a"  # type: ignore[union-attr]
+    # unknown (no digest) counts as maybe loaded; only when every free node must load does one
+    assert ch.choose([Candidate("a", 0, 8, 0), Candidate("b", 0, 8, 0, loaded=False)], 10, none,
+                     None).node == "a"  # type: ignore[union-attr]
+    assert ch.choose([Candidate("a", 8, 8, 0, loaded=True), Candidate("b", 0, 8, 0, loaded=False)], 10, none,
+                     None).node == "b"  # type: ignore[union-attr]
