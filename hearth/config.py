@@ -91,12 +91,16 @@ def parse_duration(text: str | float | int) -> float:
 @dataclass(slots=True)
 class Settings:
     # --model: loaded at start and kept loaded; empty: the default model, loaded at start, which
-    # then follows the keep-alive like every other model servable on demand
+    # then follows the keep-alive and --models-max like every other model servable on demand
     models: list[str] = field(default_factory=list)
     models_dir: Path | None = None  # GGUF files here are servable on demand too
     models_max: int = 4  # models in memory at once (llama-server's --models-max)
     models_ram_mb: int = 0  # what loaded models may take together, measured per load; 0: no budget
-    keep_alive: float = 300.0  # seconds an idle model stays loaded (inf: forever; Ollama's 5m)
+    # Seconds an idle model stays loaded. Forever by default, unlike Ollama's 5m: a server that
+    # keeps conversations warm does not drop a model (and its slots' KV) because nobody spoke for
+    # five minutes; models leave when --models-max or --models-ram-mb needs the room, as in
+    # llama-server's router mode, or when a keep-alive (--keep-alive, a request's) says so.
+    keep_alive: float = float("inf")
     host: str = "127.0.0.1"
     port: int = 8000
     ctx: int | None = None  # tokens per sequence; None: the model's training context

@@ -54,9 +54,10 @@ def serve(
         envvar="HEARTH_MODELS_RAM_MB", help="Memory the loaded models may take together (each measured when it "
                                             "loads: weights, KV, compute buffers); 0: no budget.")] = 0,
     keep_alive: Annotated[str, typer.Option(
-        envvar="HEARTH_KEEP_ALIVE", help="How long an idle model stays loaded: seconds or 90s, 5m, 1h; 0 "
-                                         "unloads after each request, -1 never (a request's keep_alive "
-                                         "overrides it).")] = "5m",
+        envvar="HEARTH_KEEP_ALIVE", help="How long an idle model stays loaded: seconds or 90s, 5m (Ollama's "
+                                         "default), 1h; 0 unloads after each request; -1 (the default) "
+                                         "until --models-max or --models-ram-mb needs the room (a "
+                                         "request's keep_alive overrides it).")] = "-1",
     host: Annotated[str, typer.Option(envvar="HEARTH_HOST", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="HEARTH_PORT")] = 8000,
     ctx: Annotated[int | None, typer.Option(
