@@ -27,7 +27,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -62,18 +62,26 @@ def write_kv_file(path: Path, tokens: list[int], data: bytes, fingerprint: dict[
     os.replace(tmp, path)
 
 
+def _read_header(f: BinaryIO) -> Any:
+    """The JSON header after the magic and its length; ValueError if it is no KV file."""
+    head = f.read(8)
+    if len(head) != 8 or head[:4] != MAGIC:
+        raise ValueError("not a Hearth KV file")
+    (hlen,) = struct.unpack("<I", head[4:])
+    if hlen > 1 << 20:
+        raise ValueError("KV file header too large")
+    try:
+        return json.loads(f.read(hlen))
+    except ValueError as e:
+        raise ValueError(f"bad KV file header: {e}") from e
+
+
 def read_kv_file(path: Path, fingerprint: dict[str, Any], *, with_data: bool = True
                  ) -> tuple[list[int], bytes | None]:
     """Tokens and KV bytes of a file; ValueError if it is malformed, corrupt or incompatible."""
     with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) != 8 or head[:4] != MAGIC:
-            raise ValueError("not a Hearth KV file")
-        (hlen,) = struct.unpack("<I", head[4:])
-        if hlen > 1 << 20:
-            raise ValueError("KV file header too large")
+        header = _read_header(f)
         try:
-            header = json.loads(f.read(hlen))
             n_tokens, kv_bytes, digest = int(header["n_tokens"]), int(header["kv_bytes"]), str(header["sha256"])
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"bad KV file header: {e}") from e
@@ -95,14 +103,9 @@ def read_kv_header(path: Path) -> int:
     """How many tokens a KV file holds, from its header alone (no check of what it was written
     by: for reporting a session whose model is not loaded). ValueError if it is no KV file."""
     with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) != 8 or head[:4] != MAGIC:
-            raise ValueError("not a Hearth KV file")
-        (hlen,) = struct.unpack("<I", head[4:])
-        if hlen > 1 << 20:
-            raise ValueError("KV file header too large")
+        header = _read_header(f)
         try:
-            return int(json.loads(f.read(hlen))["n_tokens"])
+            return int(header["n_tokens"])
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"bad KV file header: {e}") from e
 
