@@ -32,8 +32,10 @@ def user(text: str) -> list[dict[str, str]]:
 
 
 def test_models_lists_the_default_model(client: OpenAI) -> None:
+    # Every model installed on the machine is listed (loaded on request); the default one first,
+    # loaded at start. Which others are installed depends on the machine: not asserted.
     ids = [m.id for m in client.models.list()]
-    assert ids == [DEFAULT_MODEL_ID]
+    assert ids[0] == DEFAULT_MODEL_ID and len(set(ids)) == len(ids)
     assert client.models.retrieve(DEFAULT_MODEL_ID).id == DEFAULT_MODEL_ID
 
 
