@@ -6,7 +6,7 @@
 #                            tool-calling model).
 # scripts/test.sh --quick    the inner loop: ruff, mypy, tests/unit and tests/api (in-process, on
 #                            the fake runner). No model downloads, no agent CLIs, no real servers;
-#                            setup runs only if the venv is missing or out of date. Under a minute.
+#                            setup runs only if the venv is missing or out of date. About a minute.
 # Any further arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
