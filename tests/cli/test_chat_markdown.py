@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +20,7 @@ from hearth.api.app import create_app
 from hearth.config import Settings
 from tests.cli.test_chat_repl import ANSI, PROMPT, command, spawn
 from tests.fakes import scripted_backend
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until
 
 ANSWER = """\
 # Plan
@@ -53,16 +52,14 @@ def scripted_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     thread = threading.Thread(target=server.run, name="scripted-chat-server", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def up() -> bool:
         try:
-            if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ok":
-                break
+            return bool(httpx.get(f"{url}/health", timeout=2).json().get("status") == "ok")
         except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    else:
-        pytest.fail("the scripted server did not come up")
+            return False
+
+    wait_until(up, "the scripted server to come up", 60, interval=0.1)
     yield url
     server.should_exit = True
     thread.join(30)

@@ -86,6 +86,7 @@ class _Block:
     kept: bool = False
     last_used: float = field(default_factory=time.time)
     from_disk: bool = False  # read from disk since it last served a prompt (reports the tier)
+    tail: list[bytes] | None = None  # its tail keys (a partial block's), hashed once for digests
 
     @property
     def on_disk(self) -> bool:
@@ -558,8 +559,10 @@ class PrefixCache:
                     todo.extend(self._children.get(b.key, ()))
         tails: dict[str, set[str]] = {"ram": set(), "disk": set()}
         for b, in_ram, on_disk in mine:
-            if len(b.tokens) < self.block_tokens:  # a block's tokens never change once cut
-                ks = [k.hex() for k in tail_keys(b.parent, b.tokens, self.block_tokens)]
+            if len(b.tokens) < self.block_tokens:  # a block's tokens never change once cut: hashed once
+                if b.tail is None:
+                    b.tail = tail_keys(b.parent, b.tokens, self.block_tokens)
+                ks = [k.hex() for k in b.tail]
                 for tier, there in (("ram", in_ram), ("disk", on_disk)):
                     if there:
                         tails[tier].update(ks)
