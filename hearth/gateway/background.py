@@ -52,7 +52,9 @@ from hearth.errors import BadRequest, Unavailable
 from hearth.gateway.migration import parse
 from hearth.gateway.migration_responses import TERMINAL, ResponsesCut
 from hearth.gateway.proxy import Proxy
+from hearth.gateway.tenancy import caller, owns
 from hearth.gateway.transcripts import TranscriptStore
+from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")
 
@@ -93,8 +95,8 @@ class BackgroundRuns:
         self._runs: dict[str, Run] = {}  # live runs, by response id
         self._tasks: set[asyncio.Task[None]] = set()  # every task, before its first event too
 
-    def running(self, response_id: str) -> bool:
-        return response_id in self._runs
+    async def running(self, response_id: str, who: Caller) -> bool:
+        return response_id in self._runs and await owns(self.store, who, "background", response_id)
 
     # ---- create ----------------------------------------------------------------------------------
 
@@ -103,7 +105,7 @@ class BackgroundRuns:
             raise BadRequest("background responses must be stored: background requires store to be true",
                              param="background")
         upstream = {k: v for k, v in body.items() if k != "background"}
-        turn = self.proxy.turn(request, {**upstream, "stream": True})
+        turn = await self.proxy.turn(request, {**upstream, "stream": True})
         begun: asyncio.Future[Run | Response] = asyncio.get_running_loop().create_future()
         begun.add_done_callback(lambda f: f.cancelled() or f.exception())  # its creator may have left
         task = asyncio.create_task(self._drive(turn, begun), name="gateway background response")
@@ -134,7 +136,7 @@ class BackgroundRuns:
             async for chunk in chunks:
                 events = _events(chunk)
                 if run is None and events:
-                    run = self._begin(events[0], begun)
+                    run = await self._begin(events[0], begun, turn.who.tenant)
                 if run is not None:
                     self._record(run, events)
             if run is not None and not run.log.closed:  # the relay always ends with a terminal event
@@ -162,7 +164,7 @@ class BackgroundRuns:
                 begun.set_exception(Unavailable("the upstream ended the stream before the response began",
                                                 code="upstream_failed", retry_after=2))
 
-    def _begin(self, first: dict[str, Any], begun: asyncio.Future[Run | Response]) -> Run:
+    async def _begin(self, first: dict[str, Any], begun: asyncio.Future[Run | Response], owner: str) -> Run:
         response = first.get("response")
         if first.get("type") != "response.created" or not isinstance(response, dict) or \
                 not isinstance(response.get("id"), str):
@@ -171,6 +173,7 @@ class BackgroundRuns:
         assert task is not None
         run = Run({**response, "background": True}, self.logs.open(response["id"]), task)
         self._runs[response["id"]] = run
+        await self.store.set_owner("background", response["id"], owner)
         self.store.save_background(run.response)
         begun.set_result(run)
         return run
@@ -211,6 +214,8 @@ class BackgroundRuns:
     async def answer(self, request: Request) -> Response | None:
         """`/v1/responses/{id}…` for a response the gateway runs or ran; None for any other."""
         rid: str = request.path_params["response_id"]
+        if not await owns(self.store, caller(request), "background", rid):
+            return None  # another tenant's: the node is asked, as the caller, and does not know it
         run = self._runs.get(rid)
         stored = run.current() if run is not None else self.store.background(rid)
         if stored is None:

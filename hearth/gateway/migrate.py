@@ -17,6 +17,8 @@ import httpx
 from hearth.errors import BadRequest, Conflict, NotFound, Unavailable
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Node, Pool
+from hearth.gateway.tenancy import owner_caller, upstream_headers
+from hearth.tenants import OPEN, Caller
 
 log = logging.getLogger("hearth.gateway")
 
@@ -59,8 +61,11 @@ class Mover:
         return min(options, key=lambda n: n.in_flight)
 
     async def _call(self, node: Node, method: str, path: str, *, admin: bool = False, ok: tuple[int, ...] = (200, 201),
-                    **kw: Any) -> httpx.Response:
-        r = await self.client.request(method, node.up.url + path, headers=node.up.headers(admin), timeout=600, **kw)
+                    who: Caller = OPEN, **kw: Any) -> httpx.Response:
+        """One call to `node`, as `who` (a session's owner: what a move makes on the destination
+        is the owner's, tenancy.py)."""
+        r = await self.client.request(method, node.up.url + path, headers=upstream_headers(node.up, who, admin),
+                                      timeout=600, **kw)
         if r.status_code not in ok:
             raise _MoveFailed(f"{method} {path} on {node.name} answered {r.status_code}: {r.text[:300]}",
                               busy=r.status_code == 409 and "session_busy" in r.text)
@@ -71,8 +76,9 @@ class Mover:
         if src.up.kind != "hearth":
             raise BadRequest(f"{src.name} is not a Hearth node: its sessions have no KV to move", param="session_id")
         started = time.monotonic()
+        who = owner_caller(await self.pool.store.owner_of("session", sid), self.pool.settings.tenants)
         try:
-            info = (await self._call(src, "GET", f"/v1/sessions/{sid}")).json()
+            info = (await self._call(src, "GET", f"/v1/sessions/{sid}", who=who)).json()
         except _MoveFailed as e:
             raise NotFound(f"session {sid} is not on {src.name}: {e}", code="session_not_found") from e
         dst = self.destination(src, info.get("model", ""), to)
@@ -80,7 +86,8 @@ class Mover:
         delay = 0.05
         while True:
             try:
-                snap = (await self._call(src, "POST", f"/v1/sessions/{sid}/save", json={})).json()["snapshot_id"]
+                snap = (await self._call(src, "POST", f"/v1/sessions/{sid}/save", json={}, who=who)
+                        ).json()["snapshot_id"]
                 break
             except _MoveFailed as e:
                 if not e.busy or time.monotonic() > deadline:
@@ -90,22 +97,23 @@ class Mover:
                 delay = min(1.0, delay * 2)
         try:
             async with self.client.stream("GET", f"{src.up.url}/v1/snapshots/{snap}/archive",
-                                          headers=src.up.headers(), timeout=600) as archive:
+                                          headers=upstream_headers(src.up, who), timeout=600) as archive:
                 if archive.status_code != 200:
                     raise _MoveFailed(f"archive answered {archive.status_code}")
-                await self._call(dst, "POST", "/v1/snapshots/import", content=archive.aiter_raw(), ok=(201, 409))
+                await self._call(dst, "POST", "/v1/snapshots/import", content=archive.aiter_raw(), ok=(201, 409),
+                                 who=who)
             await self._call(dst, "POST", f"/v1/snapshots/{snap}/load", json={"session_id": sid, "force": True},
-                             admin=True)  # force replaces a session: an admin operation on a node
+                             admin=True, who=who)  # force replaces a session: an admin operation on a node
         except (_MoveFailed, httpx.HTTPError) as e:
             self.metrics.migrations.labels("failed").inc()
-            await self._call(src, "DELETE", f"/v1/snapshots/{snap}", admin=True, ok=(200, 404))
+            await self._call(src, "DELETE", f"/v1/snapshots/{snap}", admin=True, ok=(200, 404), who=who)
             raise Conflict(f"could not move session {sid} from {src.name} to {dst.name}: {e}",
                            code="move_failed") from e
         self.pool.store.assign(f"session:{sid}", dst.name)
         for node, path in ((src, f"/v1/sessions/{sid}"), (src, f"/v1/snapshots/{snap}"),
                            (dst, f"/v1/snapshots/{snap}")):
             try:
-                await self._call(node, "DELETE", path, admin=True, ok=(200, 404))
+                await self._call(node, "DELETE", path, admin=True, ok=(200, 404), who=who)
             except (_MoveFailed, httpx.HTTPError) as e:  # the move stands; a leftover copy is only garbage
                 log.warning("after moving session %s: %s", sid, e)
         seconds = time.monotonic() - started
@@ -122,7 +130,7 @@ class Mover:
         sids = set(s.removeprefix("session:") for s in self.pool.store.keys_on(name))
         moved, failed, stale = [], [], []
         if node.up.kind == "hearth":
-            r = await self._call(node, "GET", "/v1/sessions")
+            r = await self._call(node, "GET", "/v1/sessions", admin=True)  # every tenant's (the node's admin)
             for sid in {s["session_id"] for s in r.json().get("data", []) if isinstance(s, dict)} - sids:
                 owner = self.pool.store.node_of(f"session:{sid}")
                 if owner is None or owner == name:

@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, previous TEXT, items 
                                       updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS background (id TEXT PRIMARY KEY, status TEXT NOT NULL, response TEXT NOT NULL,
                                        updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS owners (kind TEXT NOT NULL, id TEXT NOT NULL, owner TEXT NOT NULL,
+                                   PRIMARY KEY (kind, id));
 """
 RUNNING = ("queued", "in_progress")
 MAX_CHAIN = 1000
@@ -78,6 +80,21 @@ class TranscriptStore:
             rows = self._db.execute("SELECT node, COUNT(*) FROM affinity WHERE key LIKE ? GROUP BY node",
                                     (prefix + "%",)).fetchall()
         return {r[0]: int(r[1]) for r in rows}
+
+    # ---- owners (tenants) ----------------------------------------------------------------------
+
+    async def set_owner(self, kind: str, object_id: str, owner: str) -> None:
+        """Record that `object_id` (kind: "session" | "response" | "background") is `owner`'s
+        (a tenant name; '' the admin's)."""
+        with self._lock:
+            self._db.execute("INSERT INTO owners VALUES (?, ?, ?) ON CONFLICT(kind, id) DO UPDATE SET "
+                             "owner = excluded.owner", (kind, object_id, owner))
+
+    async def owner_of(self, kind: str, object_id: str) -> str | None:
+        """The owner recorded for `object_id`; None when none ever was."""
+        with self._lock:
+            row = self._db.execute("SELECT owner FROM owners WHERE kind = ? AND id = ?", (kind, object_id)).fetchone()
+        return row[0] if row else None
 
     # ---- transcripts ---------------------------------------------------------------------------
 
