@@ -55,7 +55,7 @@ async def generate(request: Request) -> Response:
     gw = gateway_of(request.app)
     alias = gw.pool.resolve(body.get("model"))
     if gw.translator is not None and alias in gw.translated:
-        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode())
+        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode(), caller(request))
     if is_background(request.url.path, body):  # run by the gateway, to survive its node (background.py)
         return await gw.background.create(request, body)
     return await gw.proxy.generate(request, body)
@@ -254,7 +254,8 @@ async def cancel(request: Request) -> Response:
         cancel_id = body.get("cancel_id") if isinstance(body.get("cancel_id"), str) else None
         if cancel_id or isinstance(sid, str) or ids:
             total += node_of(translator).cancels.cancel(cancel_id=cancel_id,
-                                                     session_id=sid if isinstance(sid, str) else None, ids=ids)
+                                                     session_id=sid if isinstance(sid, str) else None, ids=ids,
+                                                     scope=caller(request).scope)
     return JSONResponse({"cancelled": total})
 
 
@@ -292,7 +293,7 @@ async def response_route(request: Request) -> Response:
     answerer, found = await first_found(request, live(pool)) if live(pool) else (None, None)
     translator = gateway_of(request.app).translator
     if (found is None or found.status_code == 404) and translator is not None:
-        return Delegate(translator, await request.body())  # a translated model's response
+        return Delegate(translator, await request.body(), who)  # a translated model's response
     if found is None or answerer is None:
         raise NotFound("no such response", code="response_not_found")
     return _renamed(answerer, found)
@@ -305,7 +306,7 @@ async def by_model(request: Request) -> Response:
     body = await read_json(request)
     alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.settings.aliases()))
     if gw.translator is not None and alias in gw.translated:  # its backend says what it can and cannot count
-        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode())
+        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode(), caller(request))
     now = pool.clock()
     options = [n for n in pool.nodes.values() if alias in n.up.models and n.routable(now) and n.up.kind == "hearth"]
     if not options:
