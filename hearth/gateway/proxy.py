@@ -32,7 +32,7 @@ from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.relay import Moved, Relay, Release, Scan
 from hearth.gateway.retry import RETRY_STATUSES, Retry, exhausted, refused
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
-from hearth.gateway.tenancy import caller, hidden, owns, upstream_headers
+from hearth.gateway.tenancy import caller, hidden, owns, session_hidden, upstream_headers
 from hearth.gateway.terminal import Protocol, protocol_of
 from hearth.gateway.transcripts import TranscriptStore
 from hearth.gateway.turn_record import turn_messages
@@ -86,7 +86,7 @@ class Proxy:
         who = caller(request)
         # Checked here too: the id goes into upstream URLs (history, create, delete).
         sid = check_session_id(body["session_id"]) if body.get("session_id") is not None else None
-        if sid is not None and await hidden(self.store, who, "session", sid):  # a node's own answers
+        if sid is not None and await session_hidden(self.store, who, sid):  # a node's own answers
             if body.get("session_create") is False:
                 raise NotFound(f"session {sid} not found (session_create is false)", param="session_id",
                                code="session_not_found")

@@ -34,7 +34,7 @@ from hearth.gateway.forward import (
 )
 from hearth.gateway.pool import Node, Pool
 from hearth.gateway.routing import Affinity
-from hearth.gateway.tenancy import caller, hidden, upstream_headers
+from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
 from hearth.sessions.ids import check_session_id
 from hearth.tenants import Caller
 
@@ -96,7 +96,7 @@ async def session_route(request: Request) -> Response:
     sid = check_session_id(request.path_params["session_id"])
     pool = _pool(request)
     who = caller(request)
-    if await hidden(pool.store, who, "session", sid):  # another tenant's: as a node answers a free id
+    if await session_hidden(pool.store, who, sid):  # another tenant's: as a node answers a free id
         raise NotFound(f"session {sid} not found", param="session_id", code="session_not_found")
     name = pool.store.node_of(f"session:{sid}")
     node = pool.nodes.get(name) if name else None
@@ -136,7 +136,7 @@ async def create_session(request: Request) -> Response:
     sid = body.get("session_id")
     if isinstance(sid, str):
         check_session_id(sid)
-        if await hidden(pool.store, who, "session", sid):  # as a node answers an id another tenant holds
+        if await session_hidden(pool.store, who, sid):  # as a node answers an id another tenant holds
             raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
         bound = pool.store.node_of(f"session:{sid}")
         if bound in pool.nodes and pool.nodes[bound] in options:
@@ -167,7 +167,7 @@ async def snapshot_route(request: Request) -> Response:
     loading = request.url.path.endswith("/load")
     if loading and _scoped(who):  # a session id another tenant holds: a node's own answer
         target = (await read_json_or_empty(request)).get("session_id")
-        if isinstance(target, str) and await hidden(pool.store, who, "session", target):
+        if isinstance(target, str) and await session_hidden(pool.store, who, target):
             raise Conflict(f"session {target} already exists", param="session_id", code="session_exists")
     if destructive and _scoped(who):  # the node's admin key sees every tenant's: the caller's sight first
         snap = request.path_params["snapshot_id"]

@@ -64,6 +64,14 @@ async def hidden(store: TranscriptStore, who: Caller, kind: str, object_id: str)
     return owner is not None and not who.sees(owner)
 
 
+async def session_hidden(store: TranscriptStore, who: Caller, sid: str) -> bool:
+    """`hidden` for a session id, which a session deleted through the gateway frees (its owner
+    stays recorded, its binding and transcript do not)."""
+    if not await hidden(store, who, "session", sid):
+        return False
+    return store.node_of(f"session:{sid}") is not None or store.transcript(sid) is not None
+
+
 async def owns(store: TranscriptStore, who: Caller, kind: str, object_id: str) -> bool:
     """Whether `who` may use the gateway's own copy of `object_id` (a transcript, a chain, a
     background response): one without an owner predates tenants and is the admin's."""

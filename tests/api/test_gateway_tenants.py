@@ -60,7 +60,7 @@ class World:
 
 
 @contextlib.asynccontextmanager
-async def world(tmp_path: Path) -> AsyncIterator[World]:
+async def world(tmp_path: Path, gw_admin: str | None = "gw-adm") -> AsyncIterator[World]:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     async with serve(tmp_path / "a", named_keys=NODE_KEYS, admin_key="node-adm") as a, \
@@ -68,7 +68,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
         fleet = Fleet({9101: a, 9102: b})
         ups = [Upstream(name=n, url=f"http://127.0.0.1:{port}", api_key="node-gw", admin_key="node-adm",
                         models={"smol": "fake"}, max_in_flight=4) for n, port in (("a", 9101), ("b", 9102))]
-        settings = GatewaySettings(upstreams=ups, data_dir=tmp_path / "gw", named_keys=GW_KEYS, admin_key="gw-adm",
+        settings = GatewaySettings(upstreams=ups, data_dir=tmp_path / "gw", named_keys=GW_KEYS, admin_key=gw_admin,
                                    probe_interval=60, digest_interval=0, heartbeat=0.05)
         app = create_gateway_app(settings, transport=fleet)
         async with app.router.lifespan_context(app):
@@ -220,5 +220,23 @@ async def test_the_admin_deletes_and_a_tenant_deletes_only_its_own(tmp_path: Pat
         ids = await alices_things(w)
         assert (await w.call("DELETE", "/v1/sessions/a1", ADMIN)).status_code == 200
         assert (await w.call("GET", "/v1/sessions/a1", ALICE)).status_code == 404
+        # the id is free again, for anyone: bob's now, and alice's 404
+        assert (await w.call("POST", "/v1/sessions", BOB, {"session_id": "a1", "model": "smol"})).status_code == 201
+        assert (await w.call("GET", "/v1/sessions/a1", BOB)).status_code == 200
+        assert (await w.call("GET", "/v1/sessions/a1", ALICE)).status_code == 404
         assert (await w.call("DELETE", f"/v1/snapshots/{ids['snap']}", ADMIN)).status_code == 200
         assert (await w.call("GET", f"/v1/snapshots/{ids['snap']}", ALICE)).status_code == 404
+
+
+async def test_without_a_gateway_admin_key_a_tenant_deletes_only_its_own(tmp_path: Path) -> None:
+    """The node's admin key (which sees every tenant's) goes upstream for a tenant's DELETE only
+    once the node has shown the tenant the object, asked as the tenant."""
+    async with world(tmp_path, gw_admin=None) as w:
+        ids = await alices_things(w)
+        for path in ("/v1/sessions/a1", f"/v1/snapshots/{ids['snap']}", f"/v1/responses/{ids['resp']}"):
+            r = await w.call("DELETE", path, BOB)
+            assert r.status_code == 404, (path, r.text)
+            assert (await w.call("GET", path, ALICE)).status_code == 200, path  # still there
+        for path in ("/v1/sessions/a1", f"/v1/snapshots/{ids['snap']}", f"/v1/responses/{ids['resp']}"):
+            assert (await w.call("DELETE", path, ALICE2)).status_code == 200, path  # her tenant's own
+            assert (await w.call("GET", path, ALICE)).status_code == 404, path
