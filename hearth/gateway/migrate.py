@@ -130,7 +130,7 @@ class Mover:
         sids = set(s.removeprefix("session:") for s in self.pool.store.keys_on(name))
         moved, failed, stale = [], [], []
         if node.up.kind == "hearth":
-            r = await self._call(node, "GET", "/v1/sessions", admin=True)  # every tenant's (the node's admin)
+            r = await self._call(node, "GET", "/v1/sessions")
             for sid in {s["session_id"] for s in r.json().get("data", []) if isinstance(s, dict)} - sids:
                 owner = self.pool.store.node_of(f"session:{sid}")
                 if owner is None or owner == name:
