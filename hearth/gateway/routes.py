@@ -279,9 +279,11 @@ async def response_route(request: Request) -> Response:
     if request.method == "DELETE" and _scoped(who):  # with the node's admin key, once the caller is seen to own it
         keeper = await holder(request, [pool.nodes[name]] if name in pool.nodes else live(pool),
                               f"/v1/responses/{rid}")
-        if keeper is None:
-            raise NotFound(f"no stored response with id {rid!r}", param="response_id")
-        return _renamed(keeper, await call(request, keeper, admin=True))
+        if keeper is not None:
+            return _renamed(keeper, await call(request, keeper, admin=True))
+        if (translator := gateway_of(request.app).translator) is not None:  # a translated model's, perhaps
+            return Delegate(translator, b"", who)  # the translating layer acts for the caller: its own only
+        raise NotFound(f"no stored response with id {rid!r}", param="response_id")
     streamed = request.method == "GET" and request.query_params.get("stream", "").lower() in ("true", "1")
     if name in pool.nodes:
         if streamed:
@@ -291,8 +293,7 @@ async def response_route(request: Request) -> Response:
         pool.remember(Affinity("response", request.path_params["response_id"]), owner.name)
         return await relay_stream(request, owner)
     answerer, found = await first_found(request, live(pool)) if live(pool) else (None, None)
-    translator = gateway_of(request.app).translator
-    if (found is None or found.status_code == 404) and translator is not None:
+    if (found is None or found.status_code == 404) and (translator := gateway_of(request.app).translator) is not None:
         return Delegate(translator, await request.body(), who)  # a translated model's response
     if found is None or answerer is None:
         raise NotFound("no such response", code="response_not_found")

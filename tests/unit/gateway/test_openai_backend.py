@@ -174,3 +174,20 @@ def test_a_foreign_models_stored_responses_are_their_tenants(tmp_path: Path) -> 
         r = c.post("/v1/responses", json={"model": "q", "input": "More?", "previous_response_id": first["id"]},
                    headers=bob)
         assert r.status_code == 404, r.text
+
+
+def test_a_tenant_deletes_only_its_own_foreign_response(tmp_path: Path) -> None:
+    def engine(request: httpx.Request) -> httpx.Response:
+        return sse({"choices": [{"index": 0, "delta": {"content": "Sunny."}, "finish_reason": "stop"}]})
+
+    up = Upstream(name="gpu", url="http://10.0.0.9:8000", kind="openai", api_key="up-key", models={"q": "qwen"})
+    keys = [ApiKey("ka", "alice", "team-a"), ApiKey("kb", "bob", "team-b")]
+    app = create_gateway_app(GatewaySettings(upstreams=[up], data_dir=tmp_path, probe_interval=60, named_keys=keys),
+                             transport=httpx.MockTransport(engine))  # no admin key: a tenant deletes its own
+    alice, bob = ({"Authorization": f"Bearer {k}"} for k in ("ka", "kb"))
+    with TestClient(app) as c:
+        rid = c.post("/v1/responses", json={"model": "q", "input": "Weather?"}, headers=alice).json()["id"]
+        assert c.delete(f"/v1/responses/{rid}", headers=bob).status_code == 404
+        assert c.get(f"/v1/responses/{rid}", headers=alice).status_code == 200
+        assert c.delete(f"/v1/responses/{rid}", headers=alice).status_code == 200
+        assert c.get(f"/v1/responses/{rid}", headers=alice).status_code == 404
