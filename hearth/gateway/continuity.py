@@ -38,7 +38,7 @@ class Continuity:
     def __init__(self, store: TranscriptStore, client: httpx.AsyncClient, metrics: GatewayMetrics,
                  keyed: bool = False) -> None:
         self.store = store
-        self.keyed = keyed  # the gateway has client keys: what it does for a session, it does as its owner
+        self.keyed = keyed  # the gateway carries tenants: what it does for a session, it does as its owner
         self.client = client
         self.metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
