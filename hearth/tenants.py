@@ -27,6 +27,12 @@ says for which tenant in `X-Hearth-Tenant` (and `X-Hearth-Tenant-Cache: shared` 
 the header is refused (403): a client cannot claim another tenant, and a gateway whose key
 lacks the role fails loudly instead of putting every tenant in one.
 
+Session ids a tenant picks are its own namespace (`Caller.session_key`): on the node the
+session is stored as `t<12 hex of the tenant's SHA-256>.<id>`, and the tenant sees and names it
+by its own id (`Caller.shown`); the admin sees the stored id. So an id another tenant holds is
+free for this one, exactly as an id nobody holds (no 409 says it is taken). Sessions stored
+before this (a tenant's under its plain id) are still found by their plain id.
+
 Invariant: a caller never learns that another tenant's object exists. Lookups that miss and
 lookups of another tenant's id give the same 404 (the routes check `Caller.sees` before
 anything else about the object).
@@ -155,10 +161,31 @@ class Caller:
         base = "" if self.admin or self.shared_cache else "tenant\0" + self.tenant
         return base if salt is None else base + "\0salt\0" + salt
 
+    def session_key(self, sid: str) -> str:
+        """The stored id of the session this caller names `sid`: itself for the admin (and a
+        node without keys); within its tenant's namespace for a tenant (an id already in it
+        stays as it is). Callers check the result is a session id (hearth.sessions.ids)."""
+        if self.admin:
+            return sid
+        prefix = session_prefix(self.tenant)
+        return sid if sid.startswith(prefix) else prefix + sid
+
+    def shown(self, stored: str) -> str:
+        """A stored session id as this caller names it: its own tenant's without the prefix."""
+        if self.admin:
+            return stored
+        return stored.removeprefix(session_prefix(self.tenant))
+
     @property
     def scope(self) -> str | None:
         """The owner a listing or lookup is limited to; None: every owner (the admin)."""
         return None if self.admin else self.tenant
+
+
+def session_prefix(tenant: str) -> str:
+    """The prefix of a tenant's stored session ids: fixed length, in the session id alphabet,
+    one per tenant (a tenant name may hold every character a session id may, so not the name)."""
+    return "t" + hashlib.sha256(tenant.encode()).hexdigest()[:12] + "."
 
 
 OPEN = Caller(ADMIN, None, admin=True)  # any request on a node without keys

@@ -25,9 +25,11 @@ from hearth.gateway.relay import renamer
 from hearth.gateway.tenancy import caller, upstream_headers
 
 
-async def call(request: Request, node: Node, body: bytes | None = None, admin: bool = False) -> httpx.Response:
-    """The client's request, as it came (path, query, body), to `node` with the node's key."""
-    url = node.up.url + request.url.path
+async def call(request: Request, node: Node, body: bytes | None = None, admin: bool = False,
+               path: str | None = None) -> httpx.Response:
+    """The client's request, as it came (path, query, body), to `node` with the node's key.
+    `path`: another path (a session's stored id, for a call with the node's admin key)."""
+    url = node.up.url + (path or request.url.path)
     if request.url.query:
         url += "?" + request.url.query
     content = body if body is not None else await request.body()

@@ -37,7 +37,7 @@ from hearth.gateway.terminal import Protocol, protocol_of
 from hearth.gateway.transcripts import TranscriptStore
 from hearth.gateway.turn_record import turn_messages
 from hearth.gateway.upstream_http import Answer, Buffered, Sender
-from hearth.sessions.ids import check_session_id
+from hearth.sessions.ids import stored_session_id
 from hearth.tenants import OPEN, Caller
 
 log = logging.getLogger("hearth.gateway")
@@ -82,10 +82,13 @@ class Proxy:
     async def turn(self, request: Request, body: dict[str, Any]) -> Turn:
         alias = self.pool.resolve(body.get("model"))
         headers = forwarded_headers(request)
-        affinity = affinity_of(body, headers)
         who = caller(request)
-        # Checked here too: the id goes into upstream URLs (history, create, delete).
-        sid = check_session_id(body["session_id"]) if body.get("session_id") is not None else None
+        # Checked here too: the id goes into upstream URLs (history, create, delete). As the node
+        # stores it: a tenant's ids are its own namespace (hearth.tenants); nodes take either form.
+        sid = stored_session_id(who, body["session_id"]) if body.get("session_id") is not None else None
+        if sid is not None:
+            body = {**body, "session_id": sid}
+        affinity = affinity_of(body, headers)
         if sid is not None and await session_hidden(self.store, who, sid):  # a node's own answers
             if body.get("session_create") is False:
                 raise NotFound(f"session {sid} not found (session_create is false)", param="session_id",

@@ -35,7 +35,7 @@ from hearth.gateway.forward import (
 from hearth.gateway.pool import Node, Pool
 from hearth.gateway.routing import Affinity
 from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
-from hearth.sessions.ids import check_session_id
+from hearth.sessions.ids import check_session_id, stored_session_id
 from hearth.tenants import Caller
 
 
@@ -93,9 +93,10 @@ async def health(request: Request) -> Response:
 
 async def session_route(request: Request) -> Response:
     """/v1/sessions/{id}…: to the node that holds the session."""
-    sid = check_session_id(request.path_params["session_id"])
     pool = _pool(request)
     who = caller(request)
+    # as the node stores it: a tenant's ids are its own namespace (hearth.tenants)
+    sid = stored_session_id(who, request.path_params["session_id"])
     if await session_hidden(pool.store, who, sid):  # another tenant's: as a node answers a free id
         raise NotFound(f"session {sid} not found", param="session_id", code="session_not_found")
     name = pool.store.node_of(f"session:{sid}")
@@ -111,8 +112,8 @@ async def session_route(request: Request) -> Response:
             pool.store.assign(f"session:{sid}", node.name)
             if _scoped(who) and await pool.store.owner_of("session", sid) is None:
                 await pool.store.set_owner("session", sid, who.tenant)  # the node showed it to its owner
-    else:
-        r = await call(request, node, admin=delete)
+    else:  # the node's admin key names a tenant's session by its stored id
+        r = await call(request, node, admin=delete, path=f"/v1/sessions/{sid}" if delete else None)
     if request.method == "DELETE" and r.status_code == 200:
         pool.store.forget(f"session:{sid}")
         pool.store.drop_transcript(sid)
@@ -135,7 +136,7 @@ async def create_session(request: Request) -> Response:
     who = caller(request)
     sid = body.get("session_id")
     if isinstance(sid, str):
-        check_session_id(sid)
+        sid = stored_session_id(who, sid)
         if await session_hidden(pool.store, who, sid):  # as a node answers an id another tenant holds
             raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
         bound = pool.store.node_of(f"session:{sid}")
@@ -143,7 +144,7 @@ async def create_session(request: Request) -> Response:
             node = pool.nodes[bound]  # the node that holds the id answers for it (409), never a second copy
     r = await call(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
     if r.status_code == 201:
-        created = r.json()["session_id"]
+        created = stored_session_id(who, r.json()["session_id"])
         pool.store.assign(f"session:{created}", node.name)
         await pool.store.set_owner("session", created, who.tenant)
     return as_response(r)
@@ -167,7 +168,7 @@ async def snapshot_route(request: Request) -> Response:
     loading = request.url.path.endswith("/load")
     if loading and _scoped(who):  # a session id another tenant holds: a node's own answer
         target = (await read_json_or_empty(request)).get("session_id")
-        if isinstance(target, str) and await session_hidden(pool.store, who, target):
+        if isinstance(target, str) and await session_hidden(pool.store, who, stored_session_id(who, target)):
             raise Conflict(f"session {target} already exists", param="session_id", code="session_exists")
     if destructive and _scoped(who):  # the node's admin key sees every tenant's: the caller's sight first
         snap = request.path_params["snapshot_id"]
@@ -178,7 +179,7 @@ async def snapshot_route(request: Request) -> Response:
     else:
         node, r = await first_found(request, live(pool), admin=destructive)
     if loading and r.status_code == 201:
-        sid = r.json()["session_id"]
+        sid = stored_session_id(who, r.json()["session_id"])
         pool.store.assign(f"session:{sid}", node.name)
         if _scoped(who):  # the loaded session is the snapshot's owner's: the caller's, who sees it
             await pool.store.set_owner("session", sid, who.tenant)
@@ -240,7 +241,7 @@ async def cancel(request: Request) -> Response:
         if not any(isinstance(body.get(k), str) for k in ("cancel_id", "session_id", "completion_id", "message_id")):
             return JSONResponse({"cancelled": ours})
         raw = json.dumps(body).encode()
-    name = pool.store.node_of(f"session:{sid}") if isinstance(sid, str) else None
+    name = pool.store.node_of(f"session:{caller(request).session_key(sid)}") if isinstance(sid, str) else None
     nodes = [pool.nodes[name]] if name in pool.nodes else live(pool)
     answers = await asyncio.gather(*(call(request, n, body=raw) for n in nodes))
     total = ours

@@ -18,7 +18,7 @@ import pytest
 from hearth.gateway.app import create_gateway_app
 from hearth.gateway.config import GatewaySettings, Upstream
 from hearth.gateway.context import gateway_of
-from hearth.tenants import ApiKey
+from hearth.tenants import ApiKey, session_prefix
 from tests.api.conftest import Harness, serve
 
 ALICE = {"Authorization": "Bearer ka"}
@@ -31,6 +31,7 @@ GW_KEYS = [ApiKey("ka", "alice", "team-a"), ApiKey("ka2", "alice-ci", "team-a"),
 # The nodes know the tenants' keys too (a tenant may call a node directly) and the gateway's key.
 NODE_KEYS = [ApiKey("ka", "alice", "team-a"), ApiKey("kb", "bob", "team-b"),
              ApiKey("node-gw", "gateway", "gateway", role="gateway")]
+A1 = session_prefix("team-a") + "a1"  # alice's "a1" as stored, and as the admin names it
 CHAT = {"model": "smol", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -134,29 +135,37 @@ async def test_each_tenant_sees_exactly_its_own_through_the_gateway(w: World) ->
         for who in (ALICE, ALICE2, ADMIN):
             if path.endswith("/load"):
                 body = {"session_id": "copy-" + who["Authorization"].removeprefix("Bearer ")}
+            if who is ADMIN:  # the admin names a tenant's session by its stored id, as on a node
+                path = path.replace("/a1", "/" + A1).replace("/a2", "/" + session_prefix("team-a") + "a2")
+                body = {**body, "session_id": A1} if body and "session_id" in body and path.endswith(
+                    "/completions") else body
             r = await w.call(method, path, who, body)
             assert r.status_code in (200, 201), (method, path, who, r.text)
     assert (await w.call("GET", "/v1/sessions", BOB)).json()["data"] == []
     assert (await w.call("GET", "/v1/snapshots", BOB)).json()["data"] == []
     mine = {s["session_id"] for s in (await w.call("GET", "/v1/sessions", ALICE2)).json()["data"]}
     assert {"a1", "a2", "copy-ka", "copy-ka2"} <= mine
-    assert {s["session_id"] for s in (await w.call("GET", "/v1/sessions", ADMIN)).json()["data"]} >= mine
+    every = {s["session_id"] for s in (await w.call("GET", "/v1/sessions", ADMIN)).json()["data"]}
+    assert {A1, session_prefix("team-a") + "a2"} <= every  # the admin sees the stored ids
     # the nodes hold them as alice's: her own key sees them there, bob's does not
-    node = w.a if (await w.a.client.get("/v1/sessions/a1", headers={"Authorization": "Bearer node-adm"})
+    node = w.a if (await w.a.client.get(f"/v1/sessions/{A1}", headers={"Authorization": "Bearer node-adm"})
                    ).status_code == 200 else w.b
     assert (await node.client.get("/v1/sessions/a1", headers=ALICE)).status_code == 200
     assert (await node.client.get("/v1/sessions/a1", headers=BOB)).status_code == 404
 
 
-async def test_a_session_id_another_tenant_holds_answers_as_on_a_node(w: World) -> None:
+async def test_a_session_id_another_tenant_holds_is_free_for_this_one(w: World) -> None:
+    """A tenant's session ids are its own namespace, at the gateway as on a node: an id another
+    tenant holds is created as one nobody holds, and each tenant keeps its own under that name."""
     await alices_things(w)
     r = await w.call("POST", "/v1/sessions", BOB, {"session_id": "a1", "model": "smol"})
-    assert r.status_code == 409 and r.json()["error"]["code"] == "session_exists", r.text
+    assert r.status_code == 201 and r.json()["session_id"] == "a1", r.text
     r = await w.call("POST", "/v1/chat/completions", BOB, {**CHAT, "session_id": "a1"})
-    assert r.status_code == 409, r.text
+    assert r.status_code == 200, r.text
+    assert len((await w.call("GET", "/v1/sessions/a1/history", BOB)).json()["data"]) == 2
     # alice's session is untouched: still hers, still where it was
     hist = (await w.call("GET", "/v1/sessions/a1/history", ALICE)).json()["data"]
-    assert len(hist) == 2
+    assert len(hist) == 2  # her one turn (alices_things)
 
 
 async def test_without_a_key_nothing_is_served(w: World) -> None:
@@ -218,7 +227,7 @@ async def test_limits_and_usage_per_key_on_the_gateway(w: World) -> None:
 async def test_the_admin_deletes_and_a_tenant_deletes_only_its_own(tmp_path: Path) -> None:
     async with world(tmp_path) as w:
         ids = await alices_things(w)
-        assert (await w.call("DELETE", "/v1/sessions/a1", ADMIN)).status_code == 200
+        assert (await w.call("DELETE", f"/v1/sessions/{A1}", ADMIN)).status_code == 200
         assert (await w.call("GET", "/v1/sessions/a1", ALICE)).status_code == 404
         # the id is free again, for anyone: bob's now, and alice's 404
         assert (await w.call("POST", "/v1/sessions", BOB, {"session_id": "a1", "model": "smol"})).status_code == 201

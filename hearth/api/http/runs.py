@@ -122,7 +122,9 @@ async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_
     ctx = node(request)
     creq = keyed(request, creq)
     registered: dict[str, Any] = {"cancel_id": cancel_id, "ids": [creq.request_id],
-                                  "session_id": creq.session.session_id if creq.session else None}
+                                  # as stored: a tenant's ids are its namespace (hearth.tenants)
+                                  "session_id": caller(request).session_key(creq.session.session_id)
+                                  if creq.session else None}
     if stream and must_load(ctx.backend, creq.model):
         return opened_later(ctx, endpoint, lambda token: ctx.backend.chat(replace(creq, cancel=token)), creq.n,
                             registered)

@@ -58,8 +58,8 @@ def launch(ctx: NodeContext, creq: ChatRequest, cancel_id: str | None, asm: Resp
     """Start the background run of `creq` (already keyed, `runs.keyed`), whose stored row
     (status `queued`) the caller `who` has written. `settle` runs once its outcome is stored."""
     rid = creq.request_id
-    run = ctx.cancels.open(cancel_id=cancel_id, session_id=creq.session.session_id if creq.session else None,
-                           ids=[rid], owner=who.tenant)
+    sid = who.session_key(creq.session.session_id) if creq.session else None  # as stored (hearth.tenants)
+    run = ctx.cancels.open(cancel_id=cancel_id, session_id=sid, ids=[rid], owner=who.tenant)
     launched = Launched(ctx.background.logs.open(rid))
     task = asyncio.create_task(_drive(ctx, creq, run, asm, launched, settle, time.monotonic(), who),
                                name=f"background {rid}")

@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from hearth.tenants import session_prefix
 from tests.e2e.gateway.conftest import GW_ADMIN, Gateway, start_gateway, stop
 from tests.helpers import Server, start_server, stop_server
 
@@ -110,25 +111,33 @@ def test_each_tenant_sees_exactly_its_own_through_the_gateway(world: World) -> N
         theirs = w.call(method, path, BOB, body)
         assert theirs.status_code == 404, (method, path, theirs.text)
         for key in (ALICE, ALICE_CI, GW_ADMIN):
+            if key == GW_ADMIN:  # the admin names a tenant's session by its stored id, as on a node
+                path = path.replace("/alice-", "/" + session_prefix("team-a") + "alice-")
+                if body and body.get("session_id") == "alice-s":
+                    body = {**body, "session_id": session_prefix("team-a") + "alice-s"}
             r = w.call(method, path, key, body)
             assert r.status_code in (200, 201), (method, path, key, r.text)
     for path in ("/v1/sessions", "/v1/snapshots"):
         assert w.call("GET", path, BOB).json()["data"] == [], path
     mine = {s["session_id"] for s in w.call("GET", "/v1/sessions", ALICE_CI).json()["data"]}
     assert {"alice-s", "alice-t"} <= mine
-    assert mine <= {s["session_id"] for s in w.call("GET", "/v1/sessions", GW_ADMIN).json()["data"]}
-    # another tenant's id is neither taken over nor confirmed beyond what a node says of it
+    every = {s["session_id"] for s in w.call("GET", "/v1/sessions", GW_ADMIN).json()["data"]}
+    assert {session_prefix("team-a") + "alice-s", session_prefix("team-a") + "alice-t"} <= every
+    # another tenant's id is free for bob, as an id nobody holds: his own session, alice's untouched
     r = w.call("POST", "/v1/sessions", BOB, {"session_id": "alice-s", "model": "smol"})
-    assert r.status_code == 409, r.text
+    assert r.status_code == 201 and r.json()["session_id"] == "alice-s", r.text
+    assert w.call("GET", "/v1/sessions/alice-s/history", BOB).json()["data"] == []
     assert len(w.call("GET", "/v1/sessions/alice-s/history", ALICE).json()["data"]) >= 2
     # deletes: the gateway's admin only; then gone for alice too
     assert w.call("DELETE", "/v1/sessions/alice-t", BOB).status_code == 403
-    assert w.call("DELETE", "/v1/sessions/alice-t", GW_ADMIN).status_code == 200
+    assert w.call("DELETE", f"/v1/sessions/{session_prefix('team-a')}alice-t", GW_ADMIN).status_code == 200
     assert w.call("GET", "/v1/sessions/alice-t", ALICE).status_code == 404
     # on the node, what the gateway made for alice is team-a's: bob's own key there does not see it
-    assert w.on_node("/v1/sessions/alice-s", NODE_BOB).status_code == 404
+    assert w.on_node(f"/v1/sessions/{session_prefix('team-a')}alice-s", NODE_BOB).status_code == 404
+    assert w.on_node("/v1/sessions/alice-s/history", NODE_BOB).json()["data"] == []  # bob's own "alice-s"
     assert w.on_node("/v1/sessions/alice-s", NODE_GW, {"X-Hearth-Tenant": "team-a"}).status_code == 200
     assert w.on_node("/v1/sessions/alice-s", NODE_GW).status_code == 404  # the gateway key's own tenant
+    assert w.on_node(f"/v1/sessions/{session_prefix('team-a')}alice-s", NODE_ADMIN).status_code == 200
 
 
 def test_a_prefix_is_never_cached_for_another_tenant_through_the_gateway(world: World) -> None:
