@@ -212,7 +212,9 @@ class SessionManager:
         return _Session(SessionRow(sid, model_id, now, now, max_seq_len, owner=owner))
 
     async def delete(self, sid: str, caller: Caller = OPEN) -> None:
-        s = self._get(sid, caller)
+        await self._remove(self._get(sid, caller))
+
+    async def _remove(self, s: _Session) -> None:
         async with self._exclusive(s):
             await self._drop_kv(s)
             self.store.delete(s.id)
@@ -324,18 +326,20 @@ class SessionManager:
         identity = await kv.kv_identity(model_id)
         data = await asyncio.to_thread(self._snapshots.read, snap_id, identity.model, identity.engine)
         sid = sid if sid is not None else new_session_id()
-        key = stored_session_id(caller, sid)  # the caller's namespace (another tenant's ids are not in it)
+        stored_session_id(caller, sid)  # checked as the caller names it
+        # The session is the snapshot's owner's: in that tenant's namespace (the caller's own for
+        # a tenant, who sees only its snapshots; the admin loads a tenant's under the tenant's name).
+        key = stored_session_id(owner_view(owner), sid)
         limit = self.backend.limits(model_id).seq_ctx
         max_seq_len = min(int((manifest.get("session") or {}).get("max_seq_len") or limit), limit)
-        existing = self._find(sid, caller)
-        if existing is None and key in self._sessions:  # one the admin made in this namespace: left alone
-            raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
+        existing = self._sessions.get(key)
         if existing is not None:
+            if not caller.sees(existing.row.owner):  # one the admin made in this namespace: left alone
+                raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
             if not force:
                 raise Conflict(f"session {sid} already exists; pass force: true to replace it",
                                param="session_id", code="session_exists")
-            await self.delete(sid, caller)
-            key = existing.id  # replaced under the id it had
+            await self._remove(existing)
         s = self._new(key, model_id, max_seq_len, owner)
         s.row.messages = data.messages
         async with s.lock:

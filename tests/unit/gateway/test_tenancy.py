@@ -16,7 +16,8 @@ from hearth.errors import BadRequest, Forbidden, TooManyRequests
 from hearth.gateway.config import GatewaySettings, Upstream
 from hearth.gateway.tenancy import hidden, owner_caller, owns, upstream_headers
 from hearth.gateway.transcripts import TranscriptStore
-from hearth.tenants import ADMIN_CALLER, OPEN, ApiKey, Caller, parse_key_line
+from hearth.sessions.ids import stored_session_id
+from hearth.tenants import ADMIN_CALLER, OPEN, ApiKey, Caller, parse_key_line, session_prefix
 
 UP = Upstream(name="n", url="http://n", api_key="node-gw", admin_key="node-adm", models={"smol": "m"})
 ALICE = Caller("team-a", "alice")
@@ -110,3 +111,18 @@ def test_tenants_are_carried_with_a_key_file_only(tmp_path: Path) -> None:
     assert keyed.tenants and [k.name for k in keyed.keyring] == ["a"]
     with pytest.raises(ValueError, match="share the name"):
         GatewaySettings(upstreams=[UP], data_dir=tmp_path, named_keys=[ApiKey("a", "x", "t"), ApiKey("b", "x", "t")])
+
+
+def test_a_tenants_session_ids_are_its_own_namespace() -> None:
+    a, b = Caller("team-a", "alice"), Caller("team-b", "bob")
+    assert stored_session_id(a, "chat") != stored_session_id(b, "chat")
+    assert stored_session_id(a, "chat") == session_prefix("team-a") + "chat"
+    assert stored_session_id(a, stored_session_id(a, "chat")) == stored_session_id(a, "chat")  # idempotent
+    assert stored_session_id(b, stored_session_id(a, "chat")).startswith(session_prefix("team-b"))  # never a's
+    assert a.shown(stored_session_id(a, "chat")) == "chat"
+    assert stored_session_id(OPEN, "chat") == "chat" and stored_session_id(ADMIN_CALLER, "chat") == "chat"
+    # tenant names may hold every character of a session id: the prefix is a hash, never the name
+    assert session_prefix("a") != session_prefix("a.b") and len(session_prefix("x" * 64)) == 14
+    with pytest.raises(BadRequest):
+        stored_session_id(a, "x" * 115)
+    assert stored_session_id(a, "x" * 114)
