@@ -179,7 +179,11 @@ async def snapshot_route(request: Request) -> Response:
     else:
         node, r = await first_found(request, live(pool), admin=destructive)
     if loading and r.status_code == 201:
-        sid = stored_session_id(who, r.json()["session_id"])
+        named = (await read_json_or_empty(request)).get("session_id")
+        # The node names it as its caller sees it. Its admin key (a forced load) sees stored ids,
+        # which a gateway without tenants does not use: it keys the session as its client named it.
+        answered = named if isinstance(named, str) and not pool.settings.tenants else r.json()["session_id"]
+        sid = stored_session_id(who, answered)
         pool.store.assign(f"session:{sid}", node.name)
         if _scoped(who):  # the loaded session is the snapshot's owner's: the caller's, who sees it
             await pool.store.set_owner("session", sid, who.tenant)
