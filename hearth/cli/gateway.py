@@ -75,6 +75,10 @@ def serve(
         "fail; then the node is routed by the estimate.")] = 5.0,
     data_dir: Annotated[str | None, typer.Option(
         envvar="HEARTH_GATEWAY_HOME", help="Where the gateway keeps transcripts (default: DATA_DIR/gateway).")] = None,
+    database: Annotated[str | None, typer.Option(
+        "--database", envvar="HEARTH_DATABASE_URL", show_default=False,
+        help="postgresql://USER:PASSWORD@HOST/DB: the state several gateways share (sessions, chains, "
+        "transcripts, moves). Default: SQLite in the gateway's home, for one gateway.")] = None,
     log_level: Annotated[str, typer.Option(envvar="HEARTH_LOG_LEVEL")] = "info",
     log_format: Annotated[str, typer.Option(envvar="HEARTH_LOG_FORMAT")] = "text",
 ) -> None:
@@ -103,6 +107,7 @@ def serve(
             cors_origins=parse_origins(cors_origins),
             max_waiting=max_waiting, max_wait=max_wait, probe_interval=probe_interval, probe_timeout=probe_timeout,
             heartbeat=heartbeat, stall_timeout=stall_timeout, log_level=log_level, data_dir=home, routing=routing,
+            database=database or None,
             migration_limit=migration_limit, digest_interval=digest_interval, digest_timeout=digest_timeout,
             digest_max_age=digest_max_age)
     except (ValueError, OSError) as e:
@@ -111,6 +116,9 @@ def serve(
     setup_logging(log_level, log_format)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     names = ", ".join(f"{u.name} ({u.kind})" for u in settings.upstreams)
+    if settings.database is not None:
+        from hearth.gateway.store_postgres import redacted
+        names += f"; state in {redacted(settings.database)}"
     typer.echo(f"hearth gateway on http://{host}:{port} over {names}", err=True)
     uvicorn.run(create_gateway_app(settings), host=host, port=port, log_level=log_level.lower(), log_config=None,
                 access_log=False, timeout_graceful_shutdown=5)

@@ -3,8 +3,10 @@ in each protocol's envelope) over the gateway's routes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator
 
 import httpx
@@ -26,7 +28,7 @@ from hearth.gateway.migrate import Mover
 from hearth.gateway.openai_backend import OpenAIUpstreamBackend
 from hearth.gateway.pool import Pool
 from hearth.gateway.proxy import Proxy
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.transcripts import GatewayStore, TranscriptStore
 from hearth.gateway.upstream_http import HttpxSender, UpstreamHttp
 
 GENERATION = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/v1/messages",
@@ -41,9 +43,17 @@ def access_settings(settings: GatewaySettings) -> Settings:
                     cors_origins=list(settings.cors_origins))
 
 
+def create_store(settings: GatewaySettings) -> GatewayStore:
+    """PostgreSQL when the settings name one (its driver imported only then), else SQLite."""
+    if settings.database is None:
+        return TranscriptStore(settings.data_dir / "gateway.sqlite3")
+    from hearth.gateway.store_postgres import PostgresStore
+    return PostgresStore(settings.database, uuid.uuid4().hex)
+
+
 def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
     metrics = GatewayMetrics()
-    store = TranscriptStore(settings.data_dir / "gateway.sqlite3")
+    store = create_store(settings)
     # One client for every upstream call; its connection pool is sized past every node's cap.
     limit = sum(u.max_in_flight for u in settings.upstreams) * 2 + 16
     client = httpx.AsyncClient(transport=transport, limits=httpx.Limits(max_connections=limit,
@@ -67,6 +77,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await store.open()
+        keeping = asyncio.create_task(store.keep_alive())
         await pool.start()
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -79,7 +91,10 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
             await proxy.continuity.idle()
             await http.aclose()
             await client.aclose()
-            store.close()
+            keeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeping
+            await store.close()
 
     route_list = [Route(p, routes.generate, methods=["POST"]) for p in GENERATION]
     route_list += [

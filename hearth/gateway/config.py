@@ -75,6 +75,9 @@ class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = 8080
     data_dir: Path = field(default_factory=lambda: default_data_dir() / "gateway")
+    # The shared state (transcripts.py): None, SQLite under data_dir (one gateway); a
+    # postgresql:// URL, PostgreSQL (any number of gateways). Not in the repr: it may hold a password.
+    database: str | None = field(default=None, repr=False)
     default_model: str | None = None  # an alias: what unknown model names are served by
     api_keys: list[str] = field(default_factory=list)
     admin_key: str | None = None
@@ -113,6 +116,8 @@ class GatewaySettings:
             raise ValueError(f"two upstreams share a name: {names}")
         if self.max_waiting < 0 or self.max_wait <= 0:
             raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
+        if self.database is not None and not self.database.startswith(("postgresql://", "postgres://")):
+            raise ValueError("--database must be a postgresql:// URL (without it: SQLite under the data dir)")
         if self.routing not in ("cost", "round_robin"):
             raise ValueError("--routing must be cost or round_robin")
         if self.migration_limit < 0:

@@ -17,10 +17,10 @@ from typing import Any
 
 import httpx
 
-from hearth.errors import BadRequest
+from hearth.errors import BadRequest, HearthError
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Node
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.transcripts import GatewayStore
 
 log = logging.getLogger("hearth.gateway")
 
@@ -33,7 +33,7 @@ def input_items(value: Any) -> list[Any]:
 
 
 class Continuity:
-    def __init__(self, store: TranscriptStore, client: httpx.AsyncClient, metrics: GatewayMetrics) -> None:
+    def __init__(self, store: GatewayStore, client: httpx.AsyncClient, metrics: GatewayMetrics) -> None:
         self.store = store
         self.client = client
         self.metrics = metrics
@@ -48,7 +48,7 @@ class Continuity:
         A session that lived on another node (or that `node` lost: `lost`) continues here:
         re-create it from the transcript (its KV is rebuilt by this turn's prefill). True: the
         session exists on `node` with its history (so the turn must not create it afresh)."""
-        owner = self.store.node_of(f"session:{sid}")
+        owner = await self.store.node_of(f"session:{sid}")
         if not history:
             return False  # nothing to carry over: the session starts afresh here
         if owner is None or (owner == node.name and not lost):
@@ -68,16 +68,16 @@ class Continuity:
                  len(history))
         return True
 
-    def rechained(self, node: Node, body: dict[str, Any]) -> dict[str, Any]:
+    async def rechained(self, node: Node, body: dict[str, Any]) -> dict[str, Any]:
         """The body for `node`. A `previous_response_id` chain held by another (dead or draining)
         node is replayed from the gateway's copy as input items, without the id."""
         rid = body.get("previous_response_id")
         if not isinstance(rid, str):
             return body
-        owner = self.store.node_of(f"response:{rid}")
+        owner = await self.store.node_of(f"response:{rid}")
         if owner is None or owner == node.name:
             return body
-        items = self.store.chain(rid)
+        items = await self.store.chain(rid)
         if items is None:
             return body  # not all of the chain is here: the node answers for the id itself
         self.metrics.reprefills.inc()
@@ -88,11 +88,11 @@ class Continuity:
 
     # ---- after a turn --------------------------------------------------------------------------
 
-    def response_done(self, body: dict[str, Any], response_id: str, output: list[Any]) -> None:
+    async def response_done(self, body: dict[str, Any], response_id: str, output: list[Any]) -> None:
         if body.get("store") is False:
             return
         previous = body.get("previous_response_id")
-        self.store.save_response(response_id, previous if isinstance(previous, str) else None,
+        await self.store.save_response(response_id, previous if isinstance(previous, str) else None,
                                  input_items(body.get("input")) + output)
 
     def session_done(self, node: Node, sid: str, alias: str) -> None:
@@ -131,11 +131,11 @@ class Continuity:
                                       timeout=30)
             data = r.json().get("data") if r.status_code == 200 else None
             if isinstance(data, list):
-                self.store.save_transcript(sid, alias, data)
+                await self.store.save_transcript(sid, alias, data)
                 return True
             log.warning("could not copy session %s's transcript from %s: it answered %d", sid, node.name,
                         r.status_code)
-        except (httpx.HTTPError, ValueError) as e:
+        except (httpx.HTTPError, ValueError, HearthError) as e:  # HearthError: the database is away
             log.warning("could not copy session %s's transcript from %s: %s", sid, node.name, e)
         return False
 

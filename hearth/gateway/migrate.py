@@ -35,8 +35,8 @@ class Mover:
             raise NotFound(f"no upstream named {name!r}", param="node", code="node_not_found")
         return node
 
-    def owner(self, sid: str) -> Node:
-        name = self.pool.store.node_of(f"session:{sid}")
+    async def owner(self, sid: str) -> Node:
+        name = await self.pool.store.node_of(f"session:{sid}")
         if name is None or name not in self.pool.nodes:
             raise NotFound(f"the gateway knows no session {sid!r}", param="session_id", code="session_not_found")
         return self.pool.nodes[name]
@@ -67,7 +67,7 @@ class Mover:
         return r
 
     async def move(self, sid: str, to: str | None = None, src: Node | None = None) -> dict[str, Any]:
-        src = src or self.owner(sid)
+        src = src or await self.owner(sid)
         if src.up.kind != "hearth":
             raise BadRequest(f"{src.name} is not a Hearth node: its sessions have no KV to move", param="session_id")
         started = time.monotonic()
@@ -101,7 +101,7 @@ class Mover:
             await self._call(src, "DELETE", f"/v1/snapshots/{snap}", admin=True, ok=(200, 404))
             raise Conflict(f"could not move session {sid} from {src.name} to {dst.name}: {e}",
                            code="move_failed") from e
-        self.pool.store.assign(f"session:{sid}", dst.name)
+        await self.pool.store.assign(f"session:{sid}", dst.name)
         for node, path in ((src, f"/v1/sessions/{sid}"), (src, f"/v1/snapshots/{snap}"),
                            (dst, f"/v1/snapshots/{snap}")):
             try:
@@ -119,12 +119,12 @@ class Mover:
         """Stop routing to the node and move every session it holds to other nodes."""
         node = self._node(name)
         node.draining = True
-        sids = set(s.removeprefix("session:") for s in self.pool.store.keys_on(name))
+        sids = set(s.removeprefix("session:") for s in await self.pool.store.keys_on(name))
         moved, failed, stale = [], [], []
         if node.up.kind == "hearth":
             r = await self._call(node, "GET", "/v1/sessions")
             for sid in {s["session_id"] for s in r.json().get("data", []) if isinstance(s, dict)} - sids:
-                owner = self.pool.store.node_of(f"session:{sid}")
+                owner = await self.pool.store.node_of(f"session:{sid}")
                 if owner is None or owner == name:
                     sids.add(sid)
                     continue

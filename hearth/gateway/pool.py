@@ -29,11 +29,11 @@ from hearth.gateway.digests import Digests
 from hearth.gateway.health import BUSY_GRACE, Breaker, Liveness
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing import Affinity, Candidate, Chooser, Decision, PrefixTable
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.transcripts import GatewayStore
 
 log = logging.getLogger("hearth.gateway")
 
-SOFT_KEYS = 65536  # soft affinity keys remembered (LRU); binding keys live in SQLite
+SOFT_KEYS = 65536  # soft affinity keys remembered (LRU); binding keys live in the store
 
 
 @dataclass(eq=False, slots=True)
@@ -65,7 +65,7 @@ class Lease:
 
 
 class Pool:
-    def __init__(self, settings: GatewaySettings, store: TranscriptStore, metrics: GatewayMetrics,
+    def __init__(self, settings: GatewaySettings, store: GatewayStore, metrics: GatewayMetrics,
                  client: httpx.AsyncClient, chooser: Chooser | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
@@ -95,7 +95,7 @@ class Pool:
 
     # ---- affinity ------------------------------------------------------------------------------
 
-    def sticky(self, affinity: Affinity, alias: str | None = None) -> str | None:
+    async def sticky(self, affinity: Affinity, alias: str | None = None) -> str | None:
         """The node the key maps to. A conversation key this gateway has not seen (it
         restarted, or another gateway served the conversation) maps to the node whose digest
         says one of its slots holds that conversation."""
@@ -103,19 +103,19 @@ class Pool:
         if key is None:
             return None
         if affinity.binding:
-            return self.store.node_of(key)
+            return await self.store.node_of(key)
         found = self._soft.get(key)
         if found is None and affinity.kind == "cache_key" and alias is not None:
             found = next((n.name for n in self.nodes.values() if (st := self._state(n, alias)) is not None
                           and affinity.value in st.keys), None)
         return found
 
-    def remember(self, affinity: Affinity, node: str) -> None:
+    async def remember(self, affinity: Affinity, node: str) -> None:
         key = affinity.key
         if key is None:
             return
         if affinity.binding:
-            self.store.assign(key, node)
+            await self.store.assign(key, node)
             return
         self._soft[key] = node
         self._soft.move_to_end(key)
@@ -161,13 +161,14 @@ class Pool:
         nodes = [n for n in self._routable(alias, exclude) if n.up.kind == "hearth"]
         if len(nodes) < 2:
             return {}
-        sticky = self.sticky(affinity, alias)
+        sticky = await self.sticky(affinity, alias)
         if any(n.name == sticky and n.in_flight < n.up.max_in_flight for n in nodes):
             return {}
         return await self.digests.blocks(nodes, alias, path, body)
 
-    def _try(self, alias: str, affinity: Affinity, hashes: Sequence[tuple[str, int]], prompt_tokens: int,
-             exclude: set[str], blocks: Mapping[str, RequestBlocks], urgent: bool = False) -> Lease | None:
+    def _try(self, alias: str, affinity: Affinity, sticky: str | None, hashes: Sequence[tuple[str, int]],
+             prompt_tokens: int, exclude: set[str], blocks: Mapping[str, RequestBlocks],
+             urgent: bool = False) -> Lease | None:
         candidates = self._candidates(alias, hashes, exclude, blocks)
         if urgent:  # past the in-flight caps: the least loaded node takes it now
             for c in candidates:
@@ -176,7 +177,6 @@ class Pool:
             retry = max(1, int(self.settings.probe_interval))
             raise Unavailable(f"no healthy upstream serves {alias!r} right now; retry shortly",
                               code="no_healthy_upstream", retry_after=retry)
-        sticky = self.sticky(affinity, alias)
         if sticky in exclude:
             sticky = None
         if blocks:  # the exact count (every root's is the same prompt)
@@ -201,7 +201,8 @@ class Pool:
         `max_in_flight` (the node's own admission queue holds it at most that long)."""
         exclude = exclude or set()
         blocks = blocks or {}
-        lease = self._try(alias, affinity, hashes, prompt_tokens, exclude, blocks, urgent)
+        sticky = await self.sticky(affinity, alias)  # read once: the store is not asked again while it waits
+        lease = self._try(alias, affinity, sticky, hashes, prompt_tokens, exclude, blocks, urgent)
         if lease is not None:
             return lease
         if self._waiting >= self.settings.max_waiting:
@@ -215,7 +216,7 @@ class Pool:
                 freed = self._freed
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(freed.wait(), min(remaining, self.settings.probe_interval))
-                lease = self._try(alias, affinity, hashes, prompt_tokens, exclude, blocks)
+                lease = self._try(alias, affinity, sticky, hashes, prompt_tokens, exclude, blocks)
                 if lease is not None:
                     return lease
         finally:

@@ -31,7 +31,7 @@ from hearth.gateway.relay import Moved, Relay, Release, Scan
 from hearth.gateway.retry import RETRY_STATUSES, Retry, exhausted, refused
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.terminal import Protocol, protocol_of
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.transcripts import GatewayStore
 from hearth.gateway.turn_record import turn_messages
 from hearth.gateway.upstream_http import Answer, Buffered, Sender
 from hearth.sessions.ids import check_session_id
@@ -59,7 +59,7 @@ class Turn:
 
 
 class Proxy:
-    def __init__(self, settings: GatewaySettings, pool: Pool, store: TranscriptStore, metrics: GatewayMetrics,
+    def __init__(self, settings: GatewaySettings, pool: Pool, store: GatewayStore, metrics: GatewayMetrics,
                  client: httpx.AsyncClient, http: Sender) -> None:
         self.settings = settings
         self.pool = pool
@@ -72,21 +72,21 @@ class Proxy:
 
     # ---- the request ---------------------------------------------------------------------------
 
-    def turn(self, request: Request, body: dict[str, Any]) -> Turn:
+    async def turn(self, request: Request, body: dict[str, Any]) -> Turn:
         alias = self.pool.resolve(body.get("model"))
         headers = forwarded_headers(request)
         affinity = affinity_of(body, headers)
         # Checked here too: the id goes into upstream URLs (history, create, delete).
         sid = check_session_id(body["session_id"]) if body.get("session_id") is not None else None
         items = conversation(body)
-        saved = self.store.transcript(sid) if sid is not None else None
+        saved = await self.store.transcript(sid) if sid is not None else None
         history = saved[1] if saved is not None else []
         hashes = prefix_hashes(alias, history + items)
         return Turn(request.url.path, protocol_of(request.url.path), body, alias, affinity, hashes,
                     hashes[-1][1] if hashes else 1, sid, history, body.get("stream") is True, headers)
 
     async def generate(self, request: Request, body: dict[str, Any]) -> Response:
-        return await self.serve(self.turn(request, body))
+        return await self.serve(await self.turn(request, body))
 
     async def serve(self, turn: Turn) -> Response:
         """The turn sent, retried and relayed; needs nothing of the client's request (a
@@ -118,7 +118,7 @@ class Proxy:
         there first. Raises httpx.TransportError when the node cannot be reached."""
         held = turn.session_id is not None and await self.continuity.ensure_session(
             node, turn.alias, turn.session_id, turn.history)
-        payload = {**self.continuity.rechained(node, body), "model": node.up.models[turn.alias]}
+        payload = {**await self.continuity.rechained(node, body), "model": node.up.models[turn.alias]}
         if held:  # the node must not start it afresh if it lost it (a node replaced with an empty disk)
             payload["session_create"] = False
         headers = {**turn.headers, "content-type": "application/json", **node.up.headers()}
@@ -266,14 +266,14 @@ class Proxy:
         node = lease.node
         # A session's prompt holds its transcript, which `hashes` (history + items) stand for too.
         node.prefixes.add(turn.hashes, scan.whole_prompt)
-        self.pool.remember(turn.affinity, node.name)
+        await self.pool.remember(turn.affinity, node.name)
         if scan.response_id is not None:
             # A migrated response is stored on no node under the id the client has: the next
             # turn of its chain is replayed from the gateway's copy (continuity.rechained).
             owner = MIGRATED if scan.migrated else node.name
-            self.pool.remember(Affinity("response", scan.response_id), owner)
+            await self.pool.remember(Affinity("response", scan.response_id), owner)
             if scan.output is not None:
-                self.continuity.response_done(turn.body, scan.response_id, scan.output)
+                await self.continuity.response_done(turn.body, scan.response_id, scan.output)
         if scan.cached is not None:
             self.metrics.reported_cached.inc(scan.cached)
             self.metrics.predicted_cached.inc(lease.decision.predicted_cached)
@@ -285,7 +285,7 @@ class Proxy:
             if cut is not None else None
         if record is None:
             return False
-        self.store.save_transcript(turn.session_id, turn.alias, [*turn.history, *record])
+        await self.store.save_transcript(turn.session_id, turn.alias, [*turn.history, *record])
         self.metrics.transcripts_from_relay.inc()
         log.warning("session %s: %s answered but its transcript could not be copied; the turn is recorded from "
                     "what the gateway relayed", turn.session_id, node.name)

@@ -85,19 +85,18 @@ async def session_route(request: Request) -> Response:
     """/v1/sessions/{id}…: to the node that holds the session."""
     sid = check_session_id(request.path_params["session_id"])
     pool = _pool(request)
-    name = pool.store.node_of(f"session:{sid}")
+    name = await pool.store.node_of(f"session:{sid}")
     node = pool.nodes.get(name) if name else None
     if node is None:
         node, r = await first_found(request, live(pool), admin=request.method == "DELETE")
         if r.status_code < 300:
-            pool.store.assign(f"session:{sid}", node.name)
+            await pool.store.assign(f"session:{sid}", node.name)
     else:
         r = await call(request, node, admin=request.method == "DELETE")
     if request.method == "DELETE" and r.status_code == 200:
-        pool.store.forget(f"session:{sid}")
-        pool.store.drop_transcript(sid)
+        await pool.store.drop_session(sid)
     elif request.method == "POST" and r.status_code == 200:  # rollback / resize changed the transcript
-        saved = pool.store.transcript(sid)
+        saved = await pool.store.transcript(sid)
         alias = saved[0] if saved else next(iter(node.up.models))
         gateway_of(request.app).proxy.continuity.session_done(node, sid, alias)
     return as_response(r)
@@ -114,7 +113,7 @@ async def create_session(request: Request) -> Response:
     node = min(options, key=lambda n: n.in_flight)
     r = await call(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
     if r.status_code == 201:
-        pool.store.assign(f"session:{r.json()['session_id']}", node.name)
+        await pool.store.assign(f"session:{r.json()['session_id']}", node.name)
     return as_response(r)
 
 
@@ -134,7 +133,7 @@ async def snapshot_route(request: Request) -> Response:
         _require_admin(request)  # the node's admin key goes upstream only for the gateway's admin
     node, r = await first_found(request, live(pool), admin=destructive)
     if request.url.path.endswith("/load") and r.status_code == 201:
-        pool.store.assign(f"session:{r.json()['session_id']}", node.name)
+        await pool.store.assign(f"session:{r.json()['session_id']}", node.name)
     return as_response(r)
 
 
@@ -187,7 +186,7 @@ async def cancel(request: Request) -> Response:
         if not any(isinstance(body.get(k), str) for k in ("cancel_id", "session_id", "completion_id", "message_id")):
             return JSONResponse({"cancelled": ours})
         raw = json.dumps(body).encode()
-    name = pool.store.node_of(f"session:{sid}") if isinstance(sid, str) else None
+    name = await pool.store.node_of(f"session:{sid}") if isinstance(sid, str) else None
     nodes = [pool.nodes[name]] if name in pool.nodes else live(pool)
     answers = await asyncio.gather(*(call(request, n, body=raw) for n in nodes))
     total = ours
@@ -229,14 +228,14 @@ async def response_route(request: Request) -> Response:
     if (ours := await gateway_of(request.app).background.answer(request)) is not None:
         return ours
     pool = _pool(request)
-    name = pool.store.node_of(f"response:{request.path_params['response_id']}")
+    name = await pool.store.node_of(f"response:{request.path_params['response_id']}")
     streamed = request.method == "GET" and request.query_params.get("stream", "").lower() in ("true", "1")
     if name in pool.nodes:
         if streamed:
             return await relay_stream(request, pool.nodes[name])
         return _renamed(pool.nodes[name], await call(request, pool.nodes[name]))
     if streamed and (owner := await _holder(request, live(pool))) is not None:  # asked whole, a stream never ends
-        pool.remember(Affinity("response", request.path_params["response_id"]), owner.name)
+        await pool.remember(Affinity("response", request.path_params["response_id"]), owner.name)
         return await relay_stream(request, owner)
     holder, found = await first_found(request, live(pool)) if live(pool) else (None, None)
     translator = gateway_of(request.app).translator
@@ -281,8 +280,8 @@ def _digest_json(pool: Pool, d: Digest | None) -> dict[str, Any] | None:
             "models": {mid: {"root": m.root, "blocks": m.counts(), "keys": len(m.keys)} for mid, m in d.models.items()}}
 
 
-def status_json(pool: Pool) -> dict[str, Any]:
-    sessions = pool.store.counts()
+async def status_json(pool: Pool) -> dict[str, Any]:
+    sessions = await pool.store.counts()
     return {"object": "gateway.status", "waiting": pool.waiting, "time": int(time.time()),
             "nodes": [{"name": n.name, "url": n.up.url, "kind": n.up.kind, "up": n.live.up,
                        "last_error": n.live.last_error, "breaker": n.breaker.state, "draining": n.draining,
@@ -293,7 +292,7 @@ def status_json(pool: Pool) -> dict[str, Any]:
 
 async def status(request: Request) -> Response:
     _require_admin(request)  # it names the upstreams' addresses: not for every client
-    return JSONResponse(status_json(_pool(request)))
+    return JSONResponse(await status_json(_pool(request)))
 
 
 async def session_status(request: Request) -> Response:
@@ -301,8 +300,8 @@ async def session_status(request: Request) -> Response:
     _require_admin(request)
     sid = check_session_id(request.path_params["session_id"])
     store = _pool(request).store
-    node = store.node_of(f"session:{sid}")
-    saved = store.transcript(sid)
+    node = await store.node_of(f"session:{sid}")
+    saved = await store.transcript(sid)
     if node is None and saved is None:
         raise NotFound(f"the gateway knows no session {sid!r}", param="session_id", code="session_not_found")
     return JSONResponse({"object": "gateway.session", "session_id": sid, "node": node,
