@@ -79,6 +79,10 @@ def serve(
         "--database", envvar="HEARTH_DATABASE_URL", show_default=False,
         help="postgresql://USER:PASSWORD@HOST/DB: the state several gateways share (sessions, chains, "
         "transcripts, moves). Default: SQLite in the gateway's home, for one gateway.")] = None,
+    lease_ttl: Annotated[float, typer.Option(
+        envvar="HEARTH_LEASE_TTL", help="Seconds after its last renewal (every --probe-interval) that a gateway "
+        "counts as gone: others on the database then settle its moves and drains and fail its background "
+        "runs.")] = 15.0,
     log_level: Annotated[str, typer.Option(envvar="HEARTH_LOG_LEVEL")] = "info",
     log_format: Annotated[str, typer.Option(envvar="HEARTH_LOG_FORMAT")] = "text",
 ) -> None:
@@ -107,7 +111,7 @@ def serve(
             cors_origins=parse_origins(cors_origins),
             max_waiting=max_waiting, max_wait=max_wait, probe_interval=probe_interval, probe_timeout=probe_timeout,
             heartbeat=heartbeat, stall_timeout=stall_timeout, log_level=log_level, data_dir=home, routing=routing,
-            database=database or None,
+            database=database or None, lease_ttl=lease_ttl,
             migration_limit=migration_limit, digest_interval=digest_interval, digest_timeout=digest_timeout,
             digest_max_age=digest_max_age)
     except (ValueError, OSError) as e:

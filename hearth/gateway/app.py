@@ -3,7 +3,6 @@ in each protocol's envelope) over the gateway's routes."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 import uuid
@@ -23,6 +22,7 @@ from hearth.gateway import routes
 from hearth.gateway.background import BackgroundRuns
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.context import Gateway, attach
+from hearth.gateway.leases import Leases
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.migrate import Mover
 from hearth.gateway.openai_backend import OpenAIUpstreamBackend
@@ -45,10 +45,14 @@ def access_settings(settings: GatewaySettings) -> Settings:
 
 def create_store(settings: GatewaySettings) -> GatewayStore:
     """PostgreSQL when the settings name one (its driver imported only then), else SQLite."""
+    store: GatewayStore
     if settings.database is None:
-        return TranscriptStore(settings.data_dir / "gateway.sqlite3")
-    from hearth.gateway.store_postgres import PostgresStore
-    return PostgresStore(settings.database, uuid.uuid4().hex)
+        store = TranscriptStore(settings.data_dir / "gateway.sqlite3")
+    else:
+        from hearth.gateway.store_postgres import PostgresStore
+        store = PostgresStore(settings.database, uuid.uuid4().hex)
+    store.lease_ttl = settings.lease_ttl
+    return store
 
 
 def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
@@ -70,6 +74,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     translated = OpenAIUpstreamBackend(pool, client)
     inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[])  # CORS: the gateway's
     translator = create_app(translated, inner) if translated.aliases() else None
+    mover = Mover(pool, client, metrics)
+    leases = Leases(mover, min(settings.probe_interval, settings.lease_ttl / 3))
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
 
     async def metrics_endpoint(request: Request) -> Response:
@@ -78,7 +84,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
-        keeping = asyncio.create_task(store.keep_alive())
+        await leases.beat()  # the drains in force, and what a gateway that is gone left, before serving
+        leases.start()
         await pool.start()
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -86,14 +93,12 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
                     await stack.enter_async_context(translator.router.lifespan_context(translator))
                 yield
         finally:
+            await leases.stop()
             await background.shutdown()  # its runs end as failed, recorded before the store closes
             await pool.stop()
             await proxy.continuity.idle()
             await http.aclose()
             await client.aclose()
-            keeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeping
             await store.close()
 
     route_list = [Route(p, routes.generate, methods=["POST"]) for p in GENERATION]
@@ -127,7 +132,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         Route("/web/{name:path}", web.static_file, methods=["GET"]),
     ]
     app = assemble(route_list, lifespan, metrics.requests, access_settings(settings))
-    attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=Mover(pool, client, metrics),
+    attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=mover,
                         started=int(time.time()), translator=translator, translated=frozenset(translated.aliases()),
                         background=background))
     return app

@@ -78,6 +78,7 @@ class GatewaySettings:
     # The shared state (transcripts.py): None, SQLite under data_dir (one gateway); a
     # postgresql:// URL, PostgreSQL (any number of gateways). Not in the repr: it may hold a password.
     database: str | None = field(default=None, repr=False)
+    lease_ttl: float = 15.0  # seconds a gateway's lease outlives its last renewal (leases.py)
     default_model: str | None = None  # an alias: what unknown model names are served by
     api_keys: list[str] = field(default_factory=list)
     admin_key: str | None = None
@@ -118,6 +119,8 @@ class GatewaySettings:
             raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
         if self.database is not None and not self.database.startswith(("postgresql://", "postgres://")):
             raise ValueError("--database must be a postgresql:// URL (without it: SQLite under the data dir)")
+        if not self.lease_ttl > 0:
+            raise ValueError("--lease-ttl must be > 0 seconds")
         if self.routing not in ("cost", "round_robin"):
             raise ValueError("--routing must be cost or round_robin")
         if self.migration_limit < 0:

@@ -317,7 +317,7 @@ async def drain(request: Request) -> Response:
 async def undrain(request: Request) -> Response:
     _require_admin(request)
     mover = gateway_of(request.app).mover
-    return JSONResponse(mover.undrain(request.path_params["node"]))
+    return JSONResponse(await mover.undrain(request.path_params["node"]))
 
 
 async def move_session(request: Request) -> Response:

@@ -21,14 +21,16 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "CREATE TABLE IF NOT EXISTS background (id TEXT PRIMARY KEY, status TEXT NOT NULL, response TEXT NOT NULL, "
         "updated DOUBLE PRECISION NOT NULL)",
     ]),
-    # 2: several gateways on one database: whose background run, gateway leases, moves in
-    # progress, tenants' ownership, nodes that joined at run time
+    # 2: several gateways on one database: whose background run, gateway leases, moves and
+    # drains in progress, tenants' ownership, nodes that joined at run time
     (2, [
         "ALTER TABLE background ADD COLUMN gateway TEXT NOT NULL DEFAULT ''",
         "CREATE INDEX IF NOT EXISTS affinity_node ON affinity (node)",
         "CREATE TABLE IF NOT EXISTS gateways (id TEXT PRIMARY KEY, expires DOUBLE PRECISION NOT NULL)",
         "CREATE TABLE IF NOT EXISTS moves (session_id TEXT PRIMARY KEY, src TEXT NOT NULL, dst TEXT NOT NULL, "
         "snapshot TEXT, state TEXT NOT NULL, gateway TEXT NOT NULL, updated DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS drains (node TEXT PRIMARY KEY, state TEXT NOT NULL, gateway TEXT NOT NULL, "
+        "updated DOUBLE PRECISION NOT NULL)",
         "CREATE TABLE IF NOT EXISTS owners (kind TEXT NOT NULL, id TEXT NOT NULL, owner TEXT NOT NULL, "
         "PRIMARY KEY (kind, id))",
         "CREATE TABLE IF NOT EXISTS members (name TEXT PRIMARY KEY, url TEXT NOT NULL, spec TEXT NOT NULL, "

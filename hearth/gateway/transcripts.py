@@ -17,8 +17,9 @@ coroutine. The tables:
 - `owners`: which tenant created a session, a response, a background run;
 - `members`: nodes that joined the fleet at run time, each with its lease;
 - `gateways`: each live gateway's lease (store_postgres.py renews it);
-- `moves`: a session move in progress, with the gateway that runs it (migrate.py): a survivor
-  finishes or rolls back a dead gateway's.
+- `moves`: a session move in progress, with the gateway that runs it and how far it got
+  (migrate.py): a survivor finishes or rolls back a dead gateway's (leases.py);
+- `drains`: nodes out of routing for every gateway, and the gateway moving their sessions off.
 
 The SQL is written once, with `?` placeholders and statements both databases take; a backend
 supplies the connection (`_tx`). A write of several statements is one transaction; no
@@ -27,27 +28,23 @@ transaction is held across anything but its own statements (never an upstream ca
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import logging
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hearth.api.openai.responses_store import ORPHAN_ERROR
-from hearth.errors import HearthError
 from hearth.gateway.store_schema import MIGRATIONS
-
-log = logging.getLogger("hearth.gateway")
 
 RUNNING = ("queued", "in_progress")
 MAX_CHAIN = 1000
-GATEWAY_TTL = 15.0  # seconds a gateway's lease lasts unrenewed (store_postgres.py renews it every TTL / 3)
+GATEWAY_TTL = 15.0  # seconds a gateway's lease lasts unrenewed (--lease-ttl; leases.py renews it)
 
 _CHAIN = f"""WITH RECURSIVE c(id, previous, items, depth) AS (
     SELECT id, previous, items, 0 FROM responses WHERE id = ?
@@ -55,6 +52,20 @@ _CHAIN = f"""WITH RECURSIVE c(id, previous, items, depth) AS (
     SELECT r.id, r.previous, r.items, c.depth + 1 FROM responses r JOIN c ON r.id = c.previous
     WHERE c.depth < {MAX_CHAIN - 1})
 SELECT previous, items FROM c ORDER BY depth"""
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A move in progress. `state`: saving (the source saves a snapshot), copying (`snapshot`
+    goes to the destination), assigned (the session is the destination's: what is left is
+    deleting the copies)."""
+
+    session_id: str
+    src: str
+    dst: str
+    snapshot: str | None
+    state: str
+    gateway: str
 
 
 class Tx:
@@ -77,6 +88,7 @@ class GatewayStore:
 
     instance: str  # this gateway's id in `gateways`, `background.gateway` and `moves.gateway`
     orphans: int = 0  # background runs failed because their gateway was gone, when this one opened
+    lease_ttl: float = GATEWAY_TTL
 
     def _tx(self, migrate: bool = False) -> contextlib.AbstractAsyncContextManager[Tx]:
         """A transaction: committed when the block ends, rolled back if it raises. `migrate`:
@@ -200,22 +212,11 @@ class GatewayStore:
 
     # ---- gateways ------------------------------------------------------------------------------
 
-    async def renew_gateway(self, ttl: float = GATEWAY_TTL) -> None:
+    async def renew_gateway(self, ttl: float | None = None) -> None:
+        ttl = self.lease_ttl if ttl is None else ttl
         async with self._tx() as tx:
             await tx.execute("INSERT INTO gateways VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET "
                              "expires = excluded.expires", (self.instance, time.time() + ttl))
-
-    async def keep_alive(self, interval: float = GATEWAY_TTL / 3) -> None:
-        """Until cancelled: renew this gateway's lease, fail the runs of gateways whose lease
-        expired. A database away is logged and tried again next time."""
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.renew_gateway()
-                if n := await self.fail_orphans():
-                    log.warning("%d background responses of a gateway that is gone were failed", n)
-            except HearthError as e:
-                log.warning("gateway lease not renewed: %s", e)
 
     async def live_gateways(self) -> set[str]:
         async with self._tx() as tx:
@@ -240,6 +241,66 @@ class GatewayStore:
                                       (json.dumps(response, ensure_ascii=False), now, response["id"]))
         self.orphans += n
         return n
+
+    # ---- moves and drains ----------------------------------------------------------------------
+
+    async def begin_move(self, session_id: str, src: str, dst: str) -> bool:
+        """Record a move this gateway starts; False when one of the session is in progress."""
+        async with self._tx() as tx:
+            return await tx.execute("INSERT INTO moves VALUES (?, ?, ?, NULL, 'saving', ?, ?) "
+                                    "ON CONFLICT(session_id) DO NOTHING",
+                                    (session_id, src, dst, self.instance, time.time())) > 0
+
+    async def move_saved(self, session_id: str, snapshot: str) -> None:
+        async with self._tx() as tx:
+            await tx.execute("UPDATE moves SET snapshot = ?, state = 'copying', updated = ? WHERE session_id = ?",
+                             (snapshot, time.time(), session_id))
+
+    async def move_assigned(self, session_id: str, dst: str) -> None:
+        """The session is the destination's: its binding and the move's state, together."""
+        async with self._tx() as tx:
+            await tx.execute("INSERT INTO affinity VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                             "node = excluded.node, updated = excluded.updated",
+                             (f"session:{session_id}", dst, time.time()))
+            await tx.execute("UPDATE moves SET state = 'assigned', updated = ? WHERE session_id = ?",
+                             (time.time(), session_id))
+
+    async def end_move(self, session_id: str) -> None:
+        async with self._tx() as tx:
+            await tx.execute("DELETE FROM moves WHERE session_id = ?", (session_id,))
+
+    async def moves(self) -> list[Move]:
+        async with self._tx() as tx:
+            rows = await tx.fetchall("SELECT session_id, src, dst, snapshot, state, gateway FROM moves "
+                                     "ORDER BY updated")
+        return [Move(*r) for r in rows]
+
+    async def claim_move(self, move: Move) -> bool:
+        """Take over a move of a gateway that is gone; False when another gateway took it first."""
+        async with self._tx() as tx:
+            return await tx.execute("UPDATE moves SET gateway = ?, updated = ? WHERE session_id = ? AND gateway = ?",
+                                    (self.instance, time.time(), move.session_id, move.gateway)) > 0
+
+    async def set_drain(self, node: str, state: str | None) -> None:
+        """`running` (this gateway moves its sessions off), `drained`, or None (undrained)."""
+        async with self._tx() as tx:
+            if state is None:
+                await tx.execute("DELETE FROM drains WHERE node = ?", (node,))
+            else:
+                await tx.execute("INSERT INTO drains VALUES (?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
+                                 "state = excluded.state, gateway = excluded.gateway, updated = excluded.updated",
+                                 (node, state, self.instance, time.time()))
+
+    async def drains(self) -> dict[str, tuple[str, str]]:
+        """node → (state, gateway)."""
+        async with self._tx() as tx:
+            rows = await tx.fetchall("SELECT node, state, gateway FROM drains")
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    async def claim_drain(self, node: str, gateway: str) -> bool:
+        async with self._tx() as tx:
+            return await tx.execute("UPDATE drains SET gateway = ?, updated = ? WHERE node = ? AND gateway = ? "
+                                    "AND state = 'running'", (self.instance, time.time(), node, gateway)) > 0
 
     # ---- ownership (tenants) -------------------------------------------------------------------
 

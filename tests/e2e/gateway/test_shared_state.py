@@ -8,7 +8,10 @@ Two of the fleet's Hearth nodes are enough to show that a conversation stays on 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +21,24 @@ import openai
 import psycopg
 import pytest
 
-from tests.e2e.gateway.conftest import GW_KEY, LONG_RUN, Fleet, Gateway, start_gateway, stop, upstreams_toml
+from tests.e2e.gateway.conftest import (
+    GW_ADMIN,
+    GW_KEY,
+    LONG_RUN,
+    Fleet,
+    Gateway,
+    node_get,
+    start_gateway,
+    stop,
+    upstreams_toml,
+)
 from tests.helpers import wait_until
 from tests.helpers.postgres import PASSWORD, Postgres
 
 pytestmark = pytest.mark.slow
 
 NODES = ("a", "b")
+LEASE_TTL = 4.0  # a killed gateway's moves are settled by the other this long after its last beat
 
 
 @pytest.fixture
@@ -32,8 +46,8 @@ def pair(fleet: Fleet, postgres: Postgres, tmp_path: Path) -> Iterator[tuple[Gat
     """Two gateways on one fresh database, over nodes a and b; and the database's URL."""
     url = postgres.create_database()
     toml = upstreams_toml({n: fleet.nodes[n] for n in NODES})
-    gws = [start_gateway(tmp_path, toml, "--database", url, "--probe-interval", "0.3", "--probe-timeout", "3")
-           for _ in range(2)]
+    gws = [start_gateway(tmp_path, toml, "--database", url, "--probe-interval", "0.3", "--probe-timeout", "3",
+                         "--lease-ttl", str(LEASE_TTL)) for _ in range(2)]
     yield gws[0], gws[1], url
     for g in gws:
         stop(g.proc)
@@ -156,3 +170,50 @@ def test_a_database_away_is_503_with_retry_after_then_the_gateways_recover(
         wait_until(lambda g=g: served(g), "the gateway to serve sessions again", timeout=60, interval=0.5)
     # the first turn and one per gateway since: the four refused while it was away are in no copy
     assert [m["content"] for m in history(g2, "outage") if m["role"] == "user"] == ["Hi.", "Back?", "Back?"]
+
+
+def on_node(fleet: Fleet, name: str, what: str) -> set[str]:
+    key = "session_id" if what == "sessions" else "snapshot_id"
+    return {s[key] for s in node_get(fleet.nodes[name], name, f"/v1/{what}").json()["data"]}
+
+
+def moves(url: str) -> list[tuple[str, str, str | None]]:
+    with psycopg.connect(url) as conn:
+        return [tuple(r) for r in conn.execute("SELECT session_id, state, snapshot FROM moves").fetchall()]
+
+
+def test_a_move_left_half_done_by_a_killed_gateway_is_rolled_back_by_the_other(
+        pair: tuple[Gateway, Gateway, str], fleet: Fleet) -> None:
+    g1, g2, url = pair
+    sid = "half-moved"
+    with client(g2) as c2:
+        c2.chat.completions.create(model="smol", max_tokens=4, temperature=0, extra_body={"session_id": sid},
+                                   messages=[{"role": "user", "content": "Tell me about the sea."}])
+    src = g2.session_node(sid)
+    [dst] = [n for n in NODES if n != src]
+    before = history(g2, sid)
+    stopped = fleet.nodes[dst].proc.pid
+    os.kill(stopped, signal.SIGSTOP)  # the destination takes the snapshot and never answers: the move hangs there
+    try:
+        with ThreadPoolExecutor(1) as ex:
+            moving = ex.submit(httpx.post, f"{g1.url}/admin/sessions/{sid}/move", json={"to": dst}, timeout=120,
+                               headers={"Authorization": f"Bearer {GW_ADMIN}"})
+            wait_until(lambda: [m[:2] for m in moves(url)] == [(sid, "copying")], "the move to reach the copy")
+            [(_, _, snap)] = moves(url)
+            g1.proc.kill()  # kill -9, mid-move
+            g1.proc.wait(10)
+            with pytest.raises(httpx.HTTPError):
+                moving.result()
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    wait_until(lambda: moves(url) == [], "the other gateway to settle the move", timeout=60, interval=0.2)
+    assert "rolled back" in g2.log.read_text()
+    # rolled back: the session on its source alone, the snapshot nowhere
+    assert sid in on_node(fleet, src, "sessions") and sid not in on_node(fleet, dst, "sessions")
+    assert all(snap not in on_node(fleet, n, "snapshots") for n in NODES)
+    assert g2.session_node(sid) == src
+    with client(g2) as c2:
+        r = c2.chat.completions.create(model="smol", max_tokens=4, temperature=0, extra_body={"session_id": sid},
+                                       messages=[{"role": "user", "content": "And about rivers?"}])
+    assert r.usage and r.usage.prompt_tokens_details and r.usage.prompt_tokens_details.cached_tokens
+    assert history(g2, sid)[:len(before)] == before

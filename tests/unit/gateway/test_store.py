@@ -200,3 +200,32 @@ async def test_a_failed_write_leaves_nothing_half_written(store: GatewayStore) -
             await tx.execute("DELETE FROM affinity WHERE key = ?", ("session:s1",))
             raise RuntimeError("the second statement never ran")
     assert await store.node_of("session:s1") == "a"
+
+
+async def test_a_move_is_recorded_as_it_goes_and_one_gateway_claims_an_orphan(store: GatewayStore) -> None:
+    assert await store.begin_move("s1", "a", "b")
+    assert not await store.begin_move("s1", "a", "c")  # one move of a session at a time
+    await store.move_saved("s1", "snap_1")
+    [move] = await store.moves()
+    assert (move.session_id, move.src, move.dst, move.snapshot, move.state, move.gateway) == (
+        "s1", "a", "b", "snap_1", "copying", store.instance)
+    await store.move_assigned("s1", "b")
+    assert await store.node_of("session:s1") == "b" and (await store.moves())[0].state == "assigned"
+    store.instance = "survivor"  # as another gateway on the same database
+    assert await store.claim_move(move)  # a survivor takes it over...
+    assert not await store.claim_move(move)  # ...and only one: the row's gateway changed
+    assert (await store.moves())[0].gateway == "survivor"
+    await store.end_move("s1")
+    assert await store.moves() == []
+
+
+async def test_drains_are_recorded_and_a_running_one_claimed_once(store: GatewayStore) -> None:
+    await store.set_drain("a", "running")
+    await store.set_drain("b", "drained")
+    assert await store.drains() == {"a": ("running", store.instance), "b": ("drained", store.instance)}
+    first = store.instance
+    store.instance = "survivor"
+    assert await store.claim_drain("a", first) and not await store.claim_drain("a", first)
+    assert not await store.claim_drain("b", first)  # a finished drain has nothing to continue
+    await store.set_drain("a", None)
+    assert list(await store.drains()) == ["b"]
