@@ -146,7 +146,7 @@ async def throughput(urls: list[str], requests: int, concurrency: int) -> float:
 
 async def failover(g: Gateways, database: str) -> float:
     """Seconds from kill -9 of the gateway a client uses to its first 200 through the other."""
-    (first, proc), (second, _) = g.gateway(database), g.gateway(database)
+    (first, proc), (second, other) = g.gateway(database), g.gateway(database)
     async with httpx.AsyncClient(timeout=30) as c:
         for i in range(10):
             (await c.post(first + "/v1/chat/completions", json=turn(i))).raise_for_status()
@@ -158,7 +158,10 @@ async def failover(g: Gateways, database: str) -> float:
             try:
                 r = await c.post(url + "/v1/chat/completions", json=turn(i))
                 if r.status_code == 200 and url == second:
-                    return time.perf_counter() - killed
+                    took = time.perf_counter() - killed
+                    other.terminate()
+                    other.wait(15)
+                    return took
             except httpx.TransportError:
                 url = second  # the client's retry on the other address
     raise AssertionError("unreachable")
@@ -198,12 +201,47 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
+def measure(g: Gateways, pg: Any, args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {"latency": {}}
+    for name in ("sqlite", "postgres"):
+        url, proc = g.gateway(pg.create_database() if name == "postgres" else None)
+        result["latency"][name] = pcts(asyncio.run(latencies(url, args.requests)))
+        proc.terminate()
+        proc.wait(15)
+    db = pg.create_database()
+    (one, p1), (two, p2) = g.gateway(db), g.gateway(db)
+    rps1 = asyncio.run(throughput([one], args.requests, args.concurrency))
+    rps2 = asyncio.run(throughput([one, two], args.requests, args.concurrency))
+    for p in (p1, p2):
+        p.terminate()
+        p.wait(15)
+    result["throughput"] = {"concurrency": args.concurrency, "one_gateway_rps": rps1, "two_gateways_rps": rps2}
+    kills = [asyncio.run(failover(g, pg.create_database())) for _ in range(args.kills)]
+    result["failover"] = {"seconds": kills, "median_s": statistics.median(kills)}
+    return result
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each number the median of the runs'; the kills of every run together."""
+    med = statistics.median
+    lat = {name: {k: med(r["latency"][name][k] for r in runs) for k in ("p50_ms", "p99_ms")}
+           for name in ("sqlite", "postgres")}
+    lat["added_by_postgres_ms"] = {k: lat["postgres"][k] - lat["sqlite"][k] for k in ("p50_ms", "p99_ms")}
+    kills = [s for r in runs for s in r["failover"]["seconds"]]
+    return {"latency": lat,
+            "throughput": {"concurrency": runs[0]["throughput"]["concurrency"],
+                           **{k: med(r["throughput"][k] for r in runs) for k in ("one_gateway_rps",
+                                                                                  "two_gateways_rps")}},
+            "failover": {"seconds": kills, "median_s": med(kills)}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fake-node", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--kills", type=int, default=5, help="per run")
+    ap.add_argument("--runs", type=int, default=3, help="the whole measurement, repeated: medians reported")
     ap.add_argument("--out", type=Path, default=RESULTS / "latest-gateway-state.json")
     args = ap.parse_args()
     if args.fake_node:
@@ -212,42 +250,25 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests.helpers.postgres import start_postgres, stop_postgres
 
+    load_before = "%.2f %.2f %.2f" % os.getloadavg()  # noqa: UP031
     pg = start_postgres()
-    result: dict[str, Any] = {"requests": args.requests, "sessions": SESSIONS,
-                              "postgres": sorted(os.listdir("/usr/lib/postgresql"))}
+    runs: list[dict[str, Any]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="hearth-gw-state-") as d:
             g = Gateways(Path(d))
             try:
-                time.sleep(1)
-                result["latency"] = {}
-                for name in ("sqlite", "postgres"):
-                    url, proc = g.gateway(pg.create_database() if name == "postgres" else None)
-                    result["latency"][name] = pcts(asyncio.run(latencies(url, args.requests)))
-                    proc.terminate()
-                    proc.wait(15)
-                lat = result["latency"]
-                lat["added_by_postgres_ms"] = {k: lat["postgres"][k] - lat["sqlite"][k] for k in ("p50_ms", "p99_ms")}
-                print(json.dumps({"latency": lat}))
-                db = pg.create_database()
-                one, p1 = g.gateway(db)
-                two, p2 = g.gateway(db)
-                rps1 = asyncio.run(throughput([one], args.requests, args.concurrency))
-                rps2 = asyncio.run(throughput([one, two], args.requests, args.concurrency))
-                for p in (p1, p2):
-                    p.terminate()
-                    p.wait(15)
-                result["throughput"] = {"concurrency": args.concurrency, "one_gateway_rps": rps1,
-                                        "two_gateways_rps": rps2}
-                print(json.dumps({"throughput": result["throughput"]}))
-                kills = [asyncio.run(failover(g, pg.create_database())) for _ in range(args.kills)]
-                result["failover"] = {"seconds": kills, "median_s": statistics.median(kills)}
-                print(json.dumps({"failover": result["failover"]}))
+                for _ in range(args.runs):
+                    runs.append(measure(g, pg, args))
+                    print(json.dumps(runs[-1]))
             finally:
                 g.close()
     finally:
         stop_postgres(pg)
-    result["load"] = "%.2f %.2f %.2f" % os.getloadavg()  # noqa: UP031
+    result = median_of(runs)
+    result.update(requests=args.requests, sessions=SESSIONS, postgres=sorted(os.listdir("/usr/lib/postgresql")),
+                  runs=runs)
+    result["load_before"] = load_before
+    result["load"] = "%.2f %.2f %.2f" % os.getloadavg()  # noqa: UP031 (1, 5, 15 min, at the end)
     result["cpus"] = os.cpu_count()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

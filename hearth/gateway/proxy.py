@@ -266,14 +266,17 @@ class Proxy:
         node = lease.node
         # A session's prompt holds its transcript, which `hashes` (history + items) stand for too.
         node.prefixes.add(turn.hashes, scan.whole_prompt)
-        await self.pool.remember(turn.affinity, node.name)
-        if scan.response_id is not None:
-            # A migrated response is stored on no node under the id the client has: the next
-            # turn of its chain is replayed from the gateway's copy (continuity.rechained).
-            owner = MIGRATED if scan.migrated else node.name
-            await self.pool.remember(Affinity("response", scan.response_id), owner)
-            if scan.output is not None:
-                await self.continuity.response_done(turn.body, scan.response_id, scan.output)
+        try:
+            await self.pool.remember(turn.affinity, node.name)
+            if scan.response_id is not None:
+                # A migrated response is stored on no node under the id the client has: the next
+                # turn of its chain is replayed from the gateway's copy (continuity.rechained).
+                owner = MIGRATED if scan.migrated else node.name
+                await self.pool.remember(Affinity("response", scan.response_id), owner)
+                if scan.output is not None:
+                    await self.continuity.response_done(turn.body, scan.response_id, scan.output)
+        except HearthError as e:  # the database went away during the turn: the answer stands
+            log.warning("%s answered but where the conversation lives is not recorded: %s", node.name, e)
         if scan.cached is not None:
             self.metrics.reported_cached.inc(scan.cached)
             self.metrics.predicted_cached.inc(lease.decision.predicted_cached)
@@ -285,7 +288,11 @@ class Proxy:
             if cut is not None else None
         if record is None:
             return False
-        await self.store.save_transcript(turn.session_id, turn.alias, [*turn.history, *record])
+        try:
+            await self.store.save_transcript(turn.session_id, turn.alias, [*turn.history, *record])
+        except HearthError as e:
+            log.warning("session %s: the turn is in no copy: %s", turn.session_id, e)
+            return False
         self.metrics.transcripts_from_relay.inc()
         log.warning("session %s: %s answered but its transcript could not be copied; the turn is recorded from "
                     "what the gateway relayed", turn.session_id, node.name)

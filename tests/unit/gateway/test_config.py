@@ -89,3 +89,14 @@ stall_timeout = 90
     assert GatewaySettings(upstreams=[a], stall_timeout=0).stall_timeout_for(a) is None
     with pytest.raises(ValueError, match="--stall-timeout"):
         GatewaySettings(upstreams=[a], stall_timeout=-1)
+
+
+def test_the_database_is_a_postgresql_url_and_its_password_stays_out_of_errors_and_repr(tmp_path: Path) -> None:
+    up = [Upstream(name="a", url="http://127.0.0.1:9", models={"m": "m"})]
+    with pytest.raises(ValueError, match="postgresql://") as e:
+        GatewaySettings(upstreams=up, data_dir=tmp_path, database="mysql://u:s3cret@db/h")
+    assert "s3cret" not in str(e.value)
+    gs = GatewaySettings(upstreams=up, data_dir=tmp_path, database="postgresql://u:s3cret@db/h")
+    assert "s3cret" not in repr(gs)
+    with pytest.raises(ValueError, match="lease-ttl"):
+        GatewaySettings(upstreams=up, data_dir=tmp_path, lease_ttl=0)
