@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from hearth.errors import Unavailable
 from hearth.gateway.context import gateway_of
 from tests.unit.gateway.test_proxy import Fleet, gateway, sse, stick, stream_text
 
@@ -290,3 +291,22 @@ def test_a_non_streamed_turn_whose_transcript_cannot_be_copied_is_not_reported_d
         r = c.post("/v1/chat/completions", json={**CHAT, "session_id": "s4"})
         assert r.status_code >= 500
         assert c.portal.call(gateway_of(c.app).pool.store.transcript, "s4") is None
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_database_lost_after_the_answer_keeps_the_answer_and_frees_the_node(tmp_path: Path, fleet: Fleet,
+                                                                              stream: bool) -> None:
+    fleet.behave["a"] = fleet.behave["b"] = session_node(200, stream=stream)
+    with gateway(tmp_path, fleet) as c:
+        pool = gateway_of(c.app).pool
+
+        async def away(*_: object) -> None:
+            raise Unavailable("the gateway's database is unavailable", code="database_unavailable", retry_after=5)
+
+        pool.store.assign = away  # type: ignore[method-assign]  # it goes away once the node has answered
+        if stream:
+            assert parsed(stream_text(c, "/v1/chat/completions", {**CHAT, "session_id": "s5"}, {}))[-1] == (
+                None, "[DONE]")
+        else:
+            assert c.post("/v1/chat/completions", json={**CHAT, "session_id": "s5"}).status_code == 200
+        assert [n.in_flight for n in pool.nodes.values()] == [0, 0]
