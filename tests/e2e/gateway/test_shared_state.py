@@ -153,6 +153,9 @@ def test_a_database_away_is_503_with_retry_after_then_the_gateways_recover(
             assert ae.value.status_code == 503 and ae.value.response.headers["retry-after"]
             assert ae.value.response.json()["type"] == "error"
             assert httpx.get(g.url + "/health", timeout=10).status_code == 200  # the loop is not stalled
+            with client(g) as c:  # a request that needs no state is served
+                assert c.chat.completions.create(model="smol", max_tokens=2, messages=[
+                    {"role": "user", "content": "Hi."}]).choices[0].finish_reason in ("stop", "length")
     finally:
         postgres.start()
 
