@@ -20,8 +20,9 @@ records its events in an `EventLog` per response (the node's own class and caps,
 - The response object is kept in the gateway's store (`GatewayStore.save_background`):
   at the start and at the end (the store first, then the terminal event, so a reader who saw
   the end reads the final object). A GET after the events expired or the gateway restarted
-  answers from it. A gateway that stops ends its runs as `failed` (`server_shutdown`); one that
-  was killed leaves rows the store fails when it next opens (`server_restarted`).
+  answers from it, on any gateway of the store. A gateway that stops ends its runs as `failed`
+  (`server_shutdown`); one that was killed leaves rows that are failed (`server_restarted`) when
+  its store next opens, or by another gateway on the database once its lease ran out (leases.py).
 
 Foreign (openai-kind) models never come here: the translating node app runs their background
 responses itself (routes.generate delegates first).
