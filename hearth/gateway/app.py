@@ -84,9 +84,9 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
+        await pool.start()  # nodes probed first: a drain continued here needs to know which are up
         await leases.beat()  # the drains in force, and what a gateway that is gone left, before serving
         leases.start()
-        await pool.start()
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if translator is not None:

@@ -47,7 +47,16 @@ class Leases:
             if state == "running" and gateway not in live and name in pool.nodes \
                     and await store.claim_drain(name, gateway):
                 log.warning("continuing the drain of %s, left by a gateway that is gone", name)
-                self._spawn(self.mover.drain(name))
+                self._spawn(self._drain(name))
+
+    async def _drain(self, name: str) -> None:
+        try:
+            report = await self.mover.drain(name)
+        except Exception:
+            log.exception("the drain of %s, continued, failed", name)
+            return
+        log.warning("drain of %s continued: %d sessions moved, %d failed %s", name, len(report["moved"]),
+                    len(report["failed"]), report["failed"] or "")
 
     def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
         task = asyncio.create_task(work)

@@ -71,3 +71,29 @@ def test_a_drain_on_one_gateway_is_a_drain_on_every_gateway_of_the_database(
         assert r.status_code == 200 and r.headers["x-hearth-upstream"] == "b"
         assert c2.post("/admin/nodes/a/undrain").json()["draining"] is False
         wait_until(lambda: not draining(c1, "a"), "the first gateway to route to a again")
+
+
+async def _left_draining(path: Path) -> None:
+    store = TranscriptStore(path)
+    await store.open()
+    await store.assign("session:s2", "b")  # it continued on b while a was down: a's copy is stale
+    await store.set_drain("a", "running")  # killed while it moved a's sessions off
+    await store.close()
+
+
+def test_a_drain_a_killed_gateway_left_running_is_continued(tmp_path: Path, fleet: Fleet) -> None:
+    asyncio.run(_left_draining(tmp_path / "gateway.sqlite3"))
+
+    def node(r: httpx.Request) -> httpx.Response:
+        if r.method == "GET" and r.url.path == "/v1/sessions":
+            return httpx.Response(200, json={"object": "list", "data": [{"session_id": "s2"}]})
+        return httpx.Response(200, json={"deleted": True})
+
+    fleet.behave["a"] = fleet.behave["b"] = node
+    with gateway(tmp_path, fleet) as c:
+        store = pool_of(c).store
+        assert pool_of(c).nodes["a"].draining  # out of routing before it serves
+        wait_until(lambda: c.portal.call(store.drains) == {"a": ("drained", store.instance)}, "the drain to end")
+        assert [(NAMES[r.url.port or 0], r.method, r.url.path) for r in fleet.seen if r.method == "DELETE"] == [
+            ("a", "DELETE", "/v1/sessions/s2")]
+        assert c.portal.call(store.node_of, "session:s2") == "b"
