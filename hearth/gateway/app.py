@@ -3,7 +3,10 @@ in each protocol's envelope) over the gateway's routes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import signal
 import time
 from collections.abc import AsyncIterator
 
@@ -21,6 +24,7 @@ from hearth.gateway import routes
 from hearth.gateway.background import BackgroundRuns
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.context import Gateway, attach
+from hearth.gateway.membership import Membership
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.migrate import Mover
 from hearth.gateway.openai_backend import OpenAIUpstreamBackend
@@ -28,6 +32,8 @@ from hearth.gateway.pool import Pool
 from hearth.gateway.proxy import Proxy
 from hearth.gateway.transcripts import TranscriptStore
 from hearth.gateway.upstream_http import HttpxSender, UpstreamHttp
+
+log = logging.getLogger("hearth.gateway")
 
 GENERATION = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/v1/messages",
               "/v1/responses", "/responses")
@@ -44,8 +50,9 @@ def access_settings(settings: GatewaySettings) -> Settings:
 def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
     metrics = GatewayMetrics()
     store = TranscriptStore(settings.data_dir / "gateway.sqlite3")
-    # One client for every upstream call; its connection pool is sized past every node's cap.
-    limit = sum(u.max_in_flight for u in settings.upstreams) * 2 + 16
+    # One client for every upstream call; its connection pool is sized past every node's cap
+    # (with room for nodes that join later).
+    limit = max(sum(u.max_in_flight for u in settings.upstreams) * 2 + 16, 256)
     client = httpx.AsyncClient(transport=transport, limits=httpx.Limits(max_connections=limit,
                                                                         max_keepalive_connections=limit))
     pool = Pool(settings, store, metrics, client)
@@ -61,20 +68,28 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[])  # CORS: the gateway's
     translator = create_app(translated, inner) if translated.aliases() else None
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
+    mover = Mover(pool, client, metrics)
+    membership = Membership(settings, pool, mover)
+    translated_aliases = frozenset(translated.aliases())
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await membership.start()
         await pool.start()
+        hup = _on_sighup(membership, translated_aliases)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if translator is not None:
                     await stack.enter_async_context(translator.router.lifespan_context(translator))
                 yield
         finally:
+            if hup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             await background.shutdown()  # its runs end as failed, recorded before the store closes
+            await membership.stop()
             await pool.stop()
             await proxy.continuity.idle()
             await http.aclose()
@@ -106,13 +121,36 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         Route("/admin/status", routes.status, methods=["GET"]),
         Route("/admin/nodes/{node}/drain", routes.drain, methods=["POST"]),
         Route("/admin/nodes/{node}/undrain", routes.undrain, methods=["POST"]),
+        Route("/admin/fleet/join", routes.fleet_join, methods=["POST"]),
+        Route("/admin/fleet/reload", routes.fleet_reload, methods=["POST"]),
+        Route("/admin/fleet/{node}", routes.fleet_leave, methods=["DELETE"]),
         Route("/admin/sessions/{session_id}", routes.session_status, methods=["GET"]),
         Route("/admin/sessions/{session_id}/move", routes.move_session, methods=["POST"]),
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name:path}", web.static_file, methods=["GET"]),
     ]
-    app = assemble(route_list, lifespan, metrics.requests, access_settings(settings))
-    attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=Mover(pool, client, metrics),
-                        started=int(time.time()), translator=translator, translated=frozenset(translated.aliases()),
-                        background=background))
+    app = assemble(route_list, lifespan, metrics.requests, access_settings(settings), join_key=settings.join_key)
+    attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=mover,
+                        started=int(time.time()), translator=translator, translated=translated_aliases,
+                        background=background, membership=membership))
     return app
+
+
+def _on_sighup(membership: Membership, translated: frozenset[str]) -> bool:
+    """SIGHUP reloads the fleet file (a bad one is logged and changes nothing). False where
+    signals cannot be handled here (not the main thread: a test's in-process server)."""
+    if membership.settings.upstreams_file is None:
+        return False
+    loop = asyncio.get_running_loop()
+
+    async def reload() -> None:
+        try:
+            await membership.reload(translated)
+        except Exception as e:
+            log.error("SIGHUP: %s", e)
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, lambda: membership.spawn(reload()))
+    except (ValueError, RuntimeError, NotImplementedError):
+        return False
+    return True

@@ -10,7 +10,10 @@
 - `background`: the response object of each background response the gateway runs
   (`background.py`): `in_progress` while it runs, final once it ended, so a GET answers after
   its events expired or the gateway restarted. Rows still running when the store opens belong
-  to a gateway that was killed: they are failed then (`server_restarted`, as a node's).
+  to a gateway that was killed: they are failed then (`server_restarted`, as a node's);
+- `members`: the nodes that joined the fleet at run time (`hearth serve --join`), each with its
+  address, what the gateway needs to route to it (`spec`) and when its registration lapses
+  (`expires`, unix time). Every gateway on the same database reads it (`membership.py`).
 
 Writes are single small statements (WAL): cheap enough for the event loop.
 """
@@ -34,6 +37,8 @@ CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, previous TEXT, items 
                                       updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS background (id TEXT PRIMARY KEY, status TEXT NOT NULL, response TEXT NOT NULL,
                                        updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS members (name TEXT PRIMARY KEY, url TEXT NOT NULL, spec TEXT NOT NULL,
+                                    expires REAL NOT NULL);
 """
 RUNNING = ("queued", "in_progress")
 MAX_CHAIN = 1000
@@ -138,6 +143,30 @@ class TranscriptStore:
     def drop_background(self, response_id: str) -> bool:
         with self._lock:
             return self._db.execute("DELETE FROM background WHERE id = ?", (response_id,)).rowcount > 0
+
+    # ---- fleet membership ----------------------------------------------------------------------
+
+    async def renew_member(self, name: str, url: str, spec: dict[str, Any], ttl: float) -> None:
+        """Register a node, or renew its registration, for `ttl` seconds from now."""
+        with self._lock:
+            self._db.execute("INSERT INTO members VALUES (?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                             "url = excluded.url, spec = excluded.spec, expires = excluded.expires",
+                             (name, url, json.dumps(spec, ensure_ascii=False), time.time() + ttl))
+
+    async def members(self) -> list[dict[str, Any]]:
+        """Every registered node, lapsed ones too: {"name", "url", "spec", "expires"}."""
+        with self._lock:
+            rows = self._db.execute("SELECT name, url, spec, expires FROM members ORDER BY name").fetchall()
+        out = []
+        for name, url, spec, expires in rows:
+            parsed = json.loads(spec)
+            out.append({"name": name, "url": url, "spec": parsed if isinstance(parsed, dict) else {},
+                        "expires": float(expires)})
+        return out
+
+    async def remove_member(self, name: str) -> bool:
+        with self._lock:
+            return self._db.execute("DELETE FROM members WHERE name = ?", (name,)).rowcount > 0
 
     def _fail_orphans(self) -> int:
         """Runs left `queued` / `in_progress` by a gateway that stopped without ending them
