@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -176,10 +177,10 @@ def serve(
         if join is not None:
             from hearth.cli import join as fleet
 
-            _, servable = startup_models(settings, specs)
+            servable = [m for group in startup_models(settings, specs) for m in group]
             joiner = fleet.Joiner(join, join_key, fleet.node_name(node_name),
                                   fleet.advertise_url(advertise_url, host, port), {
-                "kind": "hearth", "models": {m: m for m in [*ids, *servable]}, "max_in_flight": parallel,
+                "kind": "hearth", "models": {m: m for m in servable}, "max_in_flight": parallel,
                 "api_key": keys[0] if keys else admin_key, "admin_key": admin_key})
         backend = build_backend(settings, specs)
         at_start, on_demand = startup_models(settings, specs)
@@ -187,6 +188,8 @@ def serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     setup_logging(settings.log_level, settings.log_format)
+    if joiner is not None:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per renewal is noise
     auth = f"{len(settings.keyring)} API key(s)" if settings.keyring else "no API key"
     also = f"; loaded on request: {', '.join(on_demand)}" if on_demand else ""
     typer.echo(f"hearth {__version__}: serving {', '.join(at_start)} on http://{host}:{port} ({auth}){also}",
