@@ -81,6 +81,9 @@ class Membership:
         self._retiring: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._reload = asyncio.Lock()
+        # one sync at a time: one that read the members before a join must not undo what the
+        # join's own sync added
+        self._syncing = asyncio.Lock()
         self._skipped: set[tuple[str, str]] = set()  # (name, why) already logged
 
     # ---- joining and leaving --------------------------------------------------------------------
@@ -125,6 +128,11 @@ class Membership:
     # ---- every gateway: the pool in line with the store -----------------------------------------
 
     async def sync(self) -> None:
+        """Bring the pool in line with the store's members."""
+        async with self._syncing:
+            await self._sync()
+
+    async def _sync(self) -> None:
         now = self.wall()
         seen: set[str] = set()
         for row in await self.pool.store.members():
@@ -210,7 +218,8 @@ class Membership:
                     raise ValueError(f"{clash} already joined the fleet at run time; rename them in the file")
                 check_fleet([*new, *joined])
                 for u in new:
-                    if any(alias in translated for alias in u.models) != (u.kind == "openai"):
+                    served = [alias in translated for alias in u.models]
+                    if not (all(served) if u.kind == "openai" else not any(served)):
                         raise ValueError(f"upstream {u.name}: serving an alias of openai upstreams that the "
                                          "gateway did not start with (or one of them with a Hearth node) needs "
                                          "a restart")

@@ -8,6 +8,7 @@ one changing nothing. This module has its own gateway and nodes (not the package
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -147,10 +148,33 @@ def test_a_node_that_stops_renewing_stops_receiving_new_conversations(fleet: Joi
     fleet.gw.wait(lambda: fleet.routed("b"), "b back in routing once it renews", 60)
 
 
-def test_a_node_shut_down_cleanly_leaves_at_once(fleet: Joined) -> None:
+def turn(gw: Gateway, sid: str, text: str) -> httpx.Response:
+    r = httpx.post(gw.base_url + "/chat/completions", headers={"Authorization": f"Bearer {GW_KEY}"}, timeout=120,
+                   json={"model": MODEL, "max_tokens": 2, "session_id": sid,
+                         "messages": [{"role": "user", "content": text}]})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_a_node_drained_with_the_join_key_then_shut_down_leaves_at_once(fleet: Joined) -> None:
+    # What a Kubernetes node pod does when it stops (deploy/kubernetes/nodes.yaml): its preStop
+    # drains it through the gateway with the join key (its sessions move, with their KV), then
+    # SIGTERM: it leaves the fleet on its way out.
     assert fleet.b is not None
+    sid = f"leaving-{fleet.b_port}"
+    turn(fleet.gw, sid, "Hello")
+    if fleet.gw.session_node(sid) != "b":
+        assert fleet.gw.admin("POST", f"/admin/sessions/{sid}/move", json={"to": "b"}).status_code == 200
+    out = subprocess.run([sys.executable, "-m", "hearth.cli.main", "gateway", "drain", "b", "--url", fleet.gw.url,
+                          "--api-key", JOIN_KEY, "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [m["session_id"] for m in report["moved"]] == [sid] and report["failed"] == []
+    assert fleet.gw.session_node(sid) == "a" and fleet.nodes()["b"]["draining"]
+    usage = turn(fleet.gw, sid, "Again").json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"]  # continued on a from the moved KV
     left, lapsed = (fleet.gw.log.read_text().count(s) for s in ("node b left the fleet", "node b removed"))
-    stop_server(fleet.b)  # SIGTERM: it leaves the fleet on its way out (DELETE /admin/fleet/b)
+    stop_server(fleet.b)  # SIGTERM: DELETE /admin/fleet/b
     fleet.b = None
     fleet.gw.wait(lambda: "b" not in fleet.nodes(), "b gone from the fleet", 30)
     log = fleet.gw.log.read_text()
