@@ -30,7 +30,7 @@ MODEL = "smollm2-135m-instruct"  # a node that joins offers its models under the
 
 def upstream(name: str, url: str) -> str:
     return (f'[[upstream]]\nname = "{name}"\nurl = "{url}"\napi_key = "{node_key(name)}"\n'
-            f'models = {{ "{MODEL}" = "{MODEL}" }}\nmax_in_flight = 2\n\n')
+            f'admin_key = "node-{name}-admin"\nmodels = {{ "{MODEL}" = "{MODEL}" }}\nmax_in_flight = 2\n\n')
 
 
 @dataclass
@@ -169,7 +169,7 @@ def test_a_node_drained_with_the_join_key_then_shut_down_leaves_at_once(fleet: J
                           "--api-key", JOIN_KEY, "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert [m["session_id"] for m in report["moved"]] == [sid] and report["failed"] == []
+    assert [m["session_id"] for m in report["moved"]] == [sid] and report["failed"] == [], report
     assert fleet.gw.session_node(sid) == "a" and fleet.nodes()["b"]["draining"]
     usage = turn(fleet.gw, sid, "Again").json()["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"]  # continued on a from the moved KV
