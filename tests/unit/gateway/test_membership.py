@@ -51,6 +51,7 @@ def gateway(tmp_path: Path, ups: list[Upstream], wall: Wall, db: str = "g.sqlite
                                upstreams_file=fleet_file)
     client = httpx.AsyncClient(transport=httpx.MockTransport(fleet_node))
     pool = Pool(settings, TranscriptStore(tmp_path / db), GatewayMetrics(), client)
+    pool.metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
     for n in pool.nodes.values():
         n.live.probed(True)
     # The store writes unix time; the fake wall starts there and moves only when a test moves it.
@@ -101,6 +102,7 @@ async def test_a_node_that_stops_renewing_lapses_then_is_removed(tmp_path: Path)
     await m.sync()
     b = m.pool.nodes["b"]
     assert b.lapsed and b.live.up and not b.routable(m.pool.clock())
+    assert b'hearth_gateway_node_lapsed{node="b"} 1.0' in m.pool.metrics.render()
     leases = [await m.pool.acquire("m", NONE, [], 10) for _ in range(4)]
     assert {lease.node.name for lease in leases} == {"a"}  # up, but out of routing
     # renewed within the grace (the store stamps its own clock: the renewal as at the fake wall's time)
