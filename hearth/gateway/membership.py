@@ -270,16 +270,19 @@ class Membership:
 
     # ---- lifetime -------------------------------------------------------------------------------
 
+    async def _sync_logged(self) -> None:
+        try:
+            await self.sync()
+        except Exception as e:  # the store unreachable for a while: the pool stays as it was
+            log.warning("fleet membership: reading the members failed (%s: %s)", type(e).__name__, e)
+
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            try:
-                await self.sync()
-            except Exception:  # the store unreachable for a while: the pool stays as it was
-                log.exception("fleet membership: reading the members failed")
+            await self._sync_logged()
 
     async def start(self) -> None:
-        await self.sync()
+        await self._sync_logged()
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:

@@ -197,3 +197,18 @@ async def test_reload_without_a_fleet_file_is_an_error(tmp_path: Path) -> None:
     m = gateway(tmp_path, [], Wall())
     with pytest.raises(BadRequest):
         await m.reload()
+
+
+async def test_a_store_that_fails_leaves_the_fleet_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    wall = Wall()
+    m = gateway(tmp_path, [Upstream("a", "http://a.test:8000", models={"m": "model"})], wall)
+    await m.join(registration("b"))
+
+    async def gone() -> list[dict[str, Any]]:
+        raise OSError("database unreachable")
+
+    monkeypatch.setattr(m.pool.store, "members", gone)
+    await m.start()  # does not raise: the loop tries again every interval
+    await m.stop()
+    assert set(m.pool.nodes) == {"a", "b"} and "database unreachable" in caplog.text
