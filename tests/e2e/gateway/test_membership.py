@@ -135,11 +135,18 @@ def test_a_node_that_joins_receives_new_conversations(fleet: Joined) -> None:
 
 def test_a_node_that_stops_renewing_stops_receiving_new_conversations(fleet: Joined) -> None:
     assert fleet.b is not None
+    sid = f"bound-{fleet.b_port}"  # a conversation bound to b: it fails over as a dead node's does
+    turn(fleet.gw, sid, "Hello")
+    if fleet.gw.session_node(sid) != "b":
+        assert fleet.gw.admin("POST", f"/admin/sessions/{sid}/move", json={"to": "b"}).status_code == 200
     os.kill(fleet.b.proc.pid, signal.SIGSTOP)  # its renewals stop with it
     try:
         fleet.gw.wait(lambda: "b" not in fleet.nodes() or bool(fleet.nodes()["b"]["lapsed"]),
                       "b's registration to lapse", 60)
         assert {new_conversation(fleet.gw, 10 + i) for i in range(3)} == {"a"}
+        turn(fleet.gw, sid, "Still there?")  # continued on a, from the gateway's transcript
+        assert fleet.gw.session_node(sid) == "a"
+        assert fleet.gw.admin("GET", f"/admin/sessions/{sid}").json()["transcript_messages"] >= 4
         fleet.gw.wait(lambda: "b" not in fleet.nodes(), "b removed after the grace", 60)
         assert "node b removed: it has not renewed" in fleet.gw.log.read_text()
     finally:
