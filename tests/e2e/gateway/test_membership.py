@@ -1,10 +1,11 @@
 """A fleet that changes while it serves, with real processes: a gateway started over one node
 from its fleet file ("a"), and a second real node that joins it at run time (`hearth serve
 --join`, "b"). Two nodes are all it takes: b receives new conversations once it joined; b
-stopped (SIGSTOP: it stops renewing) is taken out of routing, then removed, and comes back when
-it runs again; b shut down cleanly leaves at once; a second gateway on the same database routes
-to b without b ever having talked to it; the fleet file is reloaded by SIGHUP and the CLI, a bad
-one changing nothing. This module has its own gateway and nodes (not the package's fleet)."""
+stopped (SIGSTOP: it stops renewing) is taken out of routing (a conversation bound to it
+continues on a), then removed, and comes back when it runs again; b drained with the join key
+(its session moves to a with its KV) and shut down cleanly leaves at once; a second gateway on
+the same database routes to b without b ever having talked to it; the fleet file is reloaded by
+SIGHUP and the CLI, a bad one changing nothing. This module has its own gateway and nodes (not the package's fleet)."""
 
 from __future__ import annotations
 
