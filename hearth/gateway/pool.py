@@ -47,13 +47,18 @@ class Node:
     last_bytes: float = 0.0  # when the node last sent bytes of an answer (monotonic clock)
     prefixes: PrefixTable = field(default_factory=PrefixTable)
     digest: Digest | None = None  # what its prompt cache holds (Hearth nodes that publish it)
+    # Where the node comes from (membership.py): the fleet file, or a registration at run time;
+    # a joined node whose registration lapsed (it stopped renewing) takes no new requests.
+    source: str = "file"  # file | joined
+    lapsed: bool = False
 
     @property
     def name(self) -> str:
         return self.up.name
 
     def routable(self, now: float) -> bool:
-        return self.live.up and not self.draining and self.breaker.allows() and now >= self.cooling_until
+        return (self.live.up and not self.draining and not self.lapsed and self.breaker.allows()
+                and now >= self.cooling_until)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +233,40 @@ class Pool:
     def _retry_after(self) -> int:
         return max(1, min(30, int(self.settings.max_wait / 4)))
 
+    def wake(self) -> None:
+        """Requests waiting for a node look again (one became routable)."""
+        self._wake()
+
     def _wake(self) -> None:
         self._freed.set()
         self._freed = asyncio.Event()
+
+    # ---- the fleet changing (membership.py) ------------------------------------------------------
+
+    def add(self, up: Upstream, source: str = "file") -> Node:
+        """A node that joins (or a fleet file's new upstream): routed to once a probe finds it up."""
+        node = self.nodes[up.name] = Node(up, source=source)
+        self._publish()
+        return node
+
+    def update(self, node: Node, up: Upstream) -> None:
+        """The same node with a new address or description (a node that re-joined from elsewhere):
+        its liveness is found again by probes."""
+        moved = up.url != node.up.url
+        node.up = up
+        if moved:
+            node.live, node.digest = Liveness(), None
+        self._publish()
+
+    def remove(self, name: str) -> None:
+        """Out of the fleet: its bindings fail over as a dead node's do (the store keeps them)."""
+        if self.nodes.pop(name, None) is not None:
+            self._publish()
+            self._wake()
+
+    def _publish(self) -> None:
+        # the models the gateway lists, its default model and per-node settings come from here
+        self.settings.upstreams = [n.up for n in self.nodes.values()]
 
     def release(self, lease: Lease, ok: bool | None) -> None:
         """Give the node back; `ok` is the outcome for the breaker (None: not the node's fault

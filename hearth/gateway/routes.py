@@ -283,7 +283,8 @@ def _digest_json(pool: Pool, d: Digest | None) -> dict[str, Any] | None:
 async def status_json(pool: Pool) -> dict[str, Any]:
     sessions = await pool.store.counts()
     return {"object": "gateway.status", "waiting": pool.waiting, "time": int(time.time()),
-            "nodes": [{"name": n.name, "url": n.up.url, "kind": n.up.kind, "up": n.live.up,
+            "nodes": [{"name": n.name, "url": n.up.url, "kind": n.up.kind, "source": n.source, "lapsed": n.lapsed,
+                       "up": n.live.up,
                        "last_error": n.live.last_error, "breaker": n.breaker.state, "draining": n.draining,
                        "in_flight": n.in_flight, "max_in_flight": n.up.max_in_flight,
                        "sessions": sessions.get(n.name, 0), "transitions": n.live.transitions,
@@ -309,15 +310,52 @@ async def session_status(request: Request) -> Response:
 
 
 async def drain(request: Request) -> Response:
-    _require_admin(request)
-    mover = gateway_of(request.app).mover
-    return JSONResponse(await mover.drain(request.path_params["node"]))
+    gw = gateway_of(request.app)
+    name = request.path_params["node"]
+    node = gw.pool.nodes.get(name)
+    if not (node is not None and node.source == "joined" and _is_join_key(request)):  # a node drains itself
+        _require_admin(request)
+    return JSONResponse(await gw.mover.drain(name))
 
 
 async def undrain(request: Request) -> Response:
     _require_admin(request)
     mover = gateway_of(request.app).mover
     return JSONResponse(await mover.undrain(request.path_params["node"]))
+
+
+# ---- the fleet changing (membership.py) ---------------------------------------------------------
+
+
+def _is_join_key(request: Request) -> bool:
+    join = _pool(request).settings.join_key
+    return bool(join) and matches(presented_key(dict(request.scope["headers"])), [join] if join else [])
+
+
+def _require_fleet_key(request: Request) -> None:
+    """Joining and leaving: the gateway's join key or its admin key (open only on a gateway
+    with neither, as its other admin endpoints are)."""
+    settings = _pool(request).settings
+    allowed = [k for k in (settings.join_key, settings.admin_key) if k]
+    if allowed and not matches(presented_key(dict(request.scope["headers"])), allowed):
+        raise Forbidden("joining or leaving the fleet needs the gateway's join key or admin key")
+
+
+async def fleet_join(request: Request) -> Response:
+    _require_fleet_key(request)
+    body = await read_json(request)
+    return JSONResponse(await gateway_of(request.app).membership.join(body))
+
+
+async def fleet_leave(request: Request) -> Response:
+    _require_fleet_key(request)
+    return JSONResponse(await gateway_of(request.app).membership.leave(request.path_params["node"]))
+
+
+async def fleet_reload(request: Request) -> Response:
+    _require_admin(request)
+    gw = gateway_of(request.app)
+    return JSONResponse(await gw.membership.reload(gw.translated))
 
 
 async def move_session(request: Request) -> Response:

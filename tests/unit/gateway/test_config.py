@@ -58,8 +58,11 @@ def test_settings_checks() -> None:
         GatewaySettings(upstreams=[up], host="0.0.0.0")
     with pytest.raises(ValueError, match="default-model"):
         GatewaySettings(upstreams=[up], default_model="nope")
-    with pytest.raises(ValueError, match="at least one upstream"):
-        GatewaySettings(upstreams=[])
+    assert GatewaySettings(upstreams=[]).upstreams == []  # every node joins at run time (membership.py)
+    with pytest.raises(ValueError, match="member-ttl"):
+        GatewaySettings(upstreams=[up], member_ttl=0)
+    with pytest.raises(ValueError, match="join-key"):
+        GatewaySettings(upstreams=[up], join_key="")
     foreign = Upstream(name="f", url="http://y", kind="openai", models={"m": "m"})
     with pytest.raises(ValueError, match="alias 'm' is served by both hearth and openai upstreams"):
         GatewaySettings(upstreams=[up, foreign])
