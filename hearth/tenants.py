@@ -1,11 +1,11 @@
 """Tenants: who owns what a node stores, and who may see it (docs/api.md, "Keys and tenants").
 
 Every API key belongs to one tenant. A key file line is
-`KEY [name=NAME] [tenant=TENANT] [cache=tenant|shared] [concurrent=N] [rpm=N] [tpm=N]` (the
-last three: the key's limits, api/http/key_usage.py): a named key's tenant defaults to its
-name, so several keys share a tenant only when they say so; a bare line (and `--api-key`) is a
-tenant of its own, named `key-` and the first 8 hex digits of the key's SHA-256 (stable across
-restarts, and it does not reveal the key).
+`KEY [name=NAME] [tenant=TENANT] [cache=tenant|shared] [concurrent=N] [rpm=N] [tpm=N]
+[role=client|gateway]` (concurrent, rpm, tpm: the key's limits, api/http/key_usage.py; role:
+below): a named key's tenant defaults to its name, so several keys share a tenant only when
+they say so; a bare line (and `--api-key`) is a tenant of its own, named `key-` and the first
+8 hex digits of the key's SHA-256 (stable across restarts, and it does not reveal the key).
 
 Every session, snapshot and stored response records its owner (a tenant name) when created.
 A caller sees an object when it owns it, or when it is the admin: the admin key, or anyone on a
@@ -19,6 +19,19 @@ first token comes says nothing about other tenants' prompts. A key with `cache=s
 default namespace, the one the admin and a node without keys use: prefixes its requests leave
 are reused by every caller in it (a system prompt all users send). A request's `cache_salt`
 (vLLM's name) splits its caller's namespace further.
+
+A gateway (docs/gateway.md, "Tenants through the gateway") calls a node with its own key and
+says for which tenant in `X-Hearth-Tenant` (and `X-Hearth-Tenant-Cache: shared` for a
+`cache=shared` key): the node believes that header only from a key whose line says
+`role=gateway`, and then acts exactly as if the tenant's own key had called. From any other key
+the header is refused (403): a client cannot claim another tenant, and a gateway whose key
+lacks the role fails loudly instead of putting every tenant in one.
+
+Session ids a tenant picks are its own namespace (`Caller.session_key`): on the node the
+session is stored as `t<12 hex of the tenant's SHA-256>.<id>`, and the tenant sees and names it
+by its own id (`Caller.shown`); the admin sees the stored id. So an id another tenant holds is
+free for this one, exactly as an id nobody holds (no 409 says it is taken). Sessions stored
+before this (a tenant's under its plain id) are still found by their plain id.
 
 Invariant: a caller never learns that another tenant's object exists. Lookups that miss and
 lookups of another tenant's id give the same 404 (the routes check `Caller.sees` before
@@ -37,6 +50,9 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")  # key and tenant names
 
 
 CACHE_MODES = ("tenant", "shared")
+ROLES = ("client", "gateway")  # a gateway key may speak for a tenant (TENANT_HEADER)
+TENANT_HEADER = "x-hearth-tenant"  # the tenant a gateway's request is for
+TENANT_CACHE_HEADER = "x-hearth-tenant-cache"  # "shared": that tenant's key says cache=shared
 LIMITS = ("concurrent", "rpm", "tpm")  # requests at once, requests and tokens per minute
 
 
@@ -49,6 +65,7 @@ class ApiKey:
     concurrent: int | None = None  # None: no limit
     rpm: int | None = None
     tpm: int | None = None
+    role: str = "client"
 
     def __post_init__(self) -> None:
         for limit in LIMITS:
@@ -57,6 +74,8 @@ class ApiKey:
                 raise ValueError(f"key {self.name!r}: {limit} must be a whole number of at least 1")
         if self.cache not in CACHE_MODES:
             raise ValueError(f"key {self.name!r}: cache must be one of {', '.join(CACHE_MODES)}")
+        if self.role not in ROLES:
+            raise ValueError(f"key {self.name!r}: role must be one of {', '.join(ROLES)}")
         if not self.key.strip():
             raise ValueError("API keys must not be empty")
         for what, value in (("name", self.name), ("tenant", self.tenant)):
@@ -77,9 +96,10 @@ def parse_key_line(line: str) -> ApiKey:
     fields: dict[str, str] = {}
     for attr in attrs:
         name, eq, value = attr.partition("=")
-        if not eq or not value or name not in ("name", "tenant", "cache", *LIMITS) or name in fields:
+        if not eq or not value or name not in ("name", "tenant", "cache", "role", *LIMITS) or name in fields:
             raise ValueError(f"unknown, empty or repeated key attribute {name!r}: a line is KEY [name=NAME] "
-                             "[tenant=TENANT] [cache=tenant|shared] [concurrent=N] [rpm=N] [tpm=N]")
+                             "[tenant=TENANT] [cache=tenant|shared] [concurrent=N] [rpm=N] [tpm=N] "
+                             "[role=client|gateway]")
         fields[name] = value
     limits: dict[str, int] = {}
     for limit in LIMITS:
@@ -89,7 +109,8 @@ def parse_key_line(line: str) -> ApiKey:
             limits[limit] = int(fields[limit])
     name = fields.get("name", bare_key(key).name)
     return ApiKey(key, name, fields.get("tenant", name), fields.get("cache", "tenant"),
-                  concurrent=limits.get("concurrent"), rpm=limits.get("rpm"), tpm=limits.get("tpm"))
+                  concurrent=limits.get("concurrent"), rpm=limits.get("rpm"), tpm=limits.get("tpm"),
+                  role=fields.get("role", "client"))
 
 
 def read_key_file(path: str | Path) -> list[ApiKey]:
@@ -123,6 +144,12 @@ class Caller:
     key_name: str | None = None  # None: the node has no keys
     admin: bool = False  # sees and manages every tenant's objects
     shared_cache: bool = False  # its key says cache=shared
+    via_gateway: bool = False  # a gateway's key (`key_name`) spoke for the tenant (TENANT_HEADER)
+
+    @property
+    def on_behalf(self) -> str | None:
+        """The tenant a gateway's request is for (its usage is counted to it too); else None."""
+        return self.tenant if self.via_gateway else None
 
     def sees(self, owner: str) -> bool:
         return self.admin or owner == self.tenant
@@ -134,12 +161,38 @@ class Caller:
         base = "" if self.admin or self.shared_cache else "tenant\0" + self.tenant
         return base if salt is None else base + "\0salt\0" + salt
 
+    def session_key(self, sid: str) -> str:
+        """The stored id of the session this caller names `sid`: itself for the admin (and a
+        node without keys); within its tenant's namespace for a tenant (an id already in it
+        stays as it is). Callers check the result is a session id (hearth.sessions.ids)."""
+        if self.admin:
+            return sid
+        prefix = session_prefix(self.tenant)
+        return sid if sid.startswith(prefix) else prefix + sid
+
+    def shown(self, stored: str) -> str:
+        """A stored session id as this caller names it: its own tenant's without the prefix."""
+        if self.admin:
+            return stored
+        return stored.removeprefix(session_prefix(self.tenant))
+
     @property
     def scope(self) -> str | None:
         """The owner a listing or lookup is limited to; None: every owner (the admin)."""
         return None if self.admin else self.tenant
 
 
+def session_prefix(tenant: str) -> str:
+    """The prefix of a tenant's stored session ids: fixed length, in the session id alphabet,
+    one per tenant (a tenant name may hold every character a session id may, so not the name)."""
+    return "t" + hashlib.sha256(tenant.encode()).hexdigest()[:12] + "."
+
+
 OPEN = Caller(ADMIN, None, admin=True)  # any request on a node without keys
 ADMIN_CALLER = Caller(ADMIN, "admin", admin=True)  # the admin key
 
+
+
+def tenant_headers(tenant: str, shared_cache: bool = False) -> dict[str, str]:
+    """What a gateway sends a node (with its own `role=gateway` key) to act for `tenant`."""
+    return {TENANT_HEADER: tenant, **({TENANT_CACHE_HEADER: "shared"} if shared_cache else {})}

@@ -123,6 +123,7 @@ async def cancel(request: Request) -> Response:
     ids = [i for i in (body.completion_id, body.response_id, body.message_id) if i]
     if body.cancel_id is None and body.session_id is None and not ids:
         raise BadRequest("name what to cancel: cancel_id, session_id, completion_id, response_id or message_id")
-    n = node(request).cancels.cancel(cancel_id=body.cancel_id, session_id=body.session_id, ids=ids,
-                                     scope=caller(request).scope)
+    who = caller(request)
+    sid = who.session_key(body.session_id) if body.session_id is not None else None  # as runs register it
+    n = node(request).cancels.cancel(cancel_id=body.cancel_id, session_id=sid, ids=ids, scope=who.scope)
     return JSONResponse({"cancelled": n})

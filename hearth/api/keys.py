@@ -3,11 +3,23 @@ key"), by name and tenant, never the key itself. Under /admin: the admin key's w
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
+from hearth.api.http.key_usage import KeyAccounts
 
 
 async def usage(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": node(request).keys.usage()})
+
+
+def usage_of(accounts: KeyAccounts) -> Callable[[Request], Awaitable[Response]]:
+    """The same endpoint over other accounts (the gateway's)."""
+
+    async def endpoint(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": accounts.usage()})
+
+    return endpoint

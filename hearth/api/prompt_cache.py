@@ -88,5 +88,6 @@ async def digest(request: Request) -> Response:
         mine = ctx.sessions.visible_ids(who)
         for m in models.values():
             sessions = m.get("sessions") or {}
-            m["sessions"] = {where: [s for s in ids if s in mine] for where, ids in sessions.items()}
+            # under the names the caller gives them (a tenant's ids are its namespace, hearth.tenants)
+            m["sessions"] = {where: [who.shown(s) for s in ids if s in mine] for where, ids in sessions.items()}
     return JSONResponse({"object": "prompt_cache.digest", "version": DIGEST_VERSION, "models": models})

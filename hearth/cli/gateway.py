@@ -42,6 +42,9 @@ def serve(
     default_model: Annotated[str | None, typer.Option(
         envvar="HEARTH_DEFAULT_MODEL", help="Alias that serves requests naming an unknown model.")] = None,
     api_key: RequireKeyOpt = None,
+    api_key_file: Annotated[str | None, typer.Option(
+        envvar="HEARTH_API_KEY_FILE", help="File with one client key per line, a node's format: KEY [name=NAME] "
+        "[tenant=TENANT] [cache=...] [concurrent=N] [rpm=N] [tpm=N] (docs/gateway.md, \"Tenants\").")] = None,
     admin_key: Annotated[str | None, typer.Option(
         envvar="HEARTH_ADMIN_KEY", help="Key needed for drain/move and to delete sessions and snapshots.")] = None,
     join_key: Annotated[str | None, typer.Option(
@@ -109,6 +112,7 @@ def serve(
     from hearth.gateway.app import create_gateway_app
     from hearth.gateway.config import GatewaySettings, load_upstreams
     from hearth.observability.logging import setup_logging
+    from hearth.tenants import read_key_file
 
     if upstreams is None and not (join_key or admin_key):
         typer.echo("error: --upstreams FILE (a TOML [[upstream]] list; see docs/gateway.md) or --join-key KEY "
@@ -116,11 +120,12 @@ def serve(
         raise typer.Exit(2)
     try:
         keys = required_keys(api_key)
+        named = read_key_file(api_key_file) if api_key_file else []
         home = Path(data_dir).expanduser() if data_dir else default_data_dir() / "gateway"
         settings = GatewaySettings(
             upstreams=load_upstreams(upstreams) if upstreams else [], upstreams_file=upstreams, join_key=join_key,
             member_ttl=member_ttl, member_grace=member_grace, host=host, port=port, default_model=default_model,
-            api_keys=keys,
+            api_keys=keys, named_keys=named,
             admin_key=admin_key, metrics_token=metrics_token, metrics_public=metrics_public, insecure=insecure,
             cors_origins=parse_origins(cors_origins),
             max_waiting=max_waiting, max_wait=max_wait, probe_interval=probe_interval, probe_timeout=probe_timeout,

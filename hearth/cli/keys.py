@@ -16,15 +16,18 @@ app = typer.Typer(help="The server's API keys: usage and limits per key.", no_ar
 
 
 def usage_table(rows: list[dict[str, Any]]) -> Table:
+    """One row per key; a node adds a row per tenant a gateway key spoke for (`via`: that key)."""
     table = Table(title="API keys")
-    cols = ("key", "tenant", "requests", "limited", "in flight", "prompt tokens", "completion tokens",
-            "cached tokens", "limits")
+    via = any(r.get("via") for r in rows)
+    cols = ("key", "tenant", *(("via",) if via else ()), "requests", "limited", "in flight", "prompt tokens",
+            "completion tokens", "cached tokens", "limits")
     for col in cols:
-        table.add_column(col, overflow="fold", justify="left" if col in ("key", "tenant", "limits") else "right")
+        table.add_column(col, overflow="fold", justify="left" if col in ("key", "tenant", "via", "limits") else "right")
     for r in rows:
         limits = ", ".join(f"{k}={v}" for k, v in r["limits"].items() if v is not None) or "-"
-        table.add_row(r["name"], r["tenant"], str(r["requests"]), str(r["limited"]), str(r["in_flight"]),
-                      str(r["prompt_tokens"]), str(r["completion_tokens"]), str(r["cached_tokens"]), limits)
+        table.add_row(r["name"], r["tenant"], *((r.get("via") or "-",) if via else ()), str(r["requests"]),
+                      str(r["limited"]), str(r["in_flight"]), str(r["prompt_tokens"]), str(r["completion_tokens"]),
+                      str(r["cached_tokens"]), limits)
     return table
 
 

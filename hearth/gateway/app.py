@@ -17,9 +17,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hearth.api import web
+from hearth.api import keys, web
 from hearth.api.anthropic import messages as anthropic
 from hearth.api.app import assemble, create_app
+from hearth.api.http.key_usage import KeyAccounts, KeyUsageCollector
 from hearth.config import Settings
 from hearth.gateway import routes
 from hearth.gateway.background import BackgroundRuns
@@ -44,7 +45,8 @@ GENERATION = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/
 def access_settings(settings: GatewaySettings) -> Settings:
     """The node's auth middleware reads its keys from node Settings: the gateway's, carried over."""
     return Settings(models=[], host=settings.host, port=settings.port, api_keys=list(settings.api_keys),
-                    admin_key=settings.admin_key, metrics_token=settings.metrics_token,
+                    named_keys=list(settings.named_keys), admin_key=settings.admin_key,
+                    metrics_token=settings.metrics_token,
                     metrics_public=settings.metrics_public, insecure=settings.insecure, data_dir=settings.data_dir,
                     cors_origins=list(settings.cors_origins))
 
@@ -75,6 +77,11 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     http: UpstreamHttp | HttpxSender = UpstreamHttp(HttpxSender(client)) if transport is None \
         else HttpxSender(client)
     proxy = Proxy(settings, pool, store, metrics, client, http)
+    # Usage and limits per client key: the node's accounts (api/http/key_usage.py), fed by the
+    # usage the proxy reads from the answers it relays.
+    accounts = KeyAccounts(settings.keyring)
+    proxy.accounts = accounts
+    metrics.registry.register(KeyUsageCollector(accounts))
     background = BackgroundRuns(proxy, store, settings.heartbeat)
     # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
     # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.
@@ -138,6 +145,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         Route("/health", routes.health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/admin/status", routes.status, methods=["GET"]),
+        Route("/admin/keys/usage", keys.usage_of(accounts), methods=["GET"]),
         Route("/admin/nodes/{node}/drain", routes.drain, methods=["POST"]),
         Route("/admin/nodes/{node}/undrain", routes.undrain, methods=["POST"]),
         Route("/admin/fleet/join", routes.fleet_join, methods=["POST"]),
@@ -148,7 +156,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name:path}", web.static_file, methods=["GET"]),
     ]
-    app = assemble(route_list, lifespan, metrics.requests, access_settings(settings), join_key=settings.join_key)
+    app = assemble(route_list, lifespan, metrics.requests, access_settings(settings), accounts,
+                   join_key=settings.join_key)
     attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=mover,
                         started=int(time.time()), translator=translator, translated=translated_aliases,
                         background=background, membership=membership))

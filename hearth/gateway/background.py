@@ -53,7 +53,9 @@ from hearth.errors import BadRequest, HearthError, Unavailable
 from hearth.gateway.migration import parse
 from hearth.gateway.migration_responses import TERMINAL, ResponsesCut
 from hearth.gateway.proxy import Proxy
+from hearth.gateway.tenancy import caller, owns
 from hearth.gateway.transcripts import GatewayStore
+from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")
 
@@ -94,8 +96,8 @@ class BackgroundRuns:
         self._runs: dict[str, Run] = {}  # live runs, by response id
         self._tasks: set[asyncio.Task[None]] = set()  # every task, before its first event too
 
-    def running(self, response_id: str) -> bool:
-        return response_id in self._runs
+    async def running(self, response_id: str, who: Caller) -> bool:
+        return response_id in self._runs and await owns(self.store, who, "background", response_id)
 
     # ---- create ----------------------------------------------------------------------------------
 
@@ -135,7 +137,7 @@ class BackgroundRuns:
             async for chunk in chunks:
                 events = _events(chunk)
                 if run is None and events:
-                    run = await self._begin(events[0], begun)
+                    run = await self._begin(events[0], begun, turn.who.tenant)
                 if run is not None:
                     await self._record(run, events)
             if run is not None and not run.log.closed:  # the relay always ends with a terminal event
@@ -163,7 +165,7 @@ class BackgroundRuns:
                 begun.set_exception(Unavailable("the upstream ended the stream before the response began",
                                                 code="upstream_failed", retry_after=2))
 
-    async def _begin(self, first: dict[str, Any], begun: asyncio.Future[Run | Response]) -> Run:
+    async def _begin(self, first: dict[str, Any], begun: asyncio.Future[Run | Response], owner: str) -> Run:
         response = first.get("response")
         if first.get("type") != "response.created" or not isinstance(response, dict) or \
                 not isinstance(response.get("id"), str):
@@ -173,6 +175,7 @@ class BackgroundRuns:
         run = Run({**response, "background": True}, self.logs.open(response["id"]), task)
         await self.store.save_background(run.response)  # a database away: no run (the creator's 503)
         self._runs[response["id"]] = run
+        await self.store.set_owner("background", response["id"], owner)
         begun.set_result(run)
         return run
 
@@ -215,6 +218,8 @@ class BackgroundRuns:
     async def answer(self, request: Request) -> Response | None:
         """`/v1/responses/{id}…` for a response the gateway runs or ran; None for any other."""
         rid: str = request.path_params["response_id"]
+        if not await owns(self.store, caller(request), "background", rid):
+            return None  # another tenant's: the node is asked, as the caller, and does not know it
         run = self._runs.get(rid)
         stored = run.current() if run is not None else await self.store.background(rid)
         if stored is None:

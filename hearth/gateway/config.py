@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hearth.config import LOOPBACK, check_access, check_origins, default_data_dir
+from hearth.tenants import ApiKey, bare_key, check_keyring
 
 KINDS = ("hearth", "openai")
 # How an openai-kind engine continues a final assistant message (openai_continue.py): vLLM's and
@@ -80,7 +81,8 @@ class GatewaySettings:
     database: str | None = field(default=None, repr=False)
     lease_ttl: float = 15.0  # seconds a gateway's lease outlives its last renewal (leases.py)
     default_model: str | None = None  # an alias: what unknown model names are served by
-    api_keys: list[str] = field(default_factory=list)
+    api_keys: list[str] = field(default_factory=list)  # bare keys (--api-key): each a tenant of its own
+    named_keys: list[ApiKey] = field(default_factory=list)  # --api-key-file, a node's format (hearth.tenants)
     admin_key: str | None = None
     metrics_token: str | None = None
     metrics_public: bool = False
@@ -140,10 +142,23 @@ class GatewaySettings:
             raise ValueError("--member-ttl must be > 0 and --member-grace >= 0 seconds")
         if self.join_key is not None and not self.join_key:
             raise ValueError("--join-key must not be empty")
-        check_access(self.host, self.api_keys, self.insecure, "--api-key")
+        check_access(self.host, [*self.api_keys, *(k.key for k in self.named_keys)], self.insecure,
+                     "--api-key (or --api-key-file)")
+        check_keyring(self.keyring)
         check_origins(self.cors_origins)
         if self.upstreams and self.default_model is not None and self.default_model not in self.aliases():
             raise ValueError(f"--default-model {self.default_model!r} is not an alias of any upstream")
+
+    @property
+    def tenants(self) -> bool:
+        """Whether the gateway carries its clients' tenants to the nodes and scopes its own
+        records by them (tenancy.py): with a key file. Without one it is one tenant, as before."""
+        return bool(self.named_keys)
+
+    @property
+    def keyring(self) -> list[ApiKey]:
+        """Every client key with its name and tenant, as a node's (`hearth.config.Settings.keyring`)."""
+        return [*(bare_key(k) for k in dict.fromkeys(self.api_keys) if k.strip()), *self.named_keys]
 
     def aliases(self) -> dict[str, list[Upstream]]:
         """alias -> the upstreams that serve it (in config order, joined nodes after)."""

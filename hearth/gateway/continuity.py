@@ -20,7 +20,9 @@ import httpx
 from hearth.errors import BadRequest, HearthError
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Node
+from hearth.gateway.tenancy import owner_caller, owns, upstream_headers
 from hearth.gateway.transcripts import GatewayStore
+from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")
 
@@ -33,12 +35,18 @@ def input_items(value: Any) -> list[Any]:
 
 
 class Continuity:
-    def __init__(self, store: GatewayStore, client: httpx.AsyncClient, metrics: GatewayMetrics) -> None:
+    def __init__(self, store: GatewayStore, client: httpx.AsyncClient, metrics: GatewayMetrics,
+                 keyed: bool = False) -> None:
         self.store = store
+        self.keyed = keyed  # the gateway carries tenants: what it does for a session, it does as its owner
         self.client = client
         self.metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
         self._syncs: dict[str, asyncio.Task[None]] = {}  # the latest transcript copy per session
+
+    async def as_owner(self, sid: str) -> Caller:
+        """Who the gateway calls a node as about session `sid`: its owner (tenancy.py)."""
+        return owner_caller(await self.store.owner_of("session", sid), self.keyed)
 
     # ---- before a turn -------------------------------------------------------------------------
 
@@ -55,10 +63,12 @@ class Continuity:
             return owner == node.name
         body = {"session_id": sid, "model": node.up.models[alias], "messages": history}
         url = f"{node.up.url}/v1/sessions"
-        r = await self.client.post(url, json=body, headers=node.up.headers(), timeout=30)
+        who = await self.as_owner(sid)  # re-created as its owner's, as it was
+        headers = upstream_headers(node.up, who)
+        r = await self.client.post(url, json=body, headers=headers, timeout=30)
         if r.status_code == 409:  # a stale copy from an earlier stay on this node
-            await self.client.delete(f"{url}/{sid}", headers=node.up.headers(admin=True), timeout=30)
-            r = await self.client.post(url, json=body, headers=node.up.headers(), timeout=30)
+            await self.client.delete(f"{url}/{sid}", headers=upstream_headers(node.up, who, admin=True), timeout=30)
+            r = await self.client.post(url, json=body, headers=headers, timeout=30)
         if r.status_code >= 500:
             raise httpx.TransportError(f"creating the session answered {r.status_code}")
         if r.status_code >= 400:
@@ -68,11 +78,12 @@ class Continuity:
                  len(history))
         return True
 
-    async def rechained(self, node: Node, body: dict[str, Any]) -> dict[str, Any]:
+    async def rechained(self, node: Node, body: dict[str, Any], who: Caller) -> dict[str, Any]:
         """The body for `node`. A `previous_response_id` chain held by another (dead or draining)
-        node is replayed from the gateway's copy as input items, without the id."""
+        node is replayed from the gateway's copy as input items, without the id (only for a
+        caller who owns it: anyone else's turn goes with the id, which the node does not know)."""
         rid = body.get("previous_response_id")
-        if not isinstance(rid, str):
+        if not isinstance(rid, str) or not await owns(self.store, who, "response", rid):
             return body
         owner = await self.store.node_of(f"response:{rid}")
         if owner is None or owner == node.name:
@@ -127,8 +138,8 @@ class Continuity:
 
     async def copy_transcript(self, node: Node, sid: str, alias: str) -> bool:
         try:
-            r = await self.client.get(f"{node.up.url}/v1/sessions/{sid}/history", headers=node.up.headers(),
-                                      timeout=30)
+            r = await self.client.get(f"{node.up.url}/v1/sessions/{sid}/history",
+                                      headers=upstream_headers(node.up, await self.as_owner(sid)), timeout=30)
             data = r.json().get("data") if r.status_code == 200 else None
             if isinstance(data, list):
                 await self.store.save_transcript(sid, alias, data)

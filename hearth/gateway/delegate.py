@@ -6,18 +6,23 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hearth.api.http.auth import CALLER
 from hearth.observability.logging import request_id
+from hearth.tenants import OPEN, Caller
 
 
 class Delegate(Response):
     """Hands the request, its body replayed, to another ASGI app (the translating protocol
-    layer for models on openai-kind upstreams)."""
+    layer for models on openai-kind upstreams). `who`: the caller the gateway found (tenancy.py);
+    the inner app, which has no keys of its own, acts for it (its stored responses, cancels and
+    prompt-cache namespaces are that tenant's, api/http/auth.py)."""
 
-    def __init__(self, app: ASGIApp, body: bytes) -> None:
+    def __init__(self, app: ASGIApp, body: bytes, who: Caller = OPEN) -> None:
         self.status_code = 200
         self.background = None
         self.app = app
         self.body = body
+        self.who = who
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         replayed = False
@@ -39,4 +44,4 @@ class Delegate(Response):
                                                   if k.lower() != b"x-request-id"]}
             await send(message)
 
-        await self.app({**scope, "headers": headers}, replay, send_once)
+        await self.app({**scope, "headers": headers, CALLER: self.who}, replay, send_once)

@@ -22,18 +22,22 @@ from hearth.gateway.context import gateway_of
 from hearth.gateway.headers import forwarded_headers
 from hearth.gateway.pool import Node, Pool
 from hearth.gateway.relay import renamer
+from hearth.gateway.tenancy import caller, upstream_headers
 
 
-async def call(request: Request, node: Node, body: bytes | None = None, admin: bool = False) -> httpx.Response:
-    """The client's request, as it came (path, query, body), to `node` with the node's key."""
-    url = node.up.url + request.url.path
+async def call(request: Request, node: Node, body: bytes | None = None, admin: bool = False,
+               path: str | None = None) -> httpx.Response:
+    """The client's request, as it came (path, query, body), to `node` with the node's key.
+    `path`: another path (a session's stored id, for a call with the node's admin key)."""
+    url = node.up.url + (path or request.url.path)
     if request.url.query:
         url += "?" + request.url.query
     content = body if body is not None else await request.body()
     gw = gateway_of(request.app)
     try:
         return await gw.client.request(
-            request.method, url, content=content, headers={**forwarded_headers(request), **node.up.headers(admin)},
+            request.method, url, content=content,
+            headers={**forwarded_headers(request), **upstream_headers(node.up, caller(request), admin)},
             timeout=httpx.Timeout(600, connect=gw.settings.connect_timeout))
     except httpx.HTTPError as e:
         raise Unavailable(f"upstream {node.name} could not be reached: {type(e).__name__}", code="upstream_failed",
@@ -49,8 +53,9 @@ async def relay_stream(request: Request, node: Node) -> Response:
     url = node.up.url + request.url.path + ("?" + request.url.query if request.url.query else "")
     gw = gateway_of(request.app)
     stall = gw.settings.stall_timeout_for(node.up)
-    upstream = gw.client.build_request(request.method, url, headers={**forwarded_headers(request),
-                                                                     **node.up.headers()},
+    upstream = gw.client.build_request(request.method, url,
+                                       headers={**forwarded_headers(request),
+                                                **upstream_headers(node.up, caller(request))},
                                        timeout=httpx.Timeout(stall or None, connect=gw.settings.connect_timeout))
     try:
         r = await gw.client.send(upstream, stream=True)
@@ -77,6 +82,19 @@ async def relay_stream(request: Request, node: Node) -> Response:
                     yield rename(whole)
 
     return EventStreamResponse(chunks(), close=r.aclose)
+
+
+async def holder(request: Request, nodes: list[Node], path: str | None = None) -> Node | None:
+    """The first of `nodes` where the caller sees `path` (a plain GET of it, as the caller,
+    answers 200): the check before an operation that goes with the node's admin key."""
+    gw = gateway_of(request.app)
+    for node in nodes:
+        with contextlib.suppress(httpx.HTTPError):
+            headers = {**forwarded_headers(request), **upstream_headers(node.up, caller(request))}
+            r = await gw.client.get(node.up.url + (path or request.url.path), headers=headers, timeout=30)
+            if r.status_code == 200:
+                return node
+    return None
 
 
 def aliases(node: Node) -> Callable[[bytes], bytes]:

@@ -22,7 +22,9 @@ import httpx
 from hearth.errors import BadRequest, Conflict, NotFound, Unavailable
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Node, Pool
+from hearth.gateway.tenancy import owner_caller, upstream_headers
 from hearth.gateway.transcripts import Move
+from hearth.tenants import OPEN, Caller
 
 log = logging.getLogger("hearth.gateway")
 
@@ -65,8 +67,11 @@ class Mover:
         return min(options, key=lambda n: n.in_flight)
 
     async def _call(self, node: Node, method: str, path: str, *, admin: bool = False, ok: tuple[int, ...] = (200, 201),
-                    **kw: Any) -> httpx.Response:
-        r = await self.client.request(method, node.up.url + path, headers=node.up.headers(admin), timeout=600, **kw)
+                    who: Caller = OPEN, **kw: Any) -> httpx.Response:
+        """One call to `node`, as `who` (a session's owner: what a move makes on the destination
+        is the owner's, tenancy.py)."""
+        r = await self.client.request(method, node.up.url + path, headers=upstream_headers(node.up, who, admin),
+                                      timeout=600, **kw)
         if r.status_code not in ok:
             raise _MoveFailed(f"{method} {path} on {node.name} answered {r.status_code}: {r.text[:300]}",
                               busy=r.status_code == 409 and "session_busy" in r.text)
@@ -77,24 +82,27 @@ class Mover:
         if src.up.kind != "hearth":
             raise BadRequest(f"{src.name} is not a Hearth node: its sessions have no KV to move", param="session_id")
         started = time.monotonic()
+        who = owner_caller(await self.pool.store.owner_of("session", sid), self.pool.settings.tenants)
         try:
-            info = (await self._call(src, "GET", f"/v1/sessions/{sid}")).json()
+            info = (await self._call(src, "GET", f"/v1/sessions/{sid}", who=who)).json()
         except _MoveFailed as e:
             raise NotFound(f"session {sid} is not on {src.name}: {e}", code="session_not_found") from e
         dst = self.destination(src, info.get("model", ""), to)
         if not await self.pool.store.begin_move(sid, src.name, dst.name):
             raise Conflict(f"session {sid} is being moved already", code="move_in_progress")
         try:
-            return await self._move(sid, src, dst, info, started)
+            return await self._move(sid, src, dst, info, started, who)
         finally:
             await self.pool.store.end_move(sid)
 
-    async def _move(self, sid: str, src: Node, dst: Node, info: dict[str, Any], started: float) -> dict[str, Any]:
+    async def _move(self, sid: str, src: Node, dst: Node, info: dict[str, Any], started: float,
+                    who: Caller) -> dict[str, Any]:
         deadline = time.monotonic() + BUSY_WAIT
         delay = 0.05
         while True:
             try:
-                snap = (await self._call(src, "POST", f"/v1/sessions/{sid}/save", json={})).json()["snapshot_id"]
+                snap = (await self._call(src, "POST", f"/v1/sessions/{sid}/save", json={}, who=who)
+                        ).json()["snapshot_id"]
                 break
             except _MoveFailed as e:
                 if not e.busy or time.monotonic() > deadline:
@@ -105,20 +113,21 @@ class Mover:
         await self.pool.store.move_saved(sid, snap)
         try:
             async with self.client.stream("GET", f"{src.up.url}/v1/snapshots/{snap}/archive",
-                                          headers=src.up.headers(), timeout=600) as archive:
+                                          headers=upstream_headers(src.up, who), timeout=600) as archive:
                 if archive.status_code != 200:
                     raise _MoveFailed(f"archive answered {archive.status_code}")
-                await self._call(dst, "POST", "/v1/snapshots/import", content=archive.aiter_raw(), ok=(201, 409))
+                await self._call(dst, "POST", "/v1/snapshots/import", content=archive.aiter_raw(), ok=(201, 409),
+                                 who=who)
             await self._call(dst, "POST", f"/v1/snapshots/{snap}/load", json={"session_id": sid, "force": True},
-                             admin=True)  # force replaces a session: an admin operation on a node
+                             admin=True, who=who)  # force replaces a session: an admin operation on a node
         except (_MoveFailed, httpx.HTTPError) as e:
             self.metrics.migrations.labels("failed").inc()
-            await self._call(src, "DELETE", f"/v1/snapshots/{snap}", admin=True, ok=(200, 404))
+            await self._call(src, "DELETE", f"/v1/snapshots/{snap}", admin=True, ok=(200, 404), who=who)
             raise Conflict(f"could not move session {sid} from {src.name} to {dst.name}: {e}",
                            code="move_failed") from e
         await self.pool.store.move_assigned(sid, dst.name)
         await self._delete(sid, [(src, f"/v1/sessions/{sid}"), (src, f"/v1/snapshots/{snap}"),
-                                 (dst, f"/v1/snapshots/{snap}")])
+                                 (dst, f"/v1/snapshots/{snap}")], who)
         seconds = time.monotonic() - started
         self.metrics.migrations.labels("ok").inc()
         self.metrics.migration_seconds.observe(seconds)
@@ -126,12 +135,12 @@ class Mover:
         return {"session_id": sid, "from": src.name, "to": dst.name, "seconds": round(seconds, 3),
                 "tokens": info.get("current_pos")}
 
-    async def _delete(self, sid: str, copies: list[tuple[Node | None, str]]) -> None:
+    async def _delete(self, sid: str, copies: list[tuple[Node | None, str]], who: Caller = OPEN) -> None:
         for node, path in copies:
             if node is None:
                 continue
             try:
-                await self._call(node, "DELETE", path, admin=True, ok=(200, 404))
+                await self._call(node, "DELETE", path, admin=True, ok=(200, 404), who=who)
             except (_MoveFailed, httpx.HTTPError) as e:  # the move stands; a leftover copy is only garbage
                 log.warning("after moving session %s: %s", sid, e)
 
@@ -148,7 +157,8 @@ class Mover:
             outcome, copies = "rolled_back", snap
             if move.snapshot and await self.pool.store.node_of(f"session:{sid}") != move.dst:
                 copies.append((dst, f"/v1/sessions/{sid}"))  # loaded there, maybe, before its gateway died
-        await self._delete(sid, copies)
+        who = owner_caller(await self.pool.store.owner_of("session", sid), self.pool.settings.tenants)
+        await self._delete(sid, copies, who)
         await self.pool.store.end_move(sid)
         self.metrics.migrations.labels(outcome).inc()
         log.warning("the move of session %s from %s to %s, left %s by a gateway that is gone, was %s", sid,

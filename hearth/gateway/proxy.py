@@ -18,8 +18,10 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
+from hearth.api.http import auth
+from hearth.api.http.key_usage import KeyAccounts
 from hearth.api.http.sse import json_bytes
-from hearth.errors import HearthError, TooManyRequests
+from hearth.errors import Conflict, HearthError, NotFound, TooManyRequests
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.continuity import Continuity
 from hearth.gateway.headers import forwarded_headers, passed_headers
@@ -30,11 +32,13 @@ from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.relay import Moved, Relay, Release, Scan
 from hearth.gateway.retry import RETRY_STATUSES, Retry, exhausted, refused
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
+from hearth.gateway.tenancy import caller, hidden, owns, session_hidden, upstream_headers
 from hearth.gateway.terminal import Protocol, protocol_of
 from hearth.gateway.transcripts import GatewayStore
 from hearth.gateway.turn_record import turn_messages
 from hearth.gateway.upstream_http import Answer, Buffered, Sender
-from hearth.sessions.ids import check_session_id
+from hearth.sessions.ids import stored_session_id
+from hearth.tenants import OPEN, Caller
 
 log = logging.getLogger("hearth.gateway")
 
@@ -55,6 +59,8 @@ class Turn:
     history: list[Any]  # the gateway's transcript of the session before this turn ([]: none)
     stream: bool
     headers: dict[str, str]
+    who: Caller = OPEN  # the client's tenant (tenancy.py): what the node is told, whose records these are
+    key: Caller = OPEN  # the client's key, as the key check found it: whose usage this is
     started: float = field(default_factory=time.monotonic)
 
 
@@ -67,7 +73,8 @@ class Proxy:
         self.metrics = metrics
         self.client = client
         self.http = http  # generation requests; `client` for the rest
-        self.continuity = Continuity(store, client, metrics)
+        self.accounts: KeyAccounts | None = None  # usage per client key, when the app counts it
+        self.continuity = Continuity(store, client, metrics, keyed=settings.tenants)
         self.relay = Relay(settings, metrics, pool.clock)
 
     # ---- the request ---------------------------------------------------------------------------
@@ -75,15 +82,29 @@ class Proxy:
     async def turn(self, request: Request, body: dict[str, Any]) -> Turn:
         alias = self.pool.resolve(body.get("model"))
         headers = forwarded_headers(request)
+        who = caller(request)
+        # Checked here too: the id goes into upstream URLs (history, create, delete). As the node
+        # stores it: a tenant's ids are its own namespace (hearth.tenants); nodes take either form.
+        sid = stored_session_id(who, body["session_id"]) if body.get("session_id") is not None else None
+        if sid is not None:
+            body = {**body, "session_id": sid}
         affinity = affinity_of(body, headers)
-        # Checked here too: the id goes into upstream URLs (history, create, delete).
-        sid = check_session_id(body["session_id"]) if body.get("session_id") is not None else None
+        if sid is not None and await session_hidden(self.store, who, sid):  # a node's own answers
+            if body.get("session_create") is False:
+                raise NotFound(f"session {sid} not found (session_create is false)", param="session_id",
+                               code="session_not_found")
+            raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
+        rid = body.get("previous_response_id")
+        if isinstance(rid, str) and await hidden(self.store, who, "response", rid):
+            raise NotFound(f"no stored response with id {rid!r}", param="previous_response_id")
         items = conversation(body)
-        saved = await self.store.transcript(sid) if sid is not None else None
+        saved = await self.store.transcript(sid) if sid is not None and await owns(self.store, who, "session", sid) \
+            else None
         history = saved[1] if saved is not None else []
         hashes = prefix_hashes(alias, history + items)
         return Turn(request.url.path, protocol_of(request.url.path), body, alias, affinity, hashes,
-                    hashes[-1][1] if hashes else 1, sid, history, body.get("stream") is True, headers)
+                    hashes[-1][1] if hashes else 1, sid, history, body.get("stream") is True, headers, who,
+                    auth.caller(request))
 
     async def generate(self, request: Request, body: dict[str, Any]) -> Response:
         return await self.serve(await self.turn(request, body))
@@ -118,10 +139,10 @@ class Proxy:
         there first. Raises httpx.TransportError when the node cannot be reached."""
         held = turn.session_id is not None and await self.continuity.ensure_session(
             node, turn.alias, turn.session_id, turn.history)
-        payload = {**await self.continuity.rechained(node, body), "model": node.up.models[turn.alias]}
+        payload = {**await self.continuity.rechained(node, body, turn.who), "model": node.up.models[turn.alias]}
         if held:  # the node must not start it afresh if it lost it (a node replaced with an empty disk)
             payload["session_create"] = False
-        headers = {**turn.headers, "content-type": "application/json", **node.up.headers()}
+        headers = {**turn.headers, "content-type": "application/json", **upstream_headers(node.up, turn.who)}
         resp = await self.http.send("POST", node.up.url + turn.path, headers, json_bytes(payload),
                                     self.settings.connect_timeout)
         if held and resp.status_code == 404 and turn.session_id is not None:
@@ -246,7 +267,8 @@ class Proxy:
         assert turn.session_id is not None
         content = await resp.aread()
         await resp.aclose()
-        r = await self.client.get(f"{node.up.url}/v1/sessions/{turn.session_id}", headers=node.up.headers(),
+        r = await self.client.get(f"{node.up.url}/v1/sessions/{turn.session_id}",
+                                  headers=upstream_headers(node.up, await self.continuity.as_owner(turn.session_id)),
                                   timeout=30)
         if r.status_code != 404:
             return Buffered(resp.status_code, resp.headers, content)
@@ -256,6 +278,12 @@ class Proxy:
         return None
 
     # ---- after the answer ----------------------------------------------------------------------
+
+    def spend(self, who: Caller, scan: Scan) -> None:
+        """The answer's usage, as relayed, to the caller's key (api/http/key_usage.py)."""
+        if self.accounts is not None and not who.admin:
+            self.accounts.spend(who.key_name, scan.whole_prompt or 0, scan.completion or 0, scan.cached or 0,
+                                who.on_behalf)
 
     async def _finished(self, lease: Lease, turn: Turn, scan: Scan, cut: Cut | None = None) -> bool:
         """A successful answer from `lease`'s node: remember where the conversation now lives.
@@ -273,10 +301,14 @@ class Proxy:
                 # turn of its chain is replayed from the gateway's copy (continuity.rechained).
                 owner = MIGRATED if scan.migrated else node.name
                 await self.pool.remember(Affinity("response", scan.response_id), owner)
+                await self.store.set_owner("response", scan.response_id, turn.who.tenant)
                 if scan.output is not None:
                     await self.continuity.response_done(turn.body, scan.response_id, scan.output)
+            if turn.session_id is not None and await self.store.owner_of("session", turn.session_id) is None:
+                await self.store.set_owner("session", turn.session_id, turn.who.tenant)
         except HearthError as e:  # the database went away during the turn: the answer stands
             log.warning("%s answered but where the conversation lives is not recorded: %s", node.name, e)
+        self.spend(turn.key, scan)
         if scan.cached is not None:
             self.metrics.reported_cached.inc(scan.cached)
             self.metrics.predicted_cached.inc(lease.decision.predicted_cached)

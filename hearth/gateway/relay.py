@@ -44,6 +44,7 @@ HEARTBEAT = b": keep-alive\n\n"
 _CACHED = re.compile(rb'"(?:cached_tokens|cache_read_input_tokens)":(\d+)')
 _PROMPT = re.compile(rb'"(?:prompt_tokens|input_tokens)":(\d+)')
 _CREATED = re.compile(rb'"cache_creation_input_tokens":(\d+)')
+_COMPLETION = re.compile(rb'"(?:completion_tokens|output_tokens)":(\d+)')
 _RESPONSE_ID = re.compile(rb'"id":"(resp_[A-Za-z0-9_-]+)"')
 
 
@@ -54,6 +55,7 @@ class Scan:
     responses: bool = False  # a Responses answer: look for its id and output
     cached: int | None = None
     prompt: int | None = None
+    completion: int | None = None  # tokens generated (usage per key, api/http/key_usage.py)
     response_id: str | None = None
     output: list[Any] | None = None  # a Responses answer's output items (kept for chain failover)
     migrated: bool = False  # the answer was finished by another node than the one that began it
@@ -96,6 +98,8 @@ class Scan:
             self.anthropic_usage = True
         if m := _CREATED.findall(data):
             self.created = int(m[-1])
+        if m := _COMPLETION.findall(data):
+            self.completion = int(m[-1])
 
 
 class Broken(Exception):

@@ -5,7 +5,6 @@ them, `forward.py`), cancel, tokens, admin (status, drain, move)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from typing import Any
@@ -17,16 +16,27 @@ from starlette.responses import JSONResponse, Response
 from hearth.api.context import node_of
 from hearth.api.http.auth import matches, presented_key
 from hearth.api.http.parsing import read_json, read_json_or_empty
-from hearth.errors import BadRequest, Forbidden, NotFound, Unavailable
+from hearth.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from hearth.gateway.background import is_background
 from hearth.gateway.cache_state import Digest
 from hearth.gateway.context import gateway_of
 from hearth.gateway.delegate import Delegate
-from hearth.gateway.forward import aliases, as_response, call, first_found, gather_lists, live, relay_stream, send
-from hearth.gateway.headers import forwarded_headers
+from hearth.gateway.forward import (
+    aliases,
+    as_response,
+    call,
+    first_found,
+    gather_lists,
+    holder,
+    live,
+    relay_stream,
+    send,
+)
 from hearth.gateway.pool import Node, Pool
 from hearth.gateway.routing import Affinity
-from hearth.sessions.ids import check_session_id
+from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
+from hearth.sessions.ids import check_session_id, stored_session_id
+from hearth.tenants import Caller
 
 
 def _pool(request: Request) -> Pool:
@@ -45,7 +55,7 @@ async def generate(request: Request) -> Response:
     gw = gateway_of(request.app)
     alias = gw.pool.resolve(body.get("model"))
     if gw.translator is not None and alias in gw.translated:
-        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode())
+        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode(), caller(request))
     if is_background(request.url.path, body):  # run by the gateway, to survive its node (background.py)
         return await gw.background.create(request, body)
     return await gw.proxy.generate(request, body)
@@ -83,16 +93,27 @@ async def health(request: Request) -> Response:
 
 async def session_route(request: Request) -> Response:
     """/v1/sessions/{id}…: to the node that holds the session."""
-    sid = check_session_id(request.path_params["session_id"])
     pool = _pool(request)
+    who = caller(request)
+    # as the node stores it: a tenant's ids are its own namespace (hearth.tenants)
+    sid = stored_session_id(who, request.path_params["session_id"])
+    if await session_hidden(pool.store, who, sid):  # another tenant's: as a node answers a free id
+        raise NotFound(f"session {sid} not found", param="session_id", code="session_not_found")
     name = await pool.store.node_of(f"session:{sid}")
     node = pool.nodes.get(name) if name else None
+    delete = request.method == "DELETE"
+    if delete and _scoped(who):  # the node's admin key sees every tenant's: the caller's sight checked first
+        node = await holder(request, [node] if node is not None else live(pool), f"/v1/sessions/{sid}")
+        if node is None:
+            raise NotFound(f"session {sid} not found", param="session_id", code="session_not_found")
     if node is None:
-        node, r = await first_found(request, live(pool), admin=request.method == "DELETE")
+        node, r = await first_found(request, live(pool), admin=delete)
         if r.status_code < 300:
             await pool.store.assign(f"session:{sid}", node.name)
-    else:
-        r = await call(request, node, admin=request.method == "DELETE")
+            if _scoped(who) and await pool.store.owner_of("session", sid) is None:
+                await pool.store.set_owner("session", sid, who.tenant)  # the node showed it to its owner
+    else:  # the node's admin key names a tenant's session by its stored id
+        r = await call(request, node, admin=delete, path=f"/v1/sessions/{sid}" if delete else None)
     if request.method == "DELETE" and r.status_code == 200:
         await pool.store.drop_session(sid)
     elif request.method == "POST" and r.status_code == 200:  # rollback / resize changed the transcript
@@ -111,9 +132,20 @@ async def create_session(request: Request) -> Response:
     if not options:
         raise Unavailable(f"no healthy Hearth upstream serves {alias!r}", code="no_healthy_upstream", retry_after=2)
     node = min(options, key=lambda n: n.in_flight)
+    who = caller(request)
+    sid = body.get("session_id")
+    if isinstance(sid, str):
+        sid = stored_session_id(who, sid)
+        if await session_hidden(pool.store, who, sid):  # as a node answers an id another tenant holds
+            raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
+        bound = await pool.store.node_of(f"session:{sid}")
+        if bound in pool.nodes and pool.nodes[bound] in options:
+            node = pool.nodes[bound]  # the node that holds the id answers for it (409), never a second copy
     r = await call(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
     if r.status_code == 201:
-        await pool.store.assign(f"session:{r.json()['session_id']}", node.name)
+        created = stored_session_id(who, r.json()["session_id"])
+        await pool.store.assign(f"session:{created}", node.name)
+        await pool.store.set_owner("session", created, who.tenant)
     return as_response(r)
 
 
@@ -128,13 +160,34 @@ async def list_snapshots(request: Request) -> Response:
 async def snapshot_route(request: Request) -> Response:
     """/v1/snapshots/{id}…: to whichever node holds the snapshot."""
     pool = _pool(request)
+    who = caller(request)
     destructive = request.method == "DELETE" or await _forced_load(request)
     if destructive:
         _require_admin(request)  # the node's admin key goes upstream only for the gateway's admin
-    node, r = await first_found(request, live(pool), admin=destructive)
-    if request.url.path.endswith("/load") and r.status_code == 201:
-        await pool.store.assign(f"session:{r.json()['session_id']}", node.name)
+    loading = request.url.path.endswith("/load")
+    if loading and _scoped(who):  # a session id another tenant holds: a node's own answer
+        target = (await read_json_or_empty(request)).get("session_id")
+        if isinstance(target, str) and await session_hidden(pool.store, who, stored_session_id(who, target)):
+            raise Conflict(f"session {target} already exists", param="session_id", code="session_exists")
+    if destructive and _scoped(who):  # the node's admin key sees every tenant's: the caller's sight first
+        snap = request.path_params["snapshot_id"]
+        found = await holder(request, live(pool), f"/v1/snapshots/{snap}")
+        if found is None:
+            raise NotFound(f"snapshot {snap} not found", param="snapshot_id", code="snapshot_not_found")
+        node, r = found, await call(request, found, admin=True)
+    else:
+        node, r = await first_found(request, live(pool), admin=destructive)
+    if loading and r.status_code == 201:
+        sid = stored_session_id(who, r.json()["session_id"])
+        await pool.store.assign(f"session:{sid}", node.name)
+        if _scoped(who):  # the loaded session is the snapshot's owner's: the caller's, who sees it
+            await pool.store.set_owner("session", sid, who.tenant)
     return as_response(r)
+
+
+def _scoped(who: Caller) -> bool:
+    """A tenant's request on a gateway with keys (not the admin's, not an open gateway's)."""
+    return who.key_name is not None and not who.admin
 
 
 async def _forced_load(request: Request) -> bool:
@@ -156,7 +209,8 @@ async def import_snapshot(request: Request) -> Response:
     if not options:
         raise Unavailable("no healthy Hearth upstream to import into", code="no_healthy_upstream", retry_after=2)
     node = min(options, key=lambda n: n.in_flight)
-    headers = {"content-type": request.headers.get("content-type", "application/x-tar"), **node.up.headers()}
+    headers = {"content-type": request.headers.get("content-type", "application/x-tar"),
+               **upstream_headers(node.up, caller(request))}
     try:
         r = await _client(request).post(node.up.url + "/v1/snapshots/import", content=request.stream(),
                                         headers=headers, timeout=httpx.Timeout(600, connect=5))
@@ -179,14 +233,14 @@ async def cancel(request: Request) -> Response:
     sid = body.get("session_id")
     raw = await request.body()
     runs, ours = gateway_of(request.app).background, 0
-    if isinstance(rid := body.get("response_id"), str) and runs.running(rid):
+    if isinstance(rid := body.get("response_id"), str) and await runs.running(rid, caller(request)):
         await runs.cancel(rid)
         ours = 1
         body = {k: v for k, v in body.items() if k != "response_id"}
         if not any(isinstance(body.get(k), str) for k in ("cancel_id", "session_id", "completion_id", "message_id")):
             return JSONResponse({"cancelled": ours})
         raw = json.dumps(body).encode()
-    name = await pool.store.node_of(f"session:{sid}") if isinstance(sid, str) else None
+    name = await pool.store.node_of(f"session:{caller(request).session_key(sid)}") if isinstance(sid, str) else None
     nodes = [pool.nodes[name]] if name in pool.nodes else live(pool)
     answers = await asyncio.gather(*(call(request, n, body=raw) for n in nodes))
     total = ours
@@ -200,7 +254,8 @@ async def cancel(request: Request) -> Response:
         cancel_id = body.get("cancel_id") if isinstance(body.get("cancel_id"), str) else None
         if cancel_id or isinstance(sid, str) or ids:
             total += node_of(translator).cancels.cancel(cancel_id=cancel_id,
-                                                     session_id=sid if isinstance(sid, str) else None, ids=ids)
+                                                     session_id=sid if isinstance(sid, str) else None, ids=ids,
+                                                     scope=caller(request).scope)
     return JSONResponse({"cancelled": total})
 
 
@@ -209,41 +264,40 @@ def _renamed(node: Node, r: httpx.Response) -> Response:
     return Response(aliases(node)(r.content), status_code=r.status_code, media_type=r.headers.get("content-type"))
 
 
-async def _holder(request: Request, nodes: list[Node]) -> Node | None:
-    """The first of `nodes` that holds the response (a plain GET of it answers 200)."""
-    gw = gateway_of(request.app)
-    for node in nodes:
-        with contextlib.suppress(httpx.HTTPError):
-            r = await gw.client.get(node.up.url + request.url.path, headers={**forwarded_headers(request),
-                                                                              **node.up.headers()}, timeout=30)
-            if r.status_code == 200:
-                return node
-    return None
-
-
 async def response_route(request: Request) -> Response:
     """/v1/responses/{id}…: to the node that produced the response; a background response's
     event stream (`?stream=true`) relayed as it comes. A background response the gateway runs
     is answered here (background.py)."""
+    pool = _pool(request)
+    rid = request.path_params["response_id"]
+    who = caller(request)
+    if await hidden(pool.store, who, "response", rid) or await hidden(pool.store, who, "background", rid):
+        raise NotFound(f"no stored response with id {rid!r}", param="response_id")
     if (ours := await gateway_of(request.app).background.answer(request)) is not None:
         return ours
-    pool = _pool(request)
-    name = await pool.store.node_of(f"response:{request.path_params['response_id']}")
+    name = await pool.store.node_of(f"response:{rid}")
+    if request.method == "DELETE" and _scoped(who):  # with the node's admin key, once the caller is seen to own it
+        keeper = await holder(request, [pool.nodes[name]] if name in pool.nodes else live(pool),
+                              f"/v1/responses/{rid}")
+        if keeper is not None:
+            return _renamed(keeper, await call(request, keeper, admin=True))
+        if (translator := gateway_of(request.app).translator) is not None:  # a translated model's, perhaps
+            return Delegate(translator, b"", who)  # the translating layer acts for the caller: its own only
+        raise NotFound(f"no stored response with id {rid!r}", param="response_id")
     streamed = request.method == "GET" and request.query_params.get("stream", "").lower() in ("true", "1")
     if name in pool.nodes:
         if streamed:
             return await relay_stream(request, pool.nodes[name])
         return _renamed(pool.nodes[name], await call(request, pool.nodes[name]))
-    if streamed and (owner := await _holder(request, live(pool))) is not None:  # asked whole, a stream never ends
+    if streamed and (owner := await holder(request, live(pool))) is not None:  # asked whole, a stream never ends
         await pool.remember(Affinity("response", request.path_params["response_id"]), owner.name)
         return await relay_stream(request, owner)
-    holder, found = await first_found(request, live(pool)) if live(pool) else (None, None)
-    translator = gateway_of(request.app).translator
-    if (found is None or found.status_code == 404) and translator is not None:
-        return Delegate(translator, await request.body())  # a translated model's response
-    if found is None or holder is None:
+    answerer, found = await first_found(request, live(pool)) if live(pool) else (None, None)
+    if (found is None or found.status_code == 404) and (translator := gateway_of(request.app).translator) is not None:
+        return Delegate(translator, await request.body(), who)  # a translated model's response
+    if found is None or answerer is None:
         raise NotFound("no such response", code="response_not_found")
-    return _renamed(holder, found)
+    return _renamed(answerer, found)
 
 
 async def by_model(request: Request) -> Response:
@@ -253,7 +307,7 @@ async def by_model(request: Request) -> Response:
     body = await read_json(request)
     alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.settings.aliases()))
     if gw.translator is not None and alias in gw.translated:  # its backend says what it can and cannot count
-        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode())
+        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode(), caller(request))
     now = pool.clock()
     options = [n for n in pool.nodes.values() if alias in n.up.models and n.routable(now) and n.up.kind == "hearth"]
     if not options:

@@ -168,10 +168,11 @@ class GatewayStore:
             await tx.execute("DELETE FROM transcripts WHERE session_id = ?", (session_id,))
 
     async def drop_session(self, session_id: str) -> None:
-        """A deleted session: its binding and its transcript, together."""
+        """A deleted session: its binding, its transcript and its owner, together."""
         async with self._tx() as tx:
             await tx.execute("DELETE FROM affinity WHERE key = ?", (f"session:{session_id}",))
             await tx.execute("DELETE FROM transcripts WHERE session_id = ?", (session_id,))
+            await tx.execute("DELETE FROM owners WHERE kind = 'session' AND id = ?", (session_id,))
 
     # ---- response chains -----------------------------------------------------------------------
 

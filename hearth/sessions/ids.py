@@ -7,6 +7,7 @@ import uuid
 
 from hearth.errors import BadRequest
 from hearth.ids import is_session_id, is_snapshot_id
+from hearth.tenants import Caller, session_prefix
 
 
 def check_session_id(sid: object, param: str = "session_id") -> str:
@@ -14,6 +15,17 @@ def check_session_id(sid: object, param: str = "session_id") -> str:
         raise BadRequest("session ids are 1-128 characters of A-Z a-z 0-9 . _ - (not only dots)",
                          param=param, code="invalid_session_id")
     return sid
+
+
+def stored_session_id(caller: Caller, sid: object, param: str = "session_id") -> str:
+    """The stored id of the session `caller` names `sid` (hearth.tenants, `Caller.session_key`),
+    checked: an id too long to hold its tenant's prefix is a 400, whatever any tenant holds."""
+    key = caller.session_key(check_session_id(sid, param))
+    if not is_session_id(key):
+        room = 128 - len(session_prefix(caller.tenant))
+        raise BadRequest(f"a session id chosen with a tenant's key is at most {room} characters", param=param,
+                         code="invalid_session_id")
+    return key
 
 
 def check_snapshot_id(snap: object, param: str = "snapshot_id") -> str:

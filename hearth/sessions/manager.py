@@ -13,10 +13,11 @@ Invariants:
 - at most one turn per session runs; others wait on the session's lock (or get 409);
 - every operation that touches a session's KV (delete, save, load, rollback) holds the lock;
 - nothing is stored for a turn that never reached the engine (a 4xx, a 429);
-- every lookup by id goes through `_get` with the caller: another tenant's session is the same
-  404 as one that does not exist (hearth.tenants). Session ids are one namespace per node, so
-  creating an id another tenant holds answers 409 session_exists (it says the name is taken,
-  nothing of what it holds; generated ids are random).
+- every lookup by id goes through `_find` with the caller: another tenant's session is the same
+  404 as one that does not exist (hearth.tenants). A tenant's session ids are its own namespace
+  (stored as `t<hash>.<id>`, `Caller.session_key`): an id another tenant holds is free for it,
+  exactly as an id nobody holds, and the tenant sees its sessions under its own ids. The admin
+  names a session by its stored id, or by its tenant's name for it when one tenant only has it.
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ from hearth.chat.types import (
     ToolCallDelta,
 )
 from hearth.errors import BadRequest, Conflict, ContextLimit, HearthError, NotFound
-from hearth.sessions.ids import check_session_id, new_session_id
+from hearth.sessions.ids import check_session_id, new_session_id, stored_session_id
 from hearth.sessions.snapshots import MemberLimits, SnapshotCorrupt, SnapshotStore
 from hearth.sessions.store import SessionRow, SessionStore
 from hearth.sessions.transcript import message_to_json
-from hearth.tenants import OPEN, Caller
+from hearth.tenants import ADMIN, OPEN, Caller
 
 # Hearth's own two, then superlinear's names, which here all mean "reject" (nothing is dropped).
 RESIZE_STRATEGIES = ("reject", "drop_oldest", "auto", "gpu", "disk")
@@ -96,6 +97,11 @@ class _Reply:
                        reasoning=None if discard_thinking else reasoning)
 
 
+def owner_view(owner: str) -> Caller:
+    """How the owner of a session names it (a snapshot's manifest records that name)."""
+    return OPEN if owner == ADMIN else Caller(owner, owner)
+
+
 class SessionManager:
     """Sessions over any backend that has the session-KV capability; without it every
     operation answers the contract's one error (404 `sessions_unsupported`)."""
@@ -121,10 +127,26 @@ class SessionManager:
 
     # ---- lookups -----------------------------------------------------------------------------
 
+    def _find(self, sid: str, caller: Caller) -> _Session | None:
+        """The session `caller` names `sid`, if it sees one: a tenant's ids are its own namespace
+        (hearth.tenants, `Caller.session_key`); one stored before namespaces is found by its
+        plain id."""
+        key = stored_session_id(caller, sid)
+        s = self._sessions.get(key)
+        if s is None and not caller.admin:
+            s = self._sessions.get(caller.shown(key))
+        if s is None and caller.admin:  # a tenant's session by the name its tenant gives it, if one only
+            named = [t for t in self._sessions.values() if t.id == owner_view(t.row.owner).session_key(sid)]
+            if len(named) > 1:
+                raise Conflict(f"{len(named)} tenants have a session {sid}: name it by its stored id "
+                               "(GET /v1/sessions lists them)", param="session_id", code="session_ambiguous")
+            s = named[0] if named else None
+        return s if s is not None and caller.sees(s.row.owner) else None
+
     def _get(self, sid: str, caller: Caller) -> _Session:
         self._kv()
-        s = self._sessions.get(check_session_id(sid))
-        if s is None or not caller.sees(s.row.owner):
+        s = self._find(sid, caller)
+        if s is None:
             raise NotFound(f"session {sid} not found", param="session_id", code="session_not_found")
         return s
 
@@ -137,16 +159,17 @@ class SessionManager:
         return {sid for sid, s in self._sessions.items() if caller.sees(s.row.owner)}
 
     async def info(self, sid: str, caller: Caller = OPEN) -> dict[str, Any]:
-        return await self._describe(self._get(sid, caller))
+        return await self._describe(self._get(sid, caller), caller)
 
-    async def _describe(self, s: _Session) -> dict[str, Any]:
+    async def _describe(self, s: _Session, caller: Caller) -> dict[str, Any]:
         try:
             kv = await self._kv().kv_info(s.row.model, s.id)
             where, n_tokens = kv.residency, kv.n_tokens
         except HearthError:  # model not loaded (yet), or no longer served: the transcript is still there
             where, n_tokens = "none", 0
         row = s.row
-        return {"object": "session", "session_id": s.id, "model": row.model, "created_at": int(row.created_at),
+        return {"object": "session", "session_id": caller.shown(s.id), "model": row.model,
+                "created_at": int(row.created_at),
                 "last_used_at": int(row.last_used_at), "current_pos": n_tokens, "max_seq_len": row.max_seq_len,
                 "message_count": len(row.messages), "residency": where, "busy": s.lock.locked(),
                 # superlinear's names for the same facts (docs/sessions.md)
@@ -156,7 +179,7 @@ class SessionManager:
         self._kv()
         visible = [s for s in self._sessions.values() if caller.sees(s.row.owner)]
         ordered = sorted(visible, key=lambda s: s.row.last_used_at, reverse=True)
-        return list(await asyncio.gather(*(self._describe(s) for s in ordered)))
+        return list(await asyncio.gather(*(self._describe(s, caller) for s in ordered)))
 
     def history(self, sid: str, caller: Caller = OPEN) -> list[dict[str, Any]]:
         return [message_to_json(m) for m in self._get(sid, caller).row.messages]
@@ -166,15 +189,16 @@ class SessionManager:
     async def create(self, sid: str | None = None, model: str | None = None, max_seq_len: int | None = None,
                      messages: list[Message] | None = None, caller: Caller = OPEN) -> dict[str, Any]:
         self._kv()
-        sid = check_session_id(sid) if sid is not None else new_session_id()
-        if sid in self._sessions:
+        sid = sid if sid is not None else new_session_id()
+        key = stored_session_id(caller, sid)  # another tenant's ids are not in this namespace
+        if key in self._sessions or self._find(sid, caller) is not None:
             raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
-        s = self._new(sid, model, max_seq_len, caller.tenant)
+        s = self._new(key, model, max_seq_len, caller.tenant)
         if messages:
             s.row.messages = list(messages)
         self.store.save(s.row, replace_messages=True)
-        self._sessions[sid] = s
-        return await self._describe(s)
+        self._sessions[key] = s
+        return await self._describe(s, caller)
 
     def _new(self, sid: str, model: str | None, max_seq_len: int | None, owner: str) -> _Session:
         model_id = self.backend.resolve(model)
@@ -188,7 +212,9 @@ class SessionManager:
         return _Session(SessionRow(sid, model_id, now, now, max_seq_len, owner=owner))
 
     async def delete(self, sid: str, caller: Caller = OPEN) -> None:
-        s = self._get(sid, caller)
+        await self._remove(self._get(sid, caller))
+
+    async def _remove(self, s: _Session) -> None:
         async with self._exclusive(s):
             await self._drop_kv(s)
             self.store.delete(s.id)
@@ -208,7 +234,7 @@ class SessionManager:
             s.row.last_used_at = time.time()
             self.store.save(s.row, replace_messages=True)
             await self._trim(s)
-        return await self._describe(s)  # outside the lock: an idle session is not busy
+        return await self._describe(s, caller)  # outside the lock: an idle session is not busy
 
     async def resize(self, sid: str, max_seq_len: int, strategy: str = "reject",
                      caller: Caller = OPEN) -> dict[str, Any]:
@@ -238,7 +264,7 @@ class SessionManager:
             s.row.messages, s.row.max_seq_len = messages, max_seq_len
             self.store.save(s.row, replace_messages=True)
             await self._trim(s)
-        return {**await self._describe(s), "old_max_seq_len": old_max, "strategy": strategy, "mode": mode}
+        return {**await self._describe(s, caller), "old_max_seq_len": old_max, "strategy": strategy, "mode": mode}
 
     async def _trim(self, s: _Session) -> None:
         """Cut the session's KV to what its (shorter) transcript still starts with, so
@@ -277,7 +303,8 @@ class SessionManager:
             kv = self._kv()
             state = await kv.export_kv(s.row.model, s.id) or KVState([], b"")
             identity = await kv.kv_identity(s.row.model)
-            session = {"session_id": s.id, "n_tokens": len(state.tokens), "max_seq_len": s.row.max_seq_len,
+            session = {"session_id": owner_view(s.row.owner).shown(s.id), "n_tokens": len(state.tokens),
+                       "max_seq_len": s.row.max_seq_len,
                        "message_count": len(s.row.messages)}
             return await asyncio.to_thread(
                 self._snapshots.create, model=identity.model, engine=identity.engine, session=session,
@@ -298,30 +325,34 @@ class SessionManager:
                            code="snapshot_incompatible") from e
         identity = await kv.kv_identity(model_id)
         data = await asyncio.to_thread(self._snapshots.read, snap_id, identity.model, identity.engine)
-        sid = check_session_id(sid) if sid is not None else new_session_id()
+        sid = sid if sid is not None else new_session_id()
+        stored_session_id(caller, sid)  # checked as the caller names it
+        # The session is the snapshot's owner's: in that tenant's namespace (the caller's own for
+        # a tenant, who sees only its snapshots; the admin loads a tenant's under the tenant's name).
+        key = stored_session_id(owner_view(owner), sid)
         limit = self.backend.limits(model_id).seq_ctx
         max_seq_len = min(int((manifest.get("session") or {}).get("max_seq_len") or limit), limit)
-        existing = self._sessions.get(sid)
+        existing = self._sessions.get(key)
         if existing is not None:
-            if not caller.sees(existing.row.owner):  # never replaced, and nothing said of it
+            if not caller.sees(existing.row.owner):  # one the admin made in this namespace: left alone
                 raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
             if not force:
                 raise Conflict(f"session {sid} already exists; pass force: true to replace it",
                                param="session_id", code="session_exists")
-            await self.delete(sid, caller)
-        s = self._new(sid, model_id, max_seq_len, owner)
+            await self._remove(existing)
+        s = self._new(key, model_id, max_seq_len, owner)
         s.row.messages = data.messages
         async with s.lock:
-            self._sessions[sid] = s
+            self._sessions[key] = s
             self.store.save(s.row, replace_messages=True)
             if data.tokens:
                 try:
-                    await kv.import_kv(model_id, sid, KVState(data.tokens, data.kv))
+                    await kv.import_kv(model_id, key, KVState(data.tokens, data.kv))
                 except ValueError as e:  # its KV is not what its tokens say: no session from it
-                    del self._sessions[sid]
-                    self.store.delete(sid)
+                    del self._sessions[key]
+                    self.store.delete(key)
                     raise SnapshotCorrupt(f"snapshot {snap_id}: {e}") from e
-        return await self._describe(s)
+        return await self._describe(s, caller)
 
     # ---- turns ---------------------------------------------------------------------------------
 
@@ -335,19 +366,17 @@ class SessionManager:
         if req.n != 1:
             raise BadRequest("a session turn has one reply: n must be 1", param="n")
         model_id = self.backend.resolve(req.model)
-        s = self._sessions.get(sid)
-        if s is not None and not turn.caller.sees(s.row.owner):
-            if not turn.create:  # as if it did not exist
-                raise NotFound(f"session {sid} not found (session_create is false)", param="session_id",
-                               code="session_not_found")
-            raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
+        s = self._find(sid, turn.caller)  # a tenant's ids are its own namespace: another's is not found
         if s is None and not turn.create:  # a caller that knows the session exists (the gateway)
             raise NotFound(f"session {sid} not found (session_create is false)", param="session_id",
                            code="session_not_found")
         if s is None:  # the first turn creates the session (stored when the turn runs)
-            s = self._new(sid, model_id, None, turn.caller.tenant)
+            key = stored_session_id(turn.caller, sid)
+            if key in self._sessions:  # one the admin made in this namespace: left alone
+                raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
+            s = self._new(key, model_id, None, turn.caller.tenant)
             s.persisted = False
-            self._sessions[sid] = s
+            self._sessions[key] = s
         elif s.row.model != model_id:
             raise BadRequest(f"session {sid} belongs to model {s.row.model}, not {model_id}", param="model")
         if s.lock.locked() and not turn.wait:
@@ -358,7 +387,9 @@ class SessionManager:
             if req.continue_final and not (new and new[-1].role == "assistant"):
                 raise BadRequest("continue_final_message needs the turn's new messages to end with the assistant's "
                                  "partial answer", param="continue_final_message")
-            full = replace(req, messages=[*base, *new], max_len=s.row.max_seq_len)
+            # the backend keeps the session's KV under its stored id
+            full = replace(req, messages=[*base, *new], max_len=s.row.max_seq_len,
+                           session=replace(turn, session_id=s.id))
             try:
                 stream = await self.backend.chat(full)
             except ContextLimit as e:

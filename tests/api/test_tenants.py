@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from hearth.api.context import node_of
-from hearth.tenants import ApiKey
+from hearth.tenants import ApiKey, session_prefix
 from tests.api.conftest import Harness, serve
 
 ALICE = {"Authorization": "Bearer ka"}
@@ -22,6 +22,11 @@ ALICE2 = {"Authorization": "Bearer ka2"}  # a second key of alice's tenant
 BOB = {"Authorization": "Bearer kb"}
 ADMIN = {"Authorization": "Bearer adm"}
 KEYS = [ApiKey("ka", "alice", "team-a"), ApiKey("ka2", "alice-ci", "team-a"), ApiKey("kb", "bob", "team-b")]
+def stored(tenant: str, sid: str) -> str:
+    """A tenant's session id as the node stores it, and the admin names it (hearth.tenants)."""
+    return session_prefix(tenant) + sid
+
+
 CHAT = {"model": "fake", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -89,8 +94,9 @@ async def test_another_tenants_objects_are_not_found_on_every_route(t: Harness) 
             body = {"session_id": "copy-alice"}
         r = await call(t, method, path, body, ALICE)
         assert r.status_code in (200, 201), (method, path, r.text)
-        r = await call(t, method, path, {"session_id": "copy-admin"} if path.endswith("/load") else body,
-                       ADMIN if has_admin(t) else ALICE2)
+        admin = has_admin(t)  # the admin names alice's session by its stored id
+        r = await call(t, method, path.replace("/a1", "/" + stored("team-a", "a1")) if admin else path,
+                       {"session_id": "copy-admin"} if path.endswith("/load") else body, ADMIN if admin else ALICE2)
         assert r.status_code in (200, 201), (method, path, r.text)
 
 
@@ -109,7 +115,8 @@ async def test_listings_hold_only_the_callers_own(t: Harness) -> None:
         assert ids_of(await t.client.get("/v1/sessions", headers=who), "session_id") == sessions
         assert ids_of(await t.client.get("/v1/snapshots", headers=who), "snapshot_id") == snaps
     if has_admin(t):
-        assert ids_of(await t.client.get("/v1/sessions", headers=ADMIN), "session_id") == {"a1", "b1"}
+        assert ids_of(await t.client.get("/v1/sessions", headers=ADMIN), "session_id") == {
+            stored("team-a", "a1"), stored("team-b", "b1")}  # the stored ids: each tenant's namespace
         assert ids_of(await t.client.get("/v1/snapshots", headers=ADMIN), "snapshot_id") == {ids["snap"], bob_snap}
 
 
@@ -131,16 +138,18 @@ async def test_continuations_stay_within_the_tenant(t: Harness) -> None:
         r = await t.post("/v1/responses", {"model": "fake", "input": "more", "previous_response_id": ids["resp"]},
                          headers=who)
         assert r.status_code == 200, r.text
-    # a session turn: another tenant's session is never continued
+    # a session turn: another tenant's session is never continued; its id is bob's to use, as
+    # an id nobody holds is (a tenant's ids are its own namespace): nothing says alice has one
     r = await t.post("/v1/chat/completions", {**CHAT, "session_id": "a1", "session_create": False}, headers=BOB)
     assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found", r.text
     r = await t.post("/v1/chat/completions", {**CHAT, "session_id": "a1"}, headers=BOB)
-    assert r.status_code == 409 and r.json()["error"]["code"] == "session_exists", r.text
+    assert r.status_code == 200, r.text
     r = await t.post("/v1/messages", {"model": "fake", "max_tokens": 3, "session_id": "a1",
                                       "messages": [{"role": "user", "content": "hi"}]}, headers=BOB)
-    assert r.status_code == 409, r.text
+    assert r.status_code == 200, r.text
     history = (await t.client.get("/v1/sessions/a1/history", headers=ALICE)).json()["data"]
     assert len(history) == 2  # alice's one turn, nothing of bob's
+    assert len((await t.client.get("/v1/sessions/a1/history", headers=BOB)).json()["data"]) == 4  # bob's two
     r = await t.post("/v1/chat/completions", {**CHAT, "session_id": "a1"}, headers=ALICE2)
     assert r.status_code == 200, r.text
 
@@ -155,7 +164,8 @@ async def test_deletes_reach_only_the_callers_own(t: Harness) -> None:
     for path in doomed:
         assert (await t.client.get(path.replace("/a1", "/a1/history"), headers=ALICE)).status_code == 200, path
     for path in doomed:
-        r = await t.client.delete(path, headers=ADMIN if has_admin(t) else ALICE)
+        r = await t.client.delete(path.replace("/a1", "/" + stored("team-a", "a1")) if has_admin(t) else path,
+                                  headers=ADMIN if has_admin(t) else ALICE)
         assert r.status_code == 200, (path, r.text)
         assert (await t.client.get(path, headers=ALICE)).status_code == 404
 
@@ -164,10 +174,14 @@ async def test_a_load_never_replaces_another_tenants_session(t: Harness) -> None
     await alices_things(t)
     r = await t.post("/v1/chat/completions", {**CHAT, "session_id": "b1"}, headers=BOB)
     bob_snap = (await t.post("/v1/sessions/b1/save", {}, headers=BOB)).json()["snapshot_id"]
-    r = await t.post(f"/v1/snapshots/{bob_snap}/load", {"session_id": "a1", "force": True}, headers=BOB)
-    assert r.status_code == (403 if has_admin(t) else 409), r.text
+    if has_admin(t):
+        r = await t.post(f"/v1/snapshots/{bob_snap}/load", {"session_id": "a1", "force": True}, headers=BOB)
+        assert r.status_code == 403, r.text
+    # alice's "a1" is not in bob's namespace: the load makes bob's own "a1", as for a free id
     r = await t.post(f"/v1/snapshots/{bob_snap}/load", {"session_id": "a1"}, headers=BOB)
-    assert r.status_code == 409 and "force" not in r.json()["error"]["message"], r.text
+    assert r.status_code == 201 and r.json()["session_id"] == "a1", r.text
+    r = await t.post(f"/v1/snapshots/{bob_snap}/load", {"session_id": "a1"}, headers=BOB)  # now it is bob's
+    assert r.status_code == 409 and "force" in r.json()["error"]["message"], r.text
     assert len((await t.client.get("/v1/sessions/a1/history", headers=ALICE)).json()["data"]) == 2
 
 
@@ -176,7 +190,7 @@ async def test_what_the_admin_makes_from_a_tenants_object_stays_the_tenants(tmp_
     asked (the gateway moves sessions so: save with its key, load with the node's admin key)."""
     async with serve(tmp_path, named_keys=KEYS, admin_key="adm") as t:
         await alices_things(t)
-        snap = (await t.post("/v1/sessions/a1/save", {}, headers=ADMIN)).json()["snapshot_id"]
+        snap = (await t.post(f"/v1/sessions/{stored('team-a', 'a1')}/save", {}, headers=ADMIN)).json()["snapshot_id"]
         assert (await t.client.get(f"/v1/snapshots/{snap}", headers=ALICE)).status_code == 200
         r = await t.post(f"/v1/snapshots/{snap}/load", {"session_id": "a2"}, headers=ADMIN)
         assert r.status_code == 201, r.text
@@ -234,3 +248,36 @@ async def test_a_cancel_reaches_only_the_callers_runs(tmp_path: Path) -> None:
             gate.set()
         r = await task
         assert r.json()["choices"][0]["finish_reason"] == "cancelled"
+
+
+async def test_an_id_another_tenant_holds_is_answered_as_a_free_one(t: Harness) -> None:
+    """Issue 27's gap: a tenant's session ids are its own namespace, so creating an id another
+    tenant holds answers exactly as creating one nobody holds (no 409 confirms it exists)."""
+    await alices_things(t)
+    taken = await t.post("/v1/sessions", {"session_id": "a1"}, headers=BOB)
+    free = await t.post("/v1/sessions", {"session_id": "never-used"}, headers=BOB)
+    assert taken.status_code == free.status_code == 201, taken.text
+    assert taken.json().keys() == free.json().keys() and taken.json()["session_id"] == "a1"
+    assert (await t.post("/v1/sessions", {"session_id": "a1"}, headers=BOB)).status_code == 409  # now bob's own
+    assert (await t.post("/v1/sessions", {"session_id": "a1"}, headers=ALICE2)).status_code == 409  # alice's own
+    # two sessions, one per tenant, each seen by its tenant under the same name
+    assert len((await t.client.get("/v1/sessions/a1/history", headers=ALICE)).json()["data"]) == 2
+    assert (await t.client.get("/v1/sessions/a1/history", headers=BOB)).json()["data"] == []
+    # naming another tenant's stored id does not reach it either: it is in the caller's namespace too
+    r = await t.client.get(f"/v1/sessions/{stored('team-a', 'a1')}", headers=BOB)
+    assert r.status_code == 404
+    # the limit on a tenant's id length leaves room for the prefix, whatever anyone holds
+    r = await t.post("/v1/sessions", {"session_id": "x" * 120}, headers=BOB)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id", r.text
+
+
+async def test_the_admin_names_a_tenants_session_by_its_name_when_one_tenant_has_it(tmp_path: Path) -> None:
+    async with serve(tmp_path, named_keys=KEYS, admin_key="adm") as t:
+        await alices_things(t)
+        r = await t.client.get("/v1/sessions/a1", headers=ADMIN)  # alice's, the only "a1"
+        assert r.status_code == 200 and r.json()["session_id"] == stored("team-a", "a1"), r.text
+        assert (await t.post("/v1/chat/completions", {**CHAT, "session_id": "a1"}, headers=BOB)).status_code == 200
+        r = await t.client.get("/v1/sessions/a1", headers=ADMIN)  # now two tenants have one
+        assert r.status_code == 409 and r.json()["error"]["code"] == "session_ambiguous", r.text
+        for tenant in ("team-a", "team-b"):
+            assert (await t.client.get(f"/v1/sessions/{stored(tenant, 'a1')}", headers=ADMIN)).status_code == 200

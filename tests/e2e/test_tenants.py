@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from hearth.tenants import session_prefix
 from tests.helpers import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -56,8 +57,11 @@ def test_each_tenant_sees_exactly_its_own(srv: Server) -> None:
 
     for path in ("/sessions/alice-chat", "/sessions/alice-chat/history", f"/snapshots/{snap}",
                  f"/snapshots/{snap}/archive", f"/responses/{resp.id}"):
-        for key in (ALICE, ALICE_CI, ADMIN):
+        for key in (ALICE, ALICE_CI):
             assert get(srv, path, key).status_code == 200, (path, key)
+        # the admin names alice's session by its stored id: a tenant's ids are its own namespace
+        assert get(srv, path.replace("/alice-chat", "/" + session_prefix("team-a") + "alice-chat"),
+                   ADMIN).status_code == 200, path
         theirs = get(srv, path, BOB)
         assert theirs.status_code == 404, (path, theirs.text)
     assert [s["session_id"] for s in get(srv, "/sessions", BOB).json()["data"]] == []

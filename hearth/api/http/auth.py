@@ -14,6 +14,10 @@
   again which node the key may touch.
 
 Which key matched decides the request's `Caller` (hearth.tenants): its tenant, or the admin.
+A key whose line says `role=gateway` may name the tenant it calls for in `X-Hearth-Tenant`
+(the caller is then that tenant, `via_gateway`); the header from any other key, or not a tenant
+name, is refused with 403 / 400 before anything runs (a node without keys ignores it: nothing
+is scoped there).
 The middleware records it in the ASGI scope; handlers read it with `caller(request)`. A node
 without keys makes every request the admin's (`OPEN`): nothing is scoped.
 """
@@ -28,8 +32,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hearth.api.http.errors import ApiError, respond
 from hearth.config import Settings
-from hearth.errors import Forbidden, HearthError, Unauthorized
-from hearth.tenants import ADMIN_CALLER, OPEN, ApiKey, Caller
+from hearth.errors import BadRequest, Forbidden, HearthError, Unauthorized
+from hearth.tenants import ADMIN_CALLER, NAME, OPEN, TENANT_CACHE_HEADER, TENANT_HEADER, ApiKey, Caller
 
 OPEN_PATHS = ("/health", "/", "/openapi.json")  # the API document holds no data
 OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
@@ -121,12 +125,25 @@ class AuthMiddleware:
             return Forbidden("this operation needs the admin key")
         return None
 
-    def _caller(self, key: str | None) -> Caller:
+    def _caller(self, key: str | None, headers: dict[bytes, bytes] | None = None,
+                given: object = None) -> Caller | HearthError:
         if not self.keys:
-            return OPEN
+            # An app without keys inside the gateway (its translating layer, gateway/delegate.py)
+            # acts for the caller the gateway found; a server's scope never holds one.
+            return given if isinstance(given, Caller) else OPEN
+        headers = headers or {}
+        claimed = headers.get(TENANT_HEADER.encode())
+        found = which(key, self.keyring)
+        if claimed is not None:
+            if found is None or found.role != "gateway":  # the admin key included: it is no gateway's
+                return Forbidden(f"{TENANT_HEADER} is accepted only from a gateway's key (role=gateway)")
+            tenant = claimed.decode("latin-1").strip()
+            if not NAME.fullmatch(tenant):
+                return BadRequest(f"{TENANT_HEADER} must be a tenant name")
+            shared = headers.get(TENANT_CACHE_HEADER.encode(), b"").strip().lower() == b"shared"
+            return Caller(tenant, found.name, shared_cache=shared, via_gateway=True)
         if self.admin_key and matches(key, [self.admin_key]):
             return ADMIN_CALLER
-        found = which(key, self.keyring)
         # No key matched: an open path (/health, the page) or /metrics by its token; nothing
         # there reads a caller, and an unknown tenant sees nothing should one ever do.
         if found is None:
@@ -141,9 +158,12 @@ class AuthMiddleware:
         key = presented_key(headers)
         verdict = self._verdict(scope["method"], scope["path"], key)
         if verdict is None:
-            scope[CALLER] = self._caller(key)
-            await self.app(scope, receive, send)
-            return
+            who = self._caller(key, headers, scope.get(CALLER))
+            if isinstance(who, Caller):
+                scope[CALLER] = who
+                await self.app(scope, receive, send)
+                return
+            verdict = who
         err = ApiError.of(verdict)
         if isinstance(verdict, Unauthorized):
             err = replace(err, headers={"WWW-Authenticate": "Bearer"})

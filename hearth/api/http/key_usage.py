@@ -14,6 +14,12 @@ request while the last minute's tokens are under it: one request may take a key 
 `tpm`, and its next requests wait until the window drops below. The admin key and the metrics
 token are never limited; a node without keys has no accounts.
 
+A gateway's key (`role=gateway`) speaking for a tenant (hearth.tenants) is admitted and limited
+as that key (the gateway enforces its tenants' own limits); what it uses is counted to the
+key and, on a row of its own (`via`: the gateway key's name), to the tenant it spoke for. The
+gateway keeps the same accounts for its own keys (`spend`: the usage it reads from the answers
+it relays).
+
 Everything runs on the event loop (the middleware and the stream observers): no lock.
 """
 
@@ -42,6 +48,7 @@ WINDOW = 60.0  # seconds: "per minute"
 @dataclass(slots=True)
 class Account:
     key: ApiKey
+    via: str | None = None  # a tenant a gateway key spoke for: that key's name
     requests: int = 0
     limited: int = 0  # refused with a 429 for one of its limits
     in_flight: int = 0
@@ -56,16 +63,27 @@ class Account:
         return {"name": k.name, "tenant": k.tenant, "requests": self.requests, "limited": self.limited,
                 "in_flight": self.in_flight, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "cached_tokens": self.cached_tokens,
-                "limits": {"concurrent": k.concurrent, "rpm": k.rpm, "tpm": k.tpm}}
+                "limits": {"concurrent": k.concurrent, "rpm": k.rpm, "tpm": k.tpm},
+                **({"via": self.via} if self.via is not None else {})}
 
 
 class KeyAccounts:
     def __init__(self, keys: list[ApiKey], clock: Callable[[], float] = time.monotonic) -> None:
         self._accounts = {k.name: Account(k) for k in keys}
+        self._via: dict[tuple[str, str], Account] = {}  # (gateway key name, tenant) -> its row
         self._clock = clock
 
     def __iter__(self) -> Iterator[Account]:
-        return iter(self._accounts.values())
+        return iter([*self._accounts.values(), *self._via.values()])
+
+    def _on_behalf(self, name: str, tenant: str | None) -> Account | None:
+        """The row of `tenant` as gateway key `name` spoke for it (made on first use)."""
+        if tenant is None or name not in self._accounts:
+            return None
+        a = self._via.get((name, tenant))
+        if a is None:
+            a = self._via[(name, tenant)] = Account(ApiKey("\0via", tenant, tenant), via=name)
+        return a
 
     def _expire(self, a: Account, now: float) -> None:
         while a.arrivals and a.arrivals[0] <= now - WINDOW:
@@ -73,9 +91,10 @@ class KeyAccounts:
         while a.spent and a.spent[0][0] <= now - WINDOW:
             a.spent.popleft()
 
-    def admit(self, name: str) -> None:
-        """Count a request of key `name`, or refuse it (TooManyRequests, nothing counted but
-        the refusal) when one of its limits is reached. Every admitted request is `release`d."""
+    def admit(self, name: str, tenant: str | None = None) -> None:
+        """Count a request of key `name` (a gateway key's for `tenant`: counted to it too), or
+        refuse it (TooManyRequests, nothing counted but the refusal) when one of its limits is
+        reached. Every admitted request is `release`d, with the same arguments."""
         a = self._accounts.get(name)
         if a is None:
             return
@@ -100,28 +119,38 @@ class KeyAccounts:
         a.requests += 1
         a.in_flight += 1
         a.arrivals.append(now)
+        if (b := self._on_behalf(name, tenant)) is not None:
+            b.requests += 1
+            b.in_flight += 1
 
-    def release(self, name: str) -> None:
-        a = self._accounts.get(name)
-        if a is not None:
-            a.in_flight -= 1
+    def release(self, name: str, tenant: str | None = None) -> None:
+        for a in (self._accounts.get(name), self._on_behalf(name, tenant)):
+            if a is not None:
+                a.in_flight -= 1
 
-    def observer(self, name: str | None) -> Callable[[ChatEvent], None]:
+    def spend(self, name: str | None, prompt: int, completion: int, cached: int, tenant: str | None = None) -> None:
+        """A generation of key `name` (for `tenant`, a gateway key's) ended having used these tokens."""
+        if name is None:
+            return
+        for a in (self._accounts.get(name), self._on_behalf(name, tenant)):
+            if a is not None:
+                a.prompt_tokens += prompt
+                a.completion_tokens += completion
+                a.cached_tokens += cached
+                a.spent.append((self._clock(), prompt + completion))
+
+    def observer(self, name: str | None, tenant: str | None = None) -> Callable[[ChatEvent], None]:
         """For a generation's event stream: its usage, when it ends, counted to key `name`."""
-        a = self._accounts.get(name) if name is not None else None
 
         def observe(ev: ChatEvent) -> None:
-            if a is not None and isinstance(ev, Done):
+            if isinstance(ev, Done):
                 u = ev.usage
-                a.prompt_tokens += u.prompt_tokens
-                a.completion_tokens += u.completion_tokens
-                a.cached_tokens += u.cached_tokens
-                a.spent.append((self._clock(), u.prompt_tokens + u.completion_tokens))
+                self.spend(name, u.prompt_tokens, u.completion_tokens, u.cached_tokens, tenant)
 
         return observe
 
     def usage(self) -> list[dict[str, Any]]:
-        return [a.as_json() for a in self._accounts.values()]
+        return [a.as_json() for a in self]
 
 
 class KeyLimitMiddleware:
@@ -137,15 +166,16 @@ class KeyLimitMiddleware:
         if scope["type"] != "http" or self.accounts is None or name is None:
             await self.app(scope, receive, send)
             return
+        tenant = who.on_behalf if isinstance(who, Caller) else None
         try:
-            self.accounts.admit(name)
+            self.accounts.admit(name, tenant)
         except TooManyRequests as e:
             await respond(scope["path"], ApiError.of(e))(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)  # a stream's whole body: it is in flight until then
         finally:
-            self.accounts.release(name)
+            self.accounts.release(name, tenant)
 
 
 class KeyUsageCollector(Collector):
@@ -162,11 +192,18 @@ class KeyUsageCollector(Collector):
                     ("hearth_key_cached_tokens", "Prompt tokens reused from the cache per API key", "cached_tokens"))
         accounts = list(self.accounts)
         for metric, doc, attr in counters:
-            family = CounterMetricFamily(metric, doc, labels=["key", "tenant"])
+            family = CounterMetricFamily(metric, doc, labels=["key", "tenant", "via"])
             for a in accounts:
-                family.add_metric([a.key.name, a.key.tenant], getattr(a, attr))
+                family.add_metric(self._labels(a), getattr(a, attr))
             yield family
-        gauge = GaugeMetricFamily("hearth_key_in_flight", "Requests in flight per API key", labels=["key", "tenant"])
+        gauge = GaugeMetricFamily("hearth_key_in_flight", "Requests in flight per API key",
+                                  labels=["key", "tenant", "via"])
         for a in accounts:
-            gauge.add_metric([a.key.name, a.key.tenant], a.in_flight)
+            gauge.add_metric(self._labels(a), a.in_flight)
         yield gauge
+
+    @staticmethod
+    def _labels(a: Account) -> list[str]:
+        """key, tenant, via: a tenant a gateway key spoke for is the row (key = the tenant, via =
+        the gateway key); a key's own row has via "" """
+        return [a.key.name, a.key.tenant, a.via or ""]

@@ -75,7 +75,7 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
     try:
         events = await until_disconnect(request, lambda: open_stream(run.token),
                                         lambda: run.token.cancel("disconnect"))
-        events.observe(ctx.keys.observer(caller(request).key_name))
+        events.observe(ctx.keys.observer(caller(request).key_name, caller(request).on_behalf))
     except BaseException:
         registry.close(run)
         if run.token.reason is not None:
@@ -95,14 +95,14 @@ def keyed(request: Request, creq: ChatRequest) -> ChatRequest:
 
 
 async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run: Run, arrived: float,
-                         key_name: str | None = None) -> Generation:
+                         key_name: str | None = None, tenant: str | None = None) -> Generation:
     """`start_chat` for a run no client holds (a background response): `run` (opened by the
     caller in `ctx.cancels`, so that it can be cancelled before it is admitted) waits for a slot
     as any run does, but no disconnect cancels it; closed here if it is never admitted."""
     timer = ctx.metrics.timer(endpoint, arrived)
     try:
         events = await ctx.backend.chat(replace(creq, cancel=run.token))
-        events.observe(ctx.keys.observer(key_name))
+        events.observe(ctx.keys.observer(key_name, tenant))
     except BaseException:
         ctx.cancels.close(run)
         if run.token.reason is not None:
@@ -122,7 +122,9 @@ async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_
     ctx = node(request)
     creq = keyed(request, creq)
     registered: dict[str, Any] = {"cancel_id": cancel_id, "ids": [creq.request_id],
-                                  "session_id": creq.session.session_id if creq.session else None}
+                                  # as stored: a tenant's ids are its namespace (hearth.tenants)
+                                  "session_id": caller(request).session_key(creq.session.session_id)
+                                  if creq.session else None}
     if stream and must_load(ctx.backend, creq.model):
         return opened_later(ctx, endpoint, lambda token: ctx.backend.chat(replace(creq, cancel=token)), creq.n,
                             registered)

@@ -58,17 +58,17 @@ def launch(ctx: NodeContext, creq: ChatRequest, cancel_id: str | None, asm: Resp
     """Start the background run of `creq` (already keyed, `runs.keyed`), whose stored row
     (status `queued`) the caller `who` has written. `settle` runs once its outcome is stored."""
     rid = creq.request_id
-    run = ctx.cancels.open(cancel_id=cancel_id, session_id=creq.session.session_id if creq.session else None,
-                           ids=[rid], owner=who.tenant)
+    sid = who.session_key(creq.session.session_id) if creq.session else None  # as stored (hearth.tenants)
+    run = ctx.cancels.open(cancel_id=cancel_id, session_id=sid, ids=[rid], owner=who.tenant)
     launched = Launched(ctx.background.logs.open(rid))
-    task = asyncio.create_task(_drive(ctx, creq, run, asm, launched, settle, time.monotonic(), who.key_name),
+    task = asyncio.create_task(_drive(ctx, creq, run, asm, launched, settle, time.monotonic(), who),
                                name=f"background {rid}")
     ctx.background.add(rid, task, run.token)
     return launched
 
 
 async def _drive(ctx: NodeContext, creq: ChatRequest, run: Run, asm: ResponseAssembler, launched: Launched,
-                 settle: Callable[[], None], arrived: float, key_name: str | None) -> None:
+                 settle: Callable[[], None], arrived: float, who: Caller) -> None:
     store, events_log = ctx.responses, launched.log
 
     def end(tail: list[dict[str, Any]]) -> None:
@@ -78,7 +78,7 @@ async def _drive(ctx: NodeContext, creq: ChatRequest, run: Run, asm: ResponseAss
         settle()
 
     try:
-        gen = await runs.start_detached(ctx, "responses", creq, run, arrived, key_name)
+        gen = await runs.start_detached(ctx, "responses", creq, run, arrived, who.key_name, who.on_behalf)
     except BaseException as e:
         shutdown = run.token.reason == "shutdown" or isinstance(e, asyncio.CancelledError)
         message = SHUTDOWN_MESSAGE if shutdown else (e.message if isinstance(e, HearthError) else repr(e))

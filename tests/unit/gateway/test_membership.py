@@ -45,12 +45,14 @@ def toml(*names: str, cap: int = 2, kind: str = "hearth", model: str = "m") -> s
                    f'models = {{ "{model}" = "model" }}\nmax_in_flight = {cap}\n\n' for n in names)
 
 
-def gateway(tmp_path: Path, ups: list[Upstream], wall: Wall, db: str = "g.sqlite3",
+async def gateway(tmp_path: Path, ups: list[Upstream], wall: Wall, db: str = "g.sqlite3",
             fleet_file: Path | None = None) -> Membership:
     settings = GatewaySettings(upstreams=list(ups), data_dir=tmp_path, member_ttl=TTL, member_grace=GRACE,
                                upstreams_file=fleet_file)
     client = httpx.AsyncClient(transport=httpx.MockTransport(fleet_node))
-    pool = Pool(settings, TranscriptStore(tmp_path / db), GatewayMetrics(), client)
+    store = TranscriptStore(tmp_path / db)
+    await store.open()
+    pool = Pool(settings, store, GatewayMetrics(), client)
     pool.metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
     for n in pool.nodes.values():
         n.live.probed(True)
@@ -70,6 +72,8 @@ async def joined_and_up(m: Membership, name: str) -> None:
 
 async def test_store_members_round_trip_and_shared_by_two_stores_on_one_file(tmp_path: Path) -> None:
     one, two = TranscriptStore(tmp_path / "g.sqlite3"), TranscriptStore(tmp_path / "g.sqlite3")
+    await one.open()
+    await two.open()
     await one.renew_member("a", "http://a:1", {"models": {"m": "m"}}, 10)
     rows = await two.members()
     assert [(r["name"], r["url"], r["spec"]) for r in rows] == [("a", "http://a:1", {"models": {"m": "m"}})]
@@ -81,7 +85,7 @@ async def test_store_members_round_trip_and_shared_by_two_stores_on_one_file(tmp
 
 async def test_a_node_that_joins_takes_new_requests(tmp_path: Path) -> None:
     wall = Wall()
-    m = gateway(tmp_path, [Upstream("a", "http://a.test:8000", models={"m": "model"}, max_in_flight=1)], wall)
+    m = await gateway(tmp_path, [Upstream("a", "http://a.test:8000", models={"m": "model"}, max_in_flight=1)], wall)
     answer = await m.join(registration("b"))
     assert answer["renew_every"] == pytest.approx(TTL / 3, abs=0.001)
     await joined_and_up(m, "b")
@@ -95,7 +99,7 @@ async def test_a_node_that_joins_takes_new_requests(tmp_path: Path) -> None:
 
 async def test_a_node_that_stops_renewing_lapses_then_is_removed(tmp_path: Path) -> None:
     wall = Wall()
-    m = gateway(tmp_path, [Upstream("a", "http://a.test:8000", models={"m": "model"})], wall)
+    m = await gateway(tmp_path, [Upstream("a", "http://a.test:8000", models={"m": "model"})], wall)
     await m.join(registration("b"))
     await joined_and_up(m, "b")
     wall.now += TTL + 1  # no renewal within its ttl
@@ -119,8 +123,8 @@ async def test_a_node_that_stops_renewing_lapses_then_is_removed(tmp_path: Path)
 
 async def test_a_node_registered_through_one_gateway_is_used_by_the_other(tmp_path: Path) -> None:
     wall = Wall()
-    one = gateway(tmp_path, [], wall)
-    two = gateway(tmp_path, [], wall)  # the same database file
+    one = await gateway(tmp_path, [], wall)
+    two = await gateway(tmp_path, [], wall)  # the same database file
     await one.join(registration("b"))
     assert "b" not in two.pool.nodes
     await two.sync()
@@ -133,7 +137,7 @@ async def test_a_node_registered_through_one_gateway_is_used_by_the_other(tmp_pa
 
 async def test_joining_refuses_bad_registrations_and_names_of_the_fleet_file(tmp_path: Path) -> None:
     wall = Wall()
-    m = gateway(tmp_path, [Upstream("a", "http://a.test:8000", models={"m": "model"}),
+    m = await gateway(tmp_path, [Upstream("a", "http://a.test:8000", models={"m": "model"}),
                            Upstream("o", "http://o.test:8000", kind="openai", models={"gpt": "model"})], wall)
     for bad in ({**registration("b"), "name": "../etc"}, {**registration("b"), "url": "ftp://b"},
                 registration("b", kind="openai"), registration("b", models="m"), registration("b", max_in_flight=0),
@@ -153,7 +157,7 @@ async def test_joining_refuses_bad_registrations_and_names_of_the_fleet_file(tmp
 
 async def test_a_node_that_rejoins_from_a_new_address_is_probed_there(tmp_path: Path) -> None:
     wall = Wall()
-    m = gateway(tmp_path, [], wall)
+    m = await gateway(tmp_path, [], wall)
     await m.join(registration("b"))
     await joined_and_up(m, "b")
     await m.join({**registration("b"), "url": "http://b2.test:8000"})
@@ -165,7 +169,7 @@ async def test_reload_adds_changes_and_drains_out_removed_upstreams(tmp_path: Pa
     wall = Wall()
     path = tmp_path / "fleet.toml"
     path.write_text(toml("a", "b"))
-    m = gateway(tmp_path, load_upstreams(path), wall, fleet_file=path)
+    m = await gateway(tmp_path, load_upstreams(path), wall, fleet_file=path)
     await m.join(registration("j"))
     path.write_text(toml("a", cap=5) + toml("c"))
     result = await m.reload()
@@ -182,7 +186,7 @@ async def test_a_bad_fleet_file_is_an_error_and_changes_nothing(tmp_path: Path, 
     wall = Wall()
     path = tmp_path / "fleet.toml"
     path.write_text(toml("a", "b"))
-    m = gateway(tmp_path, load_upstreams(path), wall, fleet_file=path)
+    m = await gateway(tmp_path, load_upstreams(path), wall, fleet_file=path)
     await m.join(registration("j"))
     before = {n.name: n.up for n in m.pool.nodes.values()}
     path.write_text(text)
@@ -194,7 +198,7 @@ async def test_a_bad_fleet_file_is_an_error_and_changes_nothing(tmp_path: Path, 
 
 
 async def test_reload_without_a_fleet_file_is_an_error(tmp_path: Path) -> None:
-    m = gateway(tmp_path, [], Wall())
+    m = await gateway(tmp_path, [], Wall())
     with pytest.raises(BadRequest):
         await m.reload()
 
@@ -202,7 +206,7 @@ async def test_reload_without_a_fleet_file_is_an_error(tmp_path: Path) -> None:
 async def test_a_store_that_fails_leaves_the_fleet_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             caplog: pytest.LogCaptureFixture) -> None:
     wall = Wall()
-    m = gateway(tmp_path, [Upstream("a", "http://a.test:8000", models={"m": "model"})], wall)
+    m = await gateway(tmp_path, [Upstream("a", "http://a.test:8000", models={"m": "model"})], wall)
     await m.join(registration("b"))
 
     async def gone() -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from hearth.errors import BadRequest, NotFound, TooManyRequests, Unavailable
 from hearth.gateway.app import create_gateway_app
 from hearth.gateway.config import GatewaySettings, Upstream
 from hearth.gateway.openai_wire import chat_json, chunk_events, refusal, usage_of
+from hearth.tenants import ApiKey
 
 
 def test_chunks_become_events() -> None:
@@ -152,3 +153,41 @@ def test_a_stall_timeout_set_for_an_openai_upstream_ends_its_stream(tmp_path: Pa
     events = [e for e in text.split("\n\n") if e]
     assert '"Hel"' in text and events[-1] == "data: [DONE]"
     assert "no bytes from the upstream for 0.3 s" in text, text
+
+
+def test_a_foreign_models_stored_responses_are_their_tenants(tmp_path: Path) -> None:
+    """The translating layer has no keys: it acts for the tenant the gateway found
+    (gateway/delegate.py), so a stored response of one tenant is another's 404."""
+    def engine(request: httpx.Request) -> httpx.Response:
+        return sse({"choices": [{"index": 0, "delta": {"content": "Sunny."}, "finish_reason": "stop"}]})
+
+    up = Upstream(name="gpu", url="http://10.0.0.9:8000", kind="openai", api_key="up-key", models={"q": "qwen"})
+    keys = [ApiKey("ka", "alice", "team-a"), ApiKey("kb", "bob", "team-b")]
+    app = create_gateway_app(GatewaySettings(upstreams=[up], data_dir=tmp_path, probe_interval=60, named_keys=keys,
+                                             admin_key="adm"), transport=httpx.MockTransport(engine))
+    alice, bob, admin = ({"Authorization": f"Bearer {k}"} for k in ("ka", "kb", "adm"))
+    with TestClient(app) as c:
+        first = c.post("/v1/responses", json={"model": "q", "input": "Weather?"}, headers=alice).json()
+        assert c.get(f"/v1/responses/{first['id']}", headers=alice).status_code == 200
+        assert c.get(f"/v1/responses/{first['id']}", headers=admin).status_code == 200
+        assert c.get(f"/v1/responses/{first['id']}", headers=bob).status_code == 404
+        r = c.post("/v1/responses", json={"model": "q", "input": "More?", "previous_response_id": first["id"]},
+                   headers=bob)
+        assert r.status_code == 404, r.text
+
+
+def test_a_tenant_deletes_only_its_own_foreign_response(tmp_path: Path) -> None:
+    def engine(request: httpx.Request) -> httpx.Response:
+        return sse({"choices": [{"index": 0, "delta": {"content": "Sunny."}, "finish_reason": "stop"}]})
+
+    up = Upstream(name="gpu", url="http://10.0.0.9:8000", kind="openai", api_key="up-key", models={"q": "qwen"})
+    keys = [ApiKey("ka", "alice", "team-a"), ApiKey("kb", "bob", "team-b")]
+    app = create_gateway_app(GatewaySettings(upstreams=[up], data_dir=tmp_path, probe_interval=60, named_keys=keys),
+                             transport=httpx.MockTransport(engine))  # no admin key: a tenant deletes its own
+    alice, bob = ({"Authorization": f"Bearer {k}"} for k in ("ka", "kb"))
+    with TestClient(app) as c:
+        rid = c.post("/v1/responses", json={"model": "q", "input": "Weather?"}, headers=alice).json()["id"]
+        assert c.delete(f"/v1/responses/{rid}", headers=bob).status_code == 404
+        assert c.get(f"/v1/responses/{rid}", headers=alice).status_code == 200
+        assert c.delete(f"/v1/responses/{rid}", headers=alice).status_code == 200
+        assert c.get(f"/v1/responses/{rid}", headers=alice).status_code == 404

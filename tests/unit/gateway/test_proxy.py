@@ -115,6 +115,7 @@ def test_upstream_gets_its_own_key_never_the_clients(client: TestClient, fleet: 
     sent = fleet.calls("/v1/chat/completions")[0]
     assert sent.headers["authorization"] in ("Bearer up-a", "Bearer up-b")
     assert "x-api-key" not in sent.headers
+    assert "x-hearth-tenant" not in sent.headers  # --api-key alone: one tenant, as before tenants (tenancy.py)
     assert sent.headers["x-request-id"] == r.headers["x-request-id"]  # one id in both logs
     assert json.loads(sent.content)["model"] == "up-model"
     probes = fleet.calls("/health")
