@@ -24,6 +24,7 @@ from hearth.gateway.context import gateway_of
 from hearth.gateway.delegate import Delegate
 from hearth.gateway.forward import aliases, as_response, call, first_found, gather_lists, live, relay_stream, send
 from hearth.gateway.headers import forwarded_headers
+from hearth.gateway.model_list import model_cards
 from hearth.gateway.pool import Node, Pool
 from hearth.gateway.routing import Affinity
 from hearth.sessions.ids import check_session_id
@@ -54,21 +55,16 @@ async def generate(request: Request) -> Response:
 # ---- models and health ----------------------------------------------------------------------
 
 
-def _card(alias: str, created: int) -> dict[str, Any]:
-    return {"id": alias, "object": "model", "created": created, "owned_by": "hearth-gateway"}
-
-
 async def list_models(request: Request) -> Response:
-    gw = gateway_of(request.app)
-    return JSONResponse({"object": "list", "data": [_card(a, gw.started) for a in gw.settings.aliases()]})
+    return JSONResponse({"object": "list", "data": await model_cards(gateway_of(request.app))})
 
 
 async def get_model(request: Request) -> Response:
-    gw = gateway_of(request.app)
     alias = request.path_params["model"]
-    if alias not in gw.settings.aliases():
+    card = next((c for c in await model_cards(gateway_of(request.app)) if c["id"] == alias), None)
+    if card is None:
         raise NotFound(f"The model {alias!r} does not exist", param="model", code="model_not_found")
-    return JSONResponse(_card(alias, gw.started))
+    return JSONResponse(card)
 
 
 async def health(request: Request) -> Response:
