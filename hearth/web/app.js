@@ -139,6 +139,14 @@ function modelLabel(m) {
   return status ? `${m.id} · ${status}` : m.id;
 }
 
+// Whether two names in the list are one model (an alias listed beside its model's id).
+function sameModel(a, b) {
+  if (a === b) return true;
+  const card = (id) => state.models.find((m) => m.id === id) || {};
+  const ma = card(a).meta || {}, mb = card(b).meta || {};
+  return (ma.path && ma.path === mb.path) || (ma.aliases || []).includes(b) || (mb.aliases || []).includes(a);
+}
+
 function selectModel(id) {
   state.model = id;
   $("model-name").textContent = id || "";
@@ -171,7 +179,7 @@ function onModelPicked() {
   const id = $("model-select").value;
   const session = state.sessionId;
   selectModel(id);
-  if (session && sessionModels[session] && sessionModels[session] !== id) newChat();
+  if (session && sessionModels[session] && !sameModel(sessionModels[session], id)) newChat();
   loadModel(); // statuses may have changed since the list was read
 }
 
@@ -292,7 +300,8 @@ async function openSession(id) {
   }
   state.sessionId = id;
   store.set("session", id);
-  if (sessionModels[id] && state.models.some((m) => m.id === sessionModels[id])) selectModel(sessionModels[id]);
+  const model = sessionModels[id];
+  if (model && state.models.some((m) => m.id === model) && !sameModel(model, state.model)) selectModel(model);
   clearMessages();
   history.data.forEach((m, i) => {
     if (m.role === "user" && !titles[id]) rememberTitle(id, contentText(m.content));
