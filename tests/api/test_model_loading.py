@@ -38,7 +38,7 @@ class Factory:
     def __call__(self, spec: ModelSpec, settings: EngineSettings) -> Any:
         self.loading.set()
         if self.gate is not None:
-            assert self.gate.wait(10), "the test never opened the load gate"
+            assert self.gate.wait(120), "the test never opened the load gate"
         if spec.id in self.broken:
             raise ValueError(f"{spec.path}: not a GGUF file (bad magic)")
         self.loads.append(spec.id)
@@ -104,7 +104,7 @@ async def test_a_burst_for_an_unloaded_model_makes_one_load(tmp_path: Path) -> N
     async with models_server(tmp_path, "alpha", "beta") as (h, factory):
         factory.gate, factory.loading = threading.Event(), threading.Event()
         burst = [asyncio.create_task(answer(h, "beta", max_tokens=4)) for _ in range(4)]
-        assert await asyncio.to_thread(factory.loading.wait, 10)
+        assert await asyncio.to_thread(factory.loading.wait, 120)
         assert (await statuses(h))["beta"] == "loading"
         factory.gate.set()
         assert await asyncio.gather(*burst) == ["beta"] * 4
@@ -165,7 +165,7 @@ async def test_a_cancel_during_the_load_ends_the_request_and_the_load_completes(
     async with models_server(tmp_path, "alpha", "beta") as (h, factory):
         factory.gate, factory.loading = threading.Event(), threading.Event()
         task = asyncio.create_task(h.post("/v1/chat/completions", chat("beta", cancel_id="c-load")))
-        assert await asyncio.to_thread(factory.loading.wait, 10)
+        assert await asyncio.to_thread(factory.loading.wait, 120)
         await until(lambda: len(node_of(h.app).cancels) == 1, "the run to register")
         assert (await h.post("/v1/cancel", {"cancel_id": "c-load"})).json()["cancelled"] == 1
         r = await task
