@@ -135,7 +135,8 @@ class Server:
 
     def status(self, which: str) -> str:
         card = next(m for m in self.models() if m["id"] == self.ids[which])
-        return str(card["status"]["value"])
+        status = card["status"]
+        return str(status["value"] if isinstance(status, dict) else status)
 
     def wait_status(self, which: str, value: str, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -215,7 +216,13 @@ def start(name: str, argv: list[str], env: dict[str, str], work: Path, files: di
         path = (m.get("meta") or {}).get("path") if name == "hearth" else m.get("path")
         if path:
             by_path[str(Path(path).resolve())] = m["id"]
-    server.ids = {which: by_path[str(p.resolve())] for which, p in files.items()}
+    ids = {m["id"] for m in data}
+    # by the file a model was loaded from; else by its file's stem (a router lists models by it)
+    server.ids = {which: by_path.get(str(p.resolve())) or (p.stem if p.stem in ids else "")
+                  for which, p in files.items()}
+    if not all(server.ids.values()):
+        server.stop()
+        raise RuntimeError(f"{name}: models {files} not found in its list {sorted(ids)}")
     log(f"{name} (--models-max {models_max}) on {url}: {server.ids}")
     return server
 
