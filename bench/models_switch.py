@@ -382,6 +382,9 @@ def main() -> None:
         "settings": {"runs": s.runs, "threads": s.threads, "ctx": s.ctx, "slots": 1, "max_tokens": 4,
                      "models": {k: {"file": p.name, "bytes": p.stat().st_size} for k, p in files.items()}},
         "llama_server_router": {"supported": router, "note": router_note}, "servers": {},
+        "notes": ["cold: the file is dropped from this machine's page cache (fincore: bytes still cached, per "
+                  "sample); on a virtual disk the host may cache it too, so only a run's first cold sample "
+                  "may read the real disk"],
     }
     wanted = s.servers.split(",")
     try:
