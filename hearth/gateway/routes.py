@@ -32,6 +32,7 @@ from hearth.gateway.forward import (
     relay_stream,
     send,
 )
+from hearth.gateway.model_list import model_cards
 from hearth.gateway.pool import Node, Pool
 from hearth.gateway.routing import Affinity
 from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
@@ -64,21 +65,16 @@ async def generate(request: Request) -> Response:
 # ---- models and health ----------------------------------------------------------------------
 
 
-def _card(alias: str, created: int) -> dict[str, Any]:
-    return {"id": alias, "object": "model", "created": created, "owned_by": "hearth-gateway"}
-
-
 async def list_models(request: Request) -> Response:
-    gw = gateway_of(request.app)
-    return JSONResponse({"object": "list", "data": [_card(a, gw.started) for a in gw.settings.aliases()]})
+    return JSONResponse({"object": "list", "data": await model_cards(gateway_of(request.app))})
 
 
 async def get_model(request: Request) -> Response:
-    gw = gateway_of(request.app)
     alias = request.path_params["model"]
-    if alias not in gw.settings.aliases():
+    card = next((c for c in await model_cards(gateway_of(request.app)) if c["id"] == alias), None)
+    if card is None:
         raise NotFound(f"The model {alias!r} does not exist", param="model", code="model_not_found")
-    return JSONResponse(_card(alias, gw.started))
+    return JSONResponse(card)
 
 
 async def health(request: Request) -> Response:
