@@ -23,7 +23,7 @@ import pexpect
 import pytest
 
 from hearth import catalog
-from hearth.backends.local import load_gate
+from hearth import test_gate as load_gate
 from hearth.models import DEFAULT_MODEL_ID, embedded_model_path
 from tests.helpers import EXACT, Server, sample, start_server, stop_server, wait_until
 
@@ -35,7 +35,7 @@ PROMPT = [{"role": "user", "content": "Name one colour of the rainbow."}]
 
 @pytest.fixture(scope="module")
 def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder of the server's load gate (hearth.backends.local.load_gate): a test holds a
+    """The folder of the server's load gate (hearth.test_gate): a test holds a
     model's load there, so it knows the load is under way while it looks, and ends it itself."""
     return tmp_path_factory.mktemp("load-gate")
 
