@@ -28,15 +28,26 @@ if [ "${1:-}" = "--stamp-ok" ]; then  # exit 0 when the venv is up to date (any 
   exit
 fi
 
+as_root=()
+[ "$(id -u)" -ne 0 ] && as_root=(sudo -n)
+apt_get() { "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -qq "$@" >/dev/null 2>&1; }
+
 # The chat page's tests (tests/web) drive Debian's chromium through playwright; playwright's own
 # browser download cannot run here, so the system package is used. Only when it is missing.
 if [ "$minimal" != 1 ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
   echo "setup: installing chromium (apt) for the web page tests"
-  as_root=()
-  [ "$(id -u)" -ne 0 ] && as_root=(sudo -n)
-  apt_get() { "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -qq "$@" >/dev/null 2>&1; }
   if ! { apt_get install chromium || { apt_get update && apt_get install chromium; }; }; then
     echo "setup: could not install chromium; tests/web will fail until /usr/bin/chromium exists"
+  fi
+fi
+
+# The gateway's state tests run a real PostgreSQL server (tests/helpers/postgres.py): Debian's,
+# started by the tests in a temporary directory. Only when it is missing.
+if [ "$minimal" != 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1
+then
+  echo "setup: installing postgresql (apt) for the gateway's state tests"
+  if ! { apt_get install postgresql || { apt_get update && apt_get install postgresql; }; }; then
+    echo "setup: could not install postgresql; the gateway's PostgreSQL tests will fail until it is installed"
   fi
 fi
 

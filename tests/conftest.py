@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.helpers import Server, start_server, stop_server
+from tests.helpers.postgres import Postgres, start_postgres, stop_postgres
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -36,3 +37,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(tmp_path_factory.mktemp("hearth"), "--parallel", "8", "--ctx", "2048", "--max-wait", "600")
     yield s
     stop_server(s)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """One real PostgreSQL server (tests/helpers/postgres.py); each test that needs a clean
+    database makes its own (`create_database`)."""
+    pg = start_postgres()
+    yield pg
+    stop_postgres(pg)

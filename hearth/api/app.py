@@ -41,11 +41,12 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 
 
 def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]],
-             requests: object, access: Settings, accounts: KeyAccounts | None = None) -> Starlette:
+             requests: object, access: Settings, accounts: KeyAccounts | None = None,
+             join_key: str | None = None) -> Starlette:
     """The Starlette app a node and the gateway share: CORS as `access.cors_origins` says (outside
     the key check, so a preflight needs no key), request ids (counted in `requests`), API keys as
-    `access` says, each key's limits (`accounts`; None: none), and the one error policy of
-    api/http/errors.py."""
+    `access` says (and a gateway's `join_key` for its fleet), each key's limits (`accounts`;
+    None: none), and the one error policy of api/http/errors.py."""
     endpoints = {r.path for r in routes if "{" not in r.path}
     return Starlette(
         routes=routes,
@@ -53,7 +54,7 @@ def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncC
         middleware=[
             Middleware(CorsMiddleware, origins=access.cors_origins),
             Middleware(RequestIdMiddleware, count=requests, endpoints=endpoints),
-            Middleware(AuthMiddleware, settings=access),
+            Middleware(AuthMiddleware, settings=access, join_key=join_key),
             Middleware(KeyLimitMiddleware, accounts=accounts),
             Middleware(UnexpectedErrors),
         ],

@@ -1,5 +1,5 @@
 """`hearth gateway`: serve the gateway; `hearth gateway status`, `hearth gateway drain NODE`,
-`hearth gateway move SESSION` talk to a running one."""
+`hearth gateway move SESSION`, `hearth gateway reload` talk to a running one."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def serve(
     ctx: typer.Context,
     upstreams: Annotated[Path | None, typer.Option(
         "--upstreams", envvar="HEARTH_UPSTREAMS",
-        help="TOML file with one upstream table per node (docs/gateway.md).")] = None,
+        help="TOML file with one upstream table per node (docs/gateway.md); reloaded on SIGHUP or "
+             "`hearth gateway reload`. Optional when nodes join (--join-key).")] = None,
     host: Annotated[str, typer.Option(envvar="HEARTH_HOST", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="HEARTH_GATEWAY_PORT")] = 8080,
     default_model: Annotated[str | None, typer.Option(
@@ -46,6 +47,15 @@ def serve(
         "[tenant=TENANT] [cache=...] [concurrent=N] [rpm=N] [tpm=N] (docs/gateway.md, \"Tenants\").")] = None,
     admin_key: Annotated[str | None, typer.Option(
         envvar="HEARTH_ADMIN_KEY", help="Key needed for drain/move and to delete sessions and snapshots.")] = None,
+    join_key: Annotated[str | None, typer.Option(
+        envvar="HEARTH_JOIN_KEY", help="Key with which nodes join the fleet at run time (`hearth serve --join`); "
+        "the admin key is accepted too.")] = None,
+    member_ttl: Annotated[float, typer.Option(
+        envvar="HEARTH_MEMBER_TTL", help="Seconds a joined node's registration lasts; nodes renew it every "
+        "third of that.")] = 15.0,
+    member_grace: Annotated[float, typer.Option(
+        envvar="HEARTH_MEMBER_GRACE", help="Seconds a node that stopped renewing is kept out of routing before "
+        "it is removed from the fleet.")] = 60.0,
     metrics_token: Annotated[str | None, typer.Option(envvar="HEARTH_METRICS_TOKEN")] = None,
     metrics_public: Annotated[bool, typer.Option(envvar="HEARTH_METRICS_PUBLIC")] = False,
     insecure: InsecureOpt = False,
@@ -78,12 +88,21 @@ def serve(
         "fail; then the node is routed by the estimate.")] = 5.0,
     data_dir: Annotated[str | None, typer.Option(
         envvar="HEARTH_GATEWAY_HOME", help="Where the gateway keeps transcripts (default: DATA_DIR/gateway).")] = None,
+    database: Annotated[str | None, typer.Option(
+        "--database", envvar="HEARTH_DATABASE_URL", show_default=False,
+        help="postgresql://USER:PASSWORD@HOST/DB: the state several gateways share (sessions, chains, "
+        "transcripts, moves). Default: SQLite in the gateway's home, for one gateway.")] = None,
+    lease_ttl: Annotated[float, typer.Option(
+        envvar="HEARTH_LEASE_TTL", help="Seconds after its last renewal (every --probe-interval) that a gateway "
+        "counts as gone: others on the database then settle its moves and drains and fail its background "
+        "runs.")] = 15.0,
     log_level: Annotated[str, typer.Option(envvar="HEARTH_LOG_LEVEL")] = "info",
     log_format: Annotated[str, typer.Option(envvar="HEARTH_LOG_FORMAT")] = "text",
 ) -> None:
     """Serve the gateway (the four protocols, over the upstreams in --upstreams).
 
     Example: hearth gateway --upstreams fleet.toml --port 8080
+             hearth gateway --join-key "$HEARTH_JOIN_KEY" --host 0.0.0.0 --api-key … --admin-key …
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -95,20 +114,23 @@ def serve(
     from hearth.observability.logging import setup_logging
     from hearth.tenants import read_key_file
 
-    if upstreams is None:
-        typer.echo("error: --upstreams FILE is required (a TOML [[upstream]] list; see docs/gateway.md)", err=True)
+    if upstreams is None and not (join_key or admin_key):
+        typer.echo("error: --upstreams FILE (a TOML [[upstream]] list; see docs/gateway.md) or --join-key KEY "
+                   "(nodes join at run time) is required", err=True)
         raise typer.Exit(2)
     try:
         keys = required_keys(api_key)
         named = read_key_file(api_key_file) if api_key_file else []
         home = Path(data_dir).expanduser() if data_dir else default_data_dir() / "gateway"
         settings = GatewaySettings(
-            upstreams=load_upstreams(upstreams), host=host, port=port, default_model=default_model, api_keys=keys,
-            named_keys=named, admin_key=admin_key, metrics_token=metrics_token, metrics_public=metrics_public,
-            insecure=insecure,
+            upstreams=load_upstreams(upstreams) if upstreams else [], upstreams_file=upstreams, join_key=join_key,
+            member_ttl=member_ttl, member_grace=member_grace, host=host, port=port, default_model=default_model,
+            api_keys=keys, named_keys=named,
+            admin_key=admin_key, metrics_token=metrics_token, metrics_public=metrics_public, insecure=insecure,
             cors_origins=parse_origins(cors_origins),
             max_waiting=max_waiting, max_wait=max_wait, probe_interval=probe_interval, probe_timeout=probe_timeout,
             heartbeat=heartbeat, stall_timeout=stall_timeout, log_level=log_level, data_dir=home, routing=routing,
+            database=database or None, lease_ttl=lease_ttl,
             migration_limit=migration_limit, digest_interval=digest_interval, digest_timeout=digest_timeout,
             digest_max_age=digest_max_age)
     except (ValueError, OSError) as e:
@@ -116,8 +138,12 @@ def serve(
         raise typer.Exit(2) from e
     setup_logging(log_level, log_format)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
-    names = ", ".join(f"{u.name} ({u.kind})" for u in settings.upstreams)
-    typer.echo(f"hearth gateway on http://{host}:{port} over {names}", err=True)
+    names = ", ".join(f"{u.name} ({u.kind})" for u in settings.upstreams) or "no upstream yet"
+    if settings.database is not None:
+        from hearth.gateway.store_postgres import redacted
+        names += f"; state in {redacted(settings.database)}"
+    joins = "; nodes may join" if join_key or admin_key else ""
+    typer.echo(f"hearth gateway on http://{host}:{port} over {names}{joins}", err=True)
     uvicorn.run(create_gateway_app(settings), host=host, port=port, log_level=log_level.lower(), log_config=None,
                 access_log=False, timeout_graceful_shutdown=5)
 
@@ -131,10 +157,11 @@ def status(url: GatewayUrlOpt = "http://127.0.0.1:8080", api_key: ApiKeyOpt = No
     if as_json:
         print_json(data)
         return
-    table = Table("node", "kind", "url", "up", "breaker", "draining", "in flight", "sessions", box=None)
+    table = Table("node", "kind", "source", "url", "up", "breaker", "draining", "in flight", "sessions", box=None)
     for n in data["nodes"]:
         up = "up" if n["up"] else f"down ({n['last_error']})" if n["last_error"] else "down"
-        table.add_row(n["name"], n["kind"], n["url"], up, n["breaker"], "yes" if n["draining"] else "",
+        source = "joined (lapsed)" if n.get("lapsed") else n.get("source", "file")
+        table.add_row(n["name"], n["kind"], source, n["url"], up, n["breaker"], "yes" if n["draining"] else "",
                       f"{n['in_flight']}/{n['max_in_flight']}", str(n["sessions"]))
     console().print(table)
     console().print(f"waiting for a node: {data['waiting']}")
@@ -165,3 +192,17 @@ def move(session: Annotated[str, typer.Argument(help="Session id.")],
     """Move one session, with its KV, to another node."""
     with Client(url, api_key) as c:
         print_json(c.post(f"/admin/sessions/{session}/move", {"to": to} if to else {}, timeout=None))
+
+
+@app.command()
+@cli_errors
+def reload(url: GatewayUrlOpt = "http://127.0.0.1:8080", api_key: ApiKeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Read the gateway's fleet file again: added upstreams join, removed ones are drained, then
+    removed. A bad file is an error and the running fleet stays as it was."""
+    with Client(url, api_key) as c:
+        data = c.post("/admin/fleet/reload", {})
+    if as_json:
+        print_json(data)
+        return
+    for what in ("added", "changed", "removed"):
+        console().print(f"{what}: {', '.join(data[what]) or 'none'}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -125,6 +126,17 @@ def serve(
     prompt_cache_disk_mb: Annotated[int, typer.Option(
         envvar="HEARTH_PROMPT_CACHE_DISK_MB",
         help="Disk for the prompt cache (under the data directory; survives restarts). 0: RAM only.")] = 8192,
+    join: Annotated[str | None, typer.Option(
+        "--join", envvar="HEARTH_JOIN", metavar="GATEWAY_URL",
+        help="Join this gateway's fleet and keep the registration alive while serving; leave it on a clean "
+             "shutdown (docs/gateway.md).")] = None,
+    join_key: Annotated[str | None, typer.Option(
+        envvar="HEARTH_JOIN_KEY", help="The gateway's join key (or its admin key), for --join.")] = None,
+    advertise_url: Annotated[str | None, typer.Option(
+        envvar="HEARTH_ADVERTISE_URL", help="The URL the gateway reaches this node at (default: from --host "
+                                            "and --port).")] = None,
+    node_name: Annotated[str | None, typer.Option(
+        envvar="HEARTH_NODE_NAME", help="The name this node joins under (default: the host name).")] = None,
 ) -> None:
     """Serve one or more GGUF models over the OpenAI API.
 
@@ -161,12 +173,23 @@ def serve(
         ids = [s.id for s in specs]
         if len(set(ids)) != len(ids):
             raise ValueError(f"two models share an id: {ids}; name them with ID=PATH")
+        joiner = None
+        if join is not None:
+            from hearth.cli import join as fleet
+
+            servable = [m for group in startup_models(settings, specs) for m in group]
+            joiner = fleet.Joiner(join, join_key, fleet.node_name(node_name),
+                                  fleet.advertise_url(advertise_url, host, port), {
+                "kind": "hearth", "models": {m: m for m in servable}, "max_in_flight": parallel,
+                "api_key": keys[0] if keys else admin_key, "admin_key": admin_key})
         backend = build_backend(settings, specs)
         at_start, on_demand = startup_models(settings, specs)
     except (ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     setup_logging(settings.log_level, settings.log_format)
+    if joiner is not None:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per renewal is noise
     auth = f"{len(settings.keyring)} API key(s)" if settings.keyring else "no API key"
     also = f"; loaded on request: {', '.join(on_demand)}" if on_demand else ""
     typer.echo(f"hearth {__version__}: serving {', '.join(at_start)} on http://{host}:{port} ({auth}){also}",
@@ -180,11 +203,19 @@ def serve(
     def handle_exit(sig: int, frame: object) -> None:
         # uvicorn waits for open connections before the app's shutdown runs: end the runs
         # first, so streams close cleanly with their final events.
+        if joiner is not None:
+            joiner.stop(timeout=0)  # leave the fleet (the thread does, while the server stops)
         backend.cancel_all()
         uvicorn_exit(sig, frame)  # type: ignore[arg-type]
 
     server.handle_exit = handle_exit  # type: ignore[method-assign]
-    server.run()
+    if joiner is not None:
+        joiner.start()
+    try:
+        server.run()
+    finally:
+        if joiner is not None:
+            joiner.stop()
 
 
 if __name__ == "__main__":

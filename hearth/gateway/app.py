@@ -3,8 +3,12 @@ in each protocol's envelope) over the gateway's routes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import signal
 import time
+import uuid
 from collections.abc import AsyncIterator
 
 import httpx
@@ -22,13 +26,17 @@ from hearth.gateway import routes
 from hearth.gateway.background import BackgroundRuns
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.context import Gateway, attach
+from hearth.gateway.leases import Leases
+from hearth.gateway.membership import Membership
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.migrate import Mover
 from hearth.gateway.openai_backend import OpenAIUpstreamBackend
 from hearth.gateway.pool import Pool
 from hearth.gateway.proxy import Proxy
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.transcripts import GatewayStore, TranscriptStore
 from hearth.gateway.upstream_http import HttpxSender, UpstreamHttp
+
+log = logging.getLogger("hearth.gateway")
 
 GENERATION = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/v1/messages",
               "/v1/responses", "/responses")
@@ -43,11 +51,24 @@ def access_settings(settings: GatewaySettings) -> Settings:
                     cors_origins=list(settings.cors_origins))
 
 
+def create_store(settings: GatewaySettings) -> GatewayStore:
+    """PostgreSQL when the settings name one (its driver imported only then), else SQLite."""
+    store: GatewayStore
+    if settings.database is None:
+        store = TranscriptStore(settings.data_dir / "gateway.sqlite3")
+    else:
+        from hearth.gateway.store_postgres import PostgresStore
+        store = PostgresStore(settings.database, uuid.uuid4().hex)
+    store.lease_ttl = settings.lease_ttl
+    return store
+
+
 def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
     metrics = GatewayMetrics()
-    store = TranscriptStore(settings.data_dir / "gateway.sqlite3")
-    # One client for every upstream call; its connection pool is sized past every node's cap.
-    limit = sum(u.max_in_flight for u in settings.upstreams) * 2 + 16
+    store = create_store(settings)
+    # One client for every upstream call; its connection pool is sized past every node's cap
+    # (with room for nodes that join later).
+    limit = max(sum(u.max_in_flight for u in settings.upstreams) * 2 + 16, 256)
     client = httpx.AsyncClient(transport=transport, limits=httpx.Limits(max_connections=limit,
                                                                         max_keepalive_connections=limit))
     pool = Pool(settings, store, metrics, client)
@@ -67,26 +88,39 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     translated = OpenAIUpstreamBackend(pool, client)
     inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[])  # CORS: the gateway's
     translator = create_app(translated, inner) if translated.aliases() else None
+    mover = Mover(pool, client, metrics)
+    leases = Leases(mover, min(settings.probe_interval, settings.lease_ttl / 3))
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
+    membership = Membership(settings, pool, mover)
+    translated_aliases = frozenset(translated.aliases())
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await pool.start()
+        await store.open()
+        await membership.start()  # the nodes that joined, from the store, before the pool starts
+        await pool.start()  # nodes probed first: a drain continued here needs to know which are up
+        await leases.beat()  # the drains in force, and what a gateway that is gone left, before serving
+        leases.start()
+        hup = _on_sighup(membership, translated_aliases)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if translator is not None:
                     await stack.enter_async_context(translator.router.lifespan_context(translator))
                 yield
         finally:
+            await leases.stop()
+            if hup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             await background.shutdown()  # its runs end as failed, recorded before the store closes
+            await membership.stop()
             await pool.stop()
             await proxy.continuity.idle()
             await http.aclose()
             await client.aclose()
-            store.close()
+            await store.close()
 
     route_list = [Route(p, routes.generate, methods=["POST"]) for p in GENERATION]
     route_list += [
@@ -114,13 +148,37 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         Route("/admin/keys/usage", keys.usage_of(accounts), methods=["GET"]),
         Route("/admin/nodes/{node}/drain", routes.drain, methods=["POST"]),
         Route("/admin/nodes/{node}/undrain", routes.undrain, methods=["POST"]),
+        Route("/admin/fleet/join", routes.fleet_join, methods=["POST"]),
+        Route("/admin/fleet/reload", routes.fleet_reload, methods=["POST"]),
+        Route("/admin/fleet/{node}", routes.fleet_leave, methods=["DELETE"]),
         Route("/admin/sessions/{session_id}", routes.session_status, methods=["GET"]),
         Route("/admin/sessions/{session_id}/move", routes.move_session, methods=["POST"]),
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name:path}", web.static_file, methods=["GET"]),
     ]
-    app = assemble(route_list, lifespan, metrics.requests, access_settings(settings), accounts)
-    attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=Mover(pool, client, metrics),
-                        started=int(time.time()), translator=translator, translated=frozenset(translated.aliases()),
-                        background=background))
+    app = assemble(route_list, lifespan, metrics.requests, access_settings(settings), accounts,
+                   join_key=settings.join_key)
+    attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=mover,
+                        started=int(time.time()), translator=translator, translated=translated_aliases,
+                        background=background, membership=membership))
     return app
+
+
+def _on_sighup(membership: Membership, translated: frozenset[str]) -> bool:
+    """SIGHUP reloads the fleet file (a bad one is logged and changes nothing). False where
+    signals cannot be handled here (not the main thread: a test's in-process server)."""
+    if membership.settings.upstreams_file is None:
+        return False
+    loop = asyncio.get_running_loop()
+
+    async def reload() -> None:
+        try:
+            await membership.reload(translated)
+        except Exception as e:
+            log.error("SIGHUP: %s", e)
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, lambda: membership.spawn(reload()))
+    except (ValueError, RuntimeError, NotImplementedError):
+        return False
+    return True

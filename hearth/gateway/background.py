@@ -17,11 +17,12 @@ records its events in an `EventLog` per response (the node's own class and caps,
   `POST .../cancel` and `/v1/cancel` cancel the task: the upstream request closes (the node
   stops its run) and the log ends as a node ends a cancelled background run
   (`response.incomplete`, status `cancelled`).
-- The response object is kept in the gateway's SQLite (`TranscriptStore.save_background`):
+- The response object is kept in the gateway's store (`GatewayStore.save_background`):
   at the start and at the end (the store first, then the terminal event, so a reader who saw
   the end reads the final object). A GET after the events expired or the gateway restarted
-  answers from it. A gateway that stops ends its runs as `failed` (`server_shutdown`); one that
-  was killed leaves rows the store fails when it next opens (`server_restarted`).
+  answers from it, on any gateway of the store. A gateway that stops ends its runs as `failed`
+  (`server_shutdown`); one that was killed leaves rows that are failed (`server_restarted`) when
+  its store next opens, or by another gateway on the database once its lease ran out (leases.py).
 
 Foreign (openai-kind) models never come here: the translating node app runs their background
 responses itself (routes.generate delegates first).
@@ -48,12 +49,12 @@ from hearth.api.openai.responses_events import (
     EventsExpired,
     stream_query,
 )
-from hearth.errors import BadRequest, Unavailable
+from hearth.errors import BadRequest, HearthError, Unavailable
 from hearth.gateway.migration import parse
 from hearth.gateway.migration_responses import TERMINAL, ResponsesCut
 from hearth.gateway.proxy import Proxy
 from hearth.gateway.tenancy import caller, owns
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.transcripts import GatewayStore
 from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")
@@ -88,7 +89,7 @@ class Run:
 
 
 class BackgroundRuns:
-    def __init__(self, proxy: Proxy, store: TranscriptStore, heartbeat: float | None,
+    def __init__(self, proxy: Proxy, store: GatewayStore, heartbeat: float | None,
                  logs: EventLogs | None = None) -> None:
         self.proxy, self.store, self.heartbeat = proxy, store, heartbeat
         self.logs = logs or EventLogs()
@@ -138,19 +139,19 @@ class BackgroundRuns:
                 if run is None and events:
                     run = await self._begin(events[0], begun, turn.who.tenant)
                 if run is not None:
-                    self._record(run, events)
+                    await self._record(run, events)
             if run is not None and not run.log.closed:  # the relay always ends with a terminal event
-                self._end(run, "failed", _error("the upstream stream ended without its final event"))
+                await self._end(run, "failed", _error("the upstream stream ended without its final event"))
         except asyncio.CancelledError:
             if run is None:
                 raise
-            self._end(run, "cancelled" if run.reason == "cancel" else "failed", SHUTDOWN_ERROR)
+            await self._end(run, "cancelled" if run.reason == "cancel" else "failed", SHUTDOWN_ERROR)
             if run.reason is None:
                 raise
         except Exception as e:
             log.exception("background response %s failed", run.response["id"] if run else "(not begun)")
             if run is not None:
-                self._end(run, "failed", _error(f"{type(e).__name__}: {e}"))
+                await self._end(run, "failed", _error(f"{type(e).__name__}: {e}"))
             elif not begun.done():
                 begun.set_exception(e)
         finally:
@@ -172,13 +173,13 @@ class BackgroundRuns:
         task = asyncio.current_task()
         assert task is not None
         run = Run({**response, "background": True}, self.logs.open(response["id"]), task)
+        await self.store.save_background(run.response)  # a database away: no run (the creator's 503)
         self._runs[response["id"]] = run
         await self.store.set_owner("background", response["id"], owner)
-        self.store.save_background(run.response)
         begun.set_result(run)
         return run
 
-    def _record(self, run: Run, events: list[dict[str, Any]]) -> None:
+    async def _record(self, run: Run, events: list[dict[str, Any]]) -> None:
         """Append one read's events; the terminal one's response stored first."""
         for d in events:
             if isinstance(d.get("response"), dict):
@@ -186,14 +187,17 @@ class BackgroundRuns:
             run.cut.take(d["type"], d)
             if d["type"] in TERMINAL:
                 run.response = d["response"]
-                self.store.save_background(run.response)
+                try:
+                    await self.store.save_background(run.response)
+                except HearthError as e:  # the database is away: readers of this gateway still see the end
+                    log.warning("background response %s: its end is not stored: %s", run.response["id"], e)
         if run.log.closed:
             return
         run.log.append(events)
         if run.cut.done:
             self.logs.close(run.log)
 
-    def _end(self, run: Run, status: str, error: dict[str, str]) -> None:
+    async def _end(self, run: Run, status: str, error: dict[str, str]) -> None:
         """End `run` here, as a node ends a background run cut short: its open item closed as
         incomplete, then `response.incomplete` (status cancelled) or `response.failed`."""
         if run.log.closed:
@@ -205,7 +209,7 @@ class BackgroundRuns:
              "incomplete_details": {"reason": "cancelled"} if status == "cancelled" else None,
              "error": None if status == "cancelled" else error}
         terminal = "response.incomplete" if status == "cancelled" else "response.failed"
-        self._record(run, [*closing, {"type": terminal, "response": r}])
+        await self._record(run, [*closing, {"type": terminal, "response": r}])
         if not run.log.closed:  # _record closes on a terminal event; cut.done says it saw one
             self.logs.close(run.log)
 
@@ -217,13 +221,13 @@ class BackgroundRuns:
         if not await owns(self.store, caller(request), "background", rid):
             return None  # another tenant's: the node is asked, as the caller, and does not know it
         run = self._runs.get(rid)
-        stored = run.current() if run is not None else self.store.background(rid)
+        stored = run.current() if run is not None else await self.store.background(rid)
         if stored is None:
             return None
         if request.method == "DELETE":  # the node's stored copy goes as today (routes.py)
             if run is not None:
                 await self.cancel(rid)
-            self.store.drop_background(rid)
+            await self.store.drop_background(rid)
             return None
         if request.method == "POST":
             return JSONResponse(await self.cancel(rid))
@@ -242,7 +246,7 @@ class BackgroundRuns:
         or does not end within CANCEL_SETTLE_SECONDS); None when the gateway has no such run."""
         run = self._runs.get(response_id)
         if run is None:
-            return self.store.background(response_id)
+            return await self.store.background(response_id)
         if not run.log.closed and run.reason is None:
             run.reason = "cancel"
             run.task.cancel()

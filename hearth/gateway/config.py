@@ -76,6 +76,10 @@ class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = 8080
     data_dir: Path = field(default_factory=lambda: default_data_dir() / "gateway")
+    # The shared state (transcripts.py): None, SQLite under data_dir (one gateway); a
+    # postgresql:// URL, PostgreSQL (any number of gateways). Not in the repr: it may hold a password.
+    database: str | None = field(default=None, repr=False)
+    lease_ttl: float = 15.0  # seconds a gateway's lease outlives its last renewal (leases.py)
     default_model: str | None = None  # an alias: what unknown model names are served by
     api_keys: list[str] = field(default_factory=list)  # bare keys (--api-key): each a tenant of its own
     named_keys: list[ApiKey] = field(default_factory=list)  # --api-key-file, a node's format (hearth.tenants)
@@ -106,15 +110,24 @@ class GatewaySettings:
     digest_interval: float = 1.0
     digest_timeout: float = 1.0
     digest_max_age: float = 5.0
+    # The fleet can change while the gateway serves (membership.py): the TOML file it was started
+    # with (None: none; reloaded on SIGHUP or POST /admin/fleet/reload), the key nodes join with
+    # (`hearth serve --join`; the admin key is accepted too), how long a registration lasts
+    # without renewal (nodes renew every third of it), and how long a lapsed node is kept out of
+    # routing before it is removed.
+    upstreams_file: Path | None = None
+    join_key: str | None = None
+    member_ttl: float = 15.0
+    member_grace: float = 60.0
 
     def __post_init__(self) -> None:
-        if not self.upstreams:
-            raise ValueError("the gateway needs at least one upstream (--upstreams FILE)")
-        names = [u.name for u in self.upstreams]
-        if len(set(names)) != len(names):
-            raise ValueError(f"two upstreams share a name: {names}")
+        check_fleet(self.upstreams)
         if self.max_waiting < 0 or self.max_wait <= 0:
             raise ValueError("--max-waiting must be >= 0 and --max-wait > 0")
+        if self.database is not None and not self.database.startswith(("postgresql://", "postgres://")):
+            raise ValueError("--database must be a postgresql:// URL (without it: SQLite under the data dir)")
+        if not self.lease_ttl > 0:
+            raise ValueError("--lease-ttl must be > 0 seconds")
         if self.routing not in ("cost", "round_robin"):
             raise ValueError("--routing must be cost or round_robin")
         if self.migration_limit < 0:
@@ -125,15 +138,15 @@ class GatewaySettings:
             raise ValueError("--probe-interval and --probe-timeout must be > 0")
         if not self.digest_interval >= 0 or not self.digest_timeout > 0 or not self.digest_max_age > 0:
             raise ValueError("--digest-interval must be >= 0 (0: off), --digest-timeout and --digest-max-age > 0")
+        if not self.member_ttl > 0 or not self.member_grace >= 0:
+            raise ValueError("--member-ttl must be > 0 and --member-grace >= 0 seconds")
+        if self.join_key is not None and not self.join_key:
+            raise ValueError("--join-key must not be empty")
         check_access(self.host, [*self.api_keys, *(k.key for k in self.named_keys)], self.insecure,
                      "--api-key (or --api-key-file)")
         check_keyring(self.keyring)
         check_origins(self.cors_origins)
-        for alias, ups in self.aliases().items():
-            if len({u.kind for u in ups}) > 1:  # why: docs/gateway.md, "Protocols at the edge"
-                raise ValueError(f"alias {alias!r} is served by both hearth and openai upstreams "
-                                 f"({', '.join(u.name for u in ups)}): an alias needs upstreams of one kind")
-        if self.default_model is not None and self.default_model not in self.aliases():
+        if self.upstreams and self.default_model is not None and self.default_model not in self.aliases():
             raise ValueError(f"--default-model {self.default_model!r} is not an alias of any upstream")
 
     @property
@@ -148,12 +161,8 @@ class GatewaySettings:
         return [*(bare_key(k) for k in dict.fromkeys(self.api_keys) if k.strip()), *self.named_keys]
 
     def aliases(self) -> dict[str, list[Upstream]]:
-        """alias -> the upstreams that serve it (in config order)."""
-        out: dict[str, list[Upstream]] = {}
-        for u in self.upstreams:
-            for alias in u.models:
-                out.setdefault(alias, []).append(u)
-        return out
+        """alias -> the upstreams that serve it (in config order, joined nodes after)."""
+        return aliases_of(self.upstreams)
 
     def stall_timeout_for(self, up: Upstream) -> float | None:
         """Seconds a stream from `up` may send nothing before it counts as broken; None: no limit."""
@@ -163,6 +172,26 @@ class GatewaySettings:
 
     def upstream(self, name: str) -> Upstream | None:
         return next((u for u in self.upstreams if u.name == name), None)
+
+
+def aliases_of(upstreams: list[Upstream]) -> dict[str, list[Upstream]]:
+    out: dict[str, list[Upstream]] = {}
+    for u in upstreams:
+        for alias in u.models:
+            out.setdefault(alias, []).append(u)
+    return out
+
+
+def check_fleet(upstreams: list[Upstream]) -> None:
+    """What every fleet must be, at start, after a reload and after a node joins: unique
+    names, and each alias served by upstreams of one kind."""
+    names = [u.name for u in upstreams]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two upstreams share a name: {names}")
+    for alias, ups in aliases_of(upstreams).items():
+        if len({u.kind for u in ups}) > 1:  # why: docs/gateway.md, "Protocols at the edge"
+            raise ValueError(f"alias {alias!r} is served by both hearth and openai upstreams "
+                             f"({', '.join(u.name for u in ups)}): an alias needs upstreams of one kind")
 
 
 def parse_upstreams(doc: dict[str, Any]) -> list[Upstream]:
@@ -195,5 +224,12 @@ def parse_upstreams(doc: dict[str, Any]) -> list[Upstream]:
 
 
 def load_upstreams(path: Path) -> list[Upstream]:
-    with path.open("rb") as f:
-        return parse_upstreams(tomllib.load(f))
+    """The upstreams of a fleet file; ValueError (naming the file) if it cannot be read or is not
+    a valid fleet."""
+    try:
+        with path.open("rb") as f:
+            upstreams = parse_upstreams(tomllib.load(f))
+        check_fleet(upstreams)
+    except (OSError, tomllib.TOMLDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from e
+    return upstreams

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp
 
 from hearth.gateway.background import BackgroundRuns
 from hearth.gateway.config import GatewaySettings
+from hearth.gateway.membership import Membership
 from hearth.gateway.migrate import Mover
 from hearth.gateway.pool import Pool
 from hearth.gateway.proxy import Proxy
@@ -33,6 +34,7 @@ class Gateway:
     translator: Starlette | None
     translated: frozenset[str]
     background: BackgroundRuns  # the background responses the gateway runs on Hearth upstreams
+    membership: Membership  # nodes joining and leaving, the fleet file reloaded
 
 
 def attach(app: Starlette, gateway: Gateway) -> None:

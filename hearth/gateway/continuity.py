@@ -17,11 +17,11 @@ from typing import Any
 
 import httpx
 
-from hearth.errors import BadRequest
+from hearth.errors import BadRequest, HearthError
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Node
 from hearth.gateway.tenancy import owner_caller, owns, upstream_headers
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.transcripts import GatewayStore
 from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")
@@ -35,7 +35,7 @@ def input_items(value: Any) -> list[Any]:
 
 
 class Continuity:
-    def __init__(self, store: TranscriptStore, client: httpx.AsyncClient, metrics: GatewayMetrics,
+    def __init__(self, store: GatewayStore, client: httpx.AsyncClient, metrics: GatewayMetrics,
                  keyed: bool = False) -> None:
         self.store = store
         self.keyed = keyed  # the gateway carries tenants: what it does for a session, it does as its owner
@@ -56,7 +56,7 @@ class Continuity:
         A session that lived on another node (or that `node` lost: `lost`) continues here:
         re-create it from the transcript (its KV is rebuilt by this turn's prefill). True: the
         session exists on `node` with its history (so the turn must not create it afresh)."""
-        owner = self.store.node_of(f"session:{sid}")
+        owner = await self.store.node_of(f"session:{sid}")
         if not history:
             return False  # nothing to carry over: the session starts afresh here
         if owner is None or (owner == node.name and not lost):
@@ -85,10 +85,10 @@ class Continuity:
         rid = body.get("previous_response_id")
         if not isinstance(rid, str) or not await owns(self.store, who, "response", rid):
             return body
-        owner = self.store.node_of(f"response:{rid}")
+        owner = await self.store.node_of(f"response:{rid}")
         if owner is None or owner == node.name:
             return body
-        items = self.store.chain(rid)
+        items = await self.store.chain(rid)
         if items is None:
             return body  # not all of the chain is here: the node answers for the id itself
         self.metrics.reprefills.inc()
@@ -99,11 +99,11 @@ class Continuity:
 
     # ---- after a turn --------------------------------------------------------------------------
 
-    def response_done(self, body: dict[str, Any], response_id: str, output: list[Any]) -> None:
+    async def response_done(self, body: dict[str, Any], response_id: str, output: list[Any]) -> None:
         if body.get("store") is False:
             return
         previous = body.get("previous_response_id")
-        self.store.save_response(response_id, previous if isinstance(previous, str) else None,
+        await self.store.save_response(response_id, previous if isinstance(previous, str) else None,
                                  input_items(body.get("input")) + output)
 
     def session_done(self, node: Node, sid: str, alias: str) -> None:
@@ -142,11 +142,11 @@ class Continuity:
                                       headers=upstream_headers(node.up, await self.as_owner(sid)), timeout=30)
             data = r.json().get("data") if r.status_code == 200 else None
             if isinstance(data, list):
-                self.store.save_transcript(sid, alias, data)
+                await self.store.save_transcript(sid, alias, data)
                 return True
             log.warning("could not copy session %s's transcript from %s: it answered %d", sid, node.name,
                         r.status_code)
-        except (httpx.HTTPError, ValueError) as e:
+        except (httpx.HTTPError, ValueError, HearthError) as e:  # HearthError: the database is away
             log.warning("could not copy session %s's transcript from %s: %s", sid, node.name, e)
         return False
 

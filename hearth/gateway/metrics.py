@@ -26,12 +26,15 @@ class _NodeCollector(Collector):
         breaker = GaugeMetricFamily("hearth_gateway_node_breaker", "Breaker: 0 closed, 1 half-open, 2 open",
                                     labels=["node"])
         draining = GaugeMetricFamily("hearth_gateway_node_draining", "1 while the node drains", labels=["node"])
+        lapsed = GaugeMetricFamily("hearth_gateway_node_lapsed",
+                                   "1 while a node that joined has not renewed its registration", labels=["node"])
         for n in self.nodes():
             in_flight.add_metric([n.name], n.in_flight)
             up.add_metric([n.name], 1 if n.live.up else 0)
             breaker.add_metric([n.name], BREAKER_VALUE[n.breaker.state])
             draining.add_metric([n.name], 1 if n.draining else 0)
-        yield from (in_flight, up, breaker, draining)
+            lapsed.add_metric([n.name], 1 if n.lapsed else 0)
+        yield from (in_flight, up, breaker, draining, lapsed)
 
 
 class GatewayMetrics:

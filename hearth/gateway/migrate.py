@@ -3,7 +3,12 @@ load on the destination → delete on the source. The next turn on the destinati
 KV (no re-prefill). `drain` moves every session off a node and keeps it out of routing.
 
 A session busy with a turn cannot be saved (409 session_busy): the move waits for the turn
-(bounded, `BUSY_WAIT` seconds)."""
+(bounded, `BUSY_WAIT` seconds).
+
+A move and a drain are recorded in the store as they go (`moves`, `drains`): every gateway on
+the database stops routing to a drained node, and a gateway that dies mid-move leaves a row that
+a survivor settles (`settle`, called by leases.py): finished if the session was already
+reassigned, else rolled back (the session stays on its source; the copies go)."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from hearth.errors import BadRequest, Conflict, NotFound, Unavailable
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Node, Pool
 from hearth.gateway.tenancy import owner_caller, upstream_headers
+from hearth.gateway.transcripts import Move
 from hearth.tenants import OPEN, Caller
 
 log = logging.getLogger("hearth.gateway")
@@ -37,8 +43,8 @@ class Mover:
             raise NotFound(f"no upstream named {name!r}", param="node", code="node_not_found")
         return node
 
-    def owner(self, sid: str) -> Node:
-        name = self.pool.store.node_of(f"session:{sid}")
+    async def owner(self, sid: str) -> Node:
+        name = await self.pool.store.node_of(f"session:{sid}")
         if name is None or name not in self.pool.nodes:
             raise NotFound(f"the gateway knows no session {sid!r}", param="session_id", code="session_not_found")
         return self.pool.nodes[name]
@@ -72,7 +78,7 @@ class Mover:
         return r
 
     async def move(self, sid: str, to: str | None = None, src: Node | None = None) -> dict[str, Any]:
-        src = src or self.owner(sid)
+        src = src or await self.owner(sid)
         if src.up.kind != "hearth":
             raise BadRequest(f"{src.name} is not a Hearth node: its sessions have no KV to move", param="session_id")
         started = time.monotonic()
@@ -82,6 +88,15 @@ class Mover:
         except _MoveFailed as e:
             raise NotFound(f"session {sid} is not on {src.name}: {e}", code="session_not_found") from e
         dst = self.destination(src, info.get("model", ""), to)
+        if not await self.pool.store.begin_move(sid, src.name, dst.name):
+            raise Conflict(f"session {sid} is being moved already", code="move_in_progress")
+        try:
+            return await self._move(sid, src, dst, info, started, who)
+        finally:
+            await self.pool.store.end_move(sid)
+
+    async def _move(self, sid: str, src: Node, dst: Node, info: dict[str, Any], started: float,
+                    who: Caller) -> dict[str, Any]:
         deadline = time.monotonic() + BUSY_WAIT
         delay = 0.05
         while True:
@@ -95,6 +110,7 @@ class Mover:
                     raise Conflict(f"could not save session {sid} on {src.name}: {e}", code="move_failed") from e
                 await asyncio.sleep(delay)  # the session's turn is still running
                 delay = min(1.0, delay * 2)
+        await self.pool.store.move_saved(sid, snap)
         try:
             async with self.client.stream("GET", f"{src.up.url}/v1/snapshots/{snap}/archive",
                                           headers=upstream_headers(src.up, who), timeout=600) as archive:
@@ -109,13 +125,9 @@ class Mover:
             await self._call(src, "DELETE", f"/v1/snapshots/{snap}", admin=True, ok=(200, 404), who=who)
             raise Conflict(f"could not move session {sid} from {src.name} to {dst.name}: {e}",
                            code="move_failed") from e
-        self.pool.store.assign(f"session:{sid}", dst.name)
-        for node, path in ((src, f"/v1/sessions/{sid}"), (src, f"/v1/snapshots/{snap}"),
-                           (dst, f"/v1/snapshots/{snap}")):
-            try:
-                await self._call(node, "DELETE", path, admin=True, ok=(200, 404), who=who)
-            except (_MoveFailed, httpx.HTTPError) as e:  # the move stands; a leftover copy is only garbage
-                log.warning("after moving session %s: %s", sid, e)
+        await self.pool.store.move_assigned(sid, dst.name)
+        await self._delete(sid, [(src, f"/v1/sessions/{sid}"), (src, f"/v1/snapshots/{snap}"),
+                                 (dst, f"/v1/snapshots/{snap}")], who)
         seconds = time.monotonic() - started
         self.metrics.migrations.labels("ok").inc()
         self.metrics.migration_seconds.observe(seconds)
@@ -123,16 +135,56 @@ class Mover:
         return {"session_id": sid, "from": src.name, "to": dst.name, "seconds": round(seconds, 3),
                 "tokens": info.get("current_pos")}
 
+    async def _delete(self, sid: str, copies: list[tuple[Node | None, str]], who: Caller = OPEN) -> None:
+        for node, path in copies:
+            if node is None:
+                continue
+            try:
+                await self._call(node, "DELETE", path, admin=True, ok=(200, 404), who=who)
+            except (_MoveFailed, httpx.HTTPError) as e:  # the move stands; a leftover copy is only garbage
+                log.warning("after moving session %s: %s", sid, e)
+
+    async def settle(self, move: Move) -> str:
+        """A move its gateway left half done (it died): finished when the session was already
+        reassigned (the source's copy and the snapshots deleted), else rolled back (the session
+        stays on its source; what reached the destination is deleted). "finished" or "rolled_back"."""
+        src, dst, sid = self.pool.nodes.get(move.src), self.pool.nodes.get(move.dst), move.session_id
+        snap = [(src, f"/v1/snapshots/{move.snapshot}"), (dst, f"/v1/snapshots/{move.snapshot}")] \
+            if move.snapshot else []
+        if move.state == "assigned":
+            outcome, copies = "finished", [(src, f"/v1/sessions/{sid}"), *snap]
+        else:
+            outcome, copies = "rolled_back", snap
+            if move.snapshot and await self.pool.store.node_of(f"session:{sid}") != move.dst:
+                copies.append((dst, f"/v1/sessions/{sid}"))  # loaded there, maybe, before its gateway died
+        who = owner_caller(await self.pool.store.owner_of("session", sid), self.pool.settings.tenants)
+        await self._delete(sid, copies, who)
+        await self.pool.store.end_move(sid)
+        self.metrics.migrations.labels(outcome).inc()
+        log.warning("the move of session %s from %s to %s, left %s by a gateway that is gone, was %s", sid,
+                    move.src, move.dst, move.state, outcome.replace("_", " "))
+        return outcome
+
     async def drain(self, name: str) -> dict[str, Any]:
-        """Stop routing to the node and move every session it holds to other nodes."""
+        """Stop routing to the node (every gateway on the store) and move every session it holds
+        to other nodes. Recorded `running` while it moves them: a survivor continues a drain
+        whose gateway died (leases.py)."""
         node = self._node(name)
         node.draining = True
-        sids = set(s.removeprefix("session:") for s in self.pool.store.keys_on(name))
+        await self.pool.store.set_drain(name, "running")
+        try:
+            return await self._drain(name, node)
+        finally:
+            if name in await self.pool.store.drains():  # not undrained meanwhile
+                await self.pool.store.set_drain(name, "drained")
+
+    async def _drain(self, name: str, node: Node) -> dict[str, Any]:
+        sids = set(s.removeprefix("session:") for s in await self.pool.store.keys_on(name))
         moved, failed, stale = [], [], []
         if node.up.kind == "hearth":
             r = await self._call(node, "GET", "/v1/sessions")
             for sid in {s["session_id"] for s in r.json().get("data", []) if isinstance(s, dict)} - sids:
-                owner = self.pool.store.node_of(f"session:{sid}")
+                owner = await self.pool.store.node_of(f"session:{sid}")
                 if owner is None or owner == name:
                     sids.add(sid)
                     continue
@@ -151,9 +203,10 @@ class Mover:
                 failed.append({"session_id": sid, "error": str(e)})
         return {"node": name, "draining": True, "moved": moved, "failed": failed, "stale": sorted(stale)}
 
-    def undrain(self, name: str) -> dict[str, Any]:
+    async def undrain(self, name: str) -> dict[str, Any]:
         node = self._node(name)
         node.draining = False
+        await self.pool.store.set_drain(name, None)
         return {"node": name, "draining": False}
 
 

@@ -29,11 +29,11 @@ from hearth.gateway.digests import Digests
 from hearth.gateway.health import BUSY_GRACE, Breaker, Liveness
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing import Affinity, Candidate, Chooser, Decision, PrefixTable
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.transcripts import GatewayStore
 
 log = logging.getLogger("hearth.gateway")
 
-SOFT_KEYS = 65536  # soft affinity keys remembered (LRU); binding keys live in SQLite
+SOFT_KEYS = 65536  # soft affinity keys remembered (LRU); binding keys live in the store
 
 
 @dataclass(eq=False, slots=True)
@@ -47,13 +47,18 @@ class Node:
     last_bytes: float = 0.0  # when the node last sent bytes of an answer (monotonic clock)
     prefixes: PrefixTable = field(default_factory=PrefixTable)
     digest: Digest | None = None  # what its prompt cache holds (Hearth nodes that publish it)
+    # Where the node comes from (membership.py): the fleet file, or a registration at run time;
+    # a joined node whose registration lapsed (it stopped renewing) takes no new requests.
+    source: str = "file"  # file | joined
+    lapsed: bool = False
 
     @property
     def name(self) -> str:
         return self.up.name
 
     def routable(self, now: float) -> bool:
-        return self.live.up and not self.draining and self.breaker.allows() and now >= self.cooling_until
+        return (self.live.up and not self.draining and not self.lapsed and self.breaker.allows()
+                and now >= self.cooling_until)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +70,7 @@ class Lease:
 
 
 class Pool:
-    def __init__(self, settings: GatewaySettings, store: TranscriptStore, metrics: GatewayMetrics,
+    def __init__(self, settings: GatewaySettings, store: GatewayStore, metrics: GatewayMetrics,
                  client: httpx.AsyncClient, chooser: Chooser | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
@@ -95,7 +100,7 @@ class Pool:
 
     # ---- affinity ------------------------------------------------------------------------------
 
-    def sticky(self, affinity: Affinity, alias: str | None = None) -> str | None:
+    async def sticky(self, affinity: Affinity, alias: str | None = None) -> str | None:
         """The node the key maps to. A conversation key this gateway has not seen (it
         restarted, or another gateway served the conversation) maps to the node whose digest
         says one of its slots holds that conversation."""
@@ -103,19 +108,19 @@ class Pool:
         if key is None:
             return None
         if affinity.binding:
-            return self.store.node_of(key)
+            return await self.store.node_of(key)
         found = self._soft.get(key)
         if found is None and affinity.kind == "cache_key" and alias is not None:
             found = next((n.name for n in self.nodes.values() if (st := self._state(n, alias)) is not None
                           and affinity.value in st.keys), None)
         return found
 
-    def remember(self, affinity: Affinity, node: str) -> None:
+    async def remember(self, affinity: Affinity, node: str) -> None:
         key = affinity.key
         if key is None:
             return
         if affinity.binding:
-            self.store.assign(key, node)
+            await self.store.assign(key, node)
             return
         self._soft[key] = node
         self._soft.move_to_end(key)
@@ -161,13 +166,14 @@ class Pool:
         nodes = [n for n in self._routable(alias, exclude) if n.up.kind == "hearth"]
         if len(nodes) < 2:
             return {}
-        sticky = self.sticky(affinity, alias)
+        sticky = await self.sticky(affinity, alias)
         if any(n.name == sticky and n.in_flight < n.up.max_in_flight for n in nodes):
             return {}
         return await self.digests.blocks(nodes, alias, path, body)
 
-    def _try(self, alias: str, affinity: Affinity, hashes: Sequence[tuple[str, int]], prompt_tokens: int,
-             exclude: set[str], blocks: Mapping[str, RequestBlocks], urgent: bool = False) -> Lease | None:
+    def _try(self, alias: str, affinity: Affinity, sticky: str | None, hashes: Sequence[tuple[str, int]],
+             prompt_tokens: int, exclude: set[str], blocks: Mapping[str, RequestBlocks],
+             urgent: bool = False) -> Lease | None:
         candidates = self._candidates(alias, hashes, exclude, blocks)
         if urgent:  # past the in-flight caps: the least loaded node takes it now
             for c in candidates:
@@ -176,7 +182,6 @@ class Pool:
             retry = max(1, int(self.settings.probe_interval))
             raise Unavailable(f"no healthy upstream serves {alias!r} right now; retry shortly",
                               code="no_healthy_upstream", retry_after=retry)
-        sticky = self.sticky(affinity, alias)
         if sticky in exclude:
             sticky = None
         if blocks:  # the exact count (every root's is the same prompt)
@@ -201,7 +206,8 @@ class Pool:
         `max_in_flight` (the node's own admission queue holds it at most that long)."""
         exclude = exclude or set()
         blocks = blocks or {}
-        lease = self._try(alias, affinity, hashes, prompt_tokens, exclude, blocks, urgent)
+        sticky = await self.sticky(affinity, alias)  # read once: the store is not asked again while it waits
+        lease = self._try(alias, affinity, sticky, hashes, prompt_tokens, exclude, blocks, urgent)
         if lease is not None:
             return lease
         if self._waiting >= self.settings.max_waiting:
@@ -215,7 +221,7 @@ class Pool:
                 freed = self._freed
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(freed.wait(), min(remaining, self.settings.probe_interval))
-                lease = self._try(alias, affinity, hashes, prompt_tokens, exclude, blocks)
+                lease = self._try(alias, affinity, sticky, hashes, prompt_tokens, exclude, blocks)
                 if lease is not None:
                     return lease
         finally:
@@ -227,9 +233,40 @@ class Pool:
     def _retry_after(self) -> int:
         return max(1, min(30, int(self.settings.max_wait / 4)))
 
+    def wake(self) -> None:
+        """Requests waiting for a node look again (one became routable)."""
+        self._wake()
+
     def _wake(self) -> None:
         self._freed.set()
         self._freed = asyncio.Event()
+
+    # ---- the fleet changing (membership.py) ------------------------------------------------------
+
+    def add(self, up: Upstream, source: str = "file") -> Node:
+        """A node that joins (or a fleet file's new upstream): routed to once a probe finds it up."""
+        node = self.nodes[up.name] = Node(up, source=source)
+        self._publish()
+        return node
+
+    def update(self, node: Node, up: Upstream) -> None:
+        """The same node with a new address or description (a node that re-joined from elsewhere):
+        its liveness is found again by probes."""
+        moved = up.url != node.up.url
+        node.up = up
+        if moved:
+            node.live, node.digest = Liveness(), None
+        self._publish()
+
+    def remove(self, name: str) -> None:
+        """Out of the fleet: its bindings fail over as a dead node's do (the store keeps them)."""
+        if self.nodes.pop(name, None) is not None:
+            self._publish()
+            self._wake()
+
+    def _publish(self) -> None:
+        # the models the gateway lists, its default model and per-node settings come from here
+        self.settings.upstreams = [n.up for n in self.nodes.values()]
 
     def release(self, lease: Lease, ok: bool | None) -> None:
         """Give the node back; `ok` is the outcome for the breaker (None: not the node's fault

@@ -34,7 +34,7 @@ from hearth.gateway.retry import RETRY_STATUSES, Retry, exhausted, refused
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.tenancy import caller, hidden, owns, session_hidden, upstream_headers
 from hearth.gateway.terminal import Protocol, protocol_of
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.transcripts import GatewayStore
 from hearth.gateway.turn_record import turn_messages
 from hearth.gateway.upstream_http import Answer, Buffered, Sender
 from hearth.sessions.ids import stored_session_id
@@ -65,7 +65,7 @@ class Turn:
 
 
 class Proxy:
-    def __init__(self, settings: GatewaySettings, pool: Pool, store: TranscriptStore, metrics: GatewayMetrics,
+    def __init__(self, settings: GatewaySettings, pool: Pool, store: GatewayStore, metrics: GatewayMetrics,
                  client: httpx.AsyncClient, http: Sender) -> None:
         self.settings = settings
         self.pool = pool
@@ -98,7 +98,7 @@ class Proxy:
         if isinstance(rid, str) and await hidden(self.store, who, "response", rid):
             raise NotFound(f"no stored response with id {rid!r}", param="previous_response_id")
         items = conversation(body)
-        saved = self.store.transcript(sid) if sid is not None and await owns(self.store, who, "session", sid) \
+        saved = await self.store.transcript(sid) if sid is not None and await owns(self.store, who, "session", sid) \
             else None
         history = saved[1] if saved is not None else []
         hashes = prefix_hashes(alias, history + items)
@@ -294,17 +294,20 @@ class Proxy:
         node = lease.node
         # A session's prompt holds its transcript, which `hashes` (history + items) stand for too.
         node.prefixes.add(turn.hashes, scan.whole_prompt)
-        self.pool.remember(turn.affinity, node.name)
-        if scan.response_id is not None:
-            # A migrated response is stored on no node under the id the client has: the next
-            # turn of its chain is replayed from the gateway's copy (continuity.rechained).
-            owner = MIGRATED if scan.migrated else node.name
-            self.pool.remember(Affinity("response", scan.response_id), owner)
-            await self.store.set_owner("response", scan.response_id, turn.who.tenant)
-            if scan.output is not None:
-                self.continuity.response_done(turn.body, scan.response_id, scan.output)
-        if turn.session_id is not None and await self.store.owner_of("session", turn.session_id) is None:
-            await self.store.set_owner("session", turn.session_id, turn.who.tenant)
+        try:
+            await self.pool.remember(turn.affinity, node.name)
+            if scan.response_id is not None:
+                # A migrated response is stored on no node under the id the client has: the next
+                # turn of its chain is replayed from the gateway's copy (continuity.rechained).
+                owner = MIGRATED if scan.migrated else node.name
+                await self.pool.remember(Affinity("response", scan.response_id), owner)
+                await self.store.set_owner("response", scan.response_id, turn.who.tenant)
+                if scan.output is not None:
+                    await self.continuity.response_done(turn.body, scan.response_id, scan.output)
+            if turn.session_id is not None and await self.store.owner_of("session", turn.session_id) is None:
+                await self.store.set_owner("session", turn.session_id, turn.who.tenant)
+        except HearthError as e:  # the database went away during the turn: the answer stands
+            log.warning("%s answered but where the conversation lives is not recorded: %s", node.name, e)
         self.spend(turn.key, scan)
         if scan.cached is not None:
             self.metrics.reported_cached.inc(scan.cached)
@@ -317,7 +320,11 @@ class Proxy:
             if cut is not None else None
         if record is None:
             return False
-        self.store.save_transcript(turn.session_id, turn.alias, [*turn.history, *record])
+        try:
+            await self.store.save_transcript(turn.session_id, turn.alias, [*turn.history, *record])
+        except HearthError as e:
+            log.warning("session %s: the turn is in no copy: %s", turn.session_id, e)
+            return False
         self.metrics.transcripts_from_relay.inc()
         log.warning("session %s: %s answered but its transcript could not be copied; the turn is recorded from "
                     "what the gateway relayed", turn.session_id, node.name)

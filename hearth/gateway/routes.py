@@ -32,6 +32,7 @@ from hearth.gateway.forward import (
     relay_stream,
     send,
 )
+from hearth.gateway.model_list import model_cards
 from hearth.gateway.pool import Node, Pool
 from hearth.gateway.routing import Affinity
 from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
@@ -64,21 +65,16 @@ async def generate(request: Request) -> Response:
 # ---- models and health ----------------------------------------------------------------------
 
 
-def _card(alias: str, created: int) -> dict[str, Any]:
-    return {"id": alias, "object": "model", "created": created, "owned_by": "hearth-gateway"}
-
-
 async def list_models(request: Request) -> Response:
-    gw = gateway_of(request.app)
-    return JSONResponse({"object": "list", "data": [_card(a, gw.started) for a in gw.settings.aliases()]})
+    return JSONResponse({"object": "list", "data": await model_cards(gateway_of(request.app))})
 
 
 async def get_model(request: Request) -> Response:
-    gw = gateway_of(request.app)
     alias = request.path_params["model"]
-    if alias not in gw.settings.aliases():
+    card = next((c for c in await model_cards(gateway_of(request.app)) if c["id"] == alias), None)
+    if card is None:
         raise NotFound(f"The model {alias!r} does not exist", param="model", code="model_not_found")
-    return JSONResponse(_card(alias, gw.started))
+    return JSONResponse(card)
 
 
 async def health(request: Request) -> Response:
@@ -99,7 +95,7 @@ async def session_route(request: Request) -> Response:
     sid = stored_session_id(who, request.path_params["session_id"])
     if await session_hidden(pool.store, who, sid):  # another tenant's: as a node answers a free id
         raise NotFound(f"session {sid} not found", param="session_id", code="session_not_found")
-    name = pool.store.node_of(f"session:{sid}")
+    name = await pool.store.node_of(f"session:{sid}")
     node = pool.nodes.get(name) if name else None
     delete = request.method == "DELETE"
     if delete and _scoped(who):  # the node's admin key sees every tenant's: the caller's sight checked first
@@ -109,16 +105,15 @@ async def session_route(request: Request) -> Response:
     if node is None:
         node, r = await first_found(request, live(pool), admin=delete)
         if r.status_code < 300:
-            pool.store.assign(f"session:{sid}", node.name)
+            await pool.store.assign(f"session:{sid}", node.name)
             if _scoped(who) and await pool.store.owner_of("session", sid) is None:
                 await pool.store.set_owner("session", sid, who.tenant)  # the node showed it to its owner
     else:  # the node's admin key names a tenant's session by its stored id
         r = await call(request, node, admin=delete, path=f"/v1/sessions/{sid}" if delete else None)
     if request.method == "DELETE" and r.status_code == 200:
-        pool.store.forget(f"session:{sid}")
-        pool.store.drop_transcript(sid)
+        await pool.store.drop_session(sid)
     elif request.method == "POST" and r.status_code == 200:  # rollback / resize changed the transcript
-        saved = pool.store.transcript(sid)
+        saved = await pool.store.transcript(sid)
         alias = saved[0] if saved else next(iter(node.up.models))
         gateway_of(request.app).proxy.continuity.session_done(node, sid, alias)
     return as_response(r)
@@ -139,13 +134,13 @@ async def create_session(request: Request) -> Response:
         sid = stored_session_id(who, sid)
         if await session_hidden(pool.store, who, sid):  # as a node answers an id another tenant holds
             raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
-        bound = pool.store.node_of(f"session:{sid}")
+        bound = await pool.store.node_of(f"session:{sid}")
         if bound in pool.nodes and pool.nodes[bound] in options:
             node = pool.nodes[bound]  # the node that holds the id answers for it (409), never a second copy
     r = await call(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
     if r.status_code == 201:
         created = stored_session_id(who, r.json()["session_id"])
-        pool.store.assign(f"session:{created}", node.name)
+        await pool.store.assign(f"session:{created}", node.name)
         await pool.store.set_owner("session", created, who.tenant)
     return as_response(r)
 
@@ -184,7 +179,7 @@ async def snapshot_route(request: Request) -> Response:
         # which a gateway without tenants does not use: it keys the session as its client named it.
         answered = named if isinstance(named, str) and not pool.settings.tenants else r.json()["session_id"]
         sid = stored_session_id(who, answered)
-        pool.store.assign(f"session:{sid}", node.name)
+        await pool.store.assign(f"session:{sid}", node.name)
         if _scoped(who):  # the loaded session is the snapshot's owner's: the caller's, who sees it
             await pool.store.set_owner("session", sid, who.tenant)
     return as_response(r)
@@ -245,7 +240,7 @@ async def cancel(request: Request) -> Response:
         if not any(isinstance(body.get(k), str) for k in ("cancel_id", "session_id", "completion_id", "message_id")):
             return JSONResponse({"cancelled": ours})
         raw = json.dumps(body).encode()
-    name = pool.store.node_of(f"session:{caller(request).session_key(sid)}") if isinstance(sid, str) else None
+    name = await pool.store.node_of(f"session:{caller(request).session_key(sid)}") if isinstance(sid, str) else None
     nodes = [pool.nodes[name]] if name in pool.nodes else live(pool)
     answers = await asyncio.gather(*(call(request, n, body=raw) for n in nodes))
     total = ours
@@ -280,7 +275,7 @@ async def response_route(request: Request) -> Response:
         raise NotFound(f"no stored response with id {rid!r}", param="response_id")
     if (ours := await gateway_of(request.app).background.answer(request)) is not None:
         return ours
-    name = pool.store.node_of(f"response:{rid}")
+    name = await pool.store.node_of(f"response:{rid}")
     if request.method == "DELETE" and _scoped(who):  # with the node's admin key, once the caller is seen to own it
         keeper = await holder(request, [pool.nodes[name]] if name in pool.nodes else live(pool),
                               f"/v1/responses/{rid}")
@@ -295,7 +290,7 @@ async def response_route(request: Request) -> Response:
             return await relay_stream(request, pool.nodes[name])
         return _renamed(pool.nodes[name], await call(request, pool.nodes[name]))
     if streamed and (owner := await holder(request, live(pool))) is not None:  # asked whole, a stream never ends
-        pool.remember(Affinity("response", request.path_params["response_id"]), owner.name)
+        await pool.remember(Affinity("response", request.path_params["response_id"]), owner.name)
         return await relay_stream(request, owner)
     answerer, found = await first_found(request, live(pool)) if live(pool) else (None, None)
     if (found is None or found.status_code == 404) and (translator := gateway_of(request.app).translator) is not None:
@@ -339,10 +334,11 @@ def _digest_json(pool: Pool, d: Digest | None) -> dict[str, Any] | None:
             "models": {mid: {"root": m.root, "blocks": m.counts(), "keys": len(m.keys)} for mid, m in d.models.items()}}
 
 
-def status_json(pool: Pool) -> dict[str, Any]:
-    sessions = pool.store.counts()
+async def status_json(pool: Pool) -> dict[str, Any]:
+    sessions = await pool.store.counts()
     return {"object": "gateway.status", "waiting": pool.waiting, "time": int(time.time()),
-            "nodes": [{"name": n.name, "url": n.up.url, "kind": n.up.kind, "up": n.live.up,
+            "nodes": [{"name": n.name, "url": n.up.url, "kind": n.up.kind, "source": n.source, "lapsed": n.lapsed,
+                       "up": n.live.up,
                        "last_error": n.live.last_error, "breaker": n.breaker.state, "draining": n.draining,
                        "in_flight": n.in_flight, "max_in_flight": n.up.max_in_flight,
                        "sessions": sessions.get(n.name, 0), "transitions": n.live.transitions,
@@ -351,7 +347,7 @@ def status_json(pool: Pool) -> dict[str, Any]:
 
 async def status(request: Request) -> Response:
     _require_admin(request)  # it names the upstreams' addresses: not for every client
-    return JSONResponse(status_json(_pool(request)))
+    return JSONResponse(await status_json(_pool(request)))
 
 
 async def session_status(request: Request) -> Response:
@@ -359,8 +355,8 @@ async def session_status(request: Request) -> Response:
     _require_admin(request)
     sid = check_session_id(request.path_params["session_id"])
     store = _pool(request).store
-    node = store.node_of(f"session:{sid}")
-    saved = store.transcript(sid)
+    node = await store.node_of(f"session:{sid}")
+    saved = await store.transcript(sid)
     if node is None and saved is None:
         raise NotFound(f"the gateway knows no session {sid!r}", param="session_id", code="session_not_found")
     return JSONResponse({"object": "gateway.session", "session_id": sid, "node": node,
@@ -368,15 +364,52 @@ async def session_status(request: Request) -> Response:
 
 
 async def drain(request: Request) -> Response:
-    _require_admin(request)
-    mover = gateway_of(request.app).mover
-    return JSONResponse(await mover.drain(request.path_params["node"]))
+    gw = gateway_of(request.app)
+    name = request.path_params["node"]
+    node = gw.pool.nodes.get(name)
+    if not (node is not None and node.source == "joined" and _is_join_key(request)):  # a node drains itself
+        _require_admin(request)
+    return JSONResponse(await gw.mover.drain(name))
 
 
 async def undrain(request: Request) -> Response:
     _require_admin(request)
     mover = gateway_of(request.app).mover
-    return JSONResponse(mover.undrain(request.path_params["node"]))
+    return JSONResponse(await mover.undrain(request.path_params["node"]))
+
+
+# ---- the fleet changing (membership.py) ---------------------------------------------------------
+
+
+def _is_join_key(request: Request) -> bool:
+    join = _pool(request).settings.join_key
+    return bool(join) and matches(presented_key(dict(request.scope["headers"])), [join] if join else [])
+
+
+def _require_fleet_key(request: Request) -> None:
+    """Joining and leaving: the gateway's join key or its admin key (open only on a gateway
+    with neither, as its other admin endpoints are)."""
+    settings = _pool(request).settings
+    allowed = [k for k in (settings.join_key, settings.admin_key) if k]
+    if allowed and not matches(presented_key(dict(request.scope["headers"])), allowed):
+        raise Forbidden("joining or leaving the fleet needs the gateway's join key or admin key")
+
+
+async def fleet_join(request: Request) -> Response:
+    _require_fleet_key(request)
+    body = await read_json(request)
+    return JSONResponse(await gateway_of(request.app).membership.join(body))
+
+
+async def fleet_leave(request: Request) -> Response:
+    _require_fleet_key(request)
+    return JSONResponse(await gateway_of(request.app).membership.leave(request.path_params["node"]))
+
+
+async def fleet_reload(request: Request) -> Response:
+    _require_admin(request)
+    gw = gateway_of(request.app)
+    return JSONResponse(await gw.membership.reload(gw.translated))
 
 
 async def move_session(request: Request) -> Response:

@@ -14,7 +14,7 @@ A gateway without one (no keys, or only `--api-key` flags) is one tenant, as it 
 sends the upstream's key alone, and its keys are counted and limited, nothing more.
 
 The gateway's own records (session bindings and transcripts, stored response chains,
-background responses) are owned as on a node (`TranscriptStore.set_owner` / `owner_of`): a
+background responses) are owned as on a node (`GatewayStore.set_owner` / `owner_of`): a
 caller that does not see the owner gets the 404 a missing id gets. A record without an owner
 predates tenants: the admin's.
 """
@@ -25,7 +25,7 @@ from starlette.requests import Request
 
 from hearth.api.http import auth
 from hearth.gateway.config import Upstream
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.transcripts import GatewayStore
 from hearth.tenants import ADMIN, ADMIN_CALLER, OPEN, Caller, tenant_headers
 
 
@@ -54,7 +54,7 @@ def owner_caller(owner: str | None, tenants: bool) -> Caller:
     return Caller(owner, "gateway")  # a key name: not OPEN; the tenant's cache namespace
 
 
-async def hidden(store: TranscriptStore, who: Caller, kind: str, object_id: str) -> bool:
+async def hidden(store: GatewayStore, who: Caller, kind: str, object_id: str) -> bool:
     """A record of another tenant's: `who` gets the 404 a missing id gets. An id without a
     recorded owner is not hidden here (a node answers for what it holds, scoped by the tenant
     header; a new id is anyone's to create)."""
@@ -64,15 +64,15 @@ async def hidden(store: TranscriptStore, who: Caller, kind: str, object_id: str)
     return owner is not None and not who.sees(owner)
 
 
-async def session_hidden(store: TranscriptStore, who: Caller, sid: str) -> bool:
+async def session_hidden(store: GatewayStore, who: Caller, sid: str) -> bool:
     """`hidden` for a session id, which a session deleted through the gateway frees (its owner
     stays recorded, its binding and transcript do not)."""
     if not await hidden(store, who, "session", sid):
         return False
-    return store.node_of(f"session:{sid}") is not None or store.transcript(sid) is not None
+    return await store.node_of(f"session:{sid}") is not None or await store.transcript(sid) is not None
 
 
-async def owns(store: TranscriptStore, who: Caller, kind: str, object_id: str) -> bool:
+async def owns(store: GatewayStore, who: Caller, kind: str, object_id: str) -> bool:
     """Whether `who` may use the gateway's own copy of `object_id` (a transcript, a chain, a
     background response): one without an owner predates tenants and is the admin's."""
     if who.admin:

@@ -45,6 +45,7 @@ from hearth.sessions.ids import check_snapshot_id, new_snapshot_id
 from hearth.sessions.manifest import DATA_FILES, ManifestInvalid, check_manifest
 from hearth.sessions.transcript import message_from_json, message_to_json
 from hearth.tenants import ADMIN, NAME, OPEN, Caller
+from hearth.test_gate import SNAPSHOT_WRITE, wait_at_gate
 
 log = logging.getLogger("hearth.snapshots")
 
@@ -145,6 +146,7 @@ class SnapshotStore:
             for name, data in blobs.items():
                 _write(tmp / name, data)
                 files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            wait_at_gate(SNAPSHOT_WRITE)  # tests only (HEARTH_TEST_GATE): at once otherwise
             manifest = {
                 "id": snap_id, "format_version": FORMAT_VERSION, "created_at": int(time.time()),
                 "model": model, "engine": engine, "session": session,

@@ -22,6 +22,7 @@ const state = {
   count: 0, // messages in the open conversation's transcript (the server's, or `local`)
   running: null, // the turn in flight: {cancelId, controller, stopping}
   model: null,
+  models: [], // GET /v1/models's data: the picker's entries
 };
 
 // ---------------------------------------------------------------- API
@@ -127,20 +128,59 @@ async function checkHealth() {
   }
 }
 
+// The model picker: every model the server (or a gateway) can serve, each with its load status
+// where the server gives one (loaded, loading, unloaded: a model not loaded is loaded by the
+// first request that names it). A session belongs to one model: switching model in an open
+// session starts a new chat, and opening a session selects its model.
+const sessionModels = {}; // session id -> its model, from GET /v1/sessions
+
+function modelLabel(m) {
+  const status = m.status && m.status.value;
+  return status ? `${m.id} · ${status}` : m.id;
+}
+
+// Whether two names in the list are one model (an alias listed beside its model's id).
+function sameModel(a, b) {
+  if (a === b) return true;
+  const card = (id) => state.models.find((m) => m.id === id) || {};
+  const ma = card(a).meta || {}, mb = card(b).meta || {};
+  return (ma.path && ma.path === mb.path) || (ma.aliases || []).includes(b) || (mb.aliases || []).includes(a);
+}
+
+function selectModel(id) {
+  state.model = id;
+  $("model-name").textContent = id || "";
+  $("model-select").value = id || "";
+  store.set("model", id);
+}
+
 async function loadModel() {
   try {
-    const ids = (await api("/v1/models")).data.map((m) => m.id);
-    const saved = store.get("model");
-    state.model = ids.includes(saved) ? saved : ids[0] || null;
-    $("model-name").textContent = state.model || "";
+    const models = (await api("/v1/models")).data;
+    state.models = models;
+    const ids = models.map((m) => m.id);
+    const wanted = state.model || store.get("model");
     const select = $("model-select");
-    select.replaceChildren(...ids.map((id) => el("option", null, id)));
-    select.value = state.model || "";
+    select.replaceChildren(...models.map((m) => {
+      const option = el("option", null, modelLabel(m));
+      option.value = m.id;
+      option.dataset.status = (m.status && m.status.value) || "";
+      return option;
+    }));
+    selectModel(ids.includes(wanted) ? wanted : ids[0] || null);
     select.hidden = ids.length < 2; // one model: a plain label
     $("model-name").hidden = !select.hidden;
   } catch (e) {
     if (e.status === 401) reportError(e, "models");
   }
+}
+
+function onModelPicked() {
+  const id = $("model-select").value;
+  const session = state.sessionId;
+  selectModel(id);
+  if (session && sessionModels[session] && !sameModel(sessionModels[session], id)) newChat();
+  loadModel(); // statuses may have changed since the list was read
 }
 
 // ---------------------------------------------------------------- titles
@@ -180,6 +220,7 @@ async function refreshSessions() {
   state.sessionsApi = true;
   $("sessions-note").hidden = true;
   list.replaceChildren(...sessions.map((s) => {
+    sessionModels[s.session_id] = s.model;
     const li = el("li", "item");
     li.dataset.sessionId = s.session_id;
     if (s.session_id === state.sessionId) li.classList.add("active");
@@ -259,6 +300,8 @@ async function openSession(id) {
   }
   state.sessionId = id;
   store.set("session", id);
+  const model = sessionModels[id];
+  if (model && state.models.some((m) => m.id === model) && !sameModel(model, state.model)) selectModel(model);
   clearMessages();
   history.data.forEach((m, i) => {
     if (m.role === "user" && !titles[id]) rememberTitle(id, contentText(m.content));
@@ -375,7 +418,8 @@ function numberSetting(id) {
 async function ensureSession() {
   if (state.sessionsApi === null) await refreshSessions();
   if (!state.sessionsApi || state.sessionId) return;
-  const s = await api("/v1/sessions", { method: "POST", body: {} });
+  const s = await api("/v1/sessions", { method: "POST", body: state.model ? { model: state.model } : {} });
+  sessionModels[s.session_id] = s.model;
   state.sessionId = s.session_id;
   store.set("session", s.session_id);
 }
@@ -417,6 +461,7 @@ async function sendTurn(text) {
       method: "POST", headers: headers(), body: JSON.stringify(body), signal: turn.controller.signal,
     });
     if (!resp.ok) throw await errorFrom(resp);
+    loadModel(); // a model that was not loaded shows as loading now, while the reply waits for it
     for await (const data of sseData(resp)) {
       if (data === "[DONE]") break;
       const ev = JSON.parse(data);
@@ -460,6 +505,7 @@ async function sendTurn(text) {
     setRunning(false);
     markLast();
     if (state.sessionsApi) refreshSessions();
+    loadModel(); // the model this turn used is loaded now (and another may have been unloaded)
   }
 }
 
@@ -560,11 +606,7 @@ function init() {
     if (ev.key === "Escape" && state.running) stopTurn();
   });
 
-  $("model-select").addEventListener("change", () => {
-    state.model = $("model-select").value;
-    $("model-name").textContent = state.model;
-    store.set("model", state.model);
-  });
+  $("model-select").addEventListener("change", onModelPicked);
   $("new-chat").addEventListener("click", newChat);
   $("refresh-snapshots").addEventListener("click", refreshSnapshots);
   $("save-snapshot").addEventListener("click", openSaveDialog);

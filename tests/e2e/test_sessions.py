@@ -9,7 +9,6 @@ import hashlib
 import json
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ import numpy as np
 import openai
 import pytest
 
-from tests.helpers import Server, start_server, stop_server
+from hearth import test_gate
+from tests.helpers import Server, start_server, stop_server, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -438,9 +438,12 @@ def test_sessions_survive_a_restart_with_their_kv_and_a_crash_without_losing_a_t
 
 
 def test_a_save_killed_midway_leaves_no_snapshot(tmp_path: Path) -> None:
-    """kill -9 the server while it writes a snapshot (its temporary directory exists): after a
-    restart no snapshot is listed, no temporary is left, and the session is intact."""
-    s = start_server(tmp_path, "--parallel", "1", "--ctx", "4096")
+    """kill -9 the server while it writes a snapshot (its files are in the temporary directory,
+    held there by the test gate, hearth.test_gate): after a restart no snapshot is listed, no
+    temporary is left, and the session is intact."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    s = start_server(tmp_path, "--parallel", "1", "--ctx", "4096", env={test_gate.ENV: str(gate)})
     snapshots = tmp_path / "home" / "snapshots"
     try:
         long_text = " ".join(["The lighthouse keeper wrote a long letter about the sea."] * 150)
@@ -449,17 +452,15 @@ def test_a_save_killed_midway_leaves_no_snapshot(tmp_path: Path) -> None:
             with contextlib.suppress(httpx.HTTPError):  # the server dies under it, by design
                 httpx.post(f"{s.base_url}/sessions/big/save", json={}, timeout=60)
 
+        test_gate.hold_path(gate, test_gate.SNAPSHOT_WRITE).touch()
         saver = threading.Thread(target=save, daemon=True)
         saver.start()
-        # Kill the moment the temporary directory shows, with nothing in between: the rest of the
-        # save (~40 MB of KV written, hashed and synced, then the rename) takes far longer than
-        # this loop's one glob. (Looking again before the kill would race the save's rename.)
-        deadline = time.monotonic() + 120
-        while not (writing := list(snapshots.glob(".tmp-*"))) and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        if writing:
-            s.proc.send_signal(signal.SIGKILL)
-        assert writing, "the save never started writing"
+        # The save waits at the gate with its files written to the temporary directory and no
+        # manifest or rename yet: the kill lands there, whatever the machine's speed.
+        wait_until(lambda: test_gate.waiting_path(gate, test_gate.SNAPSHOT_WRITE).exists(),
+                   "the save to reach the gate", 120)
+        assert list(snapshots.glob(".tmp-*")), "the save is not writing into a temporary directory"
+        s.proc.send_signal(signal.SIGKILL)
         s.proc.wait(10)
         assert not [p for p in snapshots.iterdir() if p.name.startswith("snap_")], "a half snapshot is visible"
     finally:

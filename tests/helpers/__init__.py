@@ -1,6 +1,7 @@
 """What tests share beside fixtures (fixtures stay in the conftest.py files): real servers
-(`servers`), polling for a condition another process or thread reaches (`polling`), and reading
-Prometheus samples (`prometheus`). One definition of each, imported as `from tests.helpers import …`."""
+(`servers`), a real PostgreSQL server (`postgres`, imported from its module), polling for a
+condition another process or thread reaches (`polling`), and reading Prometheus samples
+(`prometheus`). One definition of each, imported as `from tests.helpers import …`."""
 
 from tests.helpers.polling import until, wait_until
 from tests.helpers.prometheus import sample

@@ -48,12 +48,14 @@ class Server:
         wait_until(lambda: ok(self.metric(name, headers)), f"{name} to reach the expected value", timeout)
 
 
-def start_server(tmp: Path, *args: str, ready_timeout: float = 120.0, port: int | None = None) -> Server:
+def start_server(tmp: Path, *args: str, ready_timeout: float = 120.0, port: int | None = None,
+                 env: dict[str, str] | None = None) -> Server:
     """A server on `port` (default: a free one); `tmp` holds its log and data dir (`tmp/home`), so
-    a server started again with the same `tmp` and port is the same node restarted."""
+    a server started again with the same `tmp` and port is the same node restarted. `env` is
+    added to this process's environment."""
     port = port or free_port()
     log = tmp / f"server-{port}.log"  # appended to: a restarted node keeps its earlier log
-    env = {**os.environ, "HEARTH_HOME": str(tmp / "home")}
+    env = {**os.environ, **(env or {}), "HEARTH_HOME": str(tmp / "home")}
     cmd = [sys.executable, "-m", "hearth.cli.main", "serve", "--port", str(port), "--threads", "2", *args]
     with log.open("ab") as out:  # the child keeps its own descriptor; ours is closed at once
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -415,7 +415,9 @@ def test_several_models_get_a_picker(web_server: Server, browser: Any) -> None:
         page.goto(web_server.url + "/")
         page.wait_for_selector("#model-select:not([hidden])")
         # every model the server can serve (loaded or loaded on request), then the alias
-        assert page.locator("#model-select option").all_inner_texts() == [*(m["id"] for m in real["data"]), "default"]
+        options = page.locator("#model-select option")
+        assert options.evaluate_all("os => os.map(o => o.value)") == [*(m["id"] for m in real["data"]), "default"]
+        assert options.all_inner_texts()[-1] == f"default · {real['data'][0]['status']['value']}"  # with its status
         page.select_option("#model-select", "default")
         page.click("#settings summary")
         page.fill("#max-tokens", "4")

@@ -7,7 +7,11 @@
   the prompt cache), a snapshot load with `force: true` (it replaces a session; checked by the
   handler, which sees the body); and for every path under /admin/ (the node's prompt cache, the
   gateway's fleet), which shows what other clients' requests left behind;
-- /metrics needs the metrics token (or an API key) unless it was made public.
+- /metrics needs the metrics token (or an API key) unless it was made public;
+- a gateway's join key (`join_key`; None on a node) is accepted for what a node does to its own
+  membership and nothing else: joining (POST /admin/fleet/join), leaving (DELETE
+  /admin/fleet/NODE) and draining itself (POST /admin/nodes/NODE/drain). The handlers check
+  again which node the key may touch.
 
 Which key matched decides the request's `Caller` (hearth.tenants): its tenant, or the admin.
 A key whose line says `role=gateway` may name the tenant it calls for in `X-Hearth-Tenant`
@@ -35,6 +39,17 @@ OPEN_PATHS = ("/health", "/", "/openapi.json")  # the API document holds no data
 OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
 ADMIN_PREFIX = "/admin/"  # every path under it needs the admin key (when one is set)
 CALLER = "hearth.caller"  # the scope key the middleware records the caller under
+FLEET_PREFIX = "/admin/fleet/"
+
+
+def join_path(method: str, path: str) -> bool:
+    """A request a node makes about its own membership of a gateway's fleet."""
+    if method == "POST" and path == FLEET_PREFIX + "join":
+        return True
+    if method == "DELETE" and path.startswith(FLEET_PREFIX):
+        return "/" not in path[len(FLEET_PREFIX):]
+    parts = path.split("/")  # "", "admin", "nodes", NODE, "drain"
+    return method == "POST" and len(parts) == 5 and parts[1:3] == ["admin", "nodes"] and parts[4] == "drain"
 
 
 def presented_key(headers: dict[bytes, bytes]) -> str | None:
@@ -80,8 +95,9 @@ def require_admin(request: Request, admin: str | None) -> None:
 
 
 class AuthMiddleware:
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, join_key: str | None = None) -> None:
         self.app = app
+        self.join_key = join_key
         self.keyring = settings.keyring
         self.keys = [k.key for k in self.keyring]
         self.admin_key = settings.admin_key
@@ -97,6 +113,8 @@ class AuthMiddleware:
             allowed = self.keys + [k for k in (self.metrics_token, self.admin_key) if k]
             if allowed and not matches(key, allowed):
                 return Unauthorized("a valid metrics token or API key is required for /metrics")
+            return None
+        if self.join_key and join_path(method, path) and matches(key, [self.join_key]):
             return None
         if self.keys and not matches(key, self.keys + ([self.admin_key] if self.admin_key else [])):
             return Unauthorized("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None

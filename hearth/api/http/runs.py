@@ -126,7 +126,7 @@ async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_
                                   "session_id": caller(request).session_key(creq.session.session_id)
                                   if creq.session else None}
     if stream and must_load(ctx.backend, creq.model):
-        return opened_later(ctx, endpoint, lambda token: ctx.backend.chat(replace(creq, cancel=token)), creq.n,
+        return opened_later(request, endpoint, lambda token: ctx.backend.chat(replace(creq, cancel=token)), creq.n,
                             registered)
     return await start(request, endpoint, lambda token: ctx.backend.chat(replace(creq, cancel=token)),
                        **registered)
@@ -137,29 +137,41 @@ def must_load(backend: Backend, model: str | None) -> bool:
     return loading is not None and not loading.is_loaded(model)
 
 
-def opened_later(ctx: NodeContext, endpoint: str, open_stream: Callable[[CancelToken], Awaitable[EventStream]],
+def opened_later(request: Request, endpoint: str, open_stream: Callable[[CancelToken], Awaitable[EventStream]],
                  n: int, registered: dict[str, Any]) -> Generation:
-    """A stream whose model is not loaded: its response starts now, so its headers and heartbeats
-    go out while the model loads (a load takes seconds, and clients give up on a silent
-    connection); the backend's stream opens inside it. The run is registered first, so a cancel
-    or a disconnect during the load ends it as anywhere else (`cancelled`, no tokens). What
-    would have been a 4xx or 503 before the first byte (a failed load, a context overflow)
-    arrives as the stream's error event instead: the status line is already sent."""
-    run = ctx.cancels.open(**registered)
+    """A stream whose model is not loaded: its response starts now, so its headers, its opening
+    event (each protocol's answer to `Started`: the role chunk, message_start, the first
+    completion chunk; Responses sends response.created before any event) and heartbeats go
+    out while the model loads (a load takes seconds, and clients give up on a silent
+    connection); the backend's stream opens inside it. That first `Started` counts no prompt
+    tokens (the prompt is tokenized by the model being loaded): the totals at the end do. The
+    run is registered first, so a cancel or a disconnect during the load ends it as anywhere
+    else (`cancelled`, no tokens). What would have been a 4xx or 503 before the first byte (a
+    failed load, a context overflow) arrives as the stream's error event instead: the status
+    line is already sent."""
+    ctx, who = node(request), caller(request)
+    run = ctx.cancels.open(**registered, owner=who.tenant)  # the caller's to cancel, as in `start`
     timer = ctx.metrics.timer(endpoint, time.monotonic())
+    observer = ctx.keys.observer(who.key_name)
 
     async def events() -> AsyncIterator[ChatEvent]:
+        yield Started(0)
         try:
             inner = await open_stream(run.token)
         except HearthError as e:
-            yield Started(0)
             for i in range(n):
                 yield Finish(i, "error")
             yield Done(Usage(), error=f"{e.code}: {e.message}")
             return
+        inner.observe(observer)
         timer.admitted_now()
         try:
+            opening = True
             async for ev in inner:
+                if opening and isinstance(ev, Started):  # sent already
+                    opening = False
+                    continue
+                opening = False
                 yield ev
         finally:
             await inner.aclose()

@@ -149,7 +149,14 @@ async def completions(request: Request) -> Response:
             raise
         return streams[0] if len(streams) == 1 else EventStream(merge(streams, body.n))
 
-    gen = await runs.start(request, "completions", open_stream, cancel_id=body.cancel_id, ids=[cid])
+    registered: dict[str, Any] = {"cancel_id": body.cancel_id, "ids": [cid]}
+    # A stream whose model must load starts at once (runs.opened_later), unless it echoes a prompt
+    # of token ids: detokenizing that needs the model before the first chunk.
+    echo_tokens = body.echo and any(not isinstance(p, str) for p in prompts)
+    if body.stream and not echo_tokens and runs.must_load(backend, model):
+        gen = runs.opened_later(request, "completions", open_stream, len(prompts) * body.n, registered)
+    else:
+        gen = await runs.start(request, "completions", open_stream, **registered)
     echoes = [(p if isinstance(p, str) else await backend.detokenize(model, p)) if body.echo else ""
               for p in prompts]
     created = int(time.time())

@@ -1,4 +1,6 @@
 """The local backend: chat template → tokens → engine → events, one engine per model.
+Which models are in memory is `model_set` (over `loader`); a request made ready for the
+engine is `prepare`; its events are `events`; this file is the glue.
 
 Templating and tokenizing run on a small worker pool, never on the event loop: a long prompt
 takes seconds to render and tokenize, and /health must answer meanwhile. The vocabulary is
@@ -12,7 +14,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from hearth.backends.base import (
@@ -30,18 +31,15 @@ from hearth.backends.local.kv import LocalSessionKV
 from hearth.backends.local.loader import LoadPolicy, ModelLoader
 from hearth.backends.local.model import EngineSettings, LocalModel, RunnerFactory, llamacpp_factory
 from hearth.backends.local.model_set import ModelSet
+from hearth.backends.local.prepare import checked, prepare, render_chat, validate
 from hearth.backends.local.prompt_cache import LocalPromptCache
-from hearth.chat import continuation
 from hearth.chat.output import OutputParser
-from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs
 from hearth.chat.system_turns import place_system_turns
-from hearth.chat.tools import OutputPlan, as_text_messages, plan_output
 from hearth.chat.types import ChatRequest, CompletionRequest, Message
 from hearth.engine import EngineRequest
-from hearth.engine.kv import common_prefix_len
 from hearth.engine.thinking import ThinkBudget
-from hearth.engine.types import ContextOverflow, SamplingParams
-from hearth.errors import BadRequest, ContextLimit, NotFound, Unavailable
+from hearth.engine.types import SamplingParams
+from hearth.errors import NotFound, Unavailable
 from hearth.models import ModelSpec
 
 log = logging.getLogger("hearth.backend")
@@ -49,18 +47,6 @@ log = logging.getLogger("hearth.backend")
 T = TypeVar("T")
 
 TOKENIZER_THREADS = 2  # concurrent template/tokenize jobs; more only queue behind the 2 cores
-
-
-@dataclass(slots=True)
-class _Prepared:
-    """A chat request made ready for the engine (built in a worker thread)."""
-
-    tokens: list[int]
-    params: SamplingParams
-    think: ThinkBudget | None
-    parsers: list[OutputParser]
-    keep_tokens: int = 0  # prompt tokens up to the client's last cache_control breakpoint
-    prefilled: int = 0  # tokens of a continued partial answer at the prompt's end (`continue_final`)
 
 
 class LocalBackend:
@@ -209,20 +195,6 @@ class LocalBackend:
     async def _off_loop(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer, fn)
 
-    @staticmethod
-    def _render(m: LocalModel, req: ChatRequest, plan: OutputPlan, *, generation_prompt: bool = True) -> str:
-        kwargs = template_kwargs(req)
-        messages = place_system_turns(req.messages, m.late_system)
-        if m.native_tools:
-            return m.template.render(messages, tools=plan.tools_in_prompt or None,
-                                     add_generation_prompt=generation_prompt, kwargs=kwargs)
-        return m.template.render(as_text_messages(messages, plan.tools_in_prompt),
-                                 add_generation_prompt=generation_prompt, kwargs=kwargs)
-
-    @classmethod
-    def render_chat(cls, m: LocalModel, req: ChatRequest) -> str:
-        return cls._render(m, req, plan_output(req, m.tool_parser))
-
     async def tokenize(self, model: str | None, text: str, *, add_special: bool = True) -> list[int]:
         self._check_started()
         async with self._set.using(model) as m:
@@ -238,34 +210,25 @@ class LocalBackend:
     async def tokenize_prompt(self, req: ChatRequest) -> list[int]:
         self._check_started()
         async with self._set.using(req.model) as m:
-            return await self._off_loop(lambda: m.tokenize_text(self.render_chat(m, req), False))
+            return await self._off_loop(lambda: m.tokenize_text(render_chat(m, req), False))
 
     async def token_pieces(self, model: str | None, tokens: list[int]) -> list[str]:
         self._check_started()
         async with self._set.using(model) as m:
             return await self._off_loop(lambda: [m.runner.token_text(t).decode("utf-8", errors="replace")
-                                                 for t in self._checked(m, tokens)])
+                                                 for t in checked(m, tokens)])
 
     async def detokenize(self, model: str | None, tokens: list[int]) -> str:
         self._check_started()
         async with self._set.using(model) as m:
             return await self._off_loop(
-                lambda: b"".join(m.runner.token_text(t) for t in self._checked(m, tokens)).decode("utf-8", "replace"))
-
-    @staticmethod
-    def _checked(m: LocalModel, tokens: list[int], param: str = "tokens") -> list[int]:
-        """`tokens` once every id is in the vocabulary (linear: call it off the loop)."""
-        n_vocab = m.runner.n_vocab
-        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise BadRequest(f"token id {bad} is out of range [0, {n_vocab})", param=param)
-        return tokens
+                lambda: b"".join(m.runner.token_text(t) for t in checked(m, tokens)).decode("utf-8", "replace"))
 
     # ---- generation ---------------------------------------------------------------------------
 
     async def chat(self, req: ChatRequest) -> EventStream:
         async def run(m: LocalModel, arrived: float) -> EventStream:
-            prep = await self._off_loop(lambda: self._prepare(m, req))
+            prep = await self._off_loop(lambda: prepare(m, req))
             return await self._generate(m, prep.tokens, req, arrived, params=prep.params, think=prep.think,
                                         parsers=prep.parsers, keep_tokens=prep.keep_tokens,
                                         prefilled=prep.prefilled)
@@ -291,90 +254,6 @@ class LocalBackend:
         stream.on_close(lambda: self._set.release(model_id, req.keep_alive))
         return stream
 
-    def _prepare(self, m: LocalModel, req: ChatRequest) -> _Prepared:
-        """Template, tokens, grammar and parsers for a chat request; a BadRequest if any is bad."""
-        plan = plan_output(req, m.tool_parser)
-        partial = continuation.check(req) if req.continue_final else None
-        text = self._render(m, replace(req, messages=req.messages[:-1]) if partial else req, plan)
-        start, end = m.think
-        inside = opens_thinking(text, start)
-        prefill = continuation.prefill_text(partial, m.think, inside, plan.parser) if partial else ""
-        # The rendered template carries its own special tokens (BOS included, when it wants one).
-        tokens = m.tokenize_text(text + prefill, False)
-        # The partial answer's tokens count as completion, not prompt (docs/api.md).
-        prefilled = max(0, len(tokens) - len(m.tokenize_text(text, False))) if prefill else 0
-        params = self._constrain(m, req.sampling, plan.grammar, "tool_choice" if plan.parser else "response_format")
-        if prefilled and params.max_tokens is not None:  # max_tokens bounds the whole answer, both parts
-            params = replace(params, max_tokens=max(1, params.max_tokens - prefilled))
-        if partial and params.grammar is not None:
-            raise BadRequest("a partial answer cannot be continued under a grammar (response_format, a forced "
-                             "tool_choice or grammar): it constrains the answer from its start",
-                             param=continuation.PARAM)
-        think = None
-        if req.reasoning.budget is not None:
-            try:
-                think = ThinkBudget(req.reasoning.budget, m.tokenize_text(end, False), start.encode(), end.encode(),
-                                    starts_inside=inside)
-            except ValueError as e:
-                raise BadRequest(str(e), param="reasoning_budget") from e
-        # Under a grammar the output is JSON or a forced call, never thinking.
-        parsers = [OutputParser(i, None if params.grammar else ReasoningParser(start, end, inside=inside),
-                                plan.tool_parser(req.tools), req.parallel_tool_calls)
-                   for i in range(req.n)]
-        if prefill:
-            continuation.prefill_parsers(parsers, prefill)
-        return _Prepared(tokens, params, think, parsers, self._keep_tokens(m, req, plan, tokens), prefilled)
-
-    @classmethod
-    def _keep_tokens(cls, m: LocalModel, req: ChatRequest, plan: OutputPlan, tokens: list[int]) -> int:
-        """How many of the prompt's `tokens` end with message `req.cache_through` (the client's
-        last cache_control breakpoint): the prompt rendered up to that message, with the same
-        tools and no generation prompt, compared token by token with the whole one. Comparing
-        rather than trusting the render keeps it a true prefix whatever the template does to
-        a conversation's last message. 0 when nothing is asked, or for a session (its KV is
-        its own, never offered to the prompt cache)."""
-        through = req.cache_through
-        if through is None or req.session is not None or not req.cache_prompt:
-            return 0
-        try:
-            text = cls._render(m, replace(req, messages=req.messages[:through + 1]), plan, generation_prompt=False)
-        except BadRequest as e:  # a template that refuses a conversation cut short: keep nothing
-            log.debug("%s: no cache breakpoint: the template refused the prefix: %s", req.request_id, e)
-            return 0
-        return common_prefix_len(m.tokenize_text(text, False), tokens)
-
-    @staticmethod
-    def _constrain(m: LocalModel, sampling: SamplingParams, grammar: str | None, source: str) -> SamplingParams:
-        """Sampling with the plan's grammar, checked now so a bad one is a 400, not an error later."""
-        if grammar is not None and sampling.grammar is not None:
-            raise BadRequest("a grammar cannot be combined with response_format or a forced tool_choice",
-                             param="grammar")
-        params = replace(sampling, grammar=grammar) if grammar is not None else sampling
-        if params.grammar is not None:
-            try:
-                m.runner.check_grammar(params.grammar)
-            except ValueError as e:
-                raise BadRequest(str(e), param="grammar" if sampling.grammar else source) from e
-        return params
-
-    def _validate(self, m: LocalModel, ereq: EngineRequest, param: str) -> None:
-        """The engine's checks, once, in the worker pool (they scan the prompt): a 4xx before the
-        stream is returned, and the engine is told not to repeat them (`validated=True`)."""
-        try:
-            try:
-                m.engine.validate(ereq)
-            except ContextOverflow as e:
-                if not (self.settings.clamp_max_tokens and e.max_tokens is not None and e.n_prompt < e.limit):
-                    raise
-                # --clamp-max-tokens: what is left of the context instead of a refusal
-                ereq.params = replace(ereq.params, max_tokens=e.limit - e.n_prompt)
-                m.engine.validate(ereq)
-        except ContextOverflow as e:
-            raise ContextLimit(str(e), n_prompt=e.n_prompt, limit=e.limit, max_tokens=e.max_tokens,
-                               param=param) from e
-        except ValueError as e:
-            raise BadRequest(str(e)) from e
-
     async def complete(self, req: CompletionRequest) -> EventStream:
         async def run(m: LocalModel, arrived: float) -> EventStream:
             prompt = req.prompt
@@ -382,7 +261,7 @@ class LocalBackend:
                 m.check_fits(prompt)
                 tokens = await self._off_loop(lambda: m.tokenize_text(prompt, True))
             else:
-                tokens = await self._off_loop(lambda: list(self._checked(m, prompt, "prompt")))
+                tokens = await self._off_loop(lambda: list(checked(m, prompt, "prompt")))
             return await self._generate(m, tokens, req, arrived)
 
         return await self._holding(req, run)
@@ -405,7 +284,8 @@ class LocalBackend:
                              repetition=req.repetition,
                              cache_key=req.cache_key if isinstance(req, ChatRequest) else None,
                              keep_tokens=keep_tokens, cache_ns=req.cache_ns)
-        await self._off_loop(lambda: self._validate(m, ereq, "messages" if isinstance(req, ChatRequest) else "prompt"))
+        param = "messages" if isinstance(req, ChatRequest) else "prompt"
+        await self._off_loop(lambda: validate(m, ereq, param, self.settings.clamp_max_tokens))
         cache = m.engine.cache
         if cache is not None and owner is None and req.cache_prompt:
             # The prompt's cached blocks come off the disk here, in the pool: the engine thread

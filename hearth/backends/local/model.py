@@ -24,6 +24,7 @@ from hearth.engine.speculate import SpecConfig
 from hearth.engine.swap import SwapStore
 from hearth.hashing import sampled_digest
 from hearth.models import ModelSpec
+from hearth.test_gate import wait_at_gate
 
 
 @dataclass(slots=True)
@@ -106,6 +107,7 @@ def llamacpp_factory(spec: ModelSpec, settings: EngineSettings) -> tuple[Runner,
 
 def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory) -> LocalModel:
     """Build the runner and start its engine thread (blocking: call it in a worker thread)."""
+    wait_at_gate(spec.id)  # tests only (HEARTH_TEST_GATE): at once otherwise
     runner, card, template = factory(spec, settings)
     seq_ctx = int(card.meta.get("n_ctx") or runner.n_ctx_train)
     folder = model_folder(spec)

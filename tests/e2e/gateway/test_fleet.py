@@ -9,6 +9,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -300,3 +301,22 @@ def test_overload_answers_only_200_and_429(nodes: dict[str, Server], tmp_path: P
                 assert r.json()["error"]["type"] == "rate_limit_error"
     finally:
         stop(g.proc)
+
+
+def test_models_lists_each_alias_once_with_each_nodes_status(fleet: Fleet) -> None:
+    """The union of the nodes' models: `smol` once for every Hearth node (each has its default
+    model loaded from its start) and `foreign` with no status (an openai-kind node has none)."""
+
+    def listed() -> list[dict[str, Any]]:
+        r = httpx.get(f"{fleet.gw.url}/v1/models", headers={"Authorization": f"Bearer {GW_KEY}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        return list(r.json()["data"])
+
+    # a node's status is asked within --digest-timeout: polled, so a slow answer is asked again
+    wait_until(lambda: all(n["status"] == "loaded" for n in listed()[0]["nodes"]), "each node's status", 60)
+    smol, foreign = listed()
+    assert smol["id"] == "smol" and smol["status"] == {"value": "loaded"}
+    assert [n["node"] for n in smol["nodes"]] == list(fleet.nodes)
+    assert {n["model"] for n in smol["nodes"]} == {"smollm2-135m-instruct"}
+    assert foreign["id"] == "foreign" and "status" not in foreign
+    assert foreign["nodes"] == [{"node": "foreign", "model": "smollm2", "status": None}]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from hearth.backends.local.backend import LocalBackend
+from hearth.backends.local.prepare import render_chat
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs
 from hearth.chat.template import ChatTemplate
@@ -167,9 +168,9 @@ async def test_backend_prompt_teaches_tools_to_tool_less_templates() -> None:
     try:
         m = b.model("fake")
         req = ChatRequest("fake", [Message("user", "hi")], tools=[WEATHER])
-        assert "<tool_call>" in b.render_chat(m, req) and not m.native_tools
+        assert "<tool_call>" in render_chat(m, req) and not m.native_tools
         req.tool_choice = "none"
-        assert "get_weather" not in b.render_chat(m, req)
+        assert "get_weather" not in render_chat(m, req)
     finally:
         await b.stop()
 

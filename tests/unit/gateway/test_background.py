@@ -242,12 +242,17 @@ def test_the_final_object_outlives_a_restart_and_runs_cut_by_one_fail(tmp_path: 
         assert stopped["status"] == "failed" and stopped["error"]["code"] == "server_shutdown"
         assert stopped["output_text"] == "Hel"
     # A gateway killed mid-run leaves its row running: failed when the store next opens.
-    store = TranscriptStore(tmp_path / "gateway.sqlite3")
-    store.save_background({**response("resp_9"), "background": True})
-    store.close()
+    asyncio.run(_left_running(tmp_path / "gateway.sqlite3", {**response("resp_9"), "background": True}))
     with gateway(tmp_path, fleet) as c:
         orphan = c.get("/v1/responses/resp_9").json()
         assert orphan["status"] == "failed" and orphan["error"]["code"] == "server_restarted"
+
+
+async def _left_running(path: Path, run: dict[str, Any]) -> None:
+    store = TranscriptStore(path)
+    await store.open()
+    await store.save_background(run)
+    await store.close()
 
 
 def test_store_false_is_refused_before_anything_is_sent(client: TestClient, fleet: Fleet) -> None:

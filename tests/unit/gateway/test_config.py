@@ -58,8 +58,11 @@ def test_settings_checks() -> None:
         GatewaySettings(upstreams=[up], host="0.0.0.0")
     with pytest.raises(ValueError, match="default-model"):
         GatewaySettings(upstreams=[up], default_model="nope")
-    with pytest.raises(ValueError, match="at least one upstream"):
-        GatewaySettings(upstreams=[])
+    assert GatewaySettings(upstreams=[]).upstreams == []  # every node joins at run time (membership.py)
+    with pytest.raises(ValueError, match="member-ttl"):
+        GatewaySettings(upstreams=[up], member_ttl=0)
+    with pytest.raises(ValueError, match="join-key"):
+        GatewaySettings(upstreams=[up], join_key="")
     foreign = Upstream(name="f", url="http://y", kind="openai", models={"m": "m"})
     with pytest.raises(ValueError, match="alias 'm' is served by both hearth and openai upstreams"):
         GatewaySettings(upstreams=[up, foreign])
@@ -89,3 +92,14 @@ stall_timeout = 90
     assert GatewaySettings(upstreams=[a], stall_timeout=0).stall_timeout_for(a) is None
     with pytest.raises(ValueError, match="--stall-timeout"):
         GatewaySettings(upstreams=[a], stall_timeout=-1)
+
+
+def test_the_database_is_a_postgresql_url_and_its_password_stays_out_of_errors_and_repr(tmp_path: Path) -> None:
+    up = [Upstream(name="a", url="http://127.0.0.1:9", models={"m": "m"})]
+    with pytest.raises(ValueError, match="postgresql://") as e:
+        GatewaySettings(upstreams=up, data_dir=tmp_path, database="mysql://u:s3cret@db/h")
+    assert "s3cret" not in str(e.value)
+    gs = GatewaySettings(upstreams=up, data_dir=tmp_path, database="postgresql://u:s3cret@db/h")
+    assert "s3cret" not in repr(gs)
+    with pytest.raises(ValueError, match="lease-ttl"):
+        GatewaySettings(upstreams=up, data_dir=tmp_path, lease_ttl=0)

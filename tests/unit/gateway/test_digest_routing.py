@@ -51,13 +51,15 @@ class Clock:
         return self.now
 
 
-def make_pool(tmp_path: Path, handler: Handler | None = None, n: int = 3, clock: Clock | None = None,
+async def make_pool(tmp_path: Path, handler: Handler | None = None, n: int = 3, clock: Clock | None = None,
               **settings: Any) -> Pool:
     ups = [Upstream(name=f"n{i}", url=f"http://127.0.0.1:{9300 + i}", models={"m": "model"}, max_in_flight=4)
            for i in range(n)]
     gs = GatewaySettings(upstreams=ups, data_dir=tmp_path, **settings)
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler or (lambda r: httpx.Response(404))))
-    pool = Pool(gs, TranscriptStore(tmp_path / "g.sqlite3"), GatewayMetrics(), client,
+    store = TranscriptStore(tmp_path / "g.sqlite3")
+    await store.open()
+    pool = Pool(gs, store, GatewayMetrics(), client,
                 chooser=Chooser(rng=random.Random(7)), **({"clock": clock} if clock else {}))
     for node in pool.nodes.values():
         node.live.probed(True)
@@ -109,7 +111,7 @@ async def choose(pool: Pool, blocks: dict[str, RequestBlocks] | None = None, aff
 
 
 async def test_more_cached_tokens_win_and_tiers_break_near_ties(tmp_path: Path) -> None:
-    pool = make_pool(tmp_path)
+    pool = await make_pool(tmp_path)
     give(pool, "n0", state(disk=REQ.blocks[:3]))
     give(pool, "n1", state(slot=REQ.blocks[:1]))
     give(pool, "n2", state())
@@ -121,7 +123,7 @@ async def test_more_cached_tokens_win_and_tiers_break_near_ties(tmp_path: Path) 
 
 
 async def test_load_weighs_against_cache(tmp_path: Path) -> None:
-    pool = make_pool(tmp_path, n=2)
+    pool = await make_pool(tmp_path, n=2)
     give(pool, "n0", state(ram=REQ.blocks))  # serves 1024 of 1034 tokens
     give(pool, "n1", state())
     pool.nodes["n0"].in_flight = 3
@@ -132,7 +134,7 @@ async def test_load_weighs_against_cache(tmp_path: Path) -> None:
 
 
 async def test_nodes_of_another_root_need_their_own_blocks(tmp_path: Path) -> None:
-    pool = make_pool(tmp_path, n=2)
+    pool = await make_pool(tmp_path, n=2)
     give(pool, "n0", state(ram=REQ.blocks[:1]))
     give(pool, "n1", state(R2, ram=("x0", "x1", "x2")))
     other = RequestBlocks(R2, B, REQ.n_tokens, ("x0", "x1", "x2", "x3"))
@@ -141,7 +143,7 @@ async def test_nodes_of_another_root_need_their_own_blocks(tmp_path: Path) -> No
 
 
 async def test_no_digest_or_no_blocks_routes_by_the_estimate(tmp_path: Path) -> None:
-    pool = make_pool(tmp_path, n=2)
+    pool = await make_pool(tmp_path, n=2)
     hashes = prefix_hashes("m", conversation(BODY))
     pool.nodes["n1"].prefixes.add(hashes)  # what the gateway sent n1 before
     give(pool, "n0", state(ram=REQ.blocks))
@@ -154,13 +156,13 @@ async def test_no_digest_or_no_blocks_routes_by_the_estimate(tmp_path: Path) -> 
 
 
 async def test_a_conversation_key_finds_its_slot_through_the_digest(tmp_path: Path) -> None:
-    pool = make_pool(tmp_path)
+    pool = await make_pool(tmp_path)
     give(pool, "n2", state(keys=("conv-9",)))
     key = Affinity("cache_key", "conv-9")
-    assert pool.sticky(key, "m") == "n2" and pool.sticky(Affinity("cache_key", "other"), "m") is None
+    assert await pool.sticky(key, "m") == "n2" and await pool.sticky(Affinity("cache_key", "other"), "m") is None
     assert (await choose(pool, {}, affinity=key))[0] == "n2"
-    pool.remember(key, "n1")  # where this gateway sent it last wins over the digest
-    assert pool.sticky(key, "m") == "n1"
+    await pool.remember(key, "n1")  # where this gateway sent it last wins over the digest
+    assert await pool.sticky(key, "m") == "n1"
 
 
 # ---- polling -------------------------------------------------------------------------------
@@ -173,7 +175,7 @@ async def test_a_failing_node_keeps_its_digest_stale_then_loses_it(tmp_path: Pat
         return answers.get(r.url.port or 0, httpx.Response(404))
 
     clock = Clock()
-    pool = make_pool(tmp_path, handler, n=2, clock=clock, digest_max_age=5.0)
+    pool = await make_pool(tmp_path, handler, n=2, clock=clock, digest_max_age=5.0)
     answers[9300] = httpx.Response(200, json=digest_doc(ram=["h0"]))
     await pool.digests.poll_all()
     d = pool.nodes["n0"].digest
@@ -213,7 +215,7 @@ def blocks_fleet(calls: list[tuple[str, dict[str, Any]]], roots: dict[int, str],
 
 async def test_one_blocks_call_per_root_to_its_least_loaded_node(tmp_path: Path) -> None:
     calls: list[tuple[str, dict[str, Any]]] = []
-    pool = make_pool(tmp_path, blocks_fleet(calls, {9300: R1, 9301: R1, 9302: R2}))
+    pool = await make_pool(tmp_path, blocks_fleet(calls, {9300: R1, 9301: R1, 9302: R2}))
     await pool.digests.poll_all()
     pool.nodes["n0"].in_flight = 2
     got = await pool.request_blocks("m", NONE, "/v1/messages", BODY)
@@ -224,11 +226,11 @@ async def test_one_blocks_call_per_root_to_its_least_loaded_node(tmp_path: Path)
 
 async def test_no_blocks_call_where_it_cannot_matter(tmp_path: Path) -> None:
     calls: list[tuple[str, dict[str, Any]]] = []
-    pool = make_pool(tmp_path, blocks_fleet(calls, {9300: R1, 9301: R1}), n=2)
+    pool = await make_pool(tmp_path, blocks_fleet(calls, {9300: R1, 9301: R1}), n=2)
     await pool.digests.poll_all()
     assert await pool.request_blocks("m", Affinity("session", "s"), "/v1/chat/completions", BODY) == {}
     key = Affinity("cache_key", "k")
-    pool.remember(key, "n1")
+    await pool.remember(key, "n1")
     assert await pool.request_blocks("m", key, "/v1/chat/completions", BODY) == {}  # its node is free
     assert calls == []
     pool.nodes["n1"].in_flight = 4  # saturated: the cost model decides, with the blocks
@@ -241,7 +243,7 @@ async def test_no_blocks_call_where_it_cannot_matter(tmp_path: Path) -> None:
 @pytest.mark.parametrize("interval", [0.0, 1.0])
 async def test_a_failed_blocks_call_or_digests_off_routes_by_the_estimate(tmp_path: Path, interval: float) -> None:
     calls: list[tuple[str, dict[str, Any]]] = []
-    pool = make_pool(tmp_path, blocks_fleet(calls, {9300: R1, 9301: R1}, fail=True), n=2,
+    pool = await make_pool(tmp_path, blocks_fleet(calls, {9300: R1, 9301: R1}, fail=True), n=2,
                      digest_interval=interval)
     await pool.digests.start()
     try:

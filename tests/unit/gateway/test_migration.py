@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from hearth.errors import Unavailable
 from hearth.gateway.context import gateway_of
 from tests.unit.gateway.test_proxy import Fleet, gateway, sse, stick, stream_text
 
@@ -259,7 +260,7 @@ def test_a_streamed_session_turn_ends_once_its_transcript_is_copied(tmp_path: Pa
         events = parsed(stream_text(c, "/v1/chat/completions", {**CHAT, "session_id": "s1"}, {}))
         assert events[-1] == (None, "[DONE]")
         # No waiting for background copies: the copy was done before [DONE] went out.
-        assert gateway_of(c.app).pool.store.transcript("s1") == ("smol", TURN)
+        assert c.portal.call(gateway_of(c.app).pool.store.transcript, "s1") == ("smol", TURN)
 
 
 def test_a_non_streamed_session_turn_returns_once_its_transcript_is_copied(tmp_path: Path, fleet: Fleet) -> None:
@@ -267,7 +268,7 @@ def test_a_non_streamed_session_turn_returns_once_its_transcript_is_copied(tmp_p
     with gateway(tmp_path, fleet) as c:
         r = c.post("/v1/chat/completions", json={**CHAT, "session_id": "s2"})
         assert r.status_code == 200
-        assert gateway_of(c.app).pool.store.transcript("s2") == ("smol", TURN)
+        assert c.portal.call(gateway_of(c.app).pool.store.transcript, "s2") == ("smol", TURN)
 
 
 def test_a_streamed_turn_whose_transcript_cannot_be_copied_is_recorded_from_the_relayed_answer(
@@ -278,7 +279,7 @@ def test_a_streamed_turn_whose_transcript_cannot_be_copied_is_recorded_from_the_
     with gateway(tmp_path, fleet) as c:
         events = parsed(stream_text(c, "/v1/chat/completions", {**CHAT, "session_id": "s3"}, {}))
         assert events[-2][1]["choices"][0]["finish_reason"] == "stop" and events[-1] == (None, "[DONE]")
-        assert gateway_of(c.app).pool.store.transcript("s3") == ("smol", TURN)
+        assert c.portal.call(gateway_of(c.app).pool.store.transcript, "s3") == ("smol", TURN)
         assert gateway_of(c.app).proxy.metrics.transcripts_from_relay._value.get() == 1
 
 
@@ -289,4 +290,23 @@ def test_a_non_streamed_turn_whose_transcript_cannot_be_copied_is_not_reported_d
     with gateway(tmp_path, fleet) as c:
         r = c.post("/v1/chat/completions", json={**CHAT, "session_id": "s4"})
         assert r.status_code >= 500
-        assert gateway_of(c.app).pool.store.transcript("s4") is None
+        assert c.portal.call(gateway_of(c.app).pool.store.transcript, "s4") is None
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_database_lost_after_the_answer_keeps_the_answer_and_frees_the_node(tmp_path: Path, fleet: Fleet,
+                                                                              stream: bool) -> None:
+    fleet.behave["a"] = fleet.behave["b"] = session_node(200, stream=stream)
+    with gateway(tmp_path, fleet) as c:
+        pool = gateway_of(c.app).pool
+
+        async def away(*_: object) -> None:
+            raise Unavailable("the gateway's database is unavailable", code="database_unavailable", retry_after=5)
+
+        pool.store.assign = away  # type: ignore[method-assign]  # it goes away once the node has answered
+        if stream:
+            assert parsed(stream_text(c, "/v1/chat/completions", {**CHAT, "session_id": "s5"}, {}))[-1] == (
+                None, "[DONE]")
+        else:
+            assert c.post("/v1/chat/completions", json={**CHAT, "session_id": "s5"}).status_code == 200
+        assert [n.in_flight for n in pool.nodes.values()] == [0, 0]

@@ -20,20 +20,22 @@ NONE = Affinity("none")
 
 # max_wait is long by default: a waiter a test releases itself must not time out first on a slow
 # machine; the tests about the wait running out set a short one and never release.
-def make_pool(tmp_path: Path, *, caps: tuple[int, ...] = (1, 1), max_waiting: int = 4, max_wait: float = 60.0,
+async def make_pool(tmp_path: Path, *, caps: tuple[int, ...] = (1, 1), max_waiting: int = 4, max_wait: float = 60.0,
               default_model: str | None = None) -> Pool:
     ups = [Upstream(name=f"n{i}", url=f"http://127.0.0.1:{9000 + i}", models={"m": "model"}, max_in_flight=c)
            for i, c in enumerate(caps)]
     settings = GatewaySettings(upstreams=ups, data_dir=tmp_path, max_waiting=max_waiting, max_wait=max_wait,
                                default_model=default_model)
-    pool = Pool(settings, TranscriptStore(tmp_path / "g.sqlite3"), GatewayMetrics(), httpx.AsyncClient())
+    store = TranscriptStore(tmp_path / "g.sqlite3")
+    await store.open()
+    pool = Pool(settings, store, GatewayMetrics(), httpx.AsyncClient())
     for n in pool.nodes.values():
         n.live.probed(True)
     return pool
 
 
 async def test_caps_then_wait_then_woken_by_release(tmp_path: Path) -> None:
-    pool = make_pool(tmp_path)
+    pool = await make_pool(tmp_path)
     a = await pool.acquire("m", NONE, [], 10)
     b = await pool.acquire("m", NONE, [], 10)
     assert {a.node.name, b.node.name} == {"n0", "n1"}
@@ -49,7 +51,7 @@ async def test_caps_then_wait_then_woken_by_release(tmp_path: Path) -> None:
 async def test_a_continuation_does_not_queue_behind_new_requests(tmp_path: Path) -> None:
     # n0 died mid-answer (excluded); n1 is at its cap with a request waiting for it: the stream
     # whose node died goes to n1 now, past the cap, and the new request still waits.
-    pool = make_pool(tmp_path, caps=(1, 1))
+    pool = await make_pool(tmp_path, caps=(1, 1))
     held = await pool.acquire("m", NONE, [], 10, exclude={"n0"})
     waiter = asyncio.create_task(pool.acquire("m", NONE, [], 10, exclude={"n0"}))
     while pool.waiting == 0:
@@ -60,7 +62,7 @@ async def test_a_continuation_does_not_queue_behind_new_requests(tmp_path: Path)
 
 
 async def test_full_queue_is_429_with_retry_after(tmp_path: Path) -> None:
-    pool = make_pool(tmp_path, caps=(1,), max_waiting=1)
+    pool = await make_pool(tmp_path, caps=(1,), max_waiting=1)
     await pool.acquire("m", NONE, [], 10)
     waiter = asyncio.create_task(pool.acquire("m", NONE, [], 10))
     while pool.waiting == 0:
@@ -72,7 +74,7 @@ async def test_full_queue_is_429_with_retry_after(tmp_path: Path) -> None:
 
 
 async def test_wait_runs_out_is_429(tmp_path: Path) -> None:
-    pool = make_pool(tmp_path, caps=(1,), max_wait=0.05)
+    pool = await make_pool(tmp_path, caps=(1,), max_wait=0.05)
     await pool.acquire("m", NONE, [], 10)
     with pytest.raises(TooManyRequests) as e:
         await pool.acquire("m", NONE, [], 10)
@@ -81,7 +83,7 @@ async def test_wait_runs_out_is_429(tmp_path: Path) -> None:
 
 
 async def test_no_live_node_is_503_with_retry_after(tmp_path: Path) -> None:
-    pool = make_pool(tmp_path)
+    pool = await make_pool(tmp_path)
     for n in pool.nodes.values():
         n.live.up = False
     with pytest.raises(Unavailable) as e:
@@ -90,7 +92,7 @@ async def test_no_live_node_is_503_with_retry_after(tmp_path: Path) -> None:
 
 
 async def test_draining_cooling_and_open_breaker_nodes_are_skipped(tmp_path: Path) -> None:
-    pool = make_pool(tmp_path, caps=(4, 4, 4, 4))
+    pool = await make_pool(tmp_path, caps=(4, 4, 4, 4))
     pool.nodes["n0"].draining = True
     pool.nodes["n1"].cooling_until = pool.clock() + 60
     for _ in range(3):
@@ -102,11 +104,11 @@ async def test_draining_cooling_and_open_breaker_nodes_are_skipped(tmp_path: Pat
 
 
 async def test_binding_key_waits_for_its_node_and_is_remembered(tmp_path: Path) -> None:
-    pool = make_pool(tmp_path, caps=(1, 1), max_wait=0.05)
+    pool = await make_pool(tmp_path, caps=(1, 1), max_wait=0.05)
     s = Affinity("session", "s1")
     first = await pool.acquire("m", s, [], 10)
-    pool.remember(s, first.node.name)
-    assert pool.store.node_of("session:s1") == first.node.name
+    await pool.remember(s, first.node.name)
+    assert await pool.store.node_of("session:s1") == first.node.name
     with pytest.raises(TooManyRequests):  # its node is busy; the free one would split the session
         await pool.acquire("m", s, [], 10)
     pool.release(first, True)
@@ -116,16 +118,16 @@ async def test_binding_key_waits_for_its_node_and_is_remembered(tmp_path: Path) 
 
 async def test_unknown_model_is_model_not_found_unless_a_default_is_set(tmp_path: Path) -> None:
     with pytest.raises(NotFound) as e:
-        make_pool(tmp_path).resolve("gpt-4o")
+        (await make_pool(tmp_path)).resolve("gpt-4o")
     assert e.value.code == "model_not_found" and e.value.param == "model"
-    assert make_pool(tmp_path, default_model="m").resolve("gpt-4o") == "m"
+    assert (await make_pool(tmp_path, default_model="m")).resolve("gpt-4o") == "m"
 
 
 async def test_a_slow_probe_of_a_node_streaming_answers_is_inconclusive(tmp_path: Path) -> None:
     def slow(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("probe timed out")
 
-    pool = make_pool(tmp_path)
+    pool = await make_pool(tmp_path)
     pool.clock = lambda: 5000.0  # frozen: "just now" stays within BUSY_GRACE however slow the probes run
     pool.client = httpx.AsyncClient(transport=httpx.MockTransport(slow))
     busy, idle = pool.nodes["n0"], pool.nodes["n1"]

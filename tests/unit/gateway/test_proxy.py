@@ -333,12 +333,12 @@ def test_a_rollback_through_the_gateway_refreshes_its_transcript_copy(client: Te
 
     fleet.behave["a"] = node
     store = pool_of(client).store
-    store.assign("session:s", "a")
-    store.save_transcript("s", "smol", kept + [{"role": "assistant", "content": "old"}] * 3)
+    client.portal.call(store.assign, "session:s", "a")
+    client.portal.call(store.save_transcript, "s", "smol", kept + [{"role": "assistant", "content": "old"}] * 3)
     r = client.post("/v1/sessions/s/rollback", json={"keep_messages": 1})
     assert r.status_code == 200 and fleet.calls("/v1/sessions/s/rollback")[0].url.port == 9101
     client.portal.call(gateway_of(client.app).proxy.continuity.idle)
-    assert store.transcript("s") == ("smol", kept)
+    assert client.portal.call(store.transcript, "s") == ("smol", kept)
 
 
 def test_drain_drops_a_stale_copy_instead_of_moving_it_over_the_live_session(client: TestClient,
@@ -346,7 +346,7 @@ def test_drain_drops_a_stale_copy_instead_of_moving_it_over_the_live_session(cli
     # `a` crashed and came back with its data dir: it still lists "moved-on", which continued on
     # `b` meanwhile. Moving a's copy would overwrite b's newer one; drain deletes it instead.
     store = pool_of(client).store
-    store.assign("session:moved-on", "b")
+    client.portal.call(store.assign, "session:moved-on", "b")
 
     def node_a(r: httpx.Request) -> httpx.Response:
         if r.method == "GET" and r.url.path == "/v1/sessions":
@@ -361,7 +361,7 @@ def test_drain_drops_a_stale_copy_instead_of_moving_it_over_the_live_session(cli
     assert [(r.method, r.url.path) for r in fleet.seen if r.url.port == 9101 and r.url.path != "/health"] == [
         ("GET", "/v1/sessions"), ("DELETE", "/v1/sessions/moved-on")]
     assert [r for r in fleet.seen if r.url.port == 9102 and r.url.path != "/health"] == []  # b's copy untouched
-    assert store.node_of("session:moved-on") == "b"
+    assert client.portal.call(store.node_of, "session:moved-on") == "b"
 
 
 def test_a_session_its_node_lost_is_restored_from_the_transcript_not_started_afresh(client: TestClient,
@@ -371,8 +371,8 @@ def test_a_session_its_node_lost_is_restored_from_the_transcript_not_started_afr
     # transcript on `a` and sends the turn again.
     history = [{"role": "user", "content": "I am Ada"}, {"role": "assistant", "content": "Hi Ada"}]
     store = pool_of(client).store
-    store.assign("session:lost", "a")
-    store.save_transcript("lost", "smol", history)
+    client.portal.call(store.assign, "session:lost", "a")
+    client.portal.call(store.save_transcript, "lost", "smol", history)
     on_a: dict[str, list[Any]] = {}
 
     def node_a(r: httpx.Request) -> httpx.Response:

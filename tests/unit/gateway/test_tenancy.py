@@ -63,6 +63,7 @@ def test_what_the_gateway_sends_a_node_for_each_caller() -> None:
 
 async def test_owners_in_the_store(tmp_path: Path) -> None:
     store = TranscriptStore(tmp_path / "gw.sqlite3")
+    await store.open()
     try:
         assert await store.owner_of("session", "s") is None
         await store.set_owner("session", "s", "team-a")
@@ -79,12 +80,13 @@ async def test_owners_in_the_store(tmp_path: Path) -> None:
         assert not await owns(store, ALICE, "session", "old")  # before owners: the admin's
         assert await owns(store, ADMIN_CALLER, "session", "old") and await owns(store, ALICE, "session", "a")
     finally:
-        store.close()
+        await store.close()
     reopened = TranscriptStore(tmp_path / "gw.sqlite3")  # owners survive a restart
+    await reopened.open()
     try:
         assert await reopened.owner_of("session", "a") == "team-a"
     finally:
-        reopened.close()
+        await reopened.close()
 
 
 def test_a_gateway_keys_usage_is_counted_to_the_tenants_it_speaks_for() -> None:

@@ -44,7 +44,7 @@ class FakeLoads:
         if spec.id in self.started:
             self.started[spec.id].set()
         if spec.id in self.gates:
-            assert self.gates[spec.id].wait(10), "the test never opened the gate"
+            assert self.gates[spec.id].wait(120), "the test never opened the gate"
         if spec.id in self.broken:
             raise ValueError(f"{spec.path}: not a GGUF file")
         self.loaded.append(spec.id)
@@ -70,7 +70,7 @@ def loader(fake: FakeLoads, *ids: str, max_loaded: int = 4, keep_alive: float = 
 
 
 async def started(fake: FakeLoads, model_id: str) -> None:
-    assert await asyncio.to_thread(fake.started[model_id].wait, 10)
+    assert await asyncio.to_thread(fake.started[model_id].wait, 120)
 
 
 async def test_a_burst_of_requests_for_an_unloaded_model_makes_one_load() -> None:
