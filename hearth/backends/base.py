@@ -22,13 +22,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from hearth.chat.types import ChatEvent, ChatRequest, CompletionRequest, Message
 from hearth.engine.prefix_cache.stats import CacheEntry as CacheEntry
 from hearth.engine.prefix_cache.stats import PrefixCacheStats as PrefixCacheStats
 from hearth.engine.prefix_cache.stats import TierStats as TierStats
 from hearth.errors import NotFound
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -313,29 +315,27 @@ class Backend(Protocol):
         ...
 
 
+def _required(part: T | None, message: str, code: str) -> T:
+    """A backend's optional part, or the 404 that says the routes needing it are not available."""
+    if part is None:
+        raise NotFound(message, code=code)
+    return part
+
+
 def require_session_kv(backend: Backend) -> SessionKV:
-    kv = backend.session_kv
-    if kv is None:
-        raise NotFound("this server keeps no sessions: its backend cannot hold a session's KV, so the "
-                       "sessions and snapshots APIs (and session_id on requests) are not available",
-                       code="sessions_unsupported")
-    return kv
+    return _required(backend.session_kv, "this server keeps no sessions: its backend cannot hold a session's KV, "
+                     "so the sessions and snapshots APIs (and session_id on requests) are not available",
+                     "sessions_unsupported")
 
 
 def require_prompt_cache(backend: Backend) -> PromptCache:
-    cache = backend.prompt_cache
-    if cache is None:
-        raise NotFound("this server keeps no prompt cache: its backend has none, so the prompt-cache routes "
-                       "are not available", code="prompt_cache_unsupported")
-    return cache
+    return _required(backend.prompt_cache, "this server keeps no prompt cache: its backend has none, so the "
+                     "prompt-cache routes are not available", "prompt_cache_unsupported")
 
 
 def require_model_loading(backend: Backend) -> ModelLoading:
-    loading = backend.model_loading
-    if loading is None:
-        raise NotFound("this server does not load or unload models on request: its backend keeps its models "
-                       "loaded", code="model_loading_unsupported")
-    return loading
+    return _required(backend.model_loading, "this server does not load or unload models on request: its backend "
+                     "keeps its models loaded", "model_loading_unsupported")
 
 
 # ---- event streams -------------------------------------------------------------------------

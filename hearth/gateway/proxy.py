@@ -301,10 +301,15 @@ class Proxy:
                 # turn of its chain is replayed from the gateway's copy (continuity.rechained).
                 owner = MIGRATED if scan.migrated else node.name
                 await self.pool.remember(Affinity("response", scan.response_id), owner)
-                await self.store.set_owner("response", scan.response_id, turn.who.tenant)
+                if self.settings.tenants:
+                    await self.store.set_owner("response", scan.response_id, turn.who.tenant)
                 if scan.output is not None:
                     await self.continuity.response_done(turn.body, scan.response_id, scan.output)
-            if turn.session_id is not None and await self.store.owner_of("session", turn.session_id) is None:
+            # Owners only where the gateway carries tenants: without them every caller is the
+            # admin, and a record without an owner is the admin's (tenancy.owns), so the rows would
+            # add database round trips to every turn and say nothing.
+            if self.settings.tenants and turn.session_id is not None \
+                    and await self.store.owner_of("session", turn.session_id) is None:
                 await self.store.set_owner("session", turn.session_id, turn.who.tenant)
         except HearthError as e:  # the database went away during the turn: the answer stands
             log.warning("%s answered but where the conversation lives is not recorded: %s", node.name, e)

@@ -125,6 +125,7 @@ class ModelLoader(Generic[M]):
                              "named with --model (each is kept loaded)")
         self._change = _Change()
         self._loading = asyncio.Lock()
+        self.waiting_for_room = 0  # requests waiting for a model to become idle (none is)
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -307,7 +308,11 @@ class ModelLoader(Generic[M]):
                 raise Unavailable(f"cannot load model {want.spec.id!r}: {what} models named with --model "
                                   "(raise --models-max or --models-ram-mb)", code="models_max")
             change = self._change.event
-            await change.wait()  # a request ended, or a load or unload finished
+            self.waiting_for_room += 1
+            try:
+                await change.wait()  # a request ended, or a load or unload finished
+            finally:
+                self.waiting_for_room -= 1
 
     def _trim_to_budget(self, loaded: Entry[M]) -> None:
         """After a load measured larger than expected: unload least recently used idle models

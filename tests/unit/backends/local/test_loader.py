@@ -16,6 +16,7 @@ import pytest
 from hearth.backends.local.loader import FOREVER, LoadPolicy, ModelLoader
 from hearth.errors import Conflict, Unavailable
 from hearth.models import ModelSpec
+from tests.helpers.polling import until
 
 
 @dataclass
@@ -129,8 +130,7 @@ async def test_a_model_with_a_running_request_is_never_unloaded_to_make_room() -
     ml = loader(fake, "a", "b", max_loaded=1)
     await ml.acquire("a")
     waiting = asyncio.create_task(ml.acquire("b"))
-    for _ in range(5):  # let it run until it waits for room
-        await asyncio.sleep(0)
+    await until(lambda: ml.waiting_for_room == 1, "b's request to wait for room")
     assert not waiting.done() and ml.entry("b").state == "unloaded" and fake.unloaded == []
     ml.release("a")
     assert (await waiting).id == "b"
