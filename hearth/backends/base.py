@@ -12,7 +12,7 @@ Token work (`tokenize`, `tokenize_prompt`, ...) is async: a backend must not run
 loop (a long prompt takes seconds to template and tokenize), and a remote one makes a call.
 
 Capabilities: a backend that cannot do something optional says so by returning None from the
-capability's property (today: `session_kv`, `prompt_cache`, `model_loading`); the
+capability's property (today: `session_kv`, `prompt_cache`, `model_loading`, `embeddings`); the
 `require_...` functions turn that into the one error the API answers with, a 404
 `sessions_unsupported` or `prompt_cache_unsupported` (what a client sees from a server without
 them), never an AttributeError.
@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
+from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatEvent, ChatRequest, CompletionRequest, Message
 from hearth.engine.prefix_cache.stats import CacheEntry as CacheEntry
 from hearth.engine.prefix_cache.stats import PrefixCacheStats as PrefixCacheStats
@@ -234,6 +235,44 @@ class ModelLoading(Protocol):
         ...
 
 
+# ---- the embeddings capability --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    """Vectors for `inputs` (texts, or token-id lists used as they are) from an embedding model.
+    An input past the model's context is refused (ContextLimit, 400) unless `truncate` (Ollama's
+    default) cuts it to the context. `dimensions`: the length the client wants (None: the
+    model's own; another length is a 400 unless the model is declared Matryoshka)."""
+
+    model: str | None
+    inputs: list[str | list[int]]
+    truncate: bool = False
+    dimensions: int | None = None
+    keep_alive: float | None = None  # Ollama's meaning (seconds; 0 now; negative forever)
+    timeout: float | None = None  # bounds the wait for the model's load
+    cancel: CancelToken | None = None  # set (the client left): the work is dropped
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    model: str  # the model's id
+    vectors: list[list[float]]  # one per input, in order, L2-normalised
+    prompt_tokens: int  # every input's tokens, special tokens included
+    load_seconds: float  # time waiting for the model's load (Ollama's load_duration)
+    total_seconds: float
+
+
+class Embeddings(Protocol):
+    """A backend that serves embedding models (hearth.backends.local.embedding)."""
+
+    async def embed(self, req: EmbedRequest) -> EmbedResult:
+        """The vectors, or: NotFound (unknown model), BadRequest (a chat model, a bad input
+        or `dimensions`), ContextLimit (an input too long, `truncate` off), Unavailable."""
+        ...
+
+
 # ---- the backend ---------------------------------------------------------------------------
 
 
@@ -314,6 +353,11 @@ class Backend(Protocol):
         """The model-loading capability, or None if this backend keeps its models loaded."""
         ...
 
+    @property
+    def embeddings(self) -> Embeddings | None:
+        """The embeddings capability, or None if this backend serves no embedding models."""
+        ...
+
 
 def _required(part: T | None, message: str, code: str) -> T:
     """A backend's optional part, or the 404 that says the routes needing it are not available."""
@@ -336,6 +380,11 @@ def require_prompt_cache(backend: Backend) -> PromptCache:
 def require_model_loading(backend: Backend) -> ModelLoading:
     return _required(backend.model_loading, "this server does not load or unload models on request: its backend "
                      "keeps its models loaded", "model_loading_unsupported")
+
+
+def require_embeddings(backend: Backend) -> Embeddings:
+    return _required(backend.embeddings, "this server does not compute embeddings: its backend has no "
+                     "embedding models", "embeddings_unsupported")
 
 
 # ---- event streams -------------------------------------------------------------------------

@@ -24,7 +24,16 @@ from typing import Any
 
 import httpx
 
-from hearth.backends.base import EventStream, ModelCard, ModelLimits, ModelLoading, ModelStats, PromptCache, SessionKV
+from hearth.backends.base import (
+    Embeddings,
+    EventStream,
+    ModelCard,
+    ModelLimits,
+    ModelLoading,
+    ModelStats,
+    PromptCache,
+    SessionKV,
+)
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
     ChatEvent,
@@ -297,6 +306,10 @@ class OpenAIUpstreamBackend:
     @property
     def model_loading(self) -> ModelLoading | None:
         return None  # the engines behind load their own models
+
+    @property
+    def embeddings(self) -> Embeddings | None:
+        return None  # not through this backend: the gateway routes /v1/embeddings to a node over HTTP
 
 
 class _UpstreamError(Exception):

@@ -149,6 +149,10 @@ class Metrics:
                              ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue = Histogram("hearth_queue_time_seconds", "Arrival to admission (a free slot)",
                                ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.embedded_inputs = Counter("hearth_embedding_inputs", "Inputs embedded, by endpoint", ["endpoint"],
+                                       registry=r)
+        self.embedded_tokens = Counter("hearth_embedding_tokens", "Tokens of the inputs embedded, by endpoint",
+                                       ["endpoint"], registry=r)
         self.cancellations = Counter("hearth_cancellations", "Runs stopped early, by cause",
                                      ["cause"], registry=r)
         self.runs_registered = Gauge("hearth_cancel_registry_runs", "Runs registered for /v1/cancel",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from hearth.backends.base import (
     Backend,
+    Embeddings,
     EventStream,
     ModelCard,
     ModelLimits,
@@ -97,3 +98,7 @@ class SessionBackend:
     @property
     def model_loading(self) -> ModelLoading | None:
         return self.inner.model_loading
+
+    @property
+    def embeddings(self) -> Embeddings | None:
+        return self.inner.embeddings

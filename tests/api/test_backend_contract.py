@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hearth.backends.base import (
     Backend,
+    Embeddings,
     EventStream,
     KVIdentity,
     KVInfo,
@@ -167,6 +168,10 @@ class EchoBackend:
 
     @property
     def model_loading(self) -> ModelLoading | None:
+        return None
+
+    @property
+    def embeddings(self) -> Embeddings | None:
         return None
 
 

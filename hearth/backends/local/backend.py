@@ -17,6 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from hearth.backends.base import (
+    Embeddings,
+    EmbedRequest,
+    EmbedResult,
     EventStream,
     LoadStats,
     ModelCard,
@@ -26,11 +29,12 @@ from hearth.backends.base import (
     PromptCache,
     SessionKV,
 )
+from hearth.backends.local.embedding import EmbedFactory, llamacpp_embed_factory
 from hearth.backends.local.events import admit, cancelled_while_queued, engine_events, parsed, prefilled_usage
 from hearth.backends.local.kv import LocalSessionKV
 from hearth.backends.local.loader import LoadPolicy, ModelLoader
 from hearth.backends.local.model import EngineSettings, LocalModel, RunnerFactory, llamacpp_factory
-from hearth.backends.local.model_set import ModelSet
+from hearth.backends.local.model_set import AnyModel, ModelSet
 from hearth.backends.local.prepare import checked, prepare, render_chat, validate
 from hearth.backends.local.prompt_cache import LocalPromptCache
 from hearth.chat.output import OutputParser
@@ -57,9 +61,10 @@ class LocalBackend:
 
     def __init__(self, specs: list[ModelSpec], settings: EngineSettings | None = None,
                  factory: RunnerFactory = llamacpp_factory, *, available: list[ModelSpec] | None = None,
-                 policy: LoadPolicy | None = None, preload: list[str] | None = None) -> None:
+                 policy: LoadPolicy | None = None, preload: list[str] | None = None,
+                 embed_factory: EmbedFactory = llamacpp_embed_factory) -> None:
         self.settings = settings or EngineSettings()
-        self._set = ModelSet(specs, available or [], self.settings, factory, policy)
+        self._set = ModelSet(specs, available or [], self.settings, factory, policy, embed_factory)
         self._preload = [s.id for s in specs] + [p for p in preload or [] if p not in {s.id for s in specs}]
         self._ready = False
         self._load_error: str | None = None
@@ -79,7 +84,7 @@ class LocalBackend:
         return self._load_error
 
     @property
-    def loader(self) -> ModelLoader[LocalModel]:
+    def loader(self) -> ModelLoader[AnyModel]:
         return self._set.loader
 
     async def start(self) -> None:
@@ -189,6 +194,31 @@ class LocalBackend:
     @property
     def model_loading(self) -> ModelLoading:
         return self
+
+    @property
+    def embeddings(self) -> Embeddings:
+        return self
+
+    # ---- embeddings ---------------------------------------------------------------------------
+
+    async def embed(self, req: EmbedRequest) -> EmbedResult:
+        """Vectors from an embedding model, loaded on demand like any model and held while its
+        inputs are tokenised (in the pool) and decoded (its engine packs them with other
+        requests' into shared calls)."""
+        self._check_started()
+        arrived = time.monotonic()
+        m = await self._set.acquire_embedder(req.model, req.timeout, req.cancel)
+        if m is None:
+            raise Unavailable("the request was cancelled while its model loaded", code="cancelled")
+        loaded = time.monotonic()
+        try:
+            m.check_dimensions(req.dimensions)  # before the tokenizing work
+            seqs = await self._off_loop(lambda: m.sequences(req.inputs, req.truncate))
+            vectors = await m.run(seqs, req)
+        finally:
+            self._set.release(m.spec.id, req.keep_alive)
+        return EmbedResult(m.spec.id, vectors, sum(len(s) for s in seqs), loaded - arrived,
+                           time.monotonic() - arrived)
 
     # ---- tokens -------------------------------------------------------------------------------
 

@@ -1,7 +1,12 @@
 """The local backend's models: every servable one by name, and the loader that keeps some of
 them in memory (hearth.backends.local.loader). What the backend asks of a model goes through
 here: a name resolved without loading anything, a model held for a request (`acquire` /
-`release`, or `using`), its card and limits whether it is loaded or not."""
+`release`, or `using`), its card and limits whether it is loaded or not.
+
+Embedding models (hearth.backends.local.embedding) share the loader with chat models, so
+--models-max, the RAM budget and keep-alive count them alike; which kind a model is comes from
+its GGUF header, read without loading it, so a chat request for an embedding model (and the
+reverse) is refused before anything loads."""
 
 from __future__ import annotations
 
@@ -14,6 +19,14 @@ from typing import Any
 
 from hearth import gguf
 from hearth.backends.base import ModelCard, ModelLimits
+from hearth.backends.local.embedding import (
+    EmbeddingModel,
+    EmbedFactory,
+    is_embedding_header,
+    llamacpp_embed_factory,
+    load_embedding_model,
+    unload_embedding_model,
+)
 from hearth.backends.local.loader import Entry, LoadPolicy, ModelLoader
 from hearth.backends.local.model import (
     EngineSettings,
@@ -25,10 +38,12 @@ from hearth.backends.local.model import (
     unload_model,
 )
 from hearth.chat.cancel import CancelToken
-from hearth.errors import NotFound, Unavailable
+from hearth.errors import BadRequest, NotFound, Unavailable
 from hearth.models import ModelSpec
 
 log = logging.getLogger("hearth.backend")
+
+AnyModel = LocalModel | EmbeddingModel
 
 
 def aliases(spec: ModelSpec) -> list[str]:
@@ -38,7 +53,8 @@ def aliases(spec: ModelSpec) -> list[str]:
 
 class ModelSet:
     def __init__(self, pinned: list[ModelSpec], available: list[ModelSpec], settings: EngineSettings,
-                 factory: RunnerFactory, policy: LoadPolicy | None = None) -> None:
+                 factory: RunnerFactory, policy: LoadPolicy | None = None,
+                 embed_factory: EmbedFactory = llamacpp_embed_factory) -> None:
         specs = list(pinned) + [s for s in available if s.id not in {p.id for p in pinned}]
         if not specs:
             raise ValueError("at least one model is needed")
@@ -52,9 +68,20 @@ class ModelSet:
             for name in aliases(s):
                 self._names.setdefault(name, s.id)
         self._headers: dict[str, dict[str, Any]] = {}
-        self.loader: ModelLoader[LocalModel] = ModelLoader(
-            specs, lambda spec: load_model(spec, settings, factory), unload_model, policy=policy,
-            pinned={s.id for s in pinned}, measure=process_rss)
+
+        def load(spec: ModelSpec) -> AnyModel:
+            if self.is_embedding(spec.id):
+                return load_embedding_model(spec, settings, embed_factory)
+            return load_model(spec, settings, factory)
+
+        def unload(m: AnyModel) -> None:
+            if isinstance(m, EmbeddingModel):
+                unload_embedding_model(m)
+            else:
+                unload_model(m)
+
+        self.loader: ModelLoader[AnyModel] = ModelLoader(specs, load, unload, policy=policy,
+                                                         pinned={s.id for s in pinned}, measure=process_rss)
 
     # ---- names ----------------------------------------------------------------------------------
 
@@ -69,7 +96,15 @@ class ModelSet:
         return model_id
 
     def loaded(self) -> dict[str, LocalModel]:
-        return self.loader.loaded()
+        """The chat models in memory (the ones with an engine, KV and a prompt cache)."""
+        return {mid: m for mid, m in self.loader.loaded().items() if isinstance(m, LocalModel)}
+
+    def loaded_embedders(self) -> dict[str, EmbeddingModel]:
+        return {mid: m for mid, m in self.loader.loaded().items() if isinstance(m, EmbeddingModel)}
+
+    def is_embedding(self, model_id: str) -> bool:
+        """Whether the model is an embedding model (from its GGUF header; no load needed)."""
+        return bool(self._header(self._specs[model_id]).get("embedding"))
 
     def loaded_model(self, name: str | None) -> LocalModel | None:
         return self.loaded().get(self.resolve(name))
@@ -84,8 +119,28 @@ class ModelSet:
     async def acquire(self, name: str | None, timeout: float | None = None,
                       cancel: CancelToken | None = None) -> LocalModel | None:
         """The model, loaded (its load started if needed), held until `release`; None if `cancel`
-        was set while it loaded. The wait is bounded by `timeout` (503 model_loading past it)."""
+        was set while it loaded. The wait is bounded by `timeout` (503 model_loading past it).
+        An embedding model is refused (400) before anything loads."""
         model_id = self.resolve(name)
+        if self.is_embedding(model_id):
+            raise BadRequest(f"model {model_id!r} is an embedding model: it does not support chat or text "
+                             "completion (use /v1/embeddings)", param="model", code="model_not_supported")
+        m = await self._acquire(model_id, timeout, cancel)
+        assert m is None or isinstance(m, LocalModel)
+        return m
+
+    async def acquire_embedder(self, name: str | None, timeout: float | None = None,
+                               cancel: CancelToken | None = None) -> EmbeddingModel | None:
+        """`acquire` for an embedding model; a chat model is refused (400) before anything loads."""
+        model_id = self.resolve(name)
+        if not self.is_embedding(model_id):
+            raise BadRequest(f"model {model_id!r} does not support embeddings: it is a chat model; name an "
+                             "embedding model (e.g. all-minilm-l6-v2)", param="model", code="model_not_supported")
+        m = await self._acquire(model_id, timeout, cancel)
+        assert m is None or isinstance(m, EmbeddingModel)
+        return m
+
+    async def _acquire(self, model_id: str, timeout: float | None, cancel: CancelToken | None) -> AnyModel | None:
         if self.loader.entry(model_id).state == "loaded":  # the common case: no task, no wait
             return await self.loader.acquire(model_id)
         if cancel is not None and cancel.cancelled:
@@ -115,7 +170,7 @@ class ModelSet:
             return None
         return model
 
-    def _undo(self, waiting: asyncio.Future[LocalModel], model_id: str) -> bool:
+    def _undo(self, waiting: asyncio.Future[AnyModel], model_id: str) -> bool:
         """A wait given up: if it had got the model after all, hand it back. True if it had."""
         if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
             self.release(model_id)
@@ -144,7 +199,8 @@ class ModelSet:
             try:
                 meta = gguf.read_metadata(spec.path)
                 got = {"n_ctx_train": gguf.context_length(meta), "architecture": meta.get("general.architecture"),
-                       "quantization": gguf.quantization(meta), "description": meta.get("general.name")}
+                       "quantization": gguf.quantization(meta), "description": meta.get("general.name"),
+                       "embedding": is_embedding_header(meta) or None}
             except (gguf.GGUFError, OSError, ValueError) as e:
                 got = {"error": f"unreadable GGUF header: {e}"}
             self._headers[spec.id] = got
@@ -162,7 +218,7 @@ class ModelSet:
         seq_ctx = min(ctx, trained) if ctx and trained else (ctx or trained or 4096)
         return ModelLimits(int(seq_ctx), self.settings.parallel)
 
-    def card(self, e: Entry[LocalModel]) -> ModelCard:
+    def card(self, e: Entry[AnyModel]) -> ModelCard:
         spec = e.spec
         status: dict[str, Any] = {"value": e.state, "pinned": e.pinned, "users": e.users, "loads": e.loads,
                                   "load_seconds": round(e.load_seconds, 3)}
