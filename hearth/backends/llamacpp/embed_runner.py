@@ -99,15 +99,16 @@ class LlamaCppEmbedRunner:
         self._batch = batch
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
-        """WordPiece (or the model's own) tokens; special tokens in `text` are plain text."""
+        """WordPiece (or the model's own) tokens. A special token spelled in `text` ("[SEP]") is
+        that token, as sentence-transformers' tokenizer reads it (and llama-server's)."""
         data = text.encode("utf-8")
         cap = len(data) + 16
         buf = (L.llama_token * cap)()
-        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, False)
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
         if n < 0:
             cap = -n
             buf = (L.llama_token * cap)()
-            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, False)
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
         return list(buf[:n])
 
     def embed(self, seqs: list[list[int]]) -> list[np.ndarray]:
