@@ -24,8 +24,11 @@ from hearth.api import web, wire
 from hearth.api.anthropic import messages
 from hearth.api.anthropic.messages import CountTokensIn, MessagesIn
 from hearth.api.control import CancelIn, DetokenizeIn, TokenizeIn
+from hearth.api.embeddings import EmbeddingsIn
 from hearth.api.model_control import LoadIn as LoadModelIn
 from hearth.api.model_control import UnloadIn as UnloadModelIn
+from hearth.api.ollama.embed import EmbeddingsIn as OllamaEmbeddingsIn
+from hearth.api.ollama.embed import EmbedIn as OllamaEmbedIn
 from hearth.api.openai.chat import ChatCompletionIn
 from hearth.api.openai.completions import CompletionIn
 from hearth.api.openai.responses import ResponsesIn
@@ -155,6 +158,14 @@ def _ops() -> list[Operation]:
                   wire.ModelUnloaded, UnloadModelIn, errors=(400, 401, 403, 404, 409, 503)),
         Operation("POST", "/v1/models/unload", "Unload a model now", "control", wire.ModelUnloaded, UnloadModelIn,
                   errors=(400, 401, 403, 404, 409, 503)),
+        Operation("POST", "/v1/embeddings", "Create embeddings (OpenAI)", "openai", wire.EmbeddingList, EmbeddingsIn,
+                  errors=(400, 401, 404, 413, 503)),
+        Operation("POST", "/embeddings", "Create embeddings (OpenAI, unversioned path)", "openai",
+                  wire.EmbeddingList, EmbeddingsIn, errors=(400, 401, 404, 413, 503)),
+        Operation("POST", "/api/embed", "Embeddings (Ollama)", "ollama", wire.OllamaEmbed, OllamaEmbedIn,
+                  errors=(400, 401, 404, 413, 503)),
+        Operation("POST", "/api/embeddings", "One embedding (Ollama, older endpoint)", "ollama",
+                  wire.OllamaEmbedding, OllamaEmbeddingsIn, errors=(400, 401, 404, 413, 503)),
         Operation("GET", "/health", "Health: 200 once the model is loaded", "control", wire.Health, errors=()),
         Operation("POST", "/tokenize", "Tokenize text or messages", "control", wire.Tokenized, TokenizeIn,
                   errors=(400, 401, 404, 413, 503)),

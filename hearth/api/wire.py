@@ -518,3 +518,36 @@ class PromptCacheBlocks(_Own):
     n_tokens: int  # the whole prompt
     blocks: list[str]  # full blocks only, in prompt order
     tails: list[list[str]]  # per block, the last partial one's included: its tail keys
+
+
+# ---- embeddings (hearth.api.embeddings, hearth.api.ollama.embed) ------------------------------
+
+
+class EmbeddingItem(_Protocol):
+    object: str
+    index: int
+    embedding: list[float] | str  # a string when encoding_format is base64
+
+
+class EmbeddingUsage(_Protocol):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(_Protocol):
+    object: str
+    data: list[EmbeddingItem]
+    model: str
+    usage: EmbeddingUsage
+
+
+class OllamaEmbed(_Protocol):
+    model: str
+    embeddings: list[list[float]]
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+
+
+class OllamaEmbedding(_Protocol):
+    embedding: list[float]

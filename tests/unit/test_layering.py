@@ -18,7 +18,7 @@ spec.loader.exec_module(import_graph)
 FLOORS: list[set[str]] = [
     {"hearth", "ids", "text", "jsonsafe", "hashing", "tenants", "test_gate"},  # leaf utilities
     {"engine"},  # the step loop: tokens and KV, no protocols, no HTTP, no HearthError
-    {"errors", "config", "db", "gguf", "catalog", "models", "retrieval"},  # the ground floor
+    {"errors", "config", "db", "gguf", "embed_convert", "catalog", "models", "retrieval"},  # the ground floor
     {"chat"},  # protocol-neutral conversations
     {"backends.base"},  # the contract
     {"backends.admission", "backends.prompt_size", "backends.llamacpp", "backends.local",
