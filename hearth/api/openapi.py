@@ -60,6 +60,7 @@ class Operation:
     streams: bool = False  # also answers text/event-stream when the body asks for stream: true
     errors: tuple[int, ...] = (400, 401, 413)
     anthropic: bool = False
+    ollama: bool = False  # Ollama's envelope ({"error": ...}), and NDJSON when streaming
     # errors in the envelope of the generation path named in the body (/v1/prompt-cache/blocks
     # answers what that path would: Anthropic's for /v1/messages, OpenAI's otherwise)
     either_envelope: bool = False
@@ -163,9 +164,9 @@ def _ops() -> list[Operation]:
         Operation("POST", "/embeddings", "Create embeddings (OpenAI, unversioned path)", "openai",
                   wire.EmbeddingList, EmbeddingsIn, errors=(400, 401, 404, 413, 503)),
         Operation("POST", "/api/embed", "Embeddings (Ollama)", "ollama", wire.OllamaEmbed, OllamaEmbedIn,
-                  errors=(400, 401, 404, 413, 503)),
+                  errors=(400, 401, 404, 413, 503), ollama=True),
         Operation("POST", "/api/embeddings", "One embedding (Ollama, older endpoint)", "ollama",
-                  wire.OllamaEmbedding, OllamaEmbeddingsIn, errors=(400, 401, 404, 413, 503)),
+                  wire.OllamaEmbedding, OllamaEmbeddingsIn, errors=(400, 401, 404, 413, 503), ollama=True),
         Operation("GET", "/health", "Health: 200 once the model is loaded", "control", wire.Health, errors=()),
         Operation("POST", "/tokenize", "Tokenize text or messages", "control", wire.Tokenized, TokenizeIn,
                   errors=(400, 401, 404, 413, 503)),
