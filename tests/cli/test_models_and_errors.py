@@ -57,7 +57,7 @@ def test_installed_catalog_models_are_listed_by_short_name(tmp_path: Path) -> No
     rows = json.loads(run("models", "--json", env=env).stdout)
     assert [r["id"] for r in rows] == ["smollm2-135m-instruct", "qwen2.5-coder-0.5b"]
     assert rows[1]["path"] == str(tmp_path / catalog.QWEN_CODER.file) and rows[1]["default"] is False
-    assert "not installed" not in run("models", env=env).stdout
+    assert "not installed: qwen2.5-coder-0.5b" not in run("models", env=env).stdout
 
 
 @pytest.mark.parametrize("args, needle", [
