@@ -158,6 +158,15 @@ class LocalBackend:
         self._check_started()
         return await self._set.loader.unload(self._set.resolve(model))
 
+    def add_model(self, spec: ModelSpec) -> None:
+        """A model installed while the server runs (POST /api/pull): servable on demand from now on."""
+        self._set.add(spec)
+
+    async def remove_model(self, model: str) -> None:
+        """Forget a model whose file is about to be deleted (DELETE /api/delete): unloaded first."""
+        self._check_started()
+        await self._set.remove(self._set.resolve(model))
+
     def stats(self) -> dict[str, ModelStats]:
         out = {}
         for mid, m in self._set.loaded().items():
