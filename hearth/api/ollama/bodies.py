@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from hearth.api.http.parsing import OpenBody, sampling_params, validate
-from hearth.api.http.run_options import RunFields, RunLimits, run_limits
+from hearth.api.http.run_options import RunFields, RunLimits, keep_alive, run_limits
 from hearth.chat.types import (
     ChatRequest,
     CompletionRequest,
@@ -180,7 +180,9 @@ def to_messages(messages: list[MessageIn]) -> list[Message]:
 
 
 def _limits(settings: Settings | None, body: OllamaFields) -> RunLimits:
-    return run_limits(settings, body) if settings is not None else RunLimits()
+    if settings is None:  # no server: the body's own fields only
+        return RunLimits(keep_alive=keep_alive(body.keep_alive))
+    return run_limits(settings, body)
 
 
 def _common(body: OllamaFields) -> SamplingParams:

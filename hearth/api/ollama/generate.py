@@ -1,5 +1,6 @@
 """POST /api/chat and POST /api/generate: Ollama's generation endpoints, streamed as NDJSON by
-default, one object with `stream: false`.
+default, one object with `stream: false`. An answer names the model as the request did (with
+`:latest` when untagged), as Ollama echoes it.
 
 Both go through `hearth.api.http.runs` as every protocol does (registered for /v1/cancel, keys,
 tenants and metrics; a client that leaves stops the engine work, streamed or not). A request
@@ -47,7 +48,7 @@ async def chat(request: Request) -> Response:
     creq = chat_request(body, model, new_id("chatcmpl-"), ctx.settings)
     clock = Clock(was_loaded=not runs.must_load(ctx.backend, model))
     gen = await runs.start_chat(request, "ollama_chat", creq, body.cancel_id, stream=body.stream)
-    return await _answer(request, gen, "chat", names.tagged(model), body.stream, clock)
+    return await _answer(request, gen, "chat", names.tagged(body.model), body.stream, clock)
 
 
 async def generate(request: Request) -> Response:
@@ -65,7 +66,7 @@ async def generate(request: Request) -> Response:
                                cancel_id=body.cancel_id, ids=[creq.request_id])
     else:
         gen = await runs.start_chat(request, "ollama_generate", creq, body.cancel_id, stream=body.stream)
-    return await _answer(request, gen, "generate", names.tagged(model), body.stream, clock)
+    return await _answer(request, gen, "generate", names.tagged(body.model), body.stream, clock)
 
 
 async def _answer(request: Request, gen: runs.Generation, kind: Kind, model: str, stream: bool,
@@ -90,6 +91,6 @@ async def _load_or_unload(request: Request, body: OllamaFields, model: str, kind
             await loading.unload_model(model)
         else:
             await loading.load_model(model, seconds)
-    out: dict[str, Any] = {"model": names.tagged(model), "created_at": names.timestamp()}
+    out: dict[str, Any] = {"model": names.tagged(body.model), "created_at": names.timestamp()}
     out |= {"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""}
     return JSONResponse(out | {"done_reason": reason, "done": True})
