@@ -107,13 +107,14 @@ def _modified(card: ModelCard, path: Path | None) -> str:
 
 
 def _size(card: ModelCard, path: Path | None) -> int:
-    size = card.meta.get("size_bytes")
-    if isinstance(size, int) and size > 0:
-        return size
+    """The file's size, as Ollama lists a model's (a loaded card's size_bytes counts tensors only)."""
     try:
-        return path.stat().st_size if path is not None else 0
+        if path is not None:
+            return path.stat().st_size
     except OSError:
-        return 0
+        pass
+    size = card.meta.get("size_bytes")
+    return size if isinstance(size, int) else 0
 
 
 def entry(card: ModelCard) -> dict[str, Any]:
