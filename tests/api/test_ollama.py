@@ -109,6 +109,7 @@ async def test_tags_show_ps_version(h: Harness) -> None:
     assert p["context_length"] == 2048
     v = (await h.client.get("/api/version")).json()
     assert v["version"].count(".") == 2
+    assert (await h.client.head("/")).status_code == 200  # what Ollama's CLI probes; GET / stays the chat page
 
 
 @pytest.mark.parametrize(("method", "path", "body", "status", "needle"), [
