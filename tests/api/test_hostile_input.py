@@ -28,10 +28,12 @@ def concrete(path: str) -> str:
     return openapi_path(path).format(**IDS)
 
 
-def assert_envelope(r: Any, status: int, anthropic: bool) -> dict[str, Any]:
+def assert_envelope(r: Any, status: int, anthropic: bool, ollama: bool = False) -> dict[str, Any]:
     assert r.status_code == status, r.text
     body = r.json()
-    if anthropic:
+    if ollama:
+        assert list(body) == ["error"] and isinstance(body["error"], str), body
+    elif anthropic:
         assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
     else:
         assert body["error"]["type"] == "invalid_request_error", body
@@ -44,7 +46,7 @@ async def test_json_nested_past_the_limit_is_a_400_on_every_endpoint(h: Harness,
         body = b'{"x": ' + b"[" * depth + b"]" * depth + b"}"
         r = await h.client.request(op.method, concrete(op.path), content=body,
                                      headers={"content-type": "application/json"})
-        err = assert_envelope(r, 400, op.anthropic)
+        err = assert_envelope(r, 400, op.anthropic, op.ollama)
         assert "nested deeper than" in json.dumps(err)
 
 
@@ -59,6 +61,8 @@ SURROGATE_BODIES = [
     ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "\ud800"}]}),
     ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "\ud800"}]}),
     ("/tokenize", {"content": "\ud800"}),
+    ("/api/chat", {"model": "fake", "messages": [{"role": "user", "content": "\ud800"}], "stream": False}),
+    ("/api/generate", {"model": "fake", "prompt": "\ud800", "stream": False}),
 ]
 
 
@@ -66,7 +70,7 @@ SURROGATE_BODIES = [
 async def test_a_lone_surrogate_anywhere_is_the_protocols_400(h: Harness, path: str, body: dict[str, Any]) -> None:
     raw = json.dumps({**body, "max_tokens": 4}).encode()  # ensure_ascii: the surrogate travels as \\udXXX
     r = await h.client.post(path, content=raw, headers={"content-type": "application/json"})
-    err = assert_envelope(r, 400, path.startswith("/v1/messages"))
+    err = assert_envelope(r, 400, path.startswith("/v1/messages"), path.startswith("/api/"))
     assert "lone UTF-16 surrogate" in json.dumps(err)
 
 
