@@ -127,16 +127,17 @@ def checked(m: LocalModel, tokens: list[int], param: str = "tokens") -> list[int
     return tokens
 
 
-def validate(m: LocalModel, ereq: EngineRequest, param: str, clamp_max_tokens: bool) -> None:
+def validate(m: LocalModel, ereq: EngineRequest, param: str, strict_max_tokens: bool) -> None:
     """The engine's checks, once, in the worker pool (they scan the prompt): a 4xx before the
-    stream is returned, and the engine is told not to repeat them (`validated=True`)."""
+    stream is returned, and the engine is told not to repeat them (`validated=True`). A
+    max_tokens past the context is lowered to what the context leaves (llama-server's and
+    Ollama's way: the window then ends the output with "length"), or refused when strict."""
     try:
         try:
             m.engine.validate(ereq)
         except ContextOverflow as e:
-            if not (clamp_max_tokens and e.max_tokens is not None and e.n_prompt < e.limit):
+            if strict_max_tokens or e.max_tokens is None or e.n_prompt >= e.limit:
                 raise
-            # --clamp-max-tokens: what is left of the context instead of a refusal
             ereq.params = replace(ereq.params, max_tokens=e.limit - e.n_prompt)
             m.engine.validate(ereq)
     except ContextOverflow as e:
