@@ -83,7 +83,8 @@ class LocalBackend:
 
     async def start(self) -> None:
         """Load the models named at start (in worker threads, so /health answers 503 meanwhile),
-        then unload idle models as their keep-alive runs out."""
+        then unload idle models as their keep-alive runs out. A request that comes meanwhile
+        waits for its model's load as it would for an on-demand one (`_holding`)."""
         for model_id in self._preload:
             try:
                 await self._set.loader.load(model_id)
@@ -115,10 +116,11 @@ class LocalBackend:
         return self._set.cards()
 
     def _check_started(self) -> None:
+        """A failed start-up load is every request's 503. One still under way is not: a request
+        needs its model only through `ModelSet.acquire`, which joins that load (as it joins an
+        on-demand one), and names and limits are read without loading anything."""
         if self._load_error:
             raise Unavailable(f"the model failed to load: {self._load_error}", code="model_load_failed")
-        if not self._ready:
-            raise Unavailable("the model is still loading; retry shortly", code="model_loading")
 
     def model(self, name: str | None) -> LocalModel:
         """The model `name` stands for, if it is loaded now (Unavailable if not): for tools and
@@ -138,8 +140,8 @@ class LocalBackend:
         return self._set.limits(model)
 
     def is_loaded(self, model: str | None) -> bool:
-        if not self._ready:
-            return True
+        if self._load_error:
+            return True  # no wait to stream through: the request's 503 comes before its first byte
         try:
             return self._set.loaded_model(model) is not None
         except NotFound:
