@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from hearth import __version__
-from hearth.cli import cache, chat, docs, gateway, keys, models, ps, server, sessions, snapshots
+from hearth.cli import cache, chat, docs, gateway, keys, launch, models, ps, server, sessions, snapshots
 from hearth.cli.common import CorsOpt, InsecureOpt, RequireKeyOpt, required_keys
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
@@ -22,6 +22,8 @@ app.add_typer(cache.app, name="cache")
 app.add_typer(keys.app, name="keys")
 app.add_typer(gateway.app, name="gateway")
 app.command()(chat.chat)
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    launch.launch)
 app.command()(docs.docs)
 app.command()(ps.ps)
 
