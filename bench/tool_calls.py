@@ -16,7 +16,9 @@ Per answer: whether it reached the client as calls (`finish_reason: tool_calls`)
 first byte (first content character or first tool-call delta) and the text. Reported: the share
 of structured calls off vs on; the median extra time to first byte on (on - off, per prompt) for
 answers that became calls (held until the output ended) and for those that stayed text (held
-until ruled out); and whether every answer that stayed text on came out identical to off.
+until ruled out); for those, also the characters held before the first byte (replayed through
+the parser, so independent of the machine's load); and whether every answer that stayed text
+on came out identical to off.
 Writes bench/results/tool-calls-<stamp>.json (+ latest-tool-calls.json) after every prompt
 (`"complete": false` until the last) and, at the end, a plot (.png). Prompts go round-robin
 over the four tools, so a `--limit` covers all of them.
@@ -45,6 +47,8 @@ from bench.machine import machine_info
 from bench.report import save_json
 from bench.servers import Launch, RunningServer, free_port
 from bench.stats import median
+from hearth.chat.tool_parsers import make_parser
+from hearth.chat.types import Tool
 
 TOOLS = [
     {"type": "function", "function": {
@@ -149,6 +153,9 @@ def summarize(answers: list[Answer]) -> dict[str, Any]:
                 "max_s": round(max(d), 3) if d else None}
 
     text_pairs = [(off, on) for off, on in pairs if "tool_calls" not in (off.finish_reason, on.finish_reason)]
+    # Load-independent: how many characters of each text answer the lenient parser holds before
+    # its first byte goes out (replayed here one character at a time, as a stream feeds it).
+    held = [held_chars(off.text) for off, _ in text_pairs]
     ttfb_off = [off.ttfb_s for off, _ in pairs if off.ttfb_s is not None]
     ttfb_on = [on.ttfb_s for _, on in pairs if on.ttfb_s is not None]
     return {
@@ -159,12 +166,26 @@ def summarize(answers: list[Answer]) -> dict[str, Any]:
         "ttfb_median_on_s": round(median(ttfb_on), 3) if ttfb_on else None,
         "extra_ttfb_became_calls": extra(True),  # held until the output ended
         "extra_ttfb_stayed_text": extra(False),  # held until ruled out (or not at all)
+        "held_chars_stayed_text": {"n": len(held), "median": median(held) if held else None,
+                                   "max": max(held) if held else None},
         "text_unchanged": all(off.text == on.text for off, on in text_pairs),
         "text_answers": len(text_pairs),
         "tools_called_on": {t["function"]["name"]: sum(1 for _, on in pairs if on.finish_reason == "tool_calls"
                                                        and any(c["name"] == t["function"]["name"] for c in on.calls))
                             for t in TOOLS},
     }
+
+
+def held_chars(text: str) -> int:
+    """Characters of `text` the lenient parser (hermes, these tools) takes in before it lets the
+    first one out, fed one at a time: 1 for text that cannot be a call, len(text) for one that
+    is held to the end."""
+    tools = [Tool(t["function"]["name"], "", t["function"]["parameters"]) for t in TOOLS]
+    p = make_parser("hermes", tools, lenient=True)
+    for i, ch in enumerate(text):
+        if any(isinstance(x, str) and x for x in p.feed(ch)):
+            return i + 1
+    return len(text)
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:

@@ -120,8 +120,9 @@ class Settings:
     # admission and time caps
     max_waiting: int = 64
     max_wait: float = 60.0
-    request_timeout: float = 600.0  # default wall-clock cap per request, seconds
-    clamp_max_tokens: bool = False  # lower a max_tokens past the context to what is left, instead of a 400
+    request_timeout: float = 600.0  # default cap on a request's generation, seconds from its first token
+    # A max_tokens past the context: a 400 (OpenAI's) when strict, else lowered to what is left (llama-server's).
+    strict_max_tokens: bool = False
     sse_heartbeat: float = 5.0  # seconds of silence on a stream before a heartbeat (SSE comment / ping)
     max_request_timeout: float = 3600.0  # the most a request may ask for
     repetition_detection: bool = False  # stop looping generations unless a request says otherwise

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Test setup for the client-library suite (tests/clients): the Vercel AI SDK from npm at pinned
-# versions. The Python client libraries (LangChain, the OpenAI Agents SDK, LiteLLM, pydantic-ai)
+# Test setup for the client-library suite (tests/clients): the Vercel AI SDK and Ollama's own
+# JavaScript client (`ollama`) from npm at pinned versions. The Python client libraries (LangChain, the OpenAI Agents SDK, LiteLLM, pydantic-ai)
 # are pinned in pyproject.toml's dev extra and installed by scripts/setup.sh. Idempotent;
 # scripts/test.sh runs it after scripts/setup.sh. Serving Hearth needs none of this.
 #
@@ -15,28 +15,42 @@ AI_VERSION="7.0.173"
 AI_SDK_OPENAI_VERSION="4.0.118"
 AI_SDK_OPENAI_COMPATIBLE_VERSION="3.0.92"
 ZOD_VERSION="4.6.7"  # the AI SDK's peer dependency (tool and output schemas)
+OLLAMA_JS_VERSION="0.6.4"  # tests/clients/test_ollama_clients.py: Ollama's native API (/api/*)
 cache="${HEARTH_NPM_CACHE:-$HOME/.cache/hearth/npm}"
 dir="$cache/ai-sdk-$AI_VERSION-openai-$AI_SDK_OPENAI_VERSION-compatible-$AI_SDK_OPENAI_COMPATIBLE_VERSION-zod-$ZOD_VERSION"
+ollama_dir="$cache/ollama-js-$OLLAMA_JS_VERSION"
 if [ "${1:-}" = "--dir" ]; then echo "$dir"; exit 0; fi  # where the tests load it from
+if [ "${1:-}" = "--ollama-dir" ]; then echo "$ollama_dir"; exit 0; fi
 mkdir -p "$cache"
 
-loads() {  # loads PREFIX: node can require every package from it
-  (cd "$1" && node -e 'for (const p of ["ai", "@ai-sdk/openai", "@ai-sdk/openai-compatible", "zod"]) require(p)') \
-    >/dev/null 2>&1
+loads() {  # loads PREFIX PACKAGE...: node can require every package from it
+  local prefix="$1"
+  shift
+  (cd "$prefix" && node -e 'for (const p of process.argv.slice(1)) require(p)' "$@") >/dev/null 2>&1
 }
 
-if [ -d "$dir" ] && loads "$dir"; then
-  echo "setup_clients: reusing the AI SDK $AI_VERSION ($dir)"
-  exit 0
-fi
-echo "setup_clients: installing the AI SDK $AI_VERSION from npm"
-rm -rf "$dir.partial"
-mkdir -p "$dir.partial"
-echo '{"private": true, "type": "module"}' > "$dir.partial/package.json"
-npm install --prefix "$dir.partial" --no-audit --no-fund --no-update-notifier --loglevel=error --save-exact \
+install() {  # install WHAT PREFIX "PACKAGE..." SPEC...: into PREFIX once, reused after
+  local what="$1" prefix="$2" packages="$3"
+  shift 3
+  # shellcheck disable=SC2086  # the package list is words
+  if [ -d "$prefix" ] && loads "$prefix" $packages; then
+    echo "setup_clients: reusing $what ($prefix)"
+    return
+  fi
+  echo "setup_clients: installing $what from npm"
+  rm -rf "$prefix.partial"
+  mkdir -p "$prefix.partial"
+  echo '{"private": true, "type": "module"}' > "$prefix.partial/package.json"
+  npm install --prefix "$prefix.partial" --no-audit --no-fund --no-update-notifier --loglevel=error --save-exact \
+    "$@" >/dev/null
+  # shellcheck disable=SC2086
+  loads "$prefix.partial" $packages
+  rm -rf "$prefix"
+  mv "$prefix.partial" "$prefix"
+  echo "setup_clients: $what in $prefix"
+}
+
+install "the AI SDK $AI_VERSION" "$dir" "ai @ai-sdk/openai @ai-sdk/openai-compatible zod" \
   "ai@$AI_VERSION" "@ai-sdk/openai@$AI_SDK_OPENAI_VERSION" \
-  "@ai-sdk/openai-compatible@$AI_SDK_OPENAI_COMPATIBLE_VERSION" "zod@$ZOD_VERSION" >/dev/null
-loads "$dir.partial"
-rm -rf "$dir"
-mv "$dir.partial" "$dir"
-echo "setup_clients: the AI SDK $AI_VERSION in $dir"
+  "@ai-sdk/openai-compatible@$AI_SDK_OPENAI_COMPATIBLE_VERSION" "zod@$ZOD_VERSION"
+install "ollama-js $OLLAMA_JS_VERSION" "$ollama_dir" "ollama" "ollama@$OLLAMA_JS_VERSION"

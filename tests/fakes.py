@@ -28,10 +28,13 @@ class ScriptedRunner(FakeRunner):
 
     `gate`, when set, holds every decode until it is opened (`entered` is set by the first
     decode that waits), so a test can act while a run is inside the engine without sleeping.
+    With `gate_generating`, only a decode of generated tokens waits (one whose sequence's KV
+    ends with the assistant header: the decode right after the first token), not the prompt's.
     `hold_tokenize`, when set, holds `tokenize` the same way."""
 
     answer: bytes = b""
     gate: threading.Event | None = None
+    gate_generating: bool = False
     entered: threading.Event = field(default_factory=threading.Event)
     hold_tokenize: threading.Event | None = None
     tokenizing: threading.Event = field(default_factory=threading.Event)
@@ -43,7 +46,8 @@ class ScriptedRunner(FakeRunner):
         return list(text.encode())
 
     def decode(self, entries: list[BatchEntry]) -> list[int]:
-        if self.gate is not None:
+        if self.gate is not None and (not self.gate_generating or any(
+                bytes(t for t in self.kv.get(e.seq_id, []) if t < 256).endswith(REPLY_MARK) for e in entries)):
             self.entered.set()
             assert self.gate.wait(30), "the test never opened the gate"
         return super().decode(entries)

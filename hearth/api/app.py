@@ -35,6 +35,7 @@ from hearth.api.http.errors import UnexpectedErrors, handle_hearth_error, handle
 from hearth.api.http.key_usage import KeyAccounts, KeyLimitMiddleware, KeyUsageCollector
 from hearth.api.http.sse import ClientGone
 from hearth.api.ollama import embed as ollama_embed
+from hearth.api.ollama.routes import routes as ollama_routes
 from hearth.api.openai import chat, completions, responses
 from hearth.api.openai.responses_events import BackgroundRuns
 from hearth.api.openai.responses_store import ResponseStore
@@ -160,6 +161,7 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/detokenize", control.detokenize, methods=["POST"]),
         Route("/metrics", control.metrics, methods=["GET"]),
         Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
+        *ollama_routes(),  # Ollama's /api/* (docs/api.md)
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name:path}", web.static_file, methods=["GET"]),
     ]

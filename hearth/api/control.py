@@ -33,7 +33,7 @@ def _card(c: ModelCard) -> dict[str, Any]:
 
 async def list_models(request: Request) -> Response:
     backend = node(request).backend
-    backend.resolve(None)  # 503 while loading
+    backend.resolve(None)  # 503 when the start-up load failed
     return JSONResponse({"object": "list", "data": [_card(c) for c in backend.models()]})
 
 

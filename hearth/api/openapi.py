@@ -27,6 +27,9 @@ from hearth.api.control import CancelIn, DetokenizeIn, TokenizeIn
 from hearth.api.embeddings import EmbeddingsIn
 from hearth.api.model_control import LoadIn as LoadModelIn
 from hearth.api.model_control import UnloadIn as UnloadModelIn
+from hearth.api.ollama.bodies import ChatIn, GenerateIn
+from hearth.api.ollama.models import ShowIn
+from hearth.api.ollama.pull import DeleteIn, PullIn
 from hearth.api.ollama.embed import EmbeddingsIn as OllamaEmbeddingsIn
 from hearth.api.ollama.embed import EmbedIn as OllamaEmbedIn
 from hearth.api.openai.chat import ChatCompletionIn
@@ -53,7 +56,7 @@ class Operation:
     path: str  # as routed, e.g. /v1/models/{model:path}
     summary: str
     tag: str
-    ok: type[BaseModel] | Literal["sse", "tar", "text", "html", "static"] | None
+    ok: type[BaseModel] | Literal["sse", "tar", "text", "html", "static", "empty"] | None
     body: Body = None
     body_required: bool = True
     status: int = 200
@@ -174,6 +177,23 @@ def _ops() -> list[Operation]:
                   errors=(400, 401, 404, 413, 503)),
         Operation("GET", "/metrics", "Prometheus metrics", "control", "text", errors=(401,)),
         Operation("GET", "/openapi.json", "This document", "control", None, errors=()),
+        Operation("POST", "/api/chat", "Chat (Ollama); NDJSON unless stream is false", "ollama", wire.OllamaChat,
+                  ChatIn, streams=True, errors=GENERATE, ollama=True),
+        Operation("POST", "/api/generate", "Generate from a prompt (Ollama); NDJSON unless stream is false", "ollama",
+                  wire.OllamaGenerate, GenerateIn, streams=True, errors=GENERATE, ollama=True),
+        Operation("GET", "/api/tags", "List models (Ollama)", "ollama", wire.OllamaModels, errors=(401, 503),
+                  ollama=True),
+        Operation("POST", "/api/show", "A model's details (Ollama)", "ollama", wire.OllamaShow, ShowIn,
+                  errors=(400, 401, 404, 413, 503), ollama=True),
+        Operation("GET", "/api/ps", "Loaded models (Ollama)", "ollama", wire.OllamaModels, errors=(401, 503),
+                  ollama=True),
+        Operation("GET", "/api/version", "The Ollama API version followed", "ollama", wire.OllamaVersion,
+                  errors=(401,), ollama=True),
+        Operation("POST", "/api/pull", "Install a catalog model (Ollama); NDJSON progress unless stream is false",
+                  "ollama", wire.OllamaProgress, PullIn, streams=True, errors=(400, 401, 403, 404, 413, 503),
+                  ollama=True),
+        Operation("DELETE", "/api/delete", "Delete a catalog-installed model (Ollama)", "ollama", "empty", DeleteIn,
+                  errors=(400, 401, 403, 404, 409, 413, 503), ollama=True),
         Operation("GET", "/", "The built-in chat page", "web", "html", errors=()),
         Operation("GET", "/web/{name}", "The chat page's static files", "web", "static", errors=(404,),
                   params={"name": "index.html, app.js or style.css"}),
@@ -209,9 +229,14 @@ def _ok(op: Operation, ref: Refs) -> dict[str, Any]:
         return {"description": "OpenAPI 3.1 document", "content": _json({"type": "object"})}
     if isinstance(op.ok, type):
         content = _json(ref[op.ok])
+        if op.streams and op.ollama:  # one JSON object a line
+            content["application/x-ndjson"] = {"schema": {"type": "string"}}
+            return {"description": "NDJSON unless stream is false", "content": content}
         if op.streams:
             content["text/event-stream"] = {"schema": SSE_EVENT}
         return {"description": "Server-sent events when stream is true" if op.streams else "OK", "content": content}
+    if op.ok == "empty":
+        return {"description": "Done (no body)"}
     media = {"tar": "application/x-tar", "text": "text/plain", "html": "text/html"}
     if op.ok == "static":
         return {"description": "The file", "content": {
@@ -221,7 +246,7 @@ def _ok(op: Operation, ref: Refs) -> dict[str, Any]:
 
 
 def _operation(op: Operation, ref: Refs) -> dict[str, Any]:
-    error = ref[wire.AnthropicError] if op.anthropic else ref[wire.OpenAIError]
+    error = ref[wire.AnthropicError] if op.anthropic else ref[wire.OllamaError] if op.ollama else ref[wire.OpenAIError]
     if op.either_envelope:
         error = {"anyOf": [ref[wire.OpenAIError], ref[wire.AnthropicError]]}
     responses: dict[str, Any] = {str(op.status): _ok(op, ref)}
@@ -251,7 +276,7 @@ def _operation(op: Operation, ref: Refs) -> dict[str, Any]:
 def document() -> dict[str, Any]:
     requests = {op.body for op in OPERATIONS if isinstance(op.body, type)}
     responses = {op.ok for op in OPERATIONS if isinstance(op.ok, type)}
-    responses |= {wire.OpenAIError, wire.AnthropicError, wire.Health}
+    responses |= {wire.OpenAIError, wire.AnthropicError, wire.OllamaError, wire.Health}
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
         *((m, "validation") for m in sorted(requests, key=lambda m: m.__name__)),
         *((m, "serialization") for m in sorted(responses, key=lambda m: m.__name__))]

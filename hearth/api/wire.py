@@ -520,6 +520,69 @@ class PromptCacheBlocks(_Own):
     tails: list[list[str]]  # per block, the last partial one's included: its tail keys
 
 
+# ---- Ollama's API (/api/*) -------------------------------------------------------------------
+
+
+class OllamaError(_Own):
+    error: str
+
+
+class OllamaMessage(_Protocol):
+    role: str
+    content: str
+
+
+class OllamaChat(_Protocol):
+    """/api/chat's answer (and each NDJSON line of a stream; the last with done true and the totals)."""
+
+    model: str
+    created_at: str
+    message: OllamaMessage
+    done: bool
+
+
+class OllamaGenerate(_Protocol):
+    model: str
+    created_at: str
+    response: str
+    done: bool
+
+
+class OllamaDetails(_Protocol):
+    format: str
+
+
+class OllamaModel(_Protocol):
+    name: str
+    model: str
+    size: int
+    digest: str
+    details: OllamaDetails
+
+
+class OllamaModels(_Protocol):
+    """/api/tags and /api/ps."""
+
+    models: list[OllamaModel]
+
+
+class OllamaShow(_Protocol):
+    template: str
+    details: OllamaDetails
+    model_info: dict[str, Any]
+    capabilities: list[str]
+
+
+class OllamaVersion(_Protocol):
+    version: str
+
+
+class OllamaProgress(_Protocol):
+    """/api/pull's answer (and each NDJSON line of its progress)."""
+
+    status: str
+
+
 # ---- embeddings (hearth.api.embeddings, hearth.api.ollama.embed) ------------------------------
 
 

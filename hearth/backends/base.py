@@ -30,6 +30,7 @@ from hearth.engine.prefix_cache.stats import CacheEntry as CacheEntry
 from hearth.engine.prefix_cache.stats import PrefixCacheStats as PrefixCacheStats
 from hearth.engine.prefix_cache.stats import TierStats as TierStats
 from hearth.errors import NotFound
+from hearth.models import ModelSpec
 
 T = TypeVar("T")
 
@@ -232,6 +233,15 @@ class ModelLoading(Protocol):
 
     async def unload_model(self, model: str) -> bool:
         """Unload `model` now; False if it was not loaded. Conflict while requests use it."""
+        ...
+
+    def add_model(self, spec: ModelSpec) -> None:
+        """Serve `spec` on demand from now on (a model installed while the server runs)."""
+        ...
+
+    async def remove_model(self, model: str) -> None:
+        """Stop serving `model` (its file is about to be deleted): unloaded first; Conflict while
+        requests use it, or for a pinned or default model."""
         ...
 
 

@@ -31,7 +31,7 @@ def build_backend(settings: Settings, specs: list[ModelSpec]) -> Backend:
         max_waiting=settings.max_waiting, max_wait=settings.max_wait,
         tool_parser=settings.tool_parser, kv_dir=settings.data_dir / "kv", session_ram_mb=settings.session_ram_mb,
         prompt_cache_mb=settings.prompt_cache_mb, prompt_cache_disk_mb=settings.prompt_cache_disk_mb,
-        cache_dir=settings.data_dir / "prompt-cache", clamp_max_tokens=settings.clamp_max_tokens))
+        cache_dir=settings.data_dir / "prompt-cache", strict_max_tokens=settings.strict_max_tokens))
 
 
 

@@ -116,6 +116,10 @@ class ChatRequest:
     # The last message is the assistant's partial answer: the model continues it
     # (hearth/chat/continuation.py); the events carry only what is new.
     continue_final: bool = False
+    # The continued message is this answer's own earlier output (the gateway's stream
+    # continuation): its tokens count against max_tokens and as completion tokens. False: a
+    # client's prefill, counted as prompt (Anthropic's meaning), max_tokens bounding the new tokens.
+    partial_is_output: bool = False
     # The body's cache_salt (vLLM's name): prompts under different salts share no cached KV.
     cache_salt: str | None = None
     # The prompt-cache namespace (hearth.engine.types.EngineRequest.cache_ns): the HTTP layer

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from hearth import __version__
-from hearth.cli import cache, chat, docs, gateway, keys, models, ps, server, sessions, snapshots
+from hearth.cli import cache, chat, docs, gateway, keys, launch, models, ps, server, sessions, snapshots
 from hearth.cli.common import CorsOpt, InsecureOpt, RequireKeyOpt, required_keys
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
@@ -22,6 +22,8 @@ app.add_typer(cache.app, name="cache")
 app.add_typer(keys.app, name="keys")
 app.add_typer(gateway.app, name="gateway")
 app.command()(chat.chat)
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    launch.launch)
 app.command()(docs.docs)
 app.command()(ps.ps)
 
@@ -87,12 +89,18 @@ def serve(
     max_wait: Annotated[float, typer.Option(
         envvar="HEARTH_MAX_WAIT", help="Seconds a request may queue before it gets 429.")] = 60.0,
     request_timeout: Annotated[float, typer.Option(
-        envvar="HEARTH_REQUEST_TIMEOUT", help="Default wall-clock cap per request, seconds.")] = 600.0,
+        envvar="HEARTH_REQUEST_TIMEOUT",
+        help="Default cap on a request's generation, seconds from its first token (the prompt's processing "
+             "is not counted).")] = 600.0,
     max_request_timeout: Annotated[float, typer.Option(
         envvar="HEARTH_MAX_REQUEST_TIMEOUT", help="Largest per-request `timeout` allowed.")] = 3600.0,
-    clamp_max_tokens: Annotated[bool, typer.Option(
-        "--clamp-max-tokens/--no-clamp-max-tokens", envvar="HEARTH_CLAMP_MAX_TOKENS",
-        help="Lower a max_tokens that overflows the context to what is left of it, instead of a 400.")] = False,
+    strict_max_tokens: Annotated[bool, typer.Option(
+        "--strict-max-tokens/--no-strict-max-tokens", envvar="HEARTH_STRICT_MAX_TOKENS",
+        help="Refuse a max_tokens that overflows the context with OpenAI's 400 context_length_exceeded "
+             "(default: lower it to what the context leaves, as llama-server and Ollama do).")] = False,
+    clamp_max_tokens: Annotated[bool | None, typer.Option(
+        "--clamp-max-tokens/--no-clamp-max-tokens", envvar="HEARTH_CLAMP_MAX_TOKENS", hidden=True,
+        help="Deprecated: clamping is the default; --no-clamp-max-tokens means --strict-max-tokens.")] = None,
     sse_heartbeat: Annotated[float, typer.Option(
         envvar="HEARTH_SSE_HEARTBEAT",
         help="Seconds a stream may stay silent (e.g. during a long prefill) before a heartbeat.")] = 5.0,
@@ -162,7 +170,8 @@ def serve(
                             spec_draft=spec_draft, tool_parser=tool_parser, log_level=log_level,
                             log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,
                             request_timeout=request_timeout, max_request_timeout=max_request_timeout,
-                            clamp_max_tokens=clamp_max_tokens, sse_heartbeat=sse_heartbeat,
+                            strict_max_tokens=strict_max_tokens or clamp_max_tokens is False,
+                            sse_heartbeat=sse_heartbeat,
                             repetition_detection=repetition_detection, lenient_tool_calls=lenient_tool_calls,
                             api_keys=keys, named_keys=named, admin_key=admin_key, metrics_token=metrics_token,
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,

@@ -47,7 +47,7 @@ from hearth.engine.scheduler import Admission, Scheduler, Work
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence, Sink
 from hearth.engine.speculate import Drafter, SpecConfig
 from hearth.engine.swap import SwapStore
-from hearth.engine.types import EngineRequest, EngineStats, FinishReason, RequestOutput, check_request
+from hearth.engine.types import EngineRequest, EngineStats, FinishReason, RequestOutput, StopKind, check_request
 
 log = logging.getLogger("hearth.engine")
 
@@ -263,10 +263,11 @@ class Engine:
 
     def _expire(self, out: StepOutputs) -> None:
         now = time.monotonic()
-        for ar in [*self.scheduler.running, *self.scheduler.waiting]:
-            if ar.req.deadline is not None and now >= ar.req.deadline:
-                # The time cap is a cancellation (by the server), reported as such on every protocol.
-                self._end(ar, FinishReason.CANCELLED, out, stop_reason="timeout")
+        for ar in self.scheduler.running:  # only decoding requests have a deadline
+            if ar.deadline is not None and now >= ar.deadline:
+                # The time cap ends the output as max_tokens does ("length" on every protocol),
+                # named by its stop reason.
+                self._end(ar, FinishReason.LENGTH, out, stop_reason=StopKind.TIMEOUT)
 
     @staticmethod
     def _run_calls(calls: list[_Call]) -> None:
@@ -381,6 +382,8 @@ class Engine:
     def _start_decoding(self, ar: ActiveRequest, logits_index: int, out: StepOutputs) -> None:
         self.residency.fork(ar.seqs[0].slot, [s.slot for s in ar.seqs[1:]])  # n > 1: they share the prompt's KV
         ar.phase = Phase.DECODE
+        if ar.req.max_time is not None and ar.deadline is None:  # a re-prefill keeps the first
+            ar.deadline = time.monotonic() + ar.req.max_time
         speculate = self.spec is not None and ar.req.params.speculative is not False
         for seq in ar.seqs:
             token = self._sample(seq, logits_index)

@@ -13,6 +13,7 @@ scheduling bug that would corrupt a real cache fails loudly here.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,10 +156,13 @@ class FakeRunner:
             raise ValueError("block outside the state")
         return [data[4 + 4 * a: 4 + 4 * b] for a, b in ranges]
 
-    def kv_join(self, parts: list[tuple[bytes, int, int]]) -> bytes:
+    def kv_join(self, parts: Sequence[tuple[bytes | bytearray, int, int]]) -> bytes:
         if any(len(p) != 4 * n or not 0 < use <= n for p, n, use in parts):
             raise ValueError("a block payload does not match its token count")
         return b"FAKE" + b"".join(p[: 4 * use] for p, _, use in parts)
+
+    def state_set_blocks(self, seq_id: int, parts: Sequence[tuple[bytes | bytearray, int, int]]) -> None:
+        self.state_set(seq_id, self.kv_join(parts))
 
     def kv_block_bytes(self, n_tokens: int) -> int:
         return 4 * n_tokens

@@ -233,7 +233,7 @@ class Residency:
         elif isinstance(source, Match):
             assert self.cache is not None
             try:
-                self.runner.state_set(first.seq_id, self.runner.kv_join(source.parts))
+                self.runner.state_set_blocks(first.seq_id, source.parts)
                 first.tokens[:] = prompt[:source.n_tokens]
                 self.cache.use(source)
                 return min(source.n_tokens, limit), source.tier

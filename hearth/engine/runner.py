@@ -7,6 +7,7 @@ the engine thread. `hearth.backends.llamacpp.runner.LlamaCppRunner` is the real 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -104,10 +105,15 @@ class Runner(Protocol):
         if the bytes are not such a state. Pure: safe from any thread."""
         ...
 
-    def kv_join(self, parts: list[tuple[bytes, int, int]]) -> bytes:
+    def kv_join(self, parts: Sequence[tuple[bytes | bytearray, int, int]]) -> bytes:
         """`state_set` bytes of positions 0..N-1 from consecutive block payloads, each given as
         (payload, tokens in it, how many of its first tokens to use). ValueError on a payload
         whose size does not fit its token count. Pure: safe from any thread."""
+        ...
+
+    def state_set_blocks(self, seq_id: int, parts: Sequence[tuple[bytes | bytearray, int, int]]) -> None:
+        """`state_set(seq_id, kv_join(parts))`, as fast as the runner can (the prompt cache's
+        restore: llama.cpp's runner copies each block once, to its place in the state it loads)."""
         ...
 
     def kv_block_bytes(self, n_tokens: int) -> int:

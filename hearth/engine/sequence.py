@@ -72,6 +72,7 @@ class ActiveRequest:
     cached_tokens: int = 0
     cache_tier: str | None = None  # where the cached prefix came from (RequestOutput.cache_tier)
     arrived: float = field(default_factory=time.monotonic)
+    deadline: float | None = None  # set at its first generated token from req.max_time (Engine._expire)
     reprefilled: bool = False  # its restored KV failed a decode and was dropped (Engine._reprefill)
 
     @property

@@ -25,6 +25,7 @@ class StopKind(StrEnum):
     """A stop that is neither a stop string nor a token (those are `str` / `int` stop reasons)."""
 
     REPETITION = "repetition"  # the loop detector ended it (hearth.engine.repetition)
+    TIMEOUT = "timeout"  # the time cap ended it (finish "length", as llama-server's t_max_predict_ms)
 class InvalidParam(ValueError):
     """A parameter out of range; `param` names it (the API reports it as the error's param)."""
 
@@ -98,7 +99,9 @@ class EngineRequest:
     prompt_tokens: list[int]
     params: SamplingParams
     n: int = 1
-    deadline: float | None = None  # time.monotonic() after which generation stops ("length")
+    # Seconds of generation allowed, counted from the first generated token (llama-server's
+    # t_max_predict_ms), so a long prompt's prefill is never cut; then it ends "length" (StopKind.TIMEOUT).
+    max_time: float | None = None
     # Reuse a cached prefix of the prompt from a free slot. llama.cpp's kernels are not
     # batch-invariant, so a prefix computed in another batch shape can change low-order bits
     # of the logits; False recomputes the whole prompt, for bit-exact reproducibility.

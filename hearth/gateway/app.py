@@ -22,7 +22,7 @@ from hearth.api.anthropic import messages as anthropic
 from hearth.api.app import assemble, create_app
 from hearth.api.http.key_usage import KeyAccounts, KeyUsageCollector
 from hearth.config import Settings
-from hearth.gateway import routes
+from hearth.gateway import ollama, routes
 from hearth.gateway.background import BackgroundRuns
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.context import Gateway, attach
@@ -139,6 +139,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         Route("/v1/snapshots/import", routes.import_snapshot, methods=["POST"]),
         Route("/v1/snapshots/{snapshot_id}", routes.snapshot_route, methods=["GET", "PATCH", "DELETE"]),
         Route("/v1/snapshots/{snapshot_id}/{action}", routes.snapshot_route, methods=["GET", "POST"]),
+        *ollama.routes(),  # Ollama's /api/* and /v1/embeddings, to nodes that serve the model
         Route("/v1/cancel", routes.cancel, methods=["POST"]),
         Route("/v1/models", routes.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),

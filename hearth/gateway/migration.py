@@ -10,8 +10,9 @@ node: the same request plus that partial answer as the final assistant message, 
 sends only what is new; `rewrite` turns each of its events into what the client gets:
 the first answer's ids, its opening events dropped (role chunk / message_start /
 response.created, and the block or item that goes on), indexes and sequence numbers
-continuous, one finish. Usage needs nothing: the continuation counts the partial answer in
-its completion tokens and leaves it out of its prompt tokens.
+continuous, one finish. Usage needs nothing: the continuation is sent with `partial_is_output`,
+so it counts the partial answer in its completion tokens, leaves it out of its prompt tokens
+and takes it off max_tokens.
 
 `begin()` is called before each continuation (a stream may move more than once).
 """
@@ -25,6 +26,11 @@ from hearth.api.http.sse import json_bytes
 from hearth.gateway.terminal import Protocol
 
 Event = bytes  # one SSE event, without its blank line
+
+# The node's field that counts the continued message as this answer's output (docs/api.md,
+# "Continuing a partial answer"): a client's own prefill counts as input, but the part this
+# answer already produced keeps its place in max_tokens and in the completion tokens.
+PARTIAL_IS_OUTPUT = "partial_is_output"
 
 
 def parse(event: Event) -> tuple[str | None, Any]:

@@ -44,6 +44,7 @@ from hearth.chat.types import (
     Message,
     ReasoningDelta,
     Started,
+    StopKind,
     TextDelta,
     ToolCallDelta,
     Usage,
@@ -183,7 +184,8 @@ class OpenAIUpstreamBackend:
     async def _events(self, held: Held, resp: httpx.Response, completion: bool, cancel: CancelToken,
                       timeout: float | None, choices: int, go_on: Continuer | None) -> AsyncIterator[ChatEvent]:
         """`held.ok` tells the stream's close how it ended. A cancel (or the time cap) closes the
-        upstream response, which stops the upstream's work; the stream then ends `cancelled`.
+        upstream response, which stops the upstream's work; the stream then ends `cancelled`
+        (`length` with stop reason `timeout` for the cap, counted from the first generated token).
         A stream that breaks (transport error, stall, closed without a finish) goes on on
         another upstream through `go_on` where it can (openai_continue.py), at most
         --migration-limit times; else it ends with Finish(error) + Done(error)."""
@@ -191,7 +193,8 @@ class OpenAIUpstreamBackend:
         node = held.node
         current = [resp]  # the response a cancel closes: the continuation's once there is one
         cancel.on_cancel(lambda: loop.call_soon_threadsafe(lambda: self._spawn_close(current[0])))
-        cap = loop.call_later(timeout, cancel.cancel, "timeout") if timeout else None
+        # The time cap counts from the first generated token, as on a Hearth node (its prefill is never cut).
+        cap: asyncio.TimerHandle | None = None
         metrics = self.pool.metrics
         usage = Usage()  # the current part's report
         finished: set[int] = set()
@@ -224,6 +227,8 @@ class OpenAIUpstreamBackend:
                             if isinstance(ev, Finish):
                                 finished.add(ev.index)
                             elif isinstance(ev, TextDelta | ReasoningDelta | ToolCallDelta):
+                                if cap is None and timeout:
+                                    cap = loop.call_later(timeout, cancel.cancel, "timeout")
                                 chunks += 1
                                 if isinstance(ev, TextDelta) and ev.index == 0:
                                     text += ev.text
@@ -238,9 +243,11 @@ class OpenAIUpstreamBackend:
                     return
                 except (httpx.HTTPError, ValueError, _Cut, _UpstreamError, Stalled, RuntimeError) as e:
                     if cancel.cancelled:
-                        for i in range(choices):
-                            if i not in finished:
-                                yield Finish(i, "cancelled")
+                        # The time cap ends the output as max_tokens does: "length", named.
+                        cut = (Finish(i, "length", StopKind.TIMEOUT) if cancel.reason == "timeout"
+                               else Finish(i, "cancelled") for i in range(choices) if i not in finished)
+                        for fin in cut:
+                            yield fin
                         yield Done(joined_usage(usage, before, chunks))
                         return
                     message = f"the upstream node {node.name} failed mid-stream: {e}"

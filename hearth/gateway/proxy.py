@@ -27,7 +27,7 @@ from hearth.gateway.continuity import Continuity
 from hearth.gateway.headers import forwarded_headers, passed_headers
 from hearth.gateway.health import counts_as_failure
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.migration import Cut, cut_for
+from hearth.gateway.migration import PARTIAL_IS_OUTPUT, Cut, cut_for
 from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.relay import Moved, Relay, Release, Scan
 from hearth.gateway.retry import RETRY_STATUSES, Retry, exhausted, refused
@@ -219,6 +219,7 @@ class Proxy:
         if body is None:
             self.metrics.stream_migrations.labels("nothing_to_continue").inc()
             return None
+        body[PARTIAL_IS_OUTPUT] = True  # the partial answer keeps its place in max_tokens and usage
         for _ in range(len(self.pool.nodes)):
             try:
                 lease = await self.pool.acquire(turn.alias, turn.affinity, turn.hashes, turn.prompt_tokens, tried,

@@ -8,14 +8,20 @@ checks, error reporting and other non-essential traffic turned off.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from hearth.cli.agents import Target, claude_code, codex, codex_provider
 
 CODEX_VERSION = "0.169.0"
 CLAUDE_CODE_VERSION = "2.1.330"
 MODEL = "qwen2.5-coder-0.5b"
+CONTEXT = 32768  # the model's window, as tests/agents/conftest.py serves it
+DUMMY_KEY = "dummy"  # the server needs none
 
 
 def npm_cache() -> Path:
@@ -39,6 +45,13 @@ def _base_env(home: Path) -> dict[str, str]:
     return env
 
 
+def launched(agent: str, url: str, *args: str) -> list[str]:
+    """The command that starts `agent` through `hearth launch` (hearth/cli/launch.py) against
+    `url`, with `args` passed to it: the way a user starts it, so the tests run launch's own
+    configuration. The environment must have the CLI on PATH (`codex_env`, `claude_env`)."""
+    return [sys.executable, "-m", "hearth.cli.main", "launch", agent, "--url", url, "--model", MODEL, "--", *args]
+
+
 @dataclass
 class Run:
     exit_code: int
@@ -52,22 +65,27 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> Run:
     return Run(p.returncode, p.stdout, p.stderr)
 
 
+def toml_value(v: str | int) -> str:
+    return str(v) if isinstance(v, int) else json.dumps(v)
+
+
 def codex_env(home: Path, base_url: str) -> dict[str, str]:
-    """CODEX_HOME with a config.toml naming one provider: Hearth, over the Responses API."""
+    """CODEX_HOME with a config.toml naming one provider: Hearth, over the Responses API (the
+    provider settings `hearth launch codex` passes as -c overrides, hearth/cli/agents.py), and
+    every switch for traffic elsewhere off."""
     codex_home = home / "codex"
     codex_home.mkdir(parents=True, exist_ok=True)
-    (codex_home / "config.toml").write_text(f'''model = "{MODEL}"
-model_provider = "hearth"
-model_context_window = 32768
+    provider = codex_provider(Target(base_url, MODEL, DUMMY_KEY, CONTEXT))
+    table = "model_providers.hearth."
+    top = "\n".join(f"{k} = {toml_value(v)}" for k, v in provider.items() if not k.startswith(table))
+    hearth = "\n".join(f"{k[len(table):]} = {toml_value(v)}" for k, v in provider.items() if k.startswith(table))
+    (codex_home / "config.toml").write_text(f'''{top}
 approval_policy = "never"
 sandbox_mode = "danger-full-access"
 check_for_update_on_startup = false
 
 [model_providers.hearth]
-name = "Hearth"
-base_url = "{base_url}/v1"
-env_key = "HEARTH_TEST_KEY"
-wire_api = "responses"
+{hearth}
 request_max_retries = 0
 stream_max_retries = 0
 # Codex's idle timer counts SSE events, not the comments Hearth sends while a cold prompt is
@@ -84,20 +102,22 @@ enabled = false
 exporter = "none"
 ''')
     env = _base_env(home)
-    env.update(CODEX_HOME=str(codex_home), HEARTH_TEST_KEY="dummy")
+    env["PATH"] = f"{CODEX.parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update(CODEX_HOME=str(codex_home), **codex(Target(base_url, MODEL, DUMMY_KEY, CONTEXT)).env)
     return env
 
 
 def claude_env(home: Path, base_url: str) -> dict[str, str]:
+    """What `hearth launch claude` sets (hearth/cli/agents.py), and every other switch its
+    vendor documents for traffic elsewhere off."""
     env = _base_env(home)
+    env["PATH"] = f"{CLAUDE.parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update(claude_code(Target(base_url, MODEL, DUMMY_KEY, CONTEXT)).env)
     env.update(
-        ANTHROPIC_BASE_URL=base_url, ANTHROPIC_API_KEY="dummy", ANTHROPIC_MODEL=MODEL,
-        ANTHROPIC_SMALL_FAST_MODEL=MODEL, ANTHROPIC_DEFAULT_HAIKU_MODEL=MODEL,
-        ANTHROPIC_DEFAULT_SONNET_MODEL=MODEL, ANTHROPIC_DEFAULT_OPUS_MODEL=MODEL,
-        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1",
+        DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1",
         DISABLE_ERROR_REPORTING="1", DISABLE_BUG_COMMAND="1", CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY="1",
         CLAUDE_CODE_ENABLE_TELEMETRY="0",
-        # its real window, and room for a cold prefill on a loaded machine (5 min by default)
-        CLAUDE_CODE_MAX_CONTEXT_TOKENS="32768", CLAUDE_STREAM_IDLE_TIMEOUT_MS="1800000",
+        # room for a cold prefill on a loaded machine (5 min by default)
+        CLAUDE_STREAM_IDLE_TIMEOUT_MS="1800000",
     )
     return env

@@ -22,10 +22,10 @@ def statuses(server: Server, since: int = 0) -> list[tuple[str, str, int]]:
 @pytest.fixture(scope="session")
 def qwen_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Qwen2.5-Coder-0.5B (installed by scripts/setup_agents.sh) with its whole 32k context:
-    agents' prompts run 4k-20k tokens. --clamp-max-tokens, because Claude Code asks for
-    max_tokens 32000 whatever the prompt; a long cap, because a cold prefill on a loaded CI
-    machine takes minutes."""
+    agents' prompts run 4k-20k tokens, and Claude Code asks for max_tokens 32000 whatever the
+    prompt (the server's default lowers it to what the context leaves). The default time cap
+    counts from the first token, so a cold prefill on a loaded CI machine is not cut."""
     s = start_server(tmp_path_factory.mktemp("agents"), "--model", "qwen2.5-coder-0.5b", "--ctx", "32768",
-                     "--parallel", "2", "--clamp-max-tokens", "--request-timeout", "3600")
+                     "--parallel", "2")
     yield s
     stop_server(s)

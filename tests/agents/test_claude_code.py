@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.agents.clients import CLAUDE, claude_env, run
+from tests.agents.clients import claude_env, launched, run
 from tests.agents.conftest import statuses
 from tests.agents.force_tool import ForceToolProxy
 from tests.helpers import Server
@@ -44,9 +44,9 @@ def test_claude_code_runs_the_models_tool_call_and_answers(qwen_server: Server, 
     log_start = qwen_server.log.stat().st_size
     with ForceToolProxy(qwen_server.url, tool="Bash", command_key="command", command=COMMAND) as proxy:
         env = claude_env(tmp_path / "home", proxy.url)
-        result = run([str(CLAUDE), "-p", f"Run the shell command `{COMMAND}` and tell me what it printed.",
-                      "--tools", "Bash", "--allowedTools", f"Bash({COMMAND})",
-                      "--output-format", "stream-json", "--verbose"], env, work, timeout=3000)
+        result = run(launched("claude", proxy.url, "-p", f"Run the shell command `{COMMAND}` and tell me what it "
+                              "printed.", "--tools", "Bash", "--allowedTools", f"Bash({COMMAND})",
+                              "--output-format", "stream-json", "--verbose"), env, work, timeout=3000)
     out = stream_json(result.stdout)
     assert result.exit_code == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{proxy.report()}"
 

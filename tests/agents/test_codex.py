@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.agents.clients import CODEX, codex_env, run
+from tests.agents.clients import codex_env, launched, run
 from tests.agents.conftest import statuses
 from tests.agents.force_tool import ForceToolProxy
 from tests.helpers import Server
@@ -40,8 +40,9 @@ def test_codex_exec_runs_the_models_tool_call_and_answers(qwen_server: Server, t
     log_start = qwen_server.log.stat().st_size
     with ForceToolProxy(qwen_server.url, tool="exec_command", command_key="cmd", command=COMMAND) as proxy:
         env = codex_env(tmp_path / "home", proxy.url)
-        result = run([str(CODEX), "exec", "--json", "--skip-git-repo-check",
-                      f"Run the shell command `{COMMAND}` and tell me what it printed."], env, work, timeout=3000)
+        result = run(launched("codex", proxy.url, "exec", "--json", "--skip-git-repo-check",
+                              f"Run the shell command `{COMMAND}` and tell me what it printed."),
+                     env, work, timeout=3000)
     out = events(result.stdout)
     assert result.exit_code == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{proxy.report()}"
 

@@ -89,12 +89,13 @@ async def h(tmp_path: Path) -> AsyncIterator[Harness]:
 
 async def past_the_time_cap(h: Harness, path: str, body: dict[str, Any], cap: float) -> httpx.Response:
     """POST a run that is still going when its time cap passes. Why this cannot flake: the run
-    is held in its first decode (the fake runner's gate) until the cap has certainly passed
-    (its deadline was set when it was submitted, before that decode began), so it can neither
-    finish inside the cap on a fast machine nor depend on how many tokens a slow one decodes
-    in `cap` seconds; the engine then ends it at its next step."""
+    is held in its first decode after its first token (the fake runner's gate) until the cap
+    has certainly passed (the cap counts from that token, sampled before that decode began), so
+    it can neither finish inside the cap on a fast machine nor depend on how many tokens a slow
+    one decodes in `cap` seconds; the engine then ends it at its next step."""
     assert h.runner is not None
     h.runner.gate = gate = threading.Event()
+    h.runner.gate_generating = True
     task = asyncio.create_task(h.post(path, body))
     try:
         assert await asyncio.to_thread(h.runner.entered.wait, 30), "the run never reached the engine"
@@ -102,4 +103,7 @@ async def past_the_time_cap(h: Harness, path: str, body: dict[str, Any], cap: fl
         await until(lambda: time.monotonic() > passed, "the time cap to pass")
     finally:
         gate.set()
-    return await task
+    try:
+        return await task
+    finally:
+        h.runner.gate, h.runner.gate_generating = None, False

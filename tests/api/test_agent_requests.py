@@ -73,7 +73,7 @@ class Agent:
 
 
 @contextmanager
-def agent(tmp_path: Path, answer: str, *, n_ctx: int = 262_144, clamp: bool = False) -> Iterator[Agent]:
+def agent(tmp_path: Path, answer: str, *, n_ctx: int = 262_144, strict: bool = False) -> Iterator[Agent]:
     runner = Scripted(n_ctx_train=n_ctx, n_batch=4096)  # as EngineSettings(batch=4096) below
     runner.answer = answer.encode()
 
@@ -81,7 +81,7 @@ def agent(tmp_path: Path, answer: str, *, n_ctx: int = 262_144, clamp: bool = Fa
         return runner, ModelCard(spec.id, 0, meta={"n_ctx": n_ctx}), ChatTemplate(QWEN)
 
     backend = LocalBackend([ModelSpec(MODEL, Path("fake.gguf"))],
-                           EngineSettings(parallel=2, batch=4096, clamp_max_tokens=clamp), factory)
+                           EngineSettings(parallel=2, batch=4096, strict_max_tokens=strict), factory)
     app = create_app(backend, Settings(data_dir=tmp_path))
     with TestClient(app) as client:
         deadline = time.monotonic() + 30
@@ -207,10 +207,10 @@ def test_claude_code_breakpoints_keep_its_whole_first_prompt(tmp_path: Path) -> 
             0, total - len("<|im_start|>assistant\n"))
 
 
-def test_claude_code_max_tokens_past_the_context_gets_anthropics_wording(tmp_path: Path) -> None:
+def test_strict_max_tokens_past_the_context_gets_anthropics_wording(tmp_path: Path) -> None:
     captured = fixture("claude-code-first.json")
     assert captured["body"]["max_tokens"] == 32000
-    with agent(tmp_path, "ok", n_ctx=65_536) as a:
+    with agent(tmp_path, "ok", n_ctx=65_536, strict=True) as a:
         status, (err,) = a.send(captured)
     assert status == 400 and err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
     m = re.fullmatch(r"input length and `max_tokens` exceed context limit: (\d+) \+ 32000 > 65536, "
@@ -218,9 +218,9 @@ def test_claude_code_max_tokens_past_the_context_gets_anthropics_wording(tmp_pat
     assert m is not None and int(m[1]) + 32000 > 65_536, err
 
 
-def test_clamp_max_tokens_serves_it_within_the_context(tmp_path: Path) -> None:
+def test_claude_codes_max_tokens_past_the_context_is_served_within_it_by_default(tmp_path: Path) -> None:
     captured = fixture("claude-code-first.json")
-    with agent(tmp_path, "Done.", n_ctx=65_536, clamp=True) as a:
+    with agent(tmp_path, "Done.", n_ctx=65_536) as a:
         status, events = a.send(captured)
     assert status == 200
     text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.api.conftest import ANSWER, Harness, past_the_time_cap, serve
+from tests.api.conftest import ANSWER, Harness, parse_sse, past_the_time_cap, serve
 
 BODY = {"model": "fake", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
 
@@ -78,7 +78,11 @@ async def test_engine_failure_is_a_500_before_the_answer_and_an_error_event_afte
     assert events[-1][0] == "error" and events[-1][1]["error"]["type"] == "api_error"
 
 
-async def test_the_time_cap_stops_with_cancelled(tmp_path: Path) -> None:
+async def test_the_time_cap_stops_with_max_tokens_and_stop_details(tmp_path: Path) -> None:
     async with serve(tmp_path, answer="x" * 2000, request_timeout=0.2) as h:
         msg = (await past_the_time_cap(h, "/v1/messages", {**BODY, "max_tokens": 1500}, 0.2)).json()
-        assert msg["stop_reason"] == "cancelled"
+        assert (msg["stop_reason"], msg["stop_details"]) == ("max_tokens", {"type": "timeout"})
+        events = parse_sse((await past_the_time_cap(h, "/v1/messages", {**BODY, "max_tokens": 1500, "stream": True},
+                                                     0.2)).text)
+        delta = next(d for e, d in events if e == "message_delta")
+        assert delta["delta"]["stop_reason"] == "max_tokens" and delta["stop_details"] == {"type": "timeout"}

@@ -31,19 +31,30 @@ async def test_chat_continues_the_partial_answer_with_the_rest_only(h: Harness) 
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["choices"][0]["message"]["content"] == ANSWER[CUT:]
-    # Usage counts both parts: the prompt without the partial answer, the completion with it.
-    assert body["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
-    assert body["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+    # A client's partial answer is input (Anthropic's meaning of a prefill): the prompt with
+    # it, the completion only what is new (one token a byte, then EOS).
+    assert body["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"] + CUT
+    assert body["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"] - CUT
     events = await h.sse("/v1/chat/completions", _chat({"content": ANSWER[:CUT]},
                                                         stream_options={"include_usage": True}))
     assert "".join(d.get("content") or "" for d in _deltas(events)) == ANSWER[CUT:]
     assert [d for _, d in events if d != "[DONE]" and d.get("usage")][-1]["usage"] == body["usage"]
 
 
-async def test_max_tokens_bounds_the_whole_answer(h: Harness) -> None:
+async def test_max_tokens_bounds_the_new_tokens(h: Harness) -> None:
+    body = (await h.post("/v1/chat/completions", _chat({"content": ANSWER[:CUT]}, max_tokens=5))).json()
+    assert body["choices"][0]["message"]["content"] == ANSWER[CUT:CUT + 5]
+    assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 5
+
+
+async def test_the_gateways_continuation_keeps_the_whole_answers_budget_and_counts(h: Harness) -> None:
+    """`partial_is_output` (set by the gateway when it continues a cut stream): the partial part
+    is this answer's own output, so the continuation ends where the uncut answer would have,
+    with the uncut answer's usage."""
     whole = (await h.post("/v1/chat/completions", {"model": "fake", "messages": [USER], "temperature": 0,
                                                    "max_tokens": 12})).json()
-    body = (await h.post("/v1/chat/completions", _chat({"content": ANSWER[:CUT]}, max_tokens=12))).json()
+    body = (await h.post("/v1/chat/completions", _chat({"content": ANSWER[:CUT]}, max_tokens=12,
+                                                       partial_is_output=True))).json()
     assert ANSWER[:CUT] + body["choices"][0]["message"]["content"] == whole["choices"][0]["message"]["content"]
     assert body["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"] == "length"
     for k in ("prompt_tokens", "completion_tokens"):
@@ -93,6 +104,31 @@ async def test_messages_prefill_continues_the_final_assistant_message(h: Harness
     assert "".join(d["delta"].get("text", "") for e, d in events if e == "content_block_delta") == ANSWER[CUT:]
     fresh = (await h.post("/v1/messages", {**base, "continue_final_message": False})).json()
     assert fresh["content"][0]["text"] == ANSWER
+
+
+async def test_a_messages_prefill_is_input_and_max_tokens_bounds_the_new_tokens(h: Harness) -> None:
+    """Anthropic's accounting: `max_tokens: 5` after a prefill gives five new tokens, and
+    `output_tokens` counts only those; the prefill is input. The gateway's continuation
+    (`partial_is_output`) keeps the whole answer's budget and counts."""
+    plain = {"model": "fake", "max_tokens": 64, "temperature": 0, "messages": [USER]}
+    whole = (await h.post("/v1/messages", plain)).json()
+    base = {**plain, "max_tokens": 5, "messages": [USER, {"role": "assistant", "content": ANSWER[:CUT]}]}
+    for stream in (False, True):
+        if stream:
+            events = await h.sse("/v1/messages", base)
+            text = "".join(d["delta"].get("text", "") for e, d in events if e == "content_block_delta")
+            delta = next(d for e, d in events if e == "message_delta")
+            reason, usage = delta["delta"]["stop_reason"], delta["usage"]
+        else:
+            msg = (await h.post("/v1/messages", base)).json()
+            text, reason, usage = msg["content"][0]["text"], msg["stop_reason"], msg["usage"]
+        assert (text, reason, usage["output_tokens"]) == (ANSWER[CUT:CUT + 5], "max_tokens", 5)
+        prompt = usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
+        whole_prompt = sum(whole["usage"][k] for k in ("input_tokens", "cache_read_input_tokens",
+                                                       "cache_creation_input_tokens"))
+        assert prompt == whole_prompt + CUT
+    gw = (await h.post("/v1/messages", {**base, "max_tokens": 12, "partial_is_output": True})).json()
+    assert gw["content"][0]["text"] == ANSWER[CUT:12] and gw["usage"]["output_tokens"] == 12
 
 
 async def test_messages_continue_a_partial_tool_use_block(tmp_path: Path) -> None:

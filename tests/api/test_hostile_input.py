@@ -61,6 +61,8 @@ SURROGATE_BODIES = [
     ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "\ud800"}]}),
     ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "\ud800"}]}),
     ("/tokenize", {"content": "\ud800"}),
+    ("/api/chat", {"model": "fake", "messages": [{"role": "user", "content": "\ud800"}], "stream": False}),
+    ("/api/generate", {"model": "fake", "prompt": "\ud800", "stream": False}),
 ]
 
 
@@ -68,7 +70,7 @@ SURROGATE_BODIES = [
 async def test_a_lone_surrogate_anywhere_is_the_protocols_400(h: Harness, path: str, body: dict[str, Any]) -> None:
     raw = json.dumps({**body, "max_tokens": 4}).encode()  # ensure_ascii: the surrogate travels as \\udXXX
     r = await h.client.post(path, content=raw, headers={"content-type": "application/json"})
-    err = assert_envelope(r, 400, path.startswith("/v1/messages"))
+    err = assert_envelope(r, 400, path.startswith("/v1/messages"), path.startswith("/api/"))
     assert "lone UTF-16 surrogate" in json.dumps(err)
 
 

@@ -57,6 +57,23 @@ async def test_chat_parallel_calls_as_a_list(tmp_path: Path) -> None:
         assert len(one["choices"][0]["message"]["tool_calls"]) == 1
 
 
+async def test_chat_parallel_calls_one_per_line(tmp_path: Path) -> None:
+    """Several bare calls, one per line (the 0.5B coder's parallel calls): calls, streamed or not;
+    a line that is not a call keeps the whole answer text, byte for byte."""
+    lines = "\n".join(json.dumps({"name": "get_weather", "arguments": {"city": c}}) for c in ("Paris", "Rome"))
+    async with serve(tmp_path, answer=lines) as h:
+        msg = (await h.post("/v1/chat/completions", CHAT)).json()["choices"][0]["message"]
+        assert [json.loads(c["function"]["arguments"])["city"] for c in msg["tool_calls"]] == ["Paris", "Rome"]
+        events = await h.sse("/v1/chat/completions", CHAT)
+        calls = [c for _, d in events[:-1] if d["choices"] for c in d["choices"][0]["delta"].get("tool_calls", [])]
+        assert [c["index"] for c in calls if c.get("id")] == [0, 1] and chat_text(events) == ""
+    mixed = lines + '\n{"name": "get_weather", "arguments": {"city": 7}}'
+    async with serve(tmp_path, answer=mixed) as h:
+        msg = (await h.post("/v1/chat/completions", CHAT)).json()["choices"][0]["message"]
+        assert msg["content"] == mixed and not msg.get("tool_calls")
+        assert chat_text(await h.sse("/v1/chat/completions", CHAT)) == mixed
+
+
 @pytest.mark.parametrize("answer", [
     '{"name": "get_weather", "arguments": {"unit": "c"}}',  # fails the schema: city is required
     '{"city": "Paris"}',  # a JSON answer

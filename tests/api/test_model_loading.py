@@ -13,12 +13,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from hearth.api.app import create_app
 from hearth.api.context import node_of
 from hearth.backends.base import ModelCard
 from hearth.backends.local.backend import LocalBackend
 from hearth.backends.local.loader import LoadPolicy
 from hearth.backends.local.model import EngineSettings
 from hearth.chat.template import ChatTemplate
+from hearth.config import Settings
 from hearth.models import ModelSpec
 from tests.api.conftest import Harness, parse_sse, serve
 from tests.fakes import SMOL, ScriptedRunner
@@ -244,3 +248,80 @@ async def test_each_protocols_stream_for_an_unloaded_model_opens_once_and_answer
         assert names[-1] in ("response.completed", "response.incomplete")  # the scripted runner's length
         assert "".join(d["delta"] for e, d in events if e == "response.output_text.delta")  # beta's tokens
         assert factory.loads == ["alpha", "beta", "alpha", "beta", "alpha", "beta", "alpha", "beta"]
+
+
+@contextlib.asynccontextmanager
+async def starting(tmp_path: Path) -> AsyncIterator[tuple[Harness, Factory, asyncio.Task[None]]]:
+    """The app on a backend whose start-up load (of `alpha`, named at start) is held by the
+    factory's gate: the port is open, as the app's lifespan opens it, while `start` runs."""
+    factory = Factory()
+    factory.gate = threading.Event()
+    (tmp_path / "alpha.gguf").write_bytes(b"fake weights alpha")
+    backend = LocalBackend([ModelSpec("alpha", tmp_path / "alpha.gguf")],
+                           EngineSettings(parallel=2, batch=64, kv_dir=tmp_path / "kv"), factory)
+    app = create_app(backend, Settings(data_dir=tmp_path))
+    started = asyncio.create_task(backend.start())
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://hearth.test", timeout=30) as client:
+            assert await asyncio.to_thread(factory.loading.wait, 30)
+            yield Harness(app, backend, None, client), factory, started
+    finally:
+        factory.gate.set()
+        await started
+        await node_of(app).background.shutdown()
+        await backend.stop()
+        node_of(app).sessions.close()
+
+
+async def test_a_request_during_the_start_up_load_waits_for_it(tmp_path: Path) -> None:
+    async with starting(tmp_path) as (h, factory, started):
+        health = await h.client.get("/health")
+        assert (health.status_code, health.json()) == (503, {"status": "loading"})
+        waiting = asyncio.create_task(h.post("/v1/chat/completions", chat("alpha", cancel_id="w")))
+        streaming = asyncio.create_task(h.sse("/v1/chat/completions", chat("alpha")))
+        await until(lambda: len(node_of(h.app).cancels) == 2, "both runs to register")
+        assert not waiting.done() and not streaming.done()  # neither was refused: both wait
+        assert (await h.client.get("/health")).status_code == 503  # loading until the model is ready
+        assert factory.gate is not None
+        factory.gate.set()
+        await started
+        r = await waiting
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "alpha here."
+        events = await streaming  # its status line and role chunk went out during the load
+        roles = [d for _, d in events if d != "[DONE]" and d["choices"] and "role" in d["choices"][0]["delta"]]
+        assert len(roles) == 1 and events[-1] == (None, "[DONE]")
+        assert "".join(d["choices"][0]["delta"].get("content") or "" for _, d in events[:-1]
+                       if d["choices"]) == "alpha here."
+        assert (await h.client.get("/health")).json() == {"status": "ok"}
+        assert factory.loads == ["alpha"]  # one load, the start-up's
+
+
+async def test_a_cancel_during_the_start_up_load_ends_the_request(tmp_path: Path) -> None:
+    async with starting(tmp_path) as (h, factory, started):
+        task = asyncio.create_task(h.post("/v1/chat/completions", chat("alpha", cancel_id="c-start")))
+        await until(lambda: len(node_of(h.app).cancels) == 1, "the run to register")
+        assert (await h.post("/v1/cancel", {"cancel_id": "c-start"})).json()["cancelled"] == 1
+        r = await task
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "cancelled"
+        assert (await h.client.get("/health")).status_code == 503
+        assert factory.gate is not None
+        factory.gate.set()
+        await started
+        assert await answer(h, "alpha") == "alpha here."
+
+
+async def test_a_failed_start_up_load_is_a_503_for_the_requests_that_waited_and_after(tmp_path: Path) -> None:
+    async with starting(tmp_path) as (h, factory, started):
+        factory.broken.add("alpha")
+        waiting = asyncio.create_task(h.post("/v1/chat/completions", chat("alpha")))
+        await until(lambda: len(node_of(h.app).cancels) == 1, "the run to register")
+        assert factory.gate is not None
+        factory.gate.set()
+        await started
+        r = await waiting
+        assert r.status_code == 503 and "'alpha'" in r.json()["error"]["message"]
+        r = await h.post("/v1/chat/completions", chat("alpha"))
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
+        assert (await h.client.get("/health")).json()["status"] == "error"

@@ -61,7 +61,7 @@ async def test_errors_are_openai_envelopes_with_param(h: Harness) -> None:
     r = await h.post("/v1/chat/completions", {**CHAT, "model": "nope"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     assert r.json()["error"]["param"] == "model"
-    r = await h.post("/v1/chat/completions", {**CHAT, "max_tokens": 100_000})
+    r = await h.post("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x" * 3000}]})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     assert r.json()["error"]["param"] == "messages"
     r = await h.client.post("/v1/chat/completions", content=b"{nope")
@@ -83,9 +83,17 @@ async def test_engine_failure_is_a_500_before_the_answer_and_in_band_after(h: Ha
     assert (await h.post("/v1/chat/completions", CHAT)).status_code == 200  # the engine lives on
 
 
-async def test_the_time_cap_reports_cancelled(tmp_path: Path) -> None:
+async def test_the_time_cap_ends_with_length_and_stop_reason_timeout(tmp_path: Path) -> None:
+    """A finish reason the SDKs know (`length`), named by Hearth's `stop_reason`; on completions too."""
     async with serve(tmp_path, answer="x" * 5000, request_timeout=0.2) as h:
         body = (await past_the_time_cap(h, "/v1/chat/completions", {**CHAT, "max_tokens": 1500}, 0.2)).json()
-        assert body["choices"][0]["finish_reason"] == "cancelled"
+        choice = body["choices"][0]
+        assert (choice["finish_reason"], choice["stop_reason"]) == ("length", "timeout")
+        assert 0 < body["usage"]["completion_tokens"] < 1500
         metrics = (await h.client.get("/metrics")).text
         assert sample(metrics, 'hearth_cancellations_total{cause="timeout"}') == 1
+        prompt = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        body = (await past_the_time_cap(h, "/v1/completions", {"model": "fake", "prompt": prompt,
+                                                               "max_tokens": 1500, "temperature": 0}, 0.2)).json()
+        choice = body["choices"][0]
+        assert (choice["finish_reason"], choice["stop_reason"]) == ("length", "timeout")

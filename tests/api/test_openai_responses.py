@@ -56,11 +56,11 @@ async def test_engine_failure_is_a_500_and_is_stored_as_failed(h: Harness) -> No
     assert events[-1][0] == "response.failed"
 
 
-async def test_the_time_cap_is_cancelled_not_max_output_tokens(tmp_path: Path) -> None:
+async def test_the_time_cap_is_max_output_tokens_named_timeout(tmp_path: Path) -> None:
     async with serve(tmp_path, answer="x" * 2000, request_timeout=0.2) as h:
         resp = (await past_the_time_cap(h, "/v1/responses", {**BODY, "max_output_tokens": 1500}, 0.2)).json()
         assert resp["status"] == "incomplete"
-        assert resp["incomplete_details"] == {"reason": "cancelled"}
+        assert resp["incomplete_details"] == {"reason": "max_output_tokens"} and resp["stop_reason"] == "timeout"
 
 
 async def test_cancel_a_running_response(h: Harness) -> None:

@@ -234,16 +234,19 @@ async def test_a_shutdown_ends_background_runs_as_failed_and_frees_their_slots(h
 
 
 async def test_the_time_cap_ends_a_background_run(tmp_path: Path) -> None:
-    """As `past_the_time_cap`: the run is held in its first decode until its cap has passed."""
+    """As `past_the_time_cap`: the run is held in its first decode after its first token until its
+    cap has passed."""
     async with serve(tmp_path, answer="x" * 2000) as h:
         opened = gate(h)
+        assert h.runner is not None
+        h.runner.gate_generating = True
         rid = (await h.post("/v1/responses", {**BG, "timeout": 0.2, "max_output_tokens": 1900})).json()["id"]
         await entered(h)
         passed = time.monotonic() + 0.2
         await until(lambda: time.monotonic() > passed, "the time cap to pass")
         opened.set()
         ended = await until_status(h, rid, "incomplete", "completed", "cancelled")
-        assert ended["status"] == "incomplete" and ended["incomplete_details"] == {"reason": "cancelled"}
+        assert ended["status"] == "incomplete" and ended["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
 def test_a_run_left_by_a_dead_process_is_failed_when_the_store_opens(tmp_path: Path) -> None:

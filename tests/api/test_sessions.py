@@ -60,8 +60,8 @@ async def test_errors(h: Harness) -> None:
     r = await h.post("/v1/chat/completions", {"model": "fake", "session_id": "bad id!",
                                               "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id"
-    r = await h.post("/v1/messages", {"model": "fake", "session_id": "s", "max_tokens": 10_000,
-                                      "messages": [{"role": "user", "content": "hi"}]})
+    r = await h.post("/v1/messages", {"model": "fake", "session_id": "s", "max_tokens": 10,
+                                      "messages": [{"role": "user", "content": "x" * 3000}]})
     assert r.status_code == 400 and r.json()["type"] == "error"
 
 

@@ -46,3 +46,13 @@ def ai_sdk_dir() -> Path:
     d = Path(out.stdout.strip())
     assert (d / "node_modules" / "ai").is_dir(), f"the AI SDK is not installed in {d}: run scripts/setup_clients.sh"
     return d
+
+
+@pytest.fixture(scope="session")
+def ollama_js_dir() -> Path:
+    """The npm prefix of Ollama's JavaScript client (scripts/setup_clients.sh), found as ai_sdk_dir is."""
+    out = subprocess.run([str(ROOT / "scripts" / "setup_clients.sh"), "--ollama-dir"], capture_output=True,
+                         text=True, check=True)
+    d = Path(out.stdout.strip())
+    assert (d / "node_modules" / "ollama").is_dir(), f"ollama-js is not installed in {d}: run scripts/setup_clients.sh"
+    return d

@@ -26,8 +26,28 @@ CAPS = {
 }
 
 
+OLLAMA = ("/api/chat", "/api/generate")  # the cap is options.num_predict
+# pull and delete name models: a generated name is kept out of the catalog's (a pull of one would
+# download it) by a prefix no catalog id has
+MODEL_NAMING = ("/api/pull", "/api/delete")
+
+
 @schemathesis.hook
 def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
+    if case.operation.path in MODEL_NAMING and isinstance(case.body, dict):
+        for key in ("model", "name"):
+            if isinstance(case.body.get(key), str):
+                case.body[key] = "fuzz-" + case.body[key]
+        return
+    if case.operation.path in OLLAMA and isinstance(case.body, dict):
+        options = case.body.get("options")
+        if not isinstance(options, dict):
+            options = case.body["options"] = {} if options is None else options
+        if isinstance(options, dict):
+            n = options.get("num_predict")
+            if not (isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_NEW_TOKENS):
+                options["num_predict"] = MAX_NEW_TOKENS
+        return
     fields = CAPS.get(case.operation.path)
     if fields is None or not isinstance(case.body, dict):
         return

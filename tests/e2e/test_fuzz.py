@@ -31,7 +31,10 @@ CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,re
 def test_the_openapi_schema_fuzzed_against_the_real_server(tmp_path: Path) -> None:
     # One llama.cpp thread: the fuzzer needs the other core, and spinning threads that share a
     # core with it slow every generation down many times over.
-    server = start_server(tmp_path, "--threads", "1", "--ctx", "512", "--parallel", "4")
+    # Its own empty model cache: the fuzzer reaches Ollama's /api/pull and /api/delete as the admin
+    # (no keys), and must never touch the machine's installed models (the agent tests need them).
+    server = start_server(tmp_path, "--threads", "1", "--ctx", "512", "--parallel", "4",
+                          env={"HEARTH_MODELS": str(tmp_path / "models")})
     try:
         seed = os.environ.get("HEARTH_FUZZ_SEED", "3")
         examples = os.environ.get("HEARTH_FUZZ_EXAMPLES", "100")

@@ -95,7 +95,8 @@ BAD_BODIES: list[tuple[str, bytes | dict[str, Any]]] = [
     ("logit_bias bad key", chat_body(logit_bias={"abc": 1})),
     ("logit_bias out of vocab", chat_body(logit_bias={"999999999": 1})),
     ("stop empty string", chat_body(stop=[""])),
-    ("max_tokens over context", chat_body(max_tokens=100000)),
+    # (a max_tokens past the context alone is served, lowered to what the context leaves)
+    ("prompt over context", {"messages": [{"role": "user", "content": "word " * 20000}], "max_tokens": 4}),
     ("temperature nan", b'{"messages":[{"role":"user","content":"x"}],"temperature":NaN}'),
 ]
 

@@ -129,10 +129,13 @@ def test_flush_every_ms_and_stream_thinking_keep_the_stream_equal(server: Server
         assert r.status_code == 400, r.text
 
 
-def test_t_max_predict_ms_is_the_wall_clock_cap(server: Server) -> None:
+def test_t_max_predict_ms_is_the_generation_cap(server: Server) -> None:
+    """Counted from the first token, as llama-server's: the prompt's processing is not cut, so
+    there is always a first token; the cap ends the answer as `length`, named `timeout`."""
     r = post(server, "/chat/completions", ask("Tell me a long story.", max_tokens=1500, t_max_predict_ms=1))
-    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "cancelled", r.text
-    assert r.json()["usage"]["completion_tokens"] < 1500
+    choice = r.json()["choices"][0]
+    assert r.status_code == 200 and (choice["finish_reason"], choice["stop_reason"]) == ("length", "timeout"), r.text
+    assert 1 <= r.json()["usage"]["completion_tokens"] < 1500
     both = post(server, "/chat/completions", ask("hi", max_tokens=2, timeout=5, t_max_predict_ms=5000))
     assert both.status_code == 400 and both.json()["error"]["param"] == "t_max_predict_ms"
     big = post(server, "/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
@@ -181,3 +184,19 @@ def test_a_tool_call_cut_by_max_tokens_ends_clearly_and_never_as_text(server: Se
                                     "tools": [{"type": "function", **WEATHER}]}).json()
     assert r["status"] == "incomplete" and r["error"]["code"] == "malformed_tool_call"
     assert "<tool_call>" not in r["output_text"]
+
+
+def test_a_max_tokens_past_the_context_is_served_to_the_windows_end(server: Server) -> None:
+    """llama-server's and Ollama's default: the budget is lowered to what the 2048-token window
+    leaves, the window's end then ends the answer with each protocol's `length`."""
+    long = "word " * 1990  # most of the window, so few tokens are left to generate
+    r = httpx.post(server.base_url + "/chat/completions", json=ask(long, max_tokens=100_000, ignore_eos=True),
+                   timeout=600)  # a deadline, not speed: a 2,000-token prefill on a loaded machine
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 2048
+    m = httpx.post(server.base_url + "/messages", json={**ask(long, ignore_eos=True), "max_tokens": 32_000},
+                   timeout=600)
+    assert m.status_code == 200, m.text
+    assert m.json()["stop_reason"] == "max_tokens"

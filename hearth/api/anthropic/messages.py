@@ -130,6 +130,10 @@ class MessagesIn(CountTokensIn, SessionFields, RunFields, ConversationFields):
     # A final assistant message is a prefill the answer continues (Anthropic's meaning): null
     # continues one when the last message is the assistant's; false answers it with a new turn.
     continue_final_message: bool | None = None
+    # Hearth's own, set by the gateway's stream continuation (gateway/migration.py): the final
+    # assistant message is this answer's own output so far, counted in max_tokens and in the
+    # output tokens. A client's prefill is input: max_tokens bounds the new tokens (docs/api.md).
+    partial_is_output: bool = False
 
     def continues(self) -> bool:
         last = self.messages[-1].role == "assistant"
@@ -387,7 +391,8 @@ def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | N
                        repetition=limits.repetition, lenient_tool_calls=limits.lenient_tool_calls,
                        cache_key=body_key(run.prompt_cache_key, run.metadata) if run else None,
                        cache_salt=run.cache_salt if run else None,
-                       cache_through=cache_through(body, messages, starts), continue_final=continues)
+                       cache_through=cache_through(body, messages, starts), continue_final=continues,
+                       partial_is_output=bool(run and run.partial_is_output))
 
 
 def read_messages(data: dict[str, Any], request_id: str, settings: Settings | None = None

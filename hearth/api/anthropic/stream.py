@@ -29,7 +29,7 @@ from hearth.chat.types import (
 
 log = logging.getLogger("hearth.api")
 
-# Hearth's own stop reason for a run stopped by a disconnect, POST /v1/cancel or the time cap
+# Hearth's own stop reason for a run stopped by a disconnect or POST /v1/cancel
 # before the model finished. Anthropic's SDKs do not validate the enum, so it passes through
 # `messages.create` and `messages.stream(...).get_final_message()` unchanged.
 CANCELLED = "cancelled"

@@ -4,7 +4,7 @@ path belongs to, from one table.
     HearthError (hearth/errors.py) ┐
     starlette HTTPException        ├─► ApiError ─► OpenAI    {"error": {message, type, param, code}}
     auth refusal (401 / 403)       │             └► Anthropic {"type": "error", "error": {type, message}}
-    anything unexpected (500)      ┘
+    anything unexpected (500)      ┘             └► Ollama    {"error": message}  (paths under /api/)
 
 `param` travels as data on the error, never parsed out of its message. Each error answer is
 noted for the request's log line (status, code and reason; the request id is on every line).
@@ -26,7 +26,7 @@ from hearth.observability.logging import note_error
 
 log = logging.getLogger("hearth.api")
 
-Envelope = Literal["openai", "anthropic"]
+Envelope = Literal["openai", "anthropic", "ollama"]
 
 # status → (OpenAI error type, Anthropic error type): the types each protocol's SDKs map to
 # their exception classes. A HearthError's own `type` (or its code's, OPENAI_TYPE_BY_CODE) wins
@@ -81,6 +81,8 @@ class ApiError:
         return {"type": "error", "error": {"type": types_for(self.status)[1], "message": self.message}}
 
     def body(self, protocol: Envelope) -> dict[str, Any]:
+        if protocol == "ollama":
+            return {"error": self.message}
         return self.anthropic_body() if protocol == "anthropic" else self.openai_body()
 
 
@@ -94,6 +96,8 @@ def anthropic_context_message(e: ContextLimit) -> str:
 
 
 def protocol_of(path: str) -> Envelope:
+    if path.startswith("/api/"):
+        return "ollama"
     return "anthropic" if path == "/v1/messages" or path.startswith("/v1/messages/") else "openai"
 
 

@@ -119,6 +119,7 @@ class EventStreamResponse(Response):
     A Response for the handlers' types; `Response.__init__` (a buffered body) is not used."""
 
     media_type = "text/event-stream"
+    content_type = b"text/event-stream; charset=utf-8"  # a subclass streams another format (Ollama's NDJSON)
 
     def __init__(self, chunks: AsyncIterator[bytes], headers: dict[str, str] | None = None, *,
                  close: Callable[[], Awaitable[None]] | None = None, on_disconnect: OnDisconnect = None,
@@ -133,7 +134,7 @@ class EventStreamResponse(Response):
         self.beat = beat
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+        headers = [(b"content-type", self.content_type),
                    (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
         headers += [(k.lower().encode(), v.encode()) for k, v in self.extra_headers.items()]
         out = _Sender(send)

@@ -77,6 +77,10 @@ class ChatCompletionIn(OpenBody, SamplerFields, SessionFields, ConversationField
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's name: the last message is the assistant's partial answer, to be continued (docs/api.md)
     continue_final_message: bool = False
+    # Hearth's own, set by the gateway's stream continuation (gateway/migration.py): the final
+    # assistant message is this answer's own output so far, counted in max_tokens and in the
+    # output tokens. A client's prefill is input: max_tokens bounds the new tokens (docs/api.md).
+    partial_is_output: bool = False
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> str | None:
@@ -135,7 +139,7 @@ def to_chat_request(body: ChatCompletionIn, request_id: str, settings: Settings 
         keep_alive=limits.keep_alive, cache_prompt=body.cache_prompt, session=session, repetition=limits.repetition,
         lenient_tool_calls=limits.lenient_tool_calls, cache_key=body_key(body.prompt_cache_key),
         cache_salt=body.cache_salt,
-        continue_final=body.continue_final_message)
+        continue_final=body.continue_final_message, partial_is_output=body.partial_is_output)
 
 
 def read_chat(data: dict[str, Any], request_id: str, settings: Settings | None = None

@@ -73,6 +73,10 @@ class ResponsesIn(OpenBody, OpenAIRunFields, SessionFields, ConversationFields):
     conversation: Any = None
     # The input ends with the assistant's partial output, to be continued (docs/api.md)
     continue_final_message: bool = False
+    # Hearth's own, set by the gateway's stream continuation (gateway/migration.py): the final
+    # assistant message is this answer's own output so far, counted in max_tokens and in the
+    # output tokens. A client's prefill is input: max_tokens bounds the new tokens (docs/api.md).
+    partial_is_output: bool = False
 
 
 def stored_responses(request: Request) -> ScopedResponses:
@@ -146,7 +150,7 @@ def read_response(data: dict[str, Any], store: ScopedResponses, request_id: str,
         request_id=request_id, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
         keep_alive=limits.keep_alive, session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls,
         cache_key=body_key(body.prompt_cache_key), continue_final=body.continue_final_message,
-        cache_salt=body.cache_salt)
+        cache_salt=body.cache_salt, partial_is_output=body.partial_is_output)
     return Read(body, creq, items, toolset, text_echo, reasoning_echo, metadata)
 
 

@@ -86,7 +86,7 @@ class ResponseAssembler:
         self.error: str | None = None
         self.finished = False
         # A background run cancelled by its client (.../cancel, /v1/cancel) ends as `cancelled`,
-        # as OpenAI's; any other cancel (time cap, disconnect) is `incomplete`.
+        # as OpenAI's; any other cancel (a disconnect, shutdown) is `incomplete`.
         self.cancelled_as = "incomplete"
         self._open: _OpenItem | None = None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,7 +282,16 @@ class LlamaCppRunner:
         h = self._state_header_len()
         seq_state.check_single_stream(data, h)
         # One copy into a writable buffer llama.cpp reads in place (ctypes wants a writable one).
-        own = seq_state.as_streams(data, h, self.n_seq_max) if not self.kv_unified else bytearray(data)
+        self._load_state(seq_id, seq_state.as_streams(data, h, self.n_seq_max) if not self.kv_unified
+                         else bytearray(data))
+
+    def state_set_blocks(self, seq_id: int, parts: Sequence[tuple[bytes | bytearray, int, int]]) -> None:
+        """`state_set(seq_id, kv_join(parts))` with one copy of the KV: the blocks are laid
+        straight into the buffer llama.cpp reads (seq_state.join_blocks with the streams)."""
+        n_stream = 1 if self.kv_unified else self.n_seq_max
+        self._load_state(seq_id, seq_state.join_blocks(self._layout(), parts, n_stream))
+
+    def _load_state(self, seq_id: int, own: bytearray) -> None:
         L.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
         buf = (ctypes.c_uint8 * len(own)).from_buffer(own)
         if L.llama_state_seq_set_data(self.ctx, buf, len(own), seq_id) == 0:
@@ -312,8 +322,9 @@ class LlamaCppRunner:
         seq_state); pure, safe from any thread."""
         return seq_state.split_blocks(data, self._state_header_len(), self._layout(), ranges)
 
-    def kv_join(self, parts: list[tuple[bytes, int, int]]) -> bytes:
-        return seq_state.join_blocks(self._layout(), parts)
+    def kv_join(self, parts: Sequence[tuple[bytes | bytearray, int, int]]) -> bytes:
+        # Imports' path only (kv_checked): the prompt cache restores by state_set_blocks.
+        return bytes(seq_state.join_blocks(self._layout(), parts))
 
     def kv_block_bytes(self, n_tokens: int) -> int:
         return n_tokens * self._layout().per_token

@@ -13,6 +13,7 @@ state of an empty sequence. Pure functions over bytes; the runner reads and writ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -198,40 +199,66 @@ def split_blocks(data: bytes, header: int, layout: KVLayout, ranges: list[tuple[
     return out
 
 
-def join_blocks(layout: KVLayout, parts: list[tuple[bytes, int, int]]) -> bytes:
+def join_blocks(layout: KVLayout, parts: Sequence[tuple[bytes | bytearray, int, int]], n_stream: int = 1) -> bytearray:
     """A one-stream state of positions 0..N-1 from consecutive block payloads: each part is
     (payload, tokens in it, tokens of it to use, a prefix). ValueError on a payload of the
-    wrong size."""
+    wrong size. With `n_stream` > 1, the state of one sequence among `n_stream` (`as_streams`
+    of it), so the runner hands the result to llama.cpp as it is.
+
+    Every byte is copied once, from the payloads straight to its place in one preallocated
+    buffer (no per-block `tobytes`, no join of the pieces, no padding copy after): a restore
+    moves the KV at memory speed."""
     total = sum(u for _, _, u in parts)
     if total <= 0:
         raise ValueError("nothing to join")
-    views = []
+    srcs = []
     for payload, n, use in parts:
-        if len(payload) != n * layout.per_token or not 0 < use <= n:
+        src = np.frombuffer(payload, dtype=np.uint8)
+        if src.size != n * layout.per_token or not 0 < use <= n:
             raise ValueError("a block payload does not match its token count")
-        buf = np.frombuffer(payload, dtype=np.uint8)
-        off, k, v = 0, [], []
-        for row in layout.k_rows:
-            k.append(buf[off:off + n * row].reshape(n, row)[:use])
-            off += n * row
-        for row, el in zip(layout.v_rows, layout.v_el, strict=True):
-            block = buf[off:off + n * row]
-            v.append(block.reshape(row // el, n, el)[:, :use] if layout.v_trans else block.reshape(n, row)[:use])
-            off += n * row
-        views.append((k, v))
-    meta = np.zeros((total, 3), dtype="<i4")
+        srcs.append((src, n, use))
+    n_layer = len(layout.k_rows)
+    size = (len(layout.header) + 4 * _U32 + 12 * total + 2 * 12 * n_layer
+            + total * layout.per_token + _U32 * (n_stream - 1))
+    out = bytearray(size)  # zeroed: the empty streams' cell counts at the end are already there
+    dst = np.frombuffer(out, dtype=np.uint8)
+    off = len(layout.header)
+    out[:off] = layout.header
+    out[off:off + 2 * _U32] = n_stream.to_bytes(_U32, "little") + total.to_bytes(_U32, "little")
+    off += 2 * _U32
+    meta = dst[off:off + 12 * total].view("<i4").reshape(total, 3)
     meta[:, 0] = np.arange(total)
-    meta[:, 1] = 1
-    chunks: list[bytes | np.ndarray] = [layout.header, (1).to_bytes(_U32, "little"), total.to_bytes(_U32, "little"),
-                                        meta, int(layout.v_trans).to_bytes(_U32, "little"),
-                                        len(layout.k_rows).to_bytes(_U32, "little")]
-    for i, head in enumerate(layout.k_heads):
-        chunks.append(head)
-        chunks.extend(k[i] for k, _ in views)
-    for i, head in enumerate(layout.v_heads):
-        chunks.append(head)
-        if layout.v_trans:
-            chunks.append(np.concatenate([v[i] for _, v in views], axis=1))
+    meta[:, 1] = 1  # and the sequence id, 0 (zeroed)
+    off += 12 * total
+    out[off:off + 2 * _U32] = int(layout.v_trans).to_bytes(_U32, "little") + n_layer.to_bytes(_U32, "little")
+    off += 2 * _U32
+    src_off = [0] * len(srcs)  # where each payload's next layer starts
+    for head, row in zip(layout.k_heads, layout.k_rows, strict=True):
+        out[off:off + 12] = head
+        off += 12
+        for j, (src, n, use) in enumerate(srcs):
+            a = src_off[j]
+            dst[off:off + use * row] = src[a:a + use * row]  # a block's rows of a layer are contiguous
+            off += use * row
+            src_off[j] = a + n * row
+    for head, row, el in zip(layout.v_heads, layout.v_rows, layout.v_el, strict=True):
+        out[off:off + 12] = head
+        off += 12
+        if layout.v_trans:  # per dimension, every token's element: each block fills a column range
+            dims = row // el
+            v = dst[off:off + total * row].reshape(dims, total, el)
+            t = 0
+            for j, (src, n, use) in enumerate(srcs):
+                a = src_off[j]
+                v[:, t:t + use] = src[a:a + n * row].reshape(dims, n, el)[:, :use]
+                t += use
+                src_off[j] = a + n * row
+            off += total * row
         else:
-            chunks.extend(v[i] for _, v in views)
-    return b"".join(c if isinstance(c, bytes) else np.ascontiguousarray(c).tobytes() for c in chunks)
+            for j, (src, n, use) in enumerate(srcs):
+                a = src_off[j]
+                dst[off:off + use * row] = src[a:a + use * row]
+                off += use * row
+                src_off[j] = a + n * row
+    assert off == size - _U32 * (n_stream - 1)
+    return out

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -89,7 +88,8 @@ class LocalBackend:
 
     async def start(self) -> None:
         """Load the models named at start (in worker threads, so /health answers 503 meanwhile),
-        then unload idle models as their keep-alive runs out."""
+        then unload idle models as their keep-alive runs out. A request that comes meanwhile
+        waits for its model's load as it would for an on-demand one (`_holding`)."""
         for model_id in self._preload:
             try:
                 await self._set.loader.load(model_id)
@@ -121,10 +121,11 @@ class LocalBackend:
         return self._set.cards()
 
     def _check_started(self) -> None:
+        """A failed start-up load is every request's 503. One still under way is not: a request
+        needs its model only through `ModelSet.acquire`, which joins that load (as it joins an
+        on-demand one), and names and limits are read without loading anything."""
         if self._load_error:
             raise Unavailable(f"the model failed to load: {self._load_error}", code="model_load_failed")
-        if not self._ready:
-            raise Unavailable("the model is still loading; retry shortly", code="model_loading")
 
     def model(self, name: str | None) -> LocalModel:
         """The model `name` stands for, if it is loaded now (Unavailable if not): for tools and
@@ -144,8 +145,8 @@ class LocalBackend:
         return self._set.limits(model)
 
     def is_loaded(self, model: str | None) -> bool:
-        if not self._ready:
-            return True
+        if self._load_error:
+            return True  # no wait to stream through: the request's 503 comes before its first byte
         try:
             return self._set.loaded_model(model) is not None
         except NotFound:
@@ -162,6 +163,15 @@ class LocalBackend:
         """POST /models/unload: the model unloaded now; False if it was not loaded."""
         self._check_started()
         return await self._set.loader.unload(self._set.resolve(model))
+
+    def add_model(self, spec: ModelSpec) -> None:
+        """A model installed while the server runs (POST /api/pull): servable on demand from now on."""
+        self._set.add(spec)
+
+    async def remove_model(self, model: str) -> None:
+        """Forget a model whose file is about to be deleted (DELETE /api/delete): unloaded first."""
+        self._check_started()
+        await self._set.remove(self._set.resolve(model))
 
     def stats(self) -> dict[str, ModelStats]:
         out = {}
@@ -257,27 +267,26 @@ class LocalBackend:
     # ---- generation ---------------------------------------------------------------------------
 
     async def chat(self, req: ChatRequest) -> EventStream:
-        async def run(m: LocalModel, arrived: float) -> EventStream:
+        async def run(m: LocalModel) -> EventStream:
             prep = await self._off_loop(lambda: prepare(m, req))
-            return await self._generate(m, prep.tokens, req, arrived, params=prep.params, think=prep.think,
+            return await self._generate(m, prep.tokens, req, params=prep.params, think=prep.think,
                                         parsers=prep.parsers, keep_tokens=prep.keep_tokens,
                                         prefilled=prep.prefilled)
 
         return await self._holding(req, run)
 
     async def _holding(self, req: ChatRequest | CompletionRequest,
-                       run: Callable[[LocalModel, float], Awaitable[EventStream]]) -> EventStream:
+                       run: Callable[[LocalModel], Awaitable[EventStream]]) -> EventStream:
         """`run` on the request's model, loaded first if it is not (the wait bounded by the
         request's time cap, and ended by its cancel token); the model is held until the
         stream closes, then kept for the request's keep_alive."""
         self._check_started()
-        arrived = time.monotonic()
         m = await self._set.acquire(req.model, req.timeout, req.cancel)
         if m is None:
             return EventStream(cancelled_while_queued(0, req.n))
         model_id = m.spec.id
         try:
-            stream = await run(m, arrived)
+            stream = await run(m)
         except BaseException:
             self._set.release(model_id, req.keep_alive)
             raise
@@ -285,44 +294,42 @@ class LocalBackend:
         return stream
 
     async def complete(self, req: CompletionRequest) -> EventStream:
-        async def run(m: LocalModel, arrived: float) -> EventStream:
+        async def run(m: LocalModel) -> EventStream:
             prompt = req.prompt
             if isinstance(prompt, str):
                 m.check_fits(prompt)
                 tokens = await self._off_loop(lambda: m.tokenize_text(prompt, True))
             else:
                 tokens = await self._off_loop(lambda: list(checked(m, prompt, "prompt")))
-            return await self._generate(m, tokens, req, arrived)
+            return await self._generate(m, tokens, req)
 
         return await self._holding(req, run)
 
-    async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest,
-                        arrived: float, *,
+    async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest, *,
                         params: SamplingParams | None = None, think: ThinkBudget | None = None,
                         parsers: list[OutputParser] | None = None, keep_tokens: int = 0,
                         prefilled: int = 0) -> EventStream:
         """Validate (4xx now), wait for a slot (429 if none comes), then hand back the stream.
-        The wall-clock cap counts from arrival, so time spent loading or queued is part of it."""
+        The time cap counts from the first generated token (llama-server's t_max_predict_ms):
+        the queue has its own bound (--max-wait), and a long prompt's prefill is never cut."""
         n, cancel = req.n, req.cancel
-        deadline = arrived + req.timeout if req.timeout else None
         # Only the session manager passes a request with `session` on to the backend, with the
         # whole transcript in it: the session owns the KV the engine request builds.
         owner = req.session.session_id if isinstance(req, ChatRequest) and req.session else None
         max_len = req.max_len if isinstance(req, ChatRequest) else None
-        ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, deadline=deadline,
+        ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, max_time=req.timeout or None,
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len,
                              repetition=req.repetition,
                              cache_key=req.cache_key if isinstance(req, ChatRequest) else None,
                              keep_tokens=keep_tokens, cache_ns=req.cache_ns)
         param = "messages" if isinstance(req, ChatRequest) else "prompt"
-        await self._off_loop(lambda: validate(m, ereq, param, self.settings.clamp_max_tokens))
+        await self._off_loop(lambda: validate(m, ereq, param, self.settings.strict_max_tokens))
         cache = m.engine.cache
         if cache is not None and owner is None and req.cache_prompt:
             # The prompt's cached blocks come off the disk here, in the pool: the engine thread
             # only joins blocks already in RAM.
             await self._off_loop(lambda: cache.prefetch(tokens[:-1], req.cache_ns))
-        left = max(0.0, deadline - time.monotonic()) if deadline is not None else None
-        if not await admit(m.admission, n, cancel, left):
+        if not await admit(m.admission, n, cancel, None):
             return EventStream(cancelled_while_queued(len(tokens), n))
         events = engine_events(m.engine, ereq, cancel)
         if parsers:

@@ -208,6 +208,23 @@ class ModelLoader(Generic[M]):
         await asyncio.shield(self._begin_unload(e))
         return True
 
+    def add(self, spec: ModelSpec) -> None:
+        """A model installed while the server runs (POST /api/pull): servable from now on."""
+        if spec.id not in self._entries:
+            self._entries[spec.id] = Entry(spec)
+            self._changed()
+
+    async def remove(self, model_id: str) -> None:
+        """Forget a model whose file is about to go (DELETE /api/delete): unloaded first;
+        Conflict while requests use it or when it is pinned."""
+        await self.unload(model_id)
+        e = self.entry(model_id)
+        if e.state != "unloaded" or e.busy is not None or e.users:
+            raise Conflict(f"model {model_id!r} is in use; retry when its requests end", param="model",
+                           code="model_busy")
+        del self._entries[model_id]
+        self._changed()
+
     async def expire(self) -> list[str]:
         """Unload every idle model whose keep-alive has run out; their ids."""
         now = self.clock()

@@ -48,7 +48,7 @@ class EngineSettings:
     prompt_cache_mb: int = 1024  # host RAM for the prompt cache (stateless prompts' KV, in blocks)
     prompt_cache_disk_mb: int = 8192  # disk for the prompt cache under cache_dir (0: RAM only)
     cache_dir: Path | None = None  # where the prompt cache keeps its blocks (per model); None: RAM only
-    clamp_max_tokens: bool = False  # lower a max_tokens past the context to what is left (else 400)
+    strict_max_tokens: bool = False  # a max_tokens past the context is a 400 (else lowered to what is left)
 
     def __post_init__(self) -> None:
         if self.tool_parser != "auto" and self.tool_parser not in PARSERS:

@@ -38,7 +38,7 @@ from hearth.backends.local.model import (
     unload_model,
 )
 from hearth.chat.cancel import CancelToken
-from hearth.errors import BadRequest, NotFound, Unavailable
+from hearth.errors import BadRequest, Conflict, NotFound, Unavailable
 from hearth.models import ModelSpec
 
 log = logging.getLogger("hearth.backend")
@@ -94,6 +94,24 @@ class ModelSet:
             raise NotFound(f"The model '{name}' does not exist. Available: {', '.join(self._specs)}",
                            param="model", code="model_not_found")
         return model_id
+
+    def add(self, spec: ModelSpec) -> None:
+        """A model installed while the server runs: its names resolve from now on."""
+        if spec.id in self._specs:
+            return
+        self._specs[spec.id] = spec
+        self._names[spec.id] = spec.id
+        for name in aliases(spec):
+            self._names.setdefault(name, spec.id)
+        self.loader.add(spec)
+
+    async def remove(self, model_id: str) -> None:
+        """Forget a model (its file is about to be deleted); Conflict for the default one or one in use."""
+        if model_id == self.default_id:
+            raise Conflict(f"model {model_id!r} is this server's default model", param="model", code="model_pinned")
+        await self.loader.remove(model_id)
+        del self._specs[model_id]
+        self._names = {k: v for k, v in self._names.items() if v != model_id}
 
     def loaded(self) -> dict[str, LocalModel]:
         """The chat models in memory (the ones with an engine, KV and a prompt cache)."""

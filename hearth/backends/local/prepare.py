@@ -34,7 +34,9 @@ class Prepared:
     think: ThinkBudget | None
     parsers: list[OutputParser]
     keep_tokens: int = 0  # prompt tokens up to the client's last cache_control breakpoint
-    prefilled: int = 0  # tokens of a continued partial answer at the prompt's end (`continue_final`)
+    # Tokens of a continued partial answer at the prompt's end that are this answer's own output
+    # (`partial_is_output`: the gateway's continuation): completion tokens, not prompt tokens.
+    prefilled: int = 0
 
 
 def render(m: LocalModel, req: ChatRequest, plan: OutputPlan, *, generation_prompt: bool = True) -> str:
@@ -61,8 +63,11 @@ def prepare(m: LocalModel, req: ChatRequest) -> Prepared:
     prefill = continuation.prefill_text(partial, m.think, inside, plan.parser) if partial else ""
     # The rendered template carries its own special tokens (BOS included, when it wants one).
     tokens = m.tokenize_text(text + prefill, False)
-    # The partial answer's tokens count as completion, not prompt (docs/api.md).
-    prefilled = max(0, len(tokens) - len(m.tokenize_text(text, False))) if prefill else 0
+    # A client's prefill is input (Anthropic's meaning): prompt tokens, and max_tokens bounds
+    # the new tokens. The gateway's continuation of a cut stream (`partial_is_output`) keeps the
+    # answer's original budget and counts: there the partial part is completion (docs/api.md).
+    output_prefill = bool(prefill) and req.partial_is_output
+    prefilled = max(0, len(tokens) - len(m.tokenize_text(text, False))) if output_prefill else 0
     params = constrain(m, req.sampling, plan.grammar, "tool_choice" if plan.parser else "response_format")
     if prefilled and params.max_tokens is not None:  # max_tokens bounds the whole answer, both parts
         params = replace(params, max_tokens=max(1, params.max_tokens - prefilled))
@@ -127,16 +132,17 @@ def checked(m: LocalModel, tokens: list[int], param: str = "tokens") -> list[int
     return tokens
 
 
-def validate(m: LocalModel, ereq: EngineRequest, param: str, clamp_max_tokens: bool) -> None:
+def validate(m: LocalModel, ereq: EngineRequest, param: str, strict_max_tokens: bool) -> None:
     """The engine's checks, once, in the worker pool (they scan the prompt): a 4xx before the
-    stream is returned, and the engine is told not to repeat them (`validated=True`)."""
+    stream is returned, and the engine is told not to repeat them (`validated=True`). A
+    max_tokens past the context is lowered to what the context leaves (llama-server's and
+    Ollama's way: the window then ends the output with "length"), or refused when strict."""
     try:
         try:
             m.engine.validate(ereq)
         except ContextOverflow as e:
-            if not (clamp_max_tokens and e.max_tokens is not None and e.n_prompt < e.limit):
+            if strict_max_tokens or e.max_tokens is None or e.n_prompt >= e.limit:
                 raise
-            # --clamp-max-tokens: what is left of the context instead of a refusal
             ereq.params = replace(ereq.params, max_tokens=e.limit - e.n_prompt)
             m.engine.validate(ereq)
     except ContextOverflow as e:

@@ -8,19 +8,22 @@ their list; llama.cpp's parsers for these families accept the same. `LenientCall
 family's parser and takes such an answer as calls when, and only when:
 
 - the whole answer (whitespace aside, optionally inside one ``` or ```json fence) is one JSON
-  object, or a JSON list of them for parallel calls;
+  object, a JSON list of them for parallel calls, or several objects one per line (each after a
+  newline: small models write parallel calls so);
 - each object has exactly two keys, `name` (a declared tool) and `arguments` or `parameters`,
   an object that validates against that tool's JSON schema (`jsonschema`; a schema it cannot
   use rules the call out). A key written twice rules it out too.
 
 Anything else is the family parser's to read, fed exactly the text it would have been fed: an
 answer is held only while it may still be such a call (it opens with `{`, `[` or a fence) and is
-released to the inner parser, unchanged, the moment it cannot be (a first key other than the
-three, a `name` that is not a declared tool's, a list element that is not an object, a fence
-that is not ```/```json, a character after the JSON or its closing fence). So streamed and
-non-streamed output stay equal, and a JSON answer the user asked for comes out byte for byte.
-A call is decided only when the output ends (text could still follow the JSON), so recognised
-calls arrive whole, at the end.
+released to the inner parser, unchanged, the moment it cannot be: a call key or a `name` that
+can no longer become one of the three keys or a declared tool's name (checked character by
+character as it arrives, not when its string closes: `{"name": "R` is text at the `R` when no
+tool's name starts so), a list element that is not an object, a fence that is not ```/```json,
+a character after the JSON or its closing fence other than a newline and the next object. So
+streamed and non-streamed output stay equal, and a JSON answer the user asked for comes out
+byte for byte. A call is decided only when the output ends (text could still follow the JSON),
+so recognised calls arrive whole, at the end.
 
 For parsers whose own format is a bare object (llama3, json), an answer opening with `{` is
 theirs at once, as before; only lists and fences are held.
@@ -52,8 +55,11 @@ class LenientCalls(ToolParser):
         self._state = "start"  # start | fence | held | tail | through
         self._held = ""  # everything received while undecided, verbatim
         self._fenced = False
-        self._body = 0  # where the JSON starts in _held
-        self._scan = _Scanner(frozenset(self.tools))
+        self._body = 0  # where the JSON value being read starts in _held
+        self._pos = 0  # how far into _held the value's scanner (or the tail after it) has read
+        self._values: list[tuple[int, int]] = []  # the JSON values read whole: [start, end) in _held
+        self._names = frozenset(self.tools)
+        self._scan = _Scanner(self._names)
 
     def _run(self, out: list[Part]) -> None:
         text, self._buf = self._buf, ""
@@ -61,20 +67,20 @@ class LenientCalls(ToolParser):
             out.extend(self.inner.feed(text))
             return
         self._held += text
-        if not self._advance(text):
+        if not self._advance():
             self._state = "through"
             out.extend(self.inner.feed(self._held))
             self._held = ""
 
-    def _advance(self, text: str) -> bool:
-        """Take `text` (just appended to `_held`); False once the answer cannot be a call."""
+    def _advance(self) -> bool:
+        """Read what was just appended to `_held`; False once the answer cannot be calls."""
         if self._state == "start":
             s = self._held.lstrip(WS)
             if not s:
                 return True
             if (s[0] == "{" and not self.inner.bare_json_native) or s[0] == "[":
                 self._state, self._body = "held", len(self._held) - len(s)
-                text = s
+                self._pos = self._body
             elif s[0] == "`":
                 self._state, self._fenced = "fence", True
             else:
@@ -94,20 +100,30 @@ class LenientCalls(ToolParser):
             if body[0] not in "{[":
                 return False
             self._state, self._body = "held", len(self._held) - len(body)
-            text = body
-        if self._state == "held":
-            end = self._scan.feed(text)
-            if self._scan.failed:
-                return False
-            if end is None:
-                return True
-            self._state = "tail"
-            text = text[end:]
-        return self._tail_ok()
+            self._pos = self._body
+        while True:
+            if self._state == "held":
+                end = self._scan.feed(self._held[self._pos:])
+                if self._scan.failed:
+                    return False
+                if end is None:
+                    self._pos = len(self._held)
+                    return True
+                self._pos += end
+                self._values.append((self._body, self._pos))
+                self._state = "tail"
+            rest = self._held[self._pos:]
+            s = rest.lstrip(WS)
+            if not (s[:1] == "{" and "\n" in rest[:len(rest) - len(s)] and self._held[self._values[0][0]] == "{"):
+                return self._tail_ok(s)
+            # Another object on a line of its own: parallel calls one per line (never after a list).
+            self._state, self._body = "held", len(self._held) - len(s)
+            self._pos = self._body
+            self._scan = _Scanner(self._names)
 
-    def _tail_ok(self) -> bool:
-        """What follows the JSON: whitespace, and the closing fence when there is an opening one."""
-        tail = self._held[self._body + self._scan.length:].lstrip(WS)
+    def _tail_ok(self, tail: str) -> bool:
+        """What follows the JSON (whitespace stripped): nothing, or the closing fence when there
+        is an opening one."""
         if not self._fenced:
             return not tail
         return FENCE.startswith(tail) or (tail.startswith(FENCE) and not tail[3:].strip(WS))
@@ -131,13 +147,14 @@ class LenientCalls(ToolParser):
 
     def _calls(self) -> list[tuple[str, dict[str, Any]]] | None:
         """The held answer as [(name, arguments)], or None when it is not calls."""
-        if self._state != "tail" or (self._fenced and FENCE not in self._held[self._body + self._scan.length:]):
+        if self._state != "tail" or (self._fenced and FENCE not in self._held[self._pos:]):
             return None
         try:
-            obj = json.loads(self._held[self._body:self._body + self._scan.length], object_pairs_hook=_no_repeats)
+            values = [json.loads(self._held[a:b], object_pairs_hook=_no_repeats) for a, b in self._values]
         except ValueError:
             return None
-        items = obj if isinstance(obj, list) else [obj]
+        # One value: a call or a list of calls. Several (one per line): each a call.
+        items = values[0] if len(values) == 1 and isinstance(values[0], list) else values
         calls = [self._call(x) for x in items]
         if not calls or any(c is None for c in calls):
             return None
@@ -170,6 +187,13 @@ def _info_prefix(info: str) -> bool:
     """Whether a fence's info string, still being written, may yet be one a call may carry."""
     s = info.lower().rstrip(" \t\r")
     return any(i.startswith(s) for i in FENCE_INFO)
+
+
+def _may_become(chars: list[str], options: frozenset[str] | tuple[str, ...]) -> bool:
+    """Whether a JSON string still being read (`chars`: its opening quote and what followed)
+    may yet be one of `options`. An escape makes it undecidable until it closes: yes."""
+    raw = "".join(chars[1:])
+    return "\\" in raw or any(o.startswith(raw) for o in options)
 
 
 class _Repeated(ValueError):
@@ -225,6 +249,11 @@ class _Scanner:
                         return self._fail()
                     if self._name is not None and not self._name_ok():
                         return self._fail()
+                elif ((self._key is not None and not _may_become(self._key, CALL_KEYS))
+                      or (self._name is not None and not _may_become(self._name, self.names))):
+                    # A key or name that can no longer become a call's rules the call out at
+                    # this character, not when its string closes (the held time of text answers).
+                    return self._fail()
                 continue
             if c in WS:
                 continue

@@ -67,7 +67,7 @@ class KVCodec(Protocol):
 
     def kv_split(self, data: bytes, ranges: list[tuple[int, int]]) -> list[bytes]: ...
 
-    def kv_join(self, parts: list[tuple[bytes, int, int]]) -> bytes: ...
+    def kv_join(self, parts: Sequence[tuple[bytes | bytearray, int, int]]) -> bytes: ...
 
     def kv_block_bytes(self, n_tokens: int) -> int: ...
 
@@ -79,7 +79,7 @@ class _Block:
     start: int
     tokens: list[int]
     n_bytes: int  # payload size
-    data: bytes | None = None  # the payload, when in RAM
+    data: bytes | bytearray | None = None  # the payload, when in RAM (a bytearray: read from disk)
     file_bytes: int = 0  # > 0: on disk
     header: BlockHeader | None = None  # once on disk: what reading the payload back checks
     writing: bool = False  # the writer holds its payload and is writing it
@@ -100,7 +100,7 @@ class Match:
 
     n_tokens: int
     blocks: list[_Block]
-    parts: list[tuple[bytes, int, int]]  # (payload, tokens in it, tokens of it used)
+    parts: Sequence[tuple[bytes | bytearray, int, int]]  # (payload, tokens in it, tokens of it used)
     tier: str  # "disk" if any block was read from disk for it, else "ram"
 
 

@@ -137,7 +137,10 @@ NEGATIVES = [
     '{"name": "get_weather", "name": "get_weather", "arguments": {"city": "Paris"}}',  # a key twice
     f"Here is the call: {W}",  # text before
     f"{W}\nThis gets the weather in Paris.",  # text after
-    f"{W}{W}", f"{W}\n{W}",  # two objects, not a list
+    f"{W}{W}", f"{W} {W}",  # two objects, not a list and not one per line
+    f'{W}\n{{"name": "nope", "arguments": {{}}}}',  # one per line, but one is not a call
+    f'{W}\n{{"city": "Paris"}}', f"{W}\n[{W}]", f"[{W}]\n{W}", f"{W}\n{W[:-1]}", f"{W}\nDone.",
+    f'{W}\n{{"name": "get_weather", "arguments": {{"city": 42}}}}',  # a line that breaks its schema
     f"```json\n{W}\n```\n```json\n{W}\n```",  # two fences
     f"```json\n{W}\n```\nDone.", f"Sure:\n```json\n{W}\n```",
     f"```json\n{W}",  # a fence never closed (cut off)
@@ -188,9 +191,12 @@ def test_forced_calls_are_not_lenient() -> None:
 
 
 @pytest.mark.parametrize(("text", "released_by"), [
-    ('{"city": "Paris"}', '{"city"'),  # the first key that is not a call's
+    ('{"city": "Paris"}', '{"c'),  # the first key that is not a call's, at its first character
+    ('{"names": "x"}', '{"names'),  # a key that outgrows every call key
     ("[1, 2]", "[1"),  # a list element that is not an object
-    ('{"name": "README.md", "arguments": {}}', '{"name": "README.md"'),  # a name no tool has
+    ('{"name": "README.md", "arguments": {}}', '{"name": "R'),  # a name no tool's starts with
+    ('```json\n{\n  "name": "get_weathers"', '```json\n{\n  "name": "get_weathers'),  # one it outgrows
+    (f"{W}\nThe weather", f"{W}\nT"),  # a line after a call that is not another call
     ('[{"name": "get_weather", "arguments": {}}, {"name": 7}]',
      '[{"name": "get_weather", "arguments": {}}, {"name": 7'),  # a name that is not a string
     ("```python\nx = 1\n```", "```p"),  # a fence that is not ```json
@@ -206,6 +212,36 @@ def test_a_held_answer_is_released_as_soon_as_it_cannot_be_a_call(text: str, rel
             assert out == "", (i, out)
     assert out and text.startswith(out) and len(out) >= len(released_by) - 1
     assert out + "".join(x for x in p.finish() if isinstance(x, str)) == text
+
+
+def test_an_escaped_name_is_held_until_its_string_closes() -> None:
+    # "\u0067et_weather" is get_weather: an escape cannot be judged by its prefix
+    text = '{"name": "\\u0067et_weather", "arguments": {"city": "Paris"}}'
+    assert calls_of(feed("hermes", text, 1)) == [("get_weather", {"city": "Paris"})]
+    text = '{"name": "\\u0067ET", "arguments": {}}'
+    p = make_parser("hermes", TOOLS, True)
+    assert p.feed(text[:text.index("ET")]) == []
+    assert "".join(x for x in p.feed(text[text.index("ET"):]) + p.finish() if isinstance(x, str)) == text
+
+
+# ---- parallel calls one per line (the 0.5B coder model writes them so) -------------------------
+
+LINES = [
+    (f"{_obj(*CALLS[0])}\n{_obj(*CALLS[1])}", [CALLS[0], CALLS[1]]),
+    (f"\n{_obj(*CALLS[2])}\n\n{_obj(*CALLS[3], 'parameters')}\n{_obj(*CALLS[6])}\n", [CALLS[2], CALLS[3], CALLS[6]]),
+    (f"```json\n{_obj(*CALLS[4])}\n{_obj(*CALLS[5])}\n```", [CALLS[4], CALLS[5]]),
+    (f"{_obj(*CALLS[7], indent=2)}\n{_obj(*CALLS[8], indent=2)}", [CALLS[7], CALLS[8]]),
+    (f"{_obj(*CALLS[9])} \r\n  {_obj(*CALLS[9])}", [CALLS[9], CALLS[9]]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), LINES)
+@pytest.mark.parametrize("step", [1, 10**6], ids=["by-char", "whole"])
+def test_calls_one_per_line_are_parallel_calls(text: str, expected: list[tuple[str, dict[str, Any]]],
+                                               step: int) -> None:
+    parts = feed("hermes", text, step)
+    assert calls_of(parts) == expected
+    assert [p.call_index for p in parts if isinstance(p, CallPart) and p.name] == list(range(len(expected)))
 
 
 def test_a_call_ends_the_run_with_finish_reason_tool_calls() -> None:

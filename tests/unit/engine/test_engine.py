@@ -11,7 +11,7 @@ import pytest
 
 from hearth.engine import Engine, EngineRequest, FinishReason, RequestOutput, SamplingParams
 from hearth.engine.fake_runner import FakeRunner
-from hearth.engine.types import ContextOverflow
+from hearth.engine.types import ContextOverflow, StopKind
 from tests.helpers import until, wait_until
 
 SCRIPT = FakeRunner.script
@@ -229,17 +229,40 @@ async def test_abort_while_waiting_ends_with_cancelled() -> None:
         eng.stop()
 
 
-async def test_the_time_cap_cancels_with_reason_timeout() -> None:
+async def test_the_time_cap_ends_with_length_and_reason_timeout() -> None:
     runner = FakeRunner(step_delay=0.002)
     eng = make(runner, seq_ctx=100000)
     try:
         r = req("a", max_tokens=90000)
-        r.deadline = time.monotonic() + 0.05
+        r.max_time = 0.05
         _, reasons, outs = await run(eng, r)
-        assert reasons[0] is FinishReason.CANCELLED
-        assert [d.stop_reason for o in outs for d in o.deltas if d.finish_reason] == ["timeout"]
-        assert eng.stats.cancelled == 1
+        assert reasons[0] is FinishReason.LENGTH
+        assert [d.stop_reason for o in outs for d in o.deltas if d.finish_reason] == [StopKind.TIMEOUT]
+        assert eng.stats.cancelled == 0
     finally:
+        eng.stop()
+
+
+async def test_the_time_cap_counts_from_the_first_token_not_the_prefill() -> None:
+    """The prompt's decode is held past the cap; the request still gets its one token (counted
+    from arrival it would have ended with none, as `timeout`)."""
+    hold = threading.Event()
+    hold.set()
+    runner = FakeRunner(hold=hold, hold_min_tokens=40)
+    eng = make(runner)
+    try:
+        r = req("a", prompt="x" * 40, max_tokens=1)
+        r.max_time = 0.05
+        task = asyncio.ensure_future(run(eng, r))
+        assert await asyncio.to_thread(runner.held.wait, 30)
+        passed = time.monotonic() + 0.1
+        await until(lambda: time.monotonic() > passed, "the cap to pass")
+        hold.clear()
+        texts, reasons, outs = await task
+        assert reasons[0] is FinishReason.LENGTH and len(texts[0]) == 1
+        assert [d.stop_reason for o in outs for d in o.deltas if d.finish_reason] == [None]
+    finally:
+        hold.clear()
         eng.stop()
 
 

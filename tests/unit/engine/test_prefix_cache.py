@@ -5,6 +5,7 @@ against the tokens it claims)."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import struct
 from pathlib import Path
@@ -103,7 +104,8 @@ def corrupt(path: Path, at: int) -> None:
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped_payload", "flipped_header", "renamed", "foreign",
-                                    "negative_token", "wrong_size", "not_json", "trailing"])
+                                    "negative_token", "wrong_size", "not_json", "trailing", "wrong_checksum",
+                                    "sha256_header", "old_format"])
 def test_a_bad_file_is_ignored_and_never_loaded(tmp_path: Path, damage: str) -> None:
     a = list(range(1, 2 * B + 1))  # two full blocks
     first = make(tmp_path)
@@ -139,12 +141,55 @@ def test_a_bad_file_is_ignored_and_never_loaded(tmp_path: Path, damage: str) -> 
         last.write_bytes(raw[:8] + b"{" * hlen + rest)
     elif damage == "trailing":
         last.write_bytes(raw + b"x")
+    elif damage == "wrong_checksum":  # the header's checksum, not the payload, changed
+        digest = header["xxh3_128"]
+        rewrite({**header, "xxh3_128": ("0" if digest[0] != "0" else "1") + digest[1:]})
+    elif damage == "sha256_header":  # the current magic over version 1's header
+        h = {k: v for k, v in header.items() if k != "xxh3_128"}
+        rewrite({**h, "sha256": hashlib.sha256(rest[4 * B:]).hexdigest()})
+    elif damage == "old_format":  # exactly what version 1 wrote: b"HKB1", a SHA-256
+        h = {k: v for k, v in header.items() if k != "xxh3_128"}
+        blob = json.dumps({**h, "sha256": hashlib.sha256(rest[4 * B:]).hexdigest()}).encode()
+        last.write_bytes(b"HKB1" + struct.pack("<I", len(blob)) + blob + rest)
     again = make(tmp_path)
     got = again.prefetch(a)
     assert got == B  # the good first block only
     assert loaded(again, a) == a[:B]
     assert again.stats().rejected_files == 1
     assert len(bad_files(tmp_path)) == 1  # the bad one is deleted
+    again.close()
+
+
+@pytest.mark.parametrize("flip", [None, 0, 17, -1])
+def test_a_payload_is_checked_whole_when_read_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        flip: int | None) -> None:
+    monkeypatch.setattr(block_files, "_CHUNK", 5)  # a block's 32 payload bytes in 7 reads
+    a = list(range(1, B + 1))
+    first = make(tmp_path)
+    put(first, a)
+    first.close()
+    (path,) = bad_files(tmp_path)
+    if flip is not None:
+        corrupt(path, path.stat().st_size - 4 * B + flip % (4 * B))  # a byte of the first, a middle or the last chunk
+    again = make(tmp_path)
+    assert again.prefetch(a) == (B if flip is None else 0)
+    assert loaded(again, a) == (a if flip is None else [])
+    assert again.stats().rejected_files == (0 if flip is None else 1)
+    again.close()
+
+
+def test_blocks_read_back_are_one_buffer_each(tmp_path: Path) -> None:
+    """A payload read from disk is the bytearray it was read into (no copy after the read),
+    and what the runner's join gets."""
+    a = list(range(1, 2 * B + 1))
+    first = make(tmp_path)
+    put(first, a)
+    first.close()
+    again = make(tmp_path)
+    assert again.prefetch(a) == 2 * B
+    m = again.match(a)
+    assert m is not None and all(type(p) is bytearray for p, _, _ in m.parts)
+    assert loaded(again, a) == a
     again.close()
 
 

@@ -191,3 +191,37 @@ def test_a_tenant_deletes_only_its_own_foreign_response(tmp_path: Path) -> None:
         assert c.get(f"/v1/responses/{rid}", headers=alice).status_code == 200
         assert c.delete(f"/v1/responses/{rid}", headers=alice).status_code == 200
         assert c.get(f"/v1/responses/{rid}", headers=alice).status_code == 404
+
+
+class _StallsUntilClosed(httpx.AsyncByteStream):
+    """One chunk, then nothing until the gateway closes the response."""
+
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'data: {"choices": [{"index": 0, "delta": {"content": "Hel"}}]}\n\n'
+        await self.closed.wait()
+
+    async def aclose(self) -> None:
+        self.closed.set()
+
+
+def test_the_time_cap_on_an_openai_upstream_ends_with_length_named_timeout(tmp_path: Path) -> None:
+    """The cap counts from the first generated token and ends the answer as max_tokens would,
+    with Hearth's stop reason: here the engine sends one piece, then nothing until the cap."""
+    def engine(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "qwen"}]})
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_StallsUntilClosed())
+
+    up = Upstream(name="gpu", url="http://10.0.0.9:8000", kind="openai", models={"q": "qwen"})
+    app = create_gateway_app(GatewaySettings(upstreams=[up], data_dir=tmp_path, probe_interval=60),
+                             transport=httpx.MockTransport(engine))
+    with TestClient(app) as c:
+        r = c.post("/v1/chat/completions", json={"model": "q", "timeout": 0.3,
+                                                 "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["message"]["content"] == "Hel"
+        assert (choice["finish_reason"], choice["stop_reason"]) == ("length", "timeout")

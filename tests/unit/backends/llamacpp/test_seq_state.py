@@ -112,3 +112,16 @@ def test_states_laid_out_otherwise_are_refused() -> None:
         seq_state.split_blocks(kv_state(list(range(4)), True), len(HEADER), layout, [(0, 2)])  # another layout
     with pytest.raises(ValueError):
         seq_state.join_blocks(layout, [(b"\0" * 7, 1, 1)])  # a payload of the wrong size
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+@pytest.mark.parametrize("n_stream", [1, 2, 4])
+def test_blocks_join_straight_into_the_state_of_one_stream_among_many(v_trans: bool, n_stream: int) -> None:
+    """join_blocks with the stream count is as_streams of the one-stream join (the buffer the
+    runner hands llama.cpp as it is), whatever buffer type the payloads come in."""
+    data = kv_state(list(range(10)), v_trans)
+    layout = seq_state.layout_of(data, len(HEADER))
+    parts = seq_state.split_blocks(data, len(HEADER), layout, [(0, 4), (4, 8), (8, 10)])
+    joined = seq_state.join_blocks(layout, [(bytearray(parts[0]), 4, 4), (parts[1], 4, 4), (parts[2], 2, 1)], n_stream)
+    assert isinstance(joined, bytearray)
+    assert joined == seq_state.as_streams(kv_state(list(range(9)), v_trans), len(HEADER), n_stream)
