@@ -28,10 +28,10 @@ from hearth.api.embeddings import EmbeddingsIn
 from hearth.api.model_control import LoadIn as LoadModelIn
 from hearth.api.model_control import UnloadIn as UnloadModelIn
 from hearth.api.ollama.bodies import ChatIn, GenerateIn
-from hearth.api.ollama.models import ShowIn
-from hearth.api.ollama.pull import DeleteIn, PullIn
 from hearth.api.ollama.embed import EmbeddingsIn as OllamaEmbeddingsIn
 from hearth.api.ollama.embed import EmbedIn as OllamaEmbedIn
+from hearth.api.ollama.models import ShowIn
+from hearth.api.ollama.pull import DeleteIn, PullIn
 from hearth.api.openai.chat import ChatCompletionIn
 from hearth.api.openai.completions import CompletionIn
 from hearth.api.openai.responses import ResponsesIn

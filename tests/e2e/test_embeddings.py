@@ -1,8 +1,9 @@
 """Embeddings on a real server with the real all-MiniLM-L6-v2 (installed by scripts/setup.sh):
 the openai SDK, LangChain's OpenAIEmbeddings, raw HTTP on Ollama's /api/embed and
-/api/embeddings; the vectors against an independent reference (numpy BERT over the original
-safetensors, `tokenizers` WordPiece: tests/helpers/bert_reference.py); the same vectors alone,
-batched and beside 16 concurrent requests; bad input answered 4xx in each protocol's shape.
+/api/embeddings, the official `ollama` client and LangChain's OllamaEmbeddings; the vectors
+against an independent reference (numpy BERT over the original safetensors, `tokenizers`
+WordPiece: tests/helpers/bert_reference.py); the same vectors alone, batched and beside 16
+concurrent requests; bad input answered 4xx in each protocol's shape.
 
 "The same" is within 1e-3 per value (cosine > 0.99999) rather than bit for bit: llama.cpp's
 attention and matrix kernels round differently by where a sequence sits in a shared call (seen
@@ -157,3 +158,28 @@ def test_served_like_any_model(srv: Server) -> None:
     assert card["meta"]["embedding"] is True and card["status"]["value"] == "loaded"  # the tests above loaded it
     assert card["meta"]["pooling"] == "mean" and card["meta"]["n_embd"] == 384
     assert Path(card["meta"]["path"]).name == catalog.MINILM.file
+
+
+def test_the_ollama_client_and_langchain_ollama_embeddings(srv: Server) -> None:
+    import ollama
+    from langchain_ollama import OllamaEmbeddings
+
+    ref = minilm()
+    client = ollama.Client(host=srv.url)
+    lc = OllamaEmbeddings(model=MODEL, base_url=srv.url)
+    try:
+        got = client.embed(model=MODEL, input=TEXTS[:2])
+        assert len(got.embeddings) == 2 and got.prompt_eval_count == sum(len(ref.tokens(t)) for t in TEXTS[:2])
+        for t, v in zip(TEXTS[:2], got.embeddings, strict=True):
+            assert float(np.asarray(v) @ ref.embed(t)) >= 0.99
+        old = client.embeddings(model=MODEL, prompt=TEXTS[0])
+        assert close(old.embedding, got.embeddings[0])
+        with pytest.raises(ollama.ResponseError) as missing:
+            client.embed(model="no-such-model", input="x")
+        assert missing.value.status_code == 404
+        assert close(lc.embed_query(TEXTS[0]), got.embeddings[0])
+        assert close(lc.embed_documents(TEXTS[:2])[1], got.embeddings[1])
+    finally:  # the clients' own httpx clients (as tests/clients/test_ollama_clients.py closes them)
+        client._client.close()
+        if lc._client is not None:
+            lc._client._client.close()
