@@ -170,7 +170,9 @@ def test_sdk_error_classes(client: Anthropic) -> None:
     ("POST", "/v1/messages", b'{"messages": [}', 400),
     ("POST", "/v1/messages", b"[1]", 400),
     ("POST", "/v1/messages", b'{"max_tokens": "lots", "messages": [{"role": "user", "content": "hi"}]}', 400),
-    ("POST", "/v1/messages", b'{"max_tokens": 9000, "messages": [{"role": "user", "content": "hi"}]}', 400),
+    # a prompt that fills the context alone (a max_tokens past it alone is lowered and served)
+    ("POST", "/v1/messages", b'{"max_tokens": 4, "messages": [{"role": "user", "content": "' + b"word " * 20000
+     + b'"}]}', 400),
     ("GET", "/v1/messages", None, 405),
     ("DELETE", "/v1/messages/count_tokens", None, 405),
     ("POST", "/v1/messages/batches", b"{}", 404),
