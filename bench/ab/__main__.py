@@ -16,10 +16,11 @@ from typing import Any
 
 from bench.ab.cancel import cancel_section
 from bench.ab.sections import AbConfig, decode, kv_types, speculative
+from bench.ab.structured import structured
 from bench.config import RESULTS_DIR, Settings, default_model
 from bench.machine import machine_info
 
-SECTIONS = ("decode", "cancel", "spec", "kv")
+SECTIONS = ("decode", "cancel", "spec", "kv", "structured")
 
 
 def _log(msg: str) -> None:
@@ -43,6 +44,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--spec-workloads", default="rewrite_file,echo_json,continue_code,chat")
     p.add_argument("--kv-rounds", type=int, default=3)
     p.add_argument("--kv-prompts", type=int, default=16)
+    p.add_argument("--compile-runs", type=int, default=50, help="structured: grammar compiles timed per kind")
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     return p.parse_args(argv)
 
@@ -84,6 +86,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         ),
         "spec": lambda: speculative(_settings(a, 1, 8192), cfg, _log),
         "kv": lambda: kv_types(_settings(a, 2, 4096), cfg, _log),
+        "structured": lambda: structured(_settings(a, 1, a.ctx), cfg, _log, a.compile_runs),
     }
     for name in SECTIONS:
         if name in sections:
@@ -151,6 +154,17 @@ def table(r: dict[str, Any]) -> str:
                 f"vs f16 {_f(info['identical_token_fraction'])} (prefix {_f(info['identical_prefix_fraction'])}),"
                 f" decode vs f16 {_f(info['decode_vs_f16']['median'])}× |"
             )
+    st = r.get("structured")
+    if st:
+        for kind, label in (("json", "JSON schema"), ("tool", "forced tool call")):
+            h, ls, vs = st[f"hearth {kind}/plain"], st[f"llama-server {kind}/plain"], st[f"hearth/llama-server {kind}"]
+            comp = st["compile"][kind]
+            rows.append(f"| structured {label}: hearth / its plain decode | **{_f(h['median'])}×** | "
+                        f"llama-server / its plain {_f(ls['median'])}×; hearth / llama-server constrained "
+                        f"**{_f(vs['median'])}×** (n {vs['n']}) |")
+            rows.append(f"| structured {label}: compile, uncached / cached p50 | "
+                        f"**{_f(comp['uncached_ms']['p50'])} ms / {_f(comp['cached_ms']['p50'], '{:.3f}')} ms** | "
+                        f"p90 {_f(comp['uncached_ms']['p90'])} / {_f(comp['cached_ms']['p90'], '{:.3f}')} ms |")
     return "\n".join(rows)
 
 

@@ -68,10 +68,16 @@ def _feed(data: str, s: Stream, now: float) -> None:
     if isinstance(event.get("timings"), dict):
         s.timings = event["timings"]
     for choice in event.get("choices") or []:
-        content = (choice.get("delta") or {}).get("content")
+        delta = choice.get("delta") or {}
+        content = delta.get("content")
         if content:
             s.token_times.append(now)
             s.text += content
+        # A tool call's arguments stream as chunks too (the structured section's forced call).
+        args = "".join(((c.get("function") or {}).get("arguments") or "") for c in delta.get("tool_calls") or [])
+        if args:
+            s.token_times.append(now)
+            s.text += args
         if choice.get("finish_reason"):
             s.finish_reason = choice["finish_reason"]
 

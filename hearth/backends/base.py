@@ -78,6 +78,8 @@ class ModelStats:
     accepted_tokens: int = 0  # of those, the ones accepted (emitted without a step of their own)
     interrupted_decodes: int = 0  # decodes stopped midway by an abort (their work re-run)
     kv_reprefills: int = 0  # session KV that could not be restored or failed a decode: prefilled again
+    grammar_cache_hits: int = 0  # constrained requests whose grammar this model had compiled already
+    grammar_cache_misses: int = 0  # grammars compiled against this model's vocabulary
 
 
 # ---- session KV ----------------------------------------------------------------------------

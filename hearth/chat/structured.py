@@ -6,12 +6,20 @@ names never collide. A forced call's grammar writes exactly the wrapper its tool
 with the tool name fixed and the arguments following the tool's schema; parameters that use
 `$ref` are filed under the wrapper's `$defs` with their refs rewritten to match (schema_refs.py),
 so nested and recursive pydantic models work as they do in response_format.
+
+Converting a schema costs milliseconds of Python (~5 ms for a small one), and agents send the
+same tools and response_format every turn, so the converted text is cached by the schema's JSON
+text (property order included: it decides the grammar's). The text does not depend on the model;
+the runner then caches the grammar compiled against its own vocabulary (engine/grammar_cache.py).
+Refusals (a 400) are not cached: they are raised again each time.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from hearth.chat.numeric_bounds import check_numbers
@@ -31,6 +39,49 @@ _WRAPPERS: dict[str, tuple[str, str]] = {
     "json": ("call", "arguments"),
 }
 _SEPARATORS = {"hermes": '"\\n"', "llama3": '";" " "?', "json": '"\\n"'}
+
+
+class _ConvertedCache:
+    """Grammar texts by the JSON text of what they were converted from: least recently used
+    dropped first past `capacity` entries or `max_bytes` of text."""
+
+    def __init__(self, capacity: int = 128, max_bytes: int = 16 << 20) -> None:
+        self.capacity, self.max_bytes = capacity, max_bytes
+        self._items: OrderedDict[str, str] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> str | None:
+        with self._lock:
+            text = self._items.get(key)
+            if text is not None:
+                self._items.move_to_end(key)
+            return text
+
+    def put(self, key: str, text: str) -> None:
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = text
+            self._bytes += len(key) + len(text)
+            while len(self._items) > 1 and (len(self._items) > self.capacity or self._bytes > self.max_bytes):
+                k, v = self._items.popitem(last=False)
+                self._bytes -= len(k) + len(v)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
+converted = _ConvertedCache()
+
+
+def _key(*parts: Any) -> str | None:
+    try:
+        return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):  # not JSON (a caller's own object): convert it every time
+        return None
 
 
 def forced_format(parser: str) -> str:
@@ -63,8 +114,14 @@ def schema_grammar(schema: dict[str, Any]) -> str:
     """GBNF whose `root` is JSON that validates against `schema`."""
     if not isinstance(schema, dict):
         raise BadRequest("a JSON schema must be an object", param="response_format")
-    check_numbers(schema, "response_format")
-    return _convert(schema, "")  # the converter names the top rule "root" when given ""
+    key = _key("schema", schema)
+    text = converted.get(key) if key is not None else None
+    if text is None:
+        check_numbers(schema, "response_format")
+        text = _convert(schema, "")  # the converter names the top rule "root" when given ""
+        if key is not None:
+            converted.put(key, text)
+    return text
 
 
 def response_format_grammar(rf: ResponseFormat | None) -> str | None:
@@ -88,6 +145,16 @@ def tool_call_grammar(tools: list[Tool], parser: str, parallel: bool) -> str:
     """GBNF for one call to any of `tools` (with `parallel`, up to one per tool), written in
     the format `parser` reads (see `forced_format`). The bound matters: a small model under a
     grammar that allows endless calls keeps writing them until max_tokens."""
+    key = _key("tools", parser, parallel, [[t.name, t.parameters] for t in tools])
+    text = converted.get(key) if key is not None else None
+    if text is None:
+        text = _tool_call_grammar(tools, parser, parallel)
+        if key is not None:
+            converted.put(key, text)
+    return text
+
+
+def _tool_call_grammar(tools: list[Tool], parser: str, parallel: bool) -> str:
     wrapper, args_key = _WRAPPERS[parser]
     defs: dict[str, Any] = {}
     calls = []

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from hearth.engine.grammar_cache import GrammarCache, GrammarCacheStats
 from hearth.engine.runner import BatchEntry, DecodeAborted
 from hearth.engine.types import SamplingParams
 
@@ -46,6 +47,7 @@ class FakeRunner:
     aborted: list[list[BatchEntry]] = field(default_factory=list)  # decodes stopped by interrupt()
     _last_logits: list[np.ndarray] = field(default_factory=list)
     _interrupted: threading.Event = field(default_factory=threading.Event)
+    grammars: GrammarCache[str] = field(default_factory=lambda: GrammarCache(_check_gbnf, str, lambda _: None))
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         return list(text.encode())
@@ -138,9 +140,11 @@ class FakeRunner:
         return {"fake": 1, "n_vocab": self.n_vocab, "kv_type": self.kv_type}
 
     def check_grammar(self, grammar: str) -> None:
-        """Only the shape llama.cpp insists on: a `root` rule."""
-        if "root" not in grammar or "::=" not in grammar:
-            raise ValueError("the grammar is not valid GBNF (no root rule)")
+        """Only the shape llama.cpp insists on: a `root` rule (cached like the real runner's)."""
+        self.grammars.compile(grammar)
+
+    def grammar_stats(self) -> GrammarCacheStats:
+        return self.grammars.stats()
 
     def close(self) -> None:
         self.kv.clear()
@@ -182,6 +186,12 @@ class FakeRunner:
         if not data.startswith(b"FAKE"):
             raise ValueError("not a fake state")
         self.kv[seq_id] = np.frombuffer(data[4:], dtype="<i4").tolist()
+
+
+def _check_gbnf(grammar: str) -> str:
+    if "root" not in grammar or "::=" not in grammar:
+        raise ValueError("the grammar is not valid GBNF (no root rule)")
+    return grammar
 
 
 class FakeSampler:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hearth.engine.grammar_cache import GrammarCacheStats
 from hearth.engine.types import SamplingParams
 
 
@@ -135,8 +136,12 @@ class Runner(Protocol):
         ...
 
     def check_grammar(self, grammar: str) -> None:
-        """Raise ValueError if `grammar` (GBNF with a `root` rule) cannot be used. Safe from
-        any thread."""
+        """Raise ValueError if `grammar` (GBNF with a `root` rule) cannot be used; else compile
+        it into this runner's grammar cache (a hit when it is there). Safe from any thread."""
+        ...
+
+    def grammar_stats(self) -> GrammarCacheStats:
+        """This runner's (this model's) grammar cache: hits, misses, entries."""
         ...
 
     def close(self) -> None:

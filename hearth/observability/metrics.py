@@ -38,7 +38,11 @@ COUNTERS = (("hearth_prompt_tokens", "Prompt tokens prefilled", "prompt_tokens")
             ("hearth_interrupted_decodes", "Decodes stopped midway by an abort (neighbours re-run)",
              "interrupted_decodes"),
             ("hearth_session_kv_reprefills", "Session KV that could not be restored or failed a decode, "
-             "dropped and prefilled again from the transcript", "kv_reprefills"))
+             "dropped and prefilled again from the transcript", "kv_reprefills"),
+            ("hearth_grammar_cache_hits", "Constrained requests (response_format, forced tool call, grammar) "
+             "whose grammar this model had compiled already", "grammar_cache_hits"),
+            ("hearth_grammar_cache_misses", "Grammars compiled against this model's vocabulary (then cached)",
+             "grammar_cache_misses"))
 
 
 # The prompt cache, per model and tier (tier = slot, ram, disk): (metric, help, TierStats field,

@@ -27,7 +27,9 @@ from llama_cpp import _logger as llama_logger
 
 from hearth.backends.llamacpp import seq_state
 from hearth.backends.llamacpp.abort_flag import AbortFlag, callback_address
-from hearth.backends.llamacpp.sampler import NativeSampler
+from hearth.backends.llamacpp.sampler import CompiledGrammar, NativeSampler
+from hearth.backends.llamacpp.token_mask import MaskCompiler
+from hearth.engine.grammar_cache import GrammarCache, GrammarCacheStats
 from hearth.engine.runner import BatchEntry, DecodeAborted
 from hearth.engine.types import SamplingParams
 
@@ -130,6 +132,10 @@ class LlamaCppRunner:
         self._state_header: int | None = None
         self._state_header_len()  # measured now, while every sequence is empty
         self._kv_layout: seq_state.KVLayout | None = None  # probed on first use (`_layout`)
+        # Grammars parsed against this model's vocabulary, once per text (samplers take clones).
+        self.grammars: GrammarCache[CompiledGrammar] = GrammarCache(
+            self._compile_grammar, CompiledGrammar.clone, CompiledGrammar.free)
+        self.masks = MaskCompiler(self.vocab, self.n_vocab, self.eog_tokens)
 
     # ---- vocabulary ---------------------------------------------------------------
 
@@ -236,12 +242,20 @@ class LlamaCppRunner:
         return NativeSampler(self, params)
 
     def check_grammar(self, grammar: str) -> None:
-        """Raise ValueError if llama.cpp cannot parse `grammar` (GBNF with a `root` rule).
-        Reads only the vocabulary, so it is safe outside the engine thread."""
+        """Raise ValueError if llama.cpp cannot parse `grammar` (GBNF with a `root` rule); else
+        it is compiled and cached for the request's sampler. Reads only the vocabulary, so it is
+        safe outside the engine thread (where llguidance's tokenizer is built, once)."""
+        self.masks.prepare()
+        self.grammars.compile(grammar)
+
+    def grammar_stats(self) -> GrammarCacheStats:
+        return self.grammars.stats()
+
+    def _compile_grammar(self, grammar: str) -> CompiledGrammar:
         smpl = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
         if not smpl:
             raise ValueError("the grammar is not valid GBNF (llama.cpp could not parse it)")
-        L.llama_sampler_free(smpl)
+        return CompiledGrammar(smpl, self.masks.matcher(grammar))
 
     def kv_remove(self, seq_id: int, p0: int, p1: int) -> None:
         if not L.llama_memory_seq_rm(self.mem, seq_id, p0, p1):
@@ -393,6 +407,8 @@ class LlamaCppRunner:
         )
 
     def close(self) -> None:
+        if getattr(self, "grammars", None):
+            self.grammars.clear()
         if getattr(self, "ctx", None):
             L.llama_free(self.ctx)
             self.ctx = None

@@ -177,14 +177,15 @@ class LocalBackend:
     def stats(self) -> dict[str, ModelStats]:
         out = {}
         for mid, m in self._set.loaded().items():
-            e, s = m.engine, m.engine.stats
+            e, s, g = m.engine, m.engine.stats, m.runner.grammar_stats()
             out[mid] = ModelStats(
                 running=e.running, waiting=m.admission.waiting + e.waiting, kv_tokens=e.slots.kv_tokens,
                 slots_busy=e.slots.n_busy, swapped_ram_bytes=e.swap.ram_bytes(), prompt_tokens=s.prompt_tokens,
                 cached_tokens=s.cached_tokens, generated_tokens=s.generated_tokens, steps=s.steps,
                 finished=s.finished, cancelled=s.cancelled, swap_outs=s.swap_outs, swap_ins=s.swap_ins,
                 drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
-                interrupted_decodes=s.interrupted_decodes, kv_reprefills=s.kv_reprefills)
+                interrupted_decodes=s.interrupted_decodes, kv_reprefills=s.kv_reprefills,
+                grammar_cache_hits=g.hits, grammar_cache_misses=g.misses)
         return out
 
     def load_stats(self) -> dict[str, LoadStats]:
