@@ -21,6 +21,7 @@ from typing import Any
 import llama_cpp as L
 import numpy as np
 
+from hearth.backends.llamacpp import native
 from hearth.backends.llamacpp.runner import _init_backend
 
 POOLING_NAMES = {int(L.LLAMA_POOLING_TYPE_NONE): "none", int(L.LLAMA_POOLING_TYPE_MEAN): "mean",
@@ -36,11 +37,7 @@ class LlamaCppEmbedRunner:
         self.path = str(model_path)
         if not Path(self.path).is_file():
             raise FileNotFoundError(f"model file not found: {self.path}")
-        mparams = L.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        model = L.llama_model_load_from_file(self.path.encode(), mparams)
-        if not model:
-            raise RuntimeError(f"llama.cpp could not load {self.path}")
+        model = native.load_model(self.path)
         self.model = model
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
@@ -101,15 +98,7 @@ class LlamaCppEmbedRunner:
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         """WordPiece (or the model's own) tokens. A special token spelled in `text` ("[SEP]") is
         that token, as sentence-transformers' tokenizer reads it (and llama-server's)."""
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        buf = (L.llama_token * cap)()
-        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
-        if n < 0:
-            cap = -n
-            buf = (L.llama_token * cap)()
-            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
-        return list(buf[:n])
+        return native.tokenize(self.vocab, text, add_special=add_special, parse_special=True)
 
     def embed(self, seqs: list[list[int]]) -> list[np.ndarray]:
         total = sum(len(s) for s in seqs)
@@ -140,9 +129,7 @@ class LlamaCppEmbedRunner:
                 L.llama_memory_clear(self.mem, True)
 
     def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(4096)
-        n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+        return native.model_meta(self.model, key)
 
     def close(self) -> None:
         if getattr(self, "ctx", None):

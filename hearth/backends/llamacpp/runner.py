@@ -25,7 +25,7 @@ import llama_cpp as L
 import numpy as np
 from llama_cpp import _logger as llama_logger
 
-from hearth.backends.llamacpp import seq_state
+from hearth.backends.llamacpp import native, seq_state
 from hearth.backends.llamacpp.abort_flag import AbortFlag, callback_address
 from hearth.backends.llamacpp.sampler import CompiledGrammar, NativeSampler
 from hearth.backends.llamacpp.token_mask import MaskCompiler
@@ -80,11 +80,7 @@ class LlamaCppRunner:
         self.path = str(model_path)
         if not Path(self.path).is_file():
             raise FileNotFoundError(f"model file not found: {self.path}")
-        mparams = L.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        model = L.llama_model_load_from_file(self.path.encode(), mparams)
-        if not model:
-            raise RuntimeError(f"llama.cpp could not load {self.path}")
+        model = native.load_model(self.path)
         self.model = model
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
@@ -140,15 +136,7 @@ class LlamaCppRunner:
     # ---- vocabulary ---------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        buf = (L.llama_token * cap)()
-        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            buf = (L.llama_token * cap)()
-            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        return list(buf[:n])
+        return native.tokenize(self.vocab, text, add_special=add_special, parse_special=parse_special)
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces.get(token)
@@ -379,14 +367,7 @@ class LlamaCppRunner:
     # ---- metadata ---------------------------------------------------------------------
 
     def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(1 << 16)
-        n = L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
+        return native.model_meta(self.model, key)
 
     def _read_info(self) -> ModelInfo:
         desc = ctypes.create_string_buffer(256)
