@@ -175,6 +175,27 @@ def test_kv_files_reject_corruption_and_other_models(tmp_path: Path) -> None:
         store.put("../evil", [1], b"x")
 
 
+def test_kv_files_written_with_the_older_sha256_checksum_still_load_and_are_still_checked(tmp_path: Path) -> None:
+    import hashlib
+    import json
+    import struct
+
+    def old_file(data: bytes, digest: str) -> Path:
+        path = tmp_path / "old.kv"
+        header = json.dumps({"fingerprint": {"m": 1}, "n_tokens": 2, "kv_bytes": len(data),
+                             "sha256": digest}).encode()
+        path.write_bytes(b"HKV1" + struct.pack("<I", len(header)) + header + struct.pack("<2i", 7, 8) + data)
+        return path
+
+    good = hashlib.sha256(b"kv").hexdigest()
+    assert read_kv_file(old_file(b"kv", good), {"m": 1}) == ([7, 8], b"kv")
+    with pytest.raises(ValueError, match="checksum"):
+        read_kv_file(old_file(b"kw", good), {"m": 1})
+    new = tmp_path / "new.kv"
+    write_kv_file(new, [7, 8], b"kv", {"m": 1})
+    assert b'"xxh3_128"' in new.read_bytes() and b'"sha256"' not in new.read_bytes()
+
+
 async def test_stateless_prompts_pushed_out_of_their_slot_come_back_from_the_prompt_cache() -> None:
     eng, runner = make(1, with_cache=True)
     assert eng.cache is not None
