@@ -119,6 +119,7 @@ class Settings:
     log_format: str = "text"  # text | json
     # admission and time caps
     max_waiting: int = 64
+    batch_concurrency: int = 2  # batch lines (the Batch API) running at once, all batches together
     max_wait: float = 60.0
     request_timeout: float = 600.0  # default cap on a request's generation, seconds from its first token
     # A max_tokens past the context: a 400 (OpenAI's) when strict, else lowered to what is left (llama-server's).

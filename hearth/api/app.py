@@ -27,6 +27,8 @@ from hearth.api import (
     web,
 )
 from hearth.api.anthropic import messages
+from hearth.api.batches import routes as batch_routes
+from hearth.api.batches.runner import Batches
 from hearth.api.context import NodeContext
 from hearth.api.http.auth import AuthMiddleware
 from hearth.api.http.cancels import CancelRegistry
@@ -93,15 +95,18 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
     context = NodeContext(backend=SessionBackend(backend, manager), sessions=manager, settings=settings,
                           cancels=cancels, metrics=metrics,
                           responses=ResponseStore(settings.data_dir / "hearth.db"), responses_settled={},
-                          background=BackgroundRuns(), keys=accounts)
+                          background=BackgroundRuns(), keys=accounts,
+                          batches=Batches(settings.data_dir, settings.batch_concurrency))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Load in the background: the port opens at once and /health says 503 until ready.
         loading = asyncio.create_task(backend.start())
+        context.batches.start(app)  # resumes unfinished batches; their lines retry while the model loads
         try:
             yield
         finally:
+            await context.batches.shutdown()  # first: a line stopped now runs again on the next start
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
             await context.background.shutdown()  # before the backend stops: each run records its end
@@ -123,6 +128,15 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/cancel", responses.cancel_response, methods=["POST"]),
+        Route("/v1/files", batch_routes.upload_file, methods=["POST"]),
+        Route("/v1/files", batch_routes.list_files, methods=["GET"]),
+        Route("/v1/files/{file_id}", batch_routes.get_file, methods=["GET"]),
+        Route("/v1/files/{file_id}", batch_routes.delete_file, methods=["DELETE"]),
+        Route("/v1/files/{file_id}/content", batch_routes.file_content, methods=["GET"]),
+        Route("/v1/batches", batch_routes.create_batch, methods=["POST"]),
+        Route("/v1/batches", batch_routes.list_batches, methods=["GET"]),
+        Route("/v1/batches/{batch_id}", batch_routes.get_batch, methods=["GET"]),
+        Route("/v1/batches/{batch_id}/cancel", batch_routes.cancel_batch, methods=["POST"]),
         Route("/v1/sessions", sessions.create_session, methods=["POST"]),
         Route("/v1/sessions", sessions.list_sessions, methods=["GET"]),
         Route("/v1/sessions/{session_id}", sessions.get_session, methods=["GET"]),

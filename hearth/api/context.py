@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.requests import Request
 
+from hearth.api.batches.runner import Batches
 from hearth.api.http.cancels import CancelRegistry
 from hearth.api.http.key_usage import KeyAccounts
 from hearth.api.openai.responses_events import BackgroundRuns
@@ -38,6 +39,7 @@ class NodeContext:
     responses_settled: dict[str, asyncio.Event]
     background: BackgroundRuns  # background responses: their runs and their recorded events
     keys: KeyAccounts  # usage and limits per API key
+    batches: Batches  # the Batch API: files, batches and their durable runs (api/batches)
 
 
 def node_of(app: Starlette) -> NodeContext:

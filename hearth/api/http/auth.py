@@ -39,6 +39,10 @@ OPEN_PATHS = ("/health", "/", "/openapi.json")  # the API document holds no data
 OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
 ADMIN_PREFIX = "/admin/"  # every path under it needs the admin key (when one is set)
 CALLER = "hearth.caller"  # the scope key the middleware records the caller under
+# The scope key of a request the node makes to itself (a batch's lines, api/batches/dispatch.py):
+# the caller it runs as, recorded when the batch was created with a checked key. Only code in
+# this process builds such a scope; an HTTP server never puts this key in one.
+INPROCESS_CALLER = "hearth.inprocess_caller"
 FLEET_PREFIX = "/admin/fleet/"
 
 
@@ -152,6 +156,11 @@ class AuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        inprocess = scope.get(INPROCESS_CALLER)
+        if isinstance(inprocess, Caller):
+            scope[CALLER] = inprocess  # checked when its batch was created; key limits still apply
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])

@@ -1,0 +1,245 @@
+"""The batch runner: the node's batches, each a task that sends its lines to the node itself
+(dispatch.py) and records each answer durably (store.py) before counting it.
+
+Order of a batch's life (OpenAI's statuses): `validating` (created) → `in_progress` (its task
+started) → `finalizing` (every line answered; the output and error files are being written) →
+`completed`. `POST .../cancel` makes it `cancelling`: no new line starts, the lines in flight
+finish, and it ends `cancelled` with the partial results in its files. Past its completion
+window (`expires_at`) no new line starts and the batch ends `expired`, its unstarted lines in the
+error file as `batch_expired`. A batch whose saved input cannot be read ends `failed`.
+
+Durability: a line is done when its record is in `results.jsonl` (fsynced). On start the node
+resumes every batch not in a final status, skipping the custom_ids already recorded, so a
+restart or a `kill -9` neither loses a line nor writes one twice (a line that was in flight when
+the process died runs again: its answer was never recorded). Finalizing writes files whose ids
+are derived from the batch's, so a crash mid-way rewrites the same files, never a second pair.
+
+Sharing the node: at most `concurrency` lines run at once over all batches (`batch_concurrency`
+in Settings), so interactive traffic keeps the other slots; every line is sent with
+`service_tier: "flex"` (the lowest admission class, which the scheduler may preempt for
+interactive work; a node whose scheduler does not know the field yet ignores it: OpenAI bodies
+accept unknown fields). A 429 (the caller's key limits, a full queue) or a 503 (model loading,
+node busy) is not the line's answer: it is retried, backing off, until the batch is cancelled or
+expires.
+
+Test gate (hearth/test_gate.py): before line `i` (0-based) starts, `batch-line-<i>`; the
+batch's task waits there holding its slot, so no later line starts either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.types import ASGIApp
+
+from hearth import test_gate
+from hearth.api.batches import dispatch
+from hearth.api.batches.files import FileStore
+from hearth.api.batches.lines import Line, dumps
+from hearth.api.batches.store import LIVE, Batch, BatchStore
+from hearth.errors import Conflict
+
+log = logging.getLogger("hearth.api")
+
+RETRY_FIRST = 0.25  # seconds before the first retry of a 429 / 503; doubled up to RETRY_MAX
+RETRY_MAX = 8.0
+EXPIRED = {"code": "batch_expired",
+           "message": "This request could not be executed before the completion window expired."}
+SERVICE_TIER = "flex"
+
+
+def derived_file_id(batch_id: str, kind: str) -> str:
+    return "file-" + hashlib.sha256(f"{batch_id}/{kind}".encode()).hexdigest()[:32]
+
+
+class Batches:
+    """The Batch API's state on one node: files, batches and their runs."""
+
+    def __init__(self, data_dir: Path, concurrency: int = 2, clock: Callable[[], float] = time.time) -> None:
+        self.files = FileStore(data_dir / "batches" / "files")
+        self.store = BatchStore(data_dir / "batches" / "jobs")
+        self.concurrency = max(1, concurrency)
+        self.clock = clock
+        self.app: ASGIApp | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def now(self) -> int:
+        return int(self.clock())
+
+    # lifecycle
+
+    def start(self, app: ASGIApp) -> None:
+        """Bind the node's app (the lines' path) and resume every batch that was not finished."""
+        self.app = app
+        for b in self.store.load():
+            if b.status in LIVE:
+                self.launch(b)
+
+    async def shutdown(self) -> None:
+        """Stop every run where it is: its recorded lines stay, the next start resumes it."""
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+    def launch(self, b: Batch) -> None:
+        if self.app is None or b.id in self._tasks:
+            return  # not started yet: start() resumes it
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.concurrency)
+        task = asyncio.create_task(self._run(b), name=f"batch {b.id}")
+        self._tasks[b.id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(b.id, None))
+
+    async def idle(self) -> None:
+        """Wait until no batch is running (tests)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    def cancel(self, b: Batch) -> None:
+        if b.status in ("cancelling", "cancelled"):
+            return
+        if b.status not in ("validating", "in_progress"):
+            raise Conflict(f"Cannot cancel a batch with status '{b.status}'.", code="batch_not_cancellable")
+        self._set(b, "cancelling")
+        if b.id not in self._tasks:
+            self.launch(b)
+
+    # the run
+
+    def _set(self, b: Batch, status: str) -> None:
+        b.obj["status"] = status
+        b.obj[f"{status}_at"] = self.now()
+        b.save()
+
+    def _expired(self, b: Batch) -> bool:
+        return self.now() >= int(b.obj["expires_at"])
+
+    async def _run(self, b: Batch) -> None:
+        if b.status == "validating":
+            self._set(b, "in_progress")
+        try:
+            lines = await asyncio.to_thread(b.lines)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            b.obj["errors"] = {"object": "list", "data": [{"code": "invalid_input", "message": f"the batch's saved "
+                                                            f"input cannot be read: {e}", "param": None, "line": None}]}
+            self._set(b, "failed")
+            return
+        expired = False
+        if b.status == "in_progress":
+            expired = await self._send_all(b, lines)
+        if b.status == "cancelling":
+            await self._finish(b, "cancelled")
+        elif expired:
+            for line in lines:
+                if line.custom_id not in b.done:
+                    await self._record(b, line.custom_id, False, self._line_out(line, None, EXPIRED))
+            await self._finish(b, "expired")
+        else:
+            if b.status != "finalizing":
+                self._set(b, "finalizing")
+            await self._finish(b, "completed")
+
+    async def _send_all(self, b: Batch, lines: list[Line]) -> bool:
+        """Run every line not yet done, at most `concurrency` at once over all batches; True
+        when the window ran out first."""
+        assert self._slots is not None
+        slots = self._slots
+        running: set[asyncio.Task[None]] = set()
+        expired = False
+        try:
+            for line in lines:
+                if line.custom_id in b.done:
+                    continue
+                if b.status == "cancelling":
+                    break
+                if self._expired(b):
+                    expired = True
+                    break
+                await slots.acquire()
+                try:
+                    if os.environ.get(test_gate.ENV):
+                        await asyncio.to_thread(test_gate.wait_at_gate, f"batch-line-{line.index}")
+                except BaseException:
+                    slots.release()
+                    raise
+                if b.status == "cancelling":
+                    slots.release()
+                    break
+                task = asyncio.create_task(self._one(b, line), name=f"batch {b.id} line {line.index}")
+                running.add(task)
+                task.add_done_callback(lambda t: self._line_ended(running, t, slots))
+            if running:
+                await asyncio.gather(*list(running))
+        finally:
+            for t in list(running):  # shutting down: stop the lines in flight (they run again)
+                t.cancel()
+            for t in list(running):
+                with contextlib.suppress(BaseException):
+                    await t
+        return expired or (self._expired(b) and any(ln.custom_id not in b.done for ln in lines))
+
+    @staticmethod
+    def _line_ended(running: set[asyncio.Task[None]], t: asyncio.Task[None], slots: asyncio.Semaphore) -> None:
+        running.discard(t)
+        slots.release()
+
+    async def _one(self, b: Batch, line: Line) -> None:
+        if self.app is None:
+            return
+        body = {**line.body, "service_tier": SERVICE_TIER}
+        delay = RETRY_FIRST
+        while True:
+            try:
+                answer = await dispatch.call(self.app, b.caller, line.url, body)
+            except Exception as e:  # the app answers every error itself; this is a defect: record it
+                log.exception("batch %s line %s failed", b.id, line.custom_id)
+                await self._record(b, line.custom_id, False, self._line_out(
+                    line, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}))
+                return
+            if answer.status not in (429, 503):
+                break
+            if b.status == "cancelling" or self._expired(b):
+                return  # not answered: a cancelled batch leaves it out, an expired one marks it
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+        ok = 200 <= answer.status < 300
+        response = {"status_code": answer.status, "request_id": answer.request_id, "body": answer.body}
+        await self._record(b, line.custom_id, ok, self._line_out(line, response, None))
+
+    @staticmethod
+    def _line_out(line: Line, response: dict[str, Any] | None, error: dict[str, Any] | None) -> dict[str, Any]:
+        return {"id": "batch_req_" + secrets.token_hex(16), "custom_id": line.custom_id,
+                "response": response, "error": error}
+
+    async def _record(self, b: Batch, custom_id: str, ok: bool, out: dict[str, Any]) -> None:
+        async with self._locks.setdefault(b.id, asyncio.Lock()):  # one append at a time per batch
+            await asyncio.to_thread(b.record, custom_id, ok, out)
+
+    async def _finish(self, b: Batch, status: str) -> None:
+        """Write the output and error files from the recorded lines (in input order), then the
+        final status."""
+        results = await asyncio.to_thread(b.results)
+        order = {ln.custom_id: ln.index for ln in await asyncio.to_thread(b.lines)}
+        results.sort(key=lambda r: order.get(str(r.get("custom_id")), len(order)))
+        for kind, key, ok in (("output", "output_file_id", True), ("errors", "error_file_id", False)):
+            chosen = [r["line"] for r in results if bool(r.get("ok")) == ok]
+            if chosen:
+                fid = derived_file_id(b.id, kind)
+                await asyncio.to_thread(self.files.create, b"".join(dumps(x) for x in chosen),
+                                        f"{b.id}_{kind}.jsonl", "batch_output", b.owner, fid)
+                b.obj[key] = fid
+        self._set(b, status)
