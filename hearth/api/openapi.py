@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from hearth.api import web, wire
 from hearth.api.anthropic import messages
 from hearth.api.anthropic.messages import CountTokensIn, MessagesIn
+from hearth.api.batches import wire as batch_wire
 from hearth.api.control import CancelIn, DetokenizeIn, TokenizeIn
 from hearth.api.embeddings import EmbeddingsIn
 from hearth.api.model_control import LoadIn as LoadModelIn
@@ -39,7 +40,11 @@ from hearth.api.prompt_blocks import BlocksIn
 from hearth.api.sessions import CreateIn, ResizeIn, RollbackIn
 from hearth.api.snapshots import LoadIn, SnapshotMetaIn
 
-Body = type[BaseModel] | Literal["tar"] | None
+Body = type[BaseModel] | Literal["tar", "multipart"] | None
+# POST /v1/files: OpenAI's multipart upload of a batch's JSONL
+UPLOAD_FORM = {"type": "object", "required": ["file", "purpose"], "properties": {
+    "file": {"type": "string", "format": "binary", "description": "The JSONL: one request a line"},
+    "purpose": {"type": "string", "enum": ["batch"]}}}
 
 ERROR_TEXT = {400: "Invalid request", 401: "Missing or invalid API key", 403: "Needs the admin key",
               404: "Not found", 409: "Conflict (busy session, existing id, incompatible snapshot)",
@@ -56,7 +61,7 @@ class Operation:
     path: str  # as routed, e.g. /v1/models/{model:path}
     summary: str
     tag: str
-    ok: type[BaseModel] | Literal["sse", "tar", "text", "html", "static", "empty"] | None
+    ok: type[BaseModel] | Literal["sse", "tar", "text", "html", "static", "empty", "jsonl"] | None
     body: Body = None
     body_required: bool = True
     status: int = 200
@@ -75,6 +80,8 @@ def _ops() -> list[Operation]:
     sid = {"session_id": "A session id: 1-128 characters of A-Z a-z 0-9 . _ -"}
     snap = {"snapshot_id": "A snapshot id: snap_ and 32 hex digits"}
     rid = {"response_id": "A stored response id: resp_ and 32 hex digits"}
+    file_id = {"file_id": "A file id: file- and 32 hex digits"}
+    batch_id = {"batch_id": "A batch id: batch_ and 32 hex digits"}
     model_q = {"model": "A model id or alias (default: the default model)"}
     return [
         Operation("POST", "/v1/chat/completions", "Create a chat completion (OpenAI)", "openai", wire.ChatCompletion,
@@ -121,6 +128,26 @@ def _ops() -> list[Operation]:
         Operation("POST", "/v1/sessions/{session_id}/save", "Snapshot a session", "snapshots", wire.Snapshot,
                   SnapshotMetaIn, body_required=False, status=201, errors=(400, 401, 404, 409, 413, 503),
                   params=sid),
+        Operation("POST", "/v1/files", "Upload a batch's input file (JSONL, purpose batch)", "batches",
+                  batch_wire.FileObject, "multipart", errors=(400, 401, 413)),
+        Operation("GET", "/v1/files", "List files", "batches", batch_wire.FileList, errors=(400, 401),
+                  query={"purpose": "Only files of this purpose", "limit": "Files per page (1-10000)",
+                         "after": "The last file id of the previous page", "order": "desc (default) or asc"}),
+        Operation("GET", "/v1/files/{file_id}", "Get a file's object", "batches", batch_wire.FileObject,
+                  errors=(401, 404), params=file_id),
+        Operation("DELETE", "/v1/files/{file_id}", "Delete a file", "batches", batch_wire.FileDeleted,
+                  errors=(401, 403, 404), params=file_id),
+        Operation("GET", "/v1/files/{file_id}/content", "Download a file's content", "batches", "jsonl",
+                  errors=(401, 404), params=file_id),
+        Operation("POST", "/v1/batches", "Create a batch", "batches", batch_wire.BatchObject, batch_wire.BatchIn,
+                  errors=(400, 401, 404, 413)),
+        Operation("GET", "/v1/batches", "List batches, newest first", "batches", batch_wire.BatchList,
+                  errors=(400, 401), query={"limit": "Batches per page (1-100, default 20)",
+                                            "after": "The last batch id of the previous page"}),
+        Operation("GET", "/v1/batches/{batch_id}", "Get a batch", "batches", batch_wire.BatchObject,
+                  errors=(401, 404), params=batch_id),
+        Operation("POST", "/v1/batches/{batch_id}/cancel", "Cancel a batch", "batches", batch_wire.BatchObject,
+                  errors=(401, 404, 409), params=batch_id),
         Operation("GET", "/v1/snapshots", "List snapshots", "snapshots", wire.SnapshotList, errors=(401,)),
         Operation("POST", "/v1/snapshots/import", "Import a snapshot archive", "snapshots", wire.Snapshot, "tar",
                   status=201, errors=(400, 401, 409, 413, 422, 503)),
@@ -237,7 +264,7 @@ def _ok(op: Operation, ref: Refs) -> dict[str, Any]:
         return {"description": "Server-sent events when stream is true" if op.streams else "OK", "content": content}
     if op.ok == "empty":
         return {"description": "Done (no body)"}
-    media = {"tar": "application/x-tar", "text": "text/plain", "html": "text/html"}
+    media = {"tar": "application/x-tar", "text": "text/plain", "html": "text/html", "jsonl": "application/jsonl"}
     if op.ok == "static":
         return {"description": "The file", "content": {
             t: {"schema": {"type": "string"}} for t in ("text/html", "text/javascript", "text/css")}}
@@ -264,7 +291,9 @@ def _operation(op: Operation, ref: Refs) -> dict[str, Any]:
                     "schema": PARAM_SCHEMAS.get(name, {"type": "string"})} for name, text in op.query.items()]
     if parameters:
         out["parameters"] = parameters
-    if op.body == "tar":
+    if op.body == "multipart":
+        out["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": UPLOAD_FORM}}}
+    elif op.body == "tar":
         out["requestBody"] = {"required": True, "content": {
             "application/x-tar": {"schema": {"type": "string", "format": "binary"}}}}
     elif op.body is not None:

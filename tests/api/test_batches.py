@@ -391,3 +391,21 @@ async def test_lines_go_as_flex_as_their_caller_and_429_503_are_retried(tmp_path
     for who, body in seen:
         assert who.tenant == "team-a" and who.key_name == "alice"
         assert body["service_tier"] == "flex" and body["messages"][0]["content"] == "say a"
+
+
+async def test_answers_have_the_documented_shapes(h: Harness) -> None:
+    """What /openapi.json says the routes answer (api/batches/wire.py) is what they answer."""
+    from hearth.api.batches import wire
+
+    r = await upload(h, jsonl([line("a"), line("bad", messages="x")]))
+    f = wire.FileObject.model_validate(r.json())
+    r = await h.post("/v1/batches", {"input_file_id": f.id, "endpoint": CHAT, "completion_window": "24h"})
+    created = wire.BatchObject.model_validate(r.json())
+    await batches_of(h).idle()
+    done = wire.BatchObject.model_validate((await h.client.get(f"/v1/batches/{created.id}")).json())
+    assert done.status == "completed" and done.output_file_id and done.error_file_id
+    wire.BatchList.model_validate((await h.client.get("/v1/batches")).json())
+    wire.FileList.model_validate((await h.client.get("/v1/files")).json())
+    wire.FileDeleted.model_validate((await h.client.delete(f"/v1/files/{f.id}")).json())
+    doc = (await h.client.get("/openapi.json")).json()
+    assert "multipart/form-data" in doc["paths"]["/v1/files"]["post"]["requestBody"]["content"]
