@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from hearth import __version__
-from hearth.cli import cache, chat, docs, gateway, keys, launch, models, ps, server, sessions, snapshots
+from hearth.cli import batch, cache, chat, docs, gateway, keys, launch, models, ps, server, sessions, snapshots
 from hearth.cli.common import CorsOpt, InsecureOpt, RequireKeyOpt, required_keys
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
@@ -21,6 +21,7 @@ app.add_typer(models.app, name="models")
 app.add_typer(cache.app, name="cache")
 app.add_typer(keys.app, name="keys")
 app.add_typer(gateway.app, name="gateway")
+app.add_typer(batch.app, name="batch")
 app.command()(chat.chat)
 app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     launch.launch)
