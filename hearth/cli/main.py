@@ -89,6 +89,8 @@ def serve(
         envvar="HEARTH_MAX_WAITING", help="Requests that may queue for a slot; more get 429.")] = 64,
     max_wait: Annotated[float, typer.Option(
         envvar="HEARTH_MAX_WAIT", help="Seconds a request may queue before it gets 429.")] = 60.0,
+    batch_concurrency: Annotated[int, typer.Option(
+        envvar="HEARTH_BATCH_CONCURRENCY", min=1, help="Batch API lines running at once (all batches).")] = 2,
     request_timeout: Annotated[float, typer.Option(
         envvar="HEARTH_REQUEST_TIMEOUT",
         help="Default cap on a request's generation, seconds from its first token (the prompt's processing "
@@ -170,6 +172,7 @@ def serve(
                             threads=threads, batch=batch, kv_unified=kv_unified, kv_type=kv_type,
                             spec_draft=spec_draft, tool_parser=tool_parser, log_level=log_level,
                             log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,
+                            batch_concurrency=batch_concurrency,
                             request_timeout=request_timeout, max_request_timeout=max_request_timeout,
                             strict_max_tokens=strict_max_tokens or clamp_max_tokens is False,
                             sse_heartbeat=sse_heartbeat,

@@ -20,7 +20,7 @@ from hearth.sessions.store import SessionRow, SessionStore
 from tests.api.conftest import Harness
 
 IDS = {"session_id": "s1", "snapshot_id": "snap_" + "0" * 32, "response_id": "resp_" + "0" * 32}
-JSON_ROUTES = [op for op in OPERATIONS if op.body is not None and op.body != "tar"]
+JSON_ROUTES = [op for op in OPERATIONS if op.body is not None and op.body not in ("tar", "multipart")]
 USER = [{"role": "user", "content": "hi"}]
 
 
