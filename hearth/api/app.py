@@ -96,7 +96,8 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
                           cancels=cancels, metrics=metrics,
                           responses=ResponseStore(settings.data_dir / "hearth.db"), responses_settled={},
                           background=BackgroundRuns(), keys=accounts,
-                          batches=Batches(settings.data_dir, settings.batch_concurrency))
+                          batches=Batches(settings.data_dir, settings.batch_concurrency,
+                                          key_names=frozenset(k.name for k in settings.keyring)))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -409,3 +409,25 @@ async def test_answers_have_the_documented_shapes(h: Harness) -> None:
     wire.FileDeleted.model_validate((await h.client.delete(f"/v1/files/{f.id}")).json())
     doc = (await h.client.get("/openapi.json")).json()
     assert "multipart/form-data" in doc["paths"]["/v1/files"]["post"]["requestBody"]["content"]
+
+
+async def test_a_batch_whose_key_was_removed_runs_no_more_lines(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key file changed between two starts of the node: alice's key is gone, so her batch's
+    remaining lines are 401s in its error file, not run as her."""
+    hold, waiting = gate(tmp_path, monkeypatch, "batch-line-1")
+    async with serve(tmp_path, named_keys=KEYS, admin_key="adm") as t:
+        first = batches_of(t)
+        first.start(t.app)
+        b = await submit(t, [line("a"), line("b"), line("c")], headers=ALICE)
+        await until(waiting.exists, "line 1 at its gate")
+        await until(lambda: first.store.get(b["id"], OPEN).completed == 1, "line 0 recorded")
+        await first.shutdown()
+        hold.unlink()
+        second = Batches(tmp_path, key_names=frozenset({"bob"}))
+        second.start(t.app)
+        await second.idle()
+        done = second.store.get(b["id"], OPEN).public()
+    assert done["status"] == "completed" and done["request_counts"] == {"total": 3, "completed": 1, "failed": 2}
+    errors = (second.files.root / f"{done['error_file_id']}.jsonl").read_text().splitlines()
+    assert [json.loads(e)["response"]["status_code"] for e in errors] == [401, 401]

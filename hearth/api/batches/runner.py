@@ -64,7 +64,11 @@ def derived_file_id(batch_id: str, kind: str) -> str:
 class Batches:
     """The Batch API's state on one node: files, batches and their runs."""
 
-    def __init__(self, data_dir: Path, concurrency: int = 2, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, data_dir: Path, concurrency: int = 2, clock: Callable[[], float] = time.time,
+                 key_names: frozenset[str] = frozenset()) -> None:
+        # The node's key names: a batch created with a key the node no longer has (removed from
+        # the key file, then restarted) runs no more lines: each is a 401 in its error file.
+        self.key_names = key_names
         self.files = FileStore(data_dir / "batches" / "files")
         self.store = BatchStore(data_dir / "batches" / "jobs")
         self.concurrency = max(1, concurrency)
@@ -199,6 +203,13 @@ class Batches:
 
     async def _one(self, b: Batch, line: Line) -> None:
         if self.app is None:
+            return
+        who = b.caller
+        if self.key_names and not who.admin and who.key_name is not None and who.key_name not in self.key_names:
+            await self._record(b, line.custom_id, False, self._line_out(line, {
+                "status_code": 401, "request_id": None, "body": {"error": {
+                    "message": f"the API key {who.key_name!r} that created this batch is no longer configured",
+                    "type": "authentication_error", "param": None, "code": "invalid_api_key"}}}, None))
             return
         body = {**line.body, "service_tier": SERVICE_TIER}
         delay = RETRY_FIRST
