@@ -156,6 +156,7 @@ def serve(
     import uvicorn
 
     from hearth.api.app import create_app
+    from hearth.api.context import node_of
     from hearth.backends.build import build_backend, startup_models
     from hearth.config import Settings, default_data_dir, parse_duration, parse_origins
     from hearth.models import resolve_model
@@ -207,7 +208,8 @@ def serve(
     also = f"; loaded on request: {', '.join(on_demand)}" if on_demand else ""
     typer.echo(f"hearth {__version__}: serving {', '.join(at_start)} on http://{host}:{port} ({auth}){also}",
                err=True)
-    config = uvicorn.Config(create_app(backend, settings), host=settings.host, port=settings.port,
+    node_app = create_app(backend, settings)
+    config = uvicorn.Config(node_app, host=settings.host, port=settings.port,
                             log_level=settings.log_level.lower(), timeout_graceful_shutdown=5, log_config=None,
                             access_log=False)
     server = uvicorn.Server(config)
@@ -218,6 +220,7 @@ def serve(
         # first, so streams close cleanly with their final events.
         if joiner is not None:
             joiner.stop(timeout=0)  # leave the fleet (the thread does, while the server stops)
+        node_of(node_app).batches.stop()  # before the runs end: a batch line cut short is not its answer
         backend.cancel_all()
         uvicorn_exit(sig, frame)  # type: ignore[arg-type]
 

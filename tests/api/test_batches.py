@@ -431,3 +431,41 @@ async def test_a_batch_whose_key_was_removed_runs_no_more_lines(tmp_path: Path,
     assert done["status"] == "completed" and done["request_counts"] == {"total": 3, "completed": 1, "failed": 2}
     errors = (second.files.root / f"{done['error_file_id']}.jsonl").read_text().splitlines()
     assert [json.loads(e)["response"]["status_code"] for e in errors] == [401, 401]
+
+
+async def test_lines_cut_short_by_a_stopping_node_are_not_recorded(tmp_path: Path) -> None:
+    """`hearth serve` on SIGTERM marks the batches stopping, then cancels every run: the lines
+    cut short answer 200 with finish_reason "cancelled", and must not be taken for their
+    answers. Held in the engine by the scripted runner's gate, so the runs are certainly cut."""
+    import threading
+
+    from tests.fakes import scripted_backend
+
+    weights = tmp_path / "fake.gguf"
+    weights.write_bytes(b"fake weights")
+    held = threading.Event()
+    backend, runner = scripted_backend("A long and complete answer.", parallel=2, path=weights, gate=held,
+                                       gate_generating=True)
+    async with serve(tmp_path, backend=backend, runner=runner) as t:
+        first = batches_of(t)
+        first.start(t.app)
+        b = await submit(t, [line(f"r{i}") for i in range(4)])
+        await until(runner.entered.is_set, "a line's generation in the engine")
+        first.stop()  # what the signal handler does, in this order
+        t.backend.cancel_all()
+        held.set()
+        await first.idle()
+        mid = first.store.get(b["id"], OPEN)
+        assert mid.status == "in_progress" and mid.completed == 0 and not mid.done  # nothing cut was recorded
+    async with serve(tmp_path, answer="A long and complete answer.") as t:  # the node started again
+        second = batches_of(t)
+        second.start(t.app)
+        await second.idle()
+        done = second.store.get(b["id"], OPEN).public()
+        assert done["status"] == "completed" and done["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
+        out = await output(t, done["output_file_id"])
+        await second.shutdown()
+    assert [o["custom_id"] for o in out] == ["r0", "r1", "r2", "r3"]
+    for o in out:
+        choice = o["response"]["body"]["choices"][0]
+        assert choice["finish_reason"] == "length" and o["response"]["body"]["usage"]["completion_tokens"] == 3

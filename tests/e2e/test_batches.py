@@ -129,3 +129,36 @@ def test_cancel_and_two_tenants(tmp_path: Path) -> None:
             assert "line 3" in str(e.value)
     finally:
         stop_server(s)
+
+
+def test_a_graceful_stop_mid_batch_records_no_cut_answer(tmp_path: Path) -> None:
+    """SIGTERM while lines generate: `hearth serve` cancels every run as it stops, and the lines
+    it cut must not be recorded as their answers (finish_reason "cancelled"): they run again
+    after the restart. The verdict holds whether or not a line was running at the signal."""
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    s = serve(tmp_path, gates)
+    port = int(s.url.rsplit(":", 1)[1])
+    long_rows = b"".join(json.dumps({"custom_id": f"l{i}", "method": "POST", "url": CHAT, "body": {
+        "model": "default", "temperature": 0, "max_tokens": 48, "ignore_eos": True,
+        "messages": [{"role": "user", "content": f"Tell a story about the number {i}."}]}}).encode() + b"\n"
+        for i in range(8))
+    try:
+        with oai(s, ALICE) as c:
+            f = c.files.create(file=("long.jsonl", io.BytesIO(long_rows)), purpose="batch")
+            b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+            wait_until(lambda: c.batches.retrieve(b.id).request_counts.completed >= 1,  # type: ignore[union-attr]
+                       "a first line answered")
+    finally:
+        stop_server(s)  # SIGTERM
+    s = serve(tmp_path, gates, port=port)
+    try:
+        with oai(s, ALICE) as c:
+            wait_until(lambda: c.batches.retrieve(b.id).status == "completed", "the resumed batch to complete")
+            out = output_lines(c, c.batches.retrieve(b.id).output_file_id)
+        assert sorted(o["custom_id"] for o in out) == sorted(f"l{i}" for i in range(8))
+        for o in out:
+            body = o["response"]["body"]
+            assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 48
+    finally:
+        stop_server(s)

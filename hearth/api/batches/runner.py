@@ -77,6 +77,10 @@ class Batches:
         self._slots: asyncio.Semaphore | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Set when the node begins to stop (`stop`): its runs are being cancelled, so an answer
+        # that arrives from now on may be cut short and is not recorded (the line runs again on
+        # the next start), no line starts, and no batch is finalized.
+        self.stopping = False
 
     def now(self) -> int:
         return int(self.clock())
@@ -90,8 +94,14 @@ class Batches:
             if b.status in LIVE:
                 self.launch(b)
 
+    def stop(self) -> None:
+        """The node is stopping: call before its runs are cancelled (`hearth serve`'s signal
+        handler does), so that a line cut short by that is not taken for its answer."""
+        self.stopping = True
+
     async def shutdown(self) -> None:
         """Stop every run where it is: its recorded lines stay, the next start resumes it."""
+        self.stop()
         tasks = list(self._tasks.values())
         for t in tasks:
             t.cancel()
@@ -145,6 +155,8 @@ class Batches:
         expired = False
         if b.status == "in_progress":
             expired = await self._send_all(b, lines)
+        if self.stopping:
+            return  # lines may be missing: the next start resumes the batch
         if b.status == "cancelling":
             await self._finish(b, "cancelled")
         elif expired:
@@ -168,7 +180,7 @@ class Batches:
             for line in lines:
                 if line.custom_id in b.done:
                     continue
-                if b.status == "cancelling":
+                if b.status == "cancelling" or self.stopping:
                     break
                 if self._expired(b):
                     expired = True
@@ -180,7 +192,7 @@ class Batches:
                 except BaseException:
                     slots.release()
                     raise
-                if b.status == "cancelling":
+                if b.status == "cancelling" or self.stopping:
                     slots.release()
                     break
                 task = asyncio.create_task(self._one(b, line), name=f"batch {b.id} line {line.index}")
@@ -221,6 +233,8 @@ class Batches:
                 await self._record(b, line.custom_id, False, self._line_out(
                     line, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}))
                 return
+            if self.stopping:
+                return  # the node's shutdown may have cut this answer short: it runs again
             if answer.status not in (429, 503):
                 break
             if b.status == "cancelling" or self._expired(b):
