@@ -469,3 +469,11 @@ async def test_lines_cut_short_by_a_stopping_node_are_not_recorded(tmp_path: Pat
     for o in out:
         choice = o["response"]["body"]["choices"][0]
         assert choice["finish_reason"] == "length" and o["response"]["body"]["usage"]["completion_tokens"] == 3
+
+
+async def test_a_chunked_upload_is_refused(h: Harness) -> None:
+    async def chunks() -> Any:
+        yield b"--x\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--x--\r\n"
+
+    r = await h.client.post("/v1/files", content=chunks(), headers={"content-type": "multipart/form-data; boundary=x"})
+    assert r.status_code == 400 and "Content-Length" in r.json()["error"]["message"]

@@ -16,7 +16,7 @@ from hearth.api.batches.lines import ENDPOINTS, line_number, parse_file
 from hearth.api.batches.store import new_batch_id
 from hearth.api.context import node
 from hearth.api.http.auth import caller
-from hearth.api.http.body import check_length, parse_json, read_limited
+from hearth.api.http.body import check_length, declared_length, parse_json, read_limited
 from hearth.errors import BadRequest, PayloadTooLarge
 
 MAX_FILE_BYTES = 200 * 1024 * 1024  # OpenAI's limit for a batch input file
@@ -60,6 +60,8 @@ async def upload_file(request: Request) -> JSONResponse:
     """POST /v1/files: multipart `file` and `purpose` ("batch"); the JSONL is checked line by line."""
     ctx, who = node(request), caller(request)
     check_length(request, MAX_FILE_BYTES + FORM_OVERHEAD, "upload")
+    if declared_length(request) is None:  # the multipart parser spools a file part to disk, unbounded
+        raise BadRequest("POST /v1/files needs a Content-Length (a chunked upload is not accepted)")
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise BadRequest("upload the file as multipart/form-data with fields `file` and `purpose`")
     try:
