@@ -477,3 +477,23 @@ async def test_a_chunked_upload_is_refused(h: Harness) -> None:
 
     r = await h.client.post("/v1/files", content=chunks(), headers={"content-type": "multipart/form-data; boundary=x"})
     assert r.status_code == 400 and "Content-Length" in r.json()["error"]["message"]
+
+
+async def test_a_batch_whose_saved_input_is_unreadable_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hold, waiting = gate(tmp_path, monkeypatch, "batch-line-0")
+    async with serve(tmp_path) as t:
+        first = batches_of(t)
+        first.start(t.app)
+        b = await submit(t, [line("a")])
+        await until(waiting.exists, "line 0 at its gate")
+        await first.shutdown()
+        hold.unlink()
+        (first.store.get(b["id"], OPEN).dir / "input.jsonl").write_bytes(b"{torn")
+        (tmp_path / "batches" / "jobs" / ".batch_0123.tmp").mkdir()  # a creation a crash cut short
+        second = Batches(tmp_path)
+        second.start(t.app)
+        await second.idle()
+        done = second.store.get(b["id"], OPEN).public()
+    assert done["status"] == "failed" and isinstance(done["failed_at"], int)
+    assert done["errors"]["data"][0]["code"] == "invalid_input"
+    assert not (tmp_path / "batches" / "jobs" / ".batch_0123.tmp").exists()

@@ -125,7 +125,9 @@ class BatchStore:
             self._loaded = True
             if self.root.is_dir():
                 for name in sorted(os.listdir(self.root)):
-                    if BATCH_ID.fullmatch(name) and (b := self._read(self.root / name)) is not None:
+                    if name.startswith(".batch_") and name.endswith(".tmp"):  # a creation the process died in
+                        shutil.rmtree(self.root / name, ignore_errors=True)
+                    elif BATCH_ID.fullmatch(name) and (b := self._read(self.root / name)) is not None:
                         self._batches[b.id] = b
         return list(self._batches.values())
 
