@@ -116,7 +116,13 @@ class Batches:
             self._slots = asyncio.Semaphore(self.concurrency)
         task = asyncio.create_task(self._run(b), name=f"batch {b.id}")
         self._tasks[b.id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(b.id, None))
+        task.add_done_callback(lambda t: self._ended(b, t))
+
+    def _ended(self, b: Batch, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(b.id, None)
+        if not task.cancelled() and (e := task.exception()) is not None:
+            # e.g. the disk filled: the batch stays as it was on disk, and the next start resumes it
+            log.error("batch %s stopped: %s: %s", b.id, type(e).__name__, e)
 
     async def idle(self) -> None:
         """Wait until no batch is running (tests)."""
