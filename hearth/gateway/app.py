@@ -33,7 +33,7 @@ from hearth.gateway.migrate import Mover
 from hearth.gateway.openai_backend import OpenAIUpstreamBackend
 from hearth.gateway.pool import Pool
 from hearth.gateway.proxy import Proxy
-from hearth.gateway.transcripts import GatewayStore, TranscriptStore
+from hearth.gateway.store.base import GatewayStore, TranscriptStore
 from hearth.gateway.upstream_http import HttpxSender, UpstreamHttp
 
 log = logging.getLogger("hearth.gateway")
@@ -57,7 +57,7 @@ def create_store(settings: GatewaySettings) -> GatewayStore:
     if settings.database is None:
         store = TranscriptStore(settings.data_dir / "gateway.sqlite3")
     else:
-        from hearth.gateway.store_postgres import PostgresStore
+        from hearth.gateway.store.postgres import PostgresStore
         store = PostgresStore(settings.database, uuid.uuid4().hex)
     store.lease_ttl = settings.lease_ttl
     return store

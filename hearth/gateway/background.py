@@ -53,8 +53,8 @@ from hearth.errors import BadRequest, HearthError, Unavailable
 from hearth.gateway.migration import parse
 from hearth.gateway.migration_responses import TERMINAL, ResponsesCut
 from hearth.gateway.proxy import Proxy
+from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, owns
-from hearth.gateway.transcripts import GatewayStore
 from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")

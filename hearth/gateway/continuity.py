@@ -20,8 +20,8 @@ import httpx
 from hearth.errors import BadRequest, HearthError
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Node
+from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import owner_caller, owns, upstream_headers
-from hearth.gateway.transcripts import GatewayStore
 from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")

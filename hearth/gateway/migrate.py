@@ -22,8 +22,8 @@ import httpx
 from hearth.errors import BadRequest, Conflict, NotFound, Unavailable
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Node, Pool
+from hearth.gateway.store.base import Move
 from hearth.gateway.tenancy import owner_caller, upstream_headers
-from hearth.gateway.transcripts import Move
 from hearth.tenants import OPEN, Caller
 
 log = logging.getLogger("hearth.gateway")

@@ -29,7 +29,7 @@ from hearth.gateway.digests import Digests
 from hearth.gateway.health import BUSY_GRACE, Breaker, Liveness
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing import Affinity, Candidate, Chooser, Decision, PrefixTable
-from hearth.gateway.transcripts import GatewayStore
+from hearth.gateway.store.base import GatewayStore
 
 log = logging.getLogger("hearth.gateway")
 

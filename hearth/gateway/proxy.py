@@ -32,9 +32,9 @@ from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.relay import Moved, Relay, Release, Scan
 from hearth.gateway.retry import RETRY_STATUSES, Retry, exhausted, refused
 from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
+from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, hidden, owns, session_hidden, upstream_headers
 from hearth.gateway.terminal import Protocol, protocol_of
-from hearth.gateway.transcripts import GatewayStore
 from hearth.gateway.turn_record import turn_messages
 from hearth.gateway.upstream_http import Answer, Buffered, Sender
 from hearth.sessions.ids import stored_session_id

@@ -25,7 +25,7 @@ from starlette.requests import Request
 
 from hearth.api.http import auth
 from hearth.gateway.config import Upstream
-from hearth.gateway.transcripts import GatewayStore
+from hearth.gateway.store.base import GatewayStore
 from hearth.tenants import ADMIN, ADMIN_CALLER, OPEN, Caller, tenant_headers
 
 

@@ -19,7 +19,7 @@ from hearth.gateway.config import GatewaySettings, Upstream
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Pool
 from hearth.gateway.routing import Affinity, Chooser, conversation, prefix_hashes
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import sample
 
 B = 256

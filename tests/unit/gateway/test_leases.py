@@ -11,7 +11,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import wait_until
 from tests.helpers.postgres import Postgres
 from tests.unit.gateway.test_proxy import Fleet, gateway, pool_of

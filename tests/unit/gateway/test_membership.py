@@ -19,7 +19,7 @@ from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.migrate import Mover
 from hearth.gateway.pool import Pool
 from hearth.gateway.routing import Affinity
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import until
 
 NONE = Affinity("none")

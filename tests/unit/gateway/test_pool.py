@@ -13,7 +13,7 @@ from hearth.gateway.config import GatewaySettings, Upstream
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Pool
 from hearth.gateway.routing import Affinity
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.store.base import TranscriptStore
 
 NONE = Affinity("none")
 

@@ -14,8 +14,8 @@ from hearth.chat.types import Done, Usage
 from hearth.config import Settings
 from hearth.errors import BadRequest, Forbidden, TooManyRequests
 from hearth.gateway.config import GatewaySettings, Upstream
+from hearth.gateway.store.base import TranscriptStore
 from hearth.gateway.tenancy import hidden, owner_caller, owns, upstream_headers
-from hearth.gateway.transcripts import TranscriptStore
 from hearth.sessions.ids import stored_session_id
 from hearth.tenants import ADMIN_CALLER, OPEN, ApiKey, Caller, parse_key_line, session_prefix
 

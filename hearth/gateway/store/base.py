@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from hearth.api.openai.responses_store import ORPHAN_ERROR
-from hearth.gateway.store_schema import MIGRATIONS
+from hearth.gateway.store.schema import MIGRATIONS
 
 RUNNING = ("queued", "in_progress")
 MAX_CHAIN = 1000

@@ -14,9 +14,9 @@ import pytest
 
 from hearth.api.openai.responses_store import ORPHAN_ERROR
 from hearth.errors import Unavailable
-from hearth.gateway.store_postgres import PostgresStore, redacted
-from hearth.gateway.store_schema import VERSION
-from hearth.gateway.transcripts import MAX_CHAIN, GatewayStore, TranscriptStore
+from hearth.gateway.store.base import MAX_CHAIN, GatewayStore, TranscriptStore
+from hearth.gateway.store.postgres import PostgresStore, redacted
+from hearth.gateway.store.schema import VERSION
 from tests.helpers.postgres import PASSWORD, Postgres
 
 
