@@ -34,7 +34,7 @@ from hearth.gateway.openai_backend import OpenAIUpstreamBackend
 from hearth.gateway.pool import Pool
 from hearth.gateway.proxy import Proxy
 from hearth.gateway.store.base import GatewayStore, TranscriptStore
-from hearth.gateway.upstream_http import HttpxSender, UpstreamHttp
+from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp
 
 log = logging.getLogger("hearth.gateway")
 

@@ -35,10 +35,10 @@ from hearth.api.ollama.models import OLLAMA_API_VERSION, hearth_version
 from hearth.errors import BadRequest, NotFound
 from hearth.gateway.context import gateway_of
 from hearth.gateway.forward import live
-from hearth.gateway.headers import forwarded_headers
 from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.routing import Affinity
 from hearth.gateway.tenancy import caller, upstream_headers
+from hearth.gateway.upstream.headers import forwarded_headers
 
 # The paths forwarded to a node that serves the named model.
 BY_MODEL = ("/api/chat", "/api/generate", "/api/show", "/api/embed", "/api/embeddings", "/v1/embeddings")

@@ -24,7 +24,6 @@ from hearth.api.http.sse import json_bytes
 from hearth.errors import Conflict, HearthError, NotFound, TooManyRequests
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.continuity import Continuity
-from hearth.gateway.headers import forwarded_headers, passed_headers
 from hearth.gateway.health import counts_as_failure
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.migration import PARTIAL_IS_OUTPUT, Cut, cut_for
@@ -36,7 +35,8 @@ from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, hidden, owns, session_hidden, upstream_headers
 from hearth.gateway.terminal import Protocol, protocol_of
 from hearth.gateway.turn_record import turn_messages
-from hearth.gateway.upstream_http import Answer, Buffered, Sender
+from hearth.gateway.upstream.headers import forwarded_headers, passed_headers
+from hearth.gateway.upstream.http import Answer, Buffered, Sender
 from hearth.sessions.ids import stored_session_id
 from hearth.tenants import OPEN, Caller
 

@@ -15,7 +15,7 @@ Each node is tried at most once per request (`Proxy.generate`).
 from __future__ import annotations
 
 from hearth.errors import HearthError, TooManyRequests, Unavailable
-from hearth.gateway.upstream_http import Answer
+from hearth.gateway.upstream.http import Answer
 
 RETRY_STATUSES = (429, 502, 503, 504)
 

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from hearth.gateway import upstream_http
-from hearth.gateway.upstream_http import HttpxSender, UpstreamHttp
+from hearth.gateway.upstream import http as upstream_http
+from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp
 
 NO_FALLBACK = HttpxSender(httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(599))))
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
