@@ -36,7 +36,7 @@ from hearth.errors import BadRequest, NotFound
 from hearth.gateway.context import gateway_of
 from hearth.gateway.forward import live
 from hearth.gateway.pool import Lease, Node, Pool
-from hearth.gateway.routing import Affinity
+from hearth.gateway.routing.policy import Affinity
 from hearth.gateway.tenancy import caller, upstream_headers
 from hearth.gateway.upstream.headers import forwarded_headers
 

@@ -28,7 +28,7 @@ from hearth.gateway.config import GatewaySettings, Upstream
 from hearth.gateway.digests import Digests
 from hearth.gateway.health import BUSY_GRACE, Breaker, Liveness
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.routing import Affinity, Candidate, Chooser, Decision, PrefixTable
+from hearth.gateway.routing.policy import Affinity, Candidate, Chooser, Decision, PrefixTable
 from hearth.gateway.store.base import GatewayStore
 
 log = logging.getLogger("hearth.gateway")

@@ -30,7 +30,7 @@ from hearth.gateway.migration import PARTIAL_IS_OUTPUT, Cut, cut_for
 from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.relay import Moved, Relay, Release, Scan
 from hearth.gateway.retry import RETRY_STATUSES, Retry, exhausted, refused
-from hearth.gateway.routing import Affinity, affinity_of, conversation, prefix_hashes
+from hearth.gateway.routing.policy import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, hidden, owns, session_hidden, upstream_headers
 from hearth.gateway.terminal import Protocol, protocol_of

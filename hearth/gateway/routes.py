@@ -34,7 +34,7 @@ from hearth.gateway.forward import (
 )
 from hearth.gateway.model_list import model_cards
 from hearth.gateway.pool import Node, Pool
-from hearth.gateway.routing import Affinity
+from hearth.gateway.routing.policy import Affinity
 from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
 from hearth.sessions.ids import check_session_id, stored_session_id
 from hearth.tenants import Caller

@@ -18,7 +18,7 @@ from hearth.gateway.cache_state import Digest, ModelState, RequestBlocks, parse_
 from hearth.gateway.config import GatewaySettings, Upstream
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.pool import Pool
-from hearth.gateway.routing import Affinity, Chooser, conversation, prefix_hashes
+from hearth.gateway.routing.policy import Affinity, Chooser, conversation, prefix_hashes
 from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import sample
 

@@ -18,7 +18,7 @@ from hearth.gateway.membership import Membership
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.migrate import Mover
 from hearth.gateway.pool import Pool
-from hearth.gateway.routing import Affinity
+from hearth.gateway.routing.policy import Affinity
 from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import until
 

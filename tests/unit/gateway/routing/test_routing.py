@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hearth.gateway.routing import (
+from hearth.gateway.routing.policy import (
     Affinity,
     Candidate,
     Chooser,
