@@ -1,5 +1,5 @@
 """`hearth serve --join GATEWAY_URL`: the node side of a fleet that changes while it serves
-(the gateway side: gateway/membership.py).
+(the gateway side: gateway/fleet/membership.py).
 
 A thread beside the server registers the node with the gateway (`POST /admin/fleet/join`, with
 the join key) and renews the registration as often as the gateway asks (`renew_every`, a third

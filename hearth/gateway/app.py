@@ -26,12 +26,12 @@ from hearth.gateway import ollama, routes
 from hearth.gateway.background import BackgroundRuns
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.context import Gateway, attach
-from hearth.gateway.leases import Leases
-from hearth.gateway.membership import Membership
+from hearth.gateway.fleet.leases import Leases
+from hearth.gateway.fleet.membership import Membership
+from hearth.gateway.fleet.moves import Mover
+from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.migrate import Mover
 from hearth.gateway.openai_backend import OpenAIUpstreamBackend
-from hearth.gateway.pool import Pool
 from hearth.gateway.proxy import Proxy
 from hearth.gateway.store.base import GatewayStore, TranscriptStore
 from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp

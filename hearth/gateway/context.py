@@ -15,9 +15,9 @@ from starlette.types import ASGIApp
 
 from hearth.gateway.background import BackgroundRuns
 from hearth.gateway.config import GatewaySettings
-from hearth.gateway.membership import Membership
-from hearth.gateway.migrate import Mover
-from hearth.gateway.pool import Pool
+from hearth.gateway.fleet.membership import Membership
+from hearth.gateway.fleet.moves import Mover
+from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.proxy import Proxy
 
 

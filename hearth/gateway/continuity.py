@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 
 from hearth.errors import BadRequest, HearthError
+from hearth.gateway.fleet.pool import Node
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.pool import Node
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import owner_caller, owns, upstream_headers
 from hearth.tenants import Caller

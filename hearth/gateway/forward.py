@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from hearth.api.http.sse import EventStreamResponse
 from hearth.errors import Unavailable
 from hearth.gateway.context import gateway_of
-from hearth.gateway.pool import Node, Pool
+from hearth.gateway.fleet.pool import Node, Pool
 from hearth.gateway.relay import renamer
 from hearth.gateway.tenancy import caller, upstream_headers
 from hearth.gateway.upstream.headers import forwarded_headers

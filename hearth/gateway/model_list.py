@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from hearth.gateway.context import Gateway
-from hearth.gateway.pool import Node
+from hearth.gateway.fleet.pool import Node
 
 RANK = {"loaded": 0, "loading": 1, "unloading": 2, "unloaded": 3}  # best first
 

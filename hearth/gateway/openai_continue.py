@@ -38,8 +38,8 @@ import httpx
 
 from hearth.chat.types import ChatEvent, TextDelta, Usage
 from hearth.errors import HearthError
-from hearth.gateway.health import counts_as_failure
-from hearth.gateway.pool import Lease, Node, Pool
+from hearth.gateway.fleet.health import counts_as_failure
+from hearth.gateway.fleet.pool import Lease, Node, Pool
 from hearth.gateway.routing.policy import Affinity
 
 log = logging.getLogger("hearth.gateway")

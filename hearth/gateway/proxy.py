@@ -24,10 +24,10 @@ from hearth.api.http.sse import json_bytes
 from hearth.errors import Conflict, HearthError, NotFound, TooManyRequests
 from hearth.gateway.config import GatewaySettings
 from hearth.gateway.continuity import Continuity
-from hearth.gateway.health import counts_as_failure
+from hearth.gateway.fleet.health import counts_as_failure
+from hearth.gateway.fleet.pool import Lease, Node, Pool
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.migration import PARTIAL_IS_OUTPUT, Cut, cut_for
-from hearth.gateway.pool import Lease, Node, Pool
 from hearth.gateway.relay import Moved, Relay, Release, Scan
 from hearth.gateway.retry import RETRY_STATUSES, Retry, exhausted, refused
 from hearth.gateway.routing.policy import Affinity, affinity_of, conversation, prefix_hashes

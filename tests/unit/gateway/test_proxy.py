@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from hearth.gateway.app import create_gateway_app
 from hearth.gateway.config import GatewaySettings, Upstream
 from hearth.gateway.context import gateway_of
-from hearth.gateway.pool import Pool
+from hearth.gateway.fleet.pool import Pool
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

@@ -1,4 +1,4 @@
-"""A fleet that changes while it serves (gateway/membership.py): nodes that join, lapse, come
+"""A fleet that changes while it serves (gateway/fleet/membership.py): nodes that join, lapse, come
 back, leave; two gateways on one database; the fleet file reloaded. Fakes: an httpx transport
 for the nodes (every /health answers 200, no node holds a session) and a wall clock the test
 moves."""
@@ -14,10 +14,10 @@ import pytest
 
 from hearth.errors import BadRequest, Conflict, NotFound
 from hearth.gateway.config import GatewaySettings, Upstream, load_upstreams
-from hearth.gateway.membership import Membership
+from hearth.gateway.fleet.membership import Membership
+from hearth.gateway.fleet.moves import Mover
+from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.migrate import Mover
-from hearth.gateway.pool import Pool
 from hearth.gateway.routing.policy import Affinity
 from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import until

@@ -10,8 +10,8 @@ import pytest
 
 from hearth.errors import NotFound, TooManyRequests, Unavailable
 from hearth.gateway.config import GatewaySettings, Upstream
+from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.pool import Pool
 from hearth.gateway.routing.policy import Affinity
 from hearth.gateway.store.base import TranscriptStore
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from hearth.errors import BadRequest, Conflict, NotFound
 from hearth.gateway.config import GatewaySettings, Upstream, check_fleet, load_upstreams
-from hearth.gateway.migrate import Mover
-from hearth.gateway.pool import Node, Pool
+from hearth.gateway.fleet.moves import Mover
+from hearth.gateway.fleet.pool import Node, Pool
 
 log = logging.getLogger("hearth.gateway")
 

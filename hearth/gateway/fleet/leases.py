@@ -18,7 +18,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from hearth.errors import HearthError
-from hearth.gateway.migrate import Mover
+from hearth.gateway.fleet.moves import Mover
 
 log = logging.getLogger("hearth.gateway")
 

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 
 from hearth.errors import BadRequest, Conflict, NotFound, Unavailable
+from hearth.gateway.fleet.pool import Node, Pool
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.pool import Node, Pool
 from hearth.gateway.store.base import Move
 from hearth.gateway.tenancy import owner_caller, upstream_headers
 from hearth.tenants import OPEN, Caller

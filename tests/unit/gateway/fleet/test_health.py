@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hearth.gateway.health import COOLDOWN, FAILURES, FALL, RISE, Breaker, Liveness, counts_as_failure
+from hearth.gateway.fleet.health import COOLDOWN, FAILURES, FALL, RISE, Breaker, Liveness, counts_as_failure
 
 
 def test_first_good_probe_brings_a_node_up_then_hysteresis() -> None:

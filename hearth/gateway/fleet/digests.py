@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 
-from hearth.gateway.cache_state import Digest, RequestBlocks, least_loaded, parse_digest
 from hearth.gateway.config import GatewaySettings
+from hearth.gateway.fleet.cache_state import Digest, RequestBlocks, least_loaded, parse_digest
 from hearth.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("hearth.gateway")
