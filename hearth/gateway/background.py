@@ -50,8 +50,8 @@ from hearth.api.openai.responses_events import (
     stream_query,
 )
 from hearth.errors import BadRequest, HearthError, Unavailable
-from hearth.gateway.migration import parse
-from hearth.gateway.migration_responses import TERMINAL, ResponsesCut
+from hearth.gateway.failover.cuts.base import parse
+from hearth.gateway.failover.cuts.responses import TERMINAL, ResponsesCut
 from hearth.gateway.proxy import Proxy
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, owns

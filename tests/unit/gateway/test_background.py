@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from hearth.gateway.context import gateway_of
 from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import wait_until
-from tests.unit.gateway.test_migration import parsed, response
+from tests.unit.gateway.failover.test_migration import parsed, response
 from tests.unit.gateway.test_proxy import Fleet, gateway, sse, stick
 
 

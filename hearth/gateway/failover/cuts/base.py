@@ -78,7 +78,7 @@ class Cut:
 def cut_for(protocol: Protocol, request: dict[str, Any]) -> Cut | None:
     """The Cut for a streamed request, or None where the stream cannot move (one answer only:
     `n` above 1 is not continued; legacy completions are not chat)."""
-    from hearth.gateway.migration_responses import ResponsesCut
+    from hearth.gateway.failover.cuts.responses import ResponsesCut
 
     if protocol == "chat" and request.get("n", 1) in (1, None):
         return ChatCut()

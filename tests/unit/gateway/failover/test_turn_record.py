@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hearth.gateway.migration import ChatCut, Cut, MessagesCut
-from hearth.gateway.migration_responses import ResponsesCut
-from hearth.gateway.turn_record import turn_messages
+from hearth.gateway.failover.cuts.base import ChatCut, Cut, MessagesCut
+from hearth.gateway.failover.cuts.responses import ResponsesCut
+from hearth.gateway.failover.record import turn_messages
 
 
 def event(obj: dict[str, Any], name: str | None = None) -> bytes:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from hearth.gateway.migration import Cut, Event, parse, wire
+from hearth.gateway.failover.cuts.base import Cut, Event, parse, wire
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 DONE_TEXT = {"response.output_text.done": "text", "response.reasoning_text.done": "text",

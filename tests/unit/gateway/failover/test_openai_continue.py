@@ -22,8 +22,8 @@ from hearth.chat.types import Finish, TextDelta
 from hearth.gateway.app import create_gateway_app
 from hearth.gateway.config import GatewaySettings, Upstream, parse_upstreams
 from hearth.gateway.context import gateway_of
-from hearth.gateway.openai_continue import Echo, continuation_body
-from tests.unit.gateway.test_migration import parsed
+from hearth.gateway.failover.openai import Echo, continuation_body
+from tests.unit.gateway.failover.test_migration import parsed
 
 PORTS = (9201, 9202, 9203)
 Reply = Callable[[httpx.Request], httpx.Response]
