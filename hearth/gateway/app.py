@@ -32,8 +32,8 @@ from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.openai_backend import OpenAIUpstreamBackend
-from hearth.gateway.proxy import Proxy
 from hearth.gateway.store.base import GatewayStore, TranscriptStore
+from hearth.gateway.turn.proxy import Proxy
 from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp
 
 log = logging.getLogger("hearth.gateway")

@@ -52,9 +52,9 @@ from hearth.api.openai.responses_events import (
 from hearth.errors import BadRequest, HearthError, Unavailable
 from hearth.gateway.failover.cuts.base import parse
 from hearth.gateway.failover.cuts.responses import TERMINAL, ResponsesCut
-from hearth.gateway.proxy import Proxy
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, owns
+from hearth.gateway.turn.proxy import Proxy
 from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")

@@ -18,7 +18,7 @@ from hearth.gateway.config import GatewaySettings
 from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Pool
-from hearth.gateway.proxy import Proxy
+from hearth.gateway.turn.proxy import Proxy
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from hearth.gateway.context import gateway_of
 from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import wait_until
 from tests.unit.gateway.failover.test_migration import parsed, response
-from tests.unit.gateway.test_proxy import Fleet, gateway, sse, stick
+from tests.unit.gateway.turn.test_proxy import Fleet, gateway, sse, stick
 
 
 @pytest.fixture

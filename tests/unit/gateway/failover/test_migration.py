@@ -14,7 +14,7 @@ import pytest
 
 from hearth.errors import Unavailable
 from hearth.gateway.context import gateway_of
-from tests.unit.gateway.test_proxy import Fleet, gateway, sse, stick, stream_text
+from tests.unit.gateway.turn.test_proxy import Fleet, gateway, sse, stick, stream_text
 
 
 @pytest.fixture

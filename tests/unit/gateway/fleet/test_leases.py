@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import wait_until
 from tests.helpers.postgres import Postgres
-from tests.unit.gateway.test_proxy import Fleet, gateway, pool_of
+from tests.unit.gateway.turn.test_proxy import Fleet, gateway, pool_of
 
 NAMES = {9101: "a", 9102: "b"}
 

@@ -30,11 +30,11 @@ from hearth.gateway.failover.retry import RETRY_STATUSES, Retry, exhausted, refu
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Lease, Node, Pool
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.relay import Moved, Relay, Release, Scan
 from hearth.gateway.routing.policy import Affinity, affinity_of, conversation, prefix_hashes
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, hidden, owns, session_hidden, upstream_headers
 from hearth.gateway.terminal import Protocol, protocol_of
+from hearth.gateway.turn.relay import Moved, Relay, Release, Scan
 from hearth.gateway.upstream.headers import forwarded_headers, passed_headers
 from hearth.gateway.upstream.http import Answer, Buffered, Sender
 from hearth.sessions.ids import stored_session_id
