@@ -30,8 +30,8 @@ from hearth.gateway.fleet.leases import Leases
 from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Pool
+from hearth.gateway.foreign.backend import OpenAIUpstreamBackend
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.openai_backend import OpenAIUpstreamBackend
 from hearth.gateway.store.base import GatewayStore, TranscriptStore
 from hearth.gateway.turn.proxy import Proxy
 from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp

@@ -25,7 +25,7 @@ from hearth.chat.types import (
 from hearth.errors import BadRequest, NotFound, TooManyRequests, Unavailable
 from hearth.gateway.app import create_gateway_app
 from hearth.gateway.config import GatewaySettings, Upstream
-from hearth.gateway.openai_wire import chat_json, chunk_events, refusal, usage_of
+from hearth.gateway.foreign.wire import chat_json, chunk_events, refusal, usage_of
 from hearth.tenants import ApiKey
 
 

@@ -53,7 +53,7 @@ from hearth.errors import BadRequest, NotFound, Unavailable
 from hearth.gateway.failover.openai import Continuer, Echo, Held, joined_usage, post_stream
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Pool
-from hearth.gateway.openai_wire import chat_json, chunk_events, refusal, sampling_json, usage_of
+from hearth.gateway.foreign.wire import chat_json, chunk_events, refusal, sampling_json, usage_of
 from hearth.gateway.routing.policy import Affinity, prefix_hashes
 from hearth.gateway.upstream.http import Stalled, within
 from hearth.sessions.transcript import message_to_json
