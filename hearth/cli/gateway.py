@@ -110,7 +110,7 @@ def serve(
 
     from hearth.config import default_data_dir, parse_origins
     from hearth.gateway.app import create_gateway_app
-    from hearth.gateway.config import GatewaySettings, load_upstreams
+    from hearth.gateway.settings import GatewaySettings, load_upstreams
     from hearth.observability.logging import setup_logging
     from hearth.tenants import read_key_file
 

@@ -24,7 +24,7 @@ import httpx
 
 log = logging.getLogger("hearth.join")
 
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as the gateway's upstream names (gateway/config.py)
+NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as the gateway's upstream names (gateway/settings.py)
 RETRY = 2.0  # seconds between tries while the gateway cannot be reached or refuses
 TIMEOUT = 5.0
 

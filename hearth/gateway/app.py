@@ -22,16 +22,16 @@ from hearth.api.anthropic import messages as anthropic
 from hearth.api.app import assemble, create_app
 from hearth.api.http.key_usage import KeyAccounts, KeyUsageCollector
 from hearth.config import Settings
-from hearth.gateway import ollama, routes
 from hearth.gateway.background import BackgroundRuns
-from hearth.gateway.config import GatewaySettings
-from hearth.gateway.context import Gateway, attach
+from hearth.gateway.edge import ollama, routes
 from hearth.gateway.fleet.leases import Leases
 from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.foreign.backend import OpenAIUpstreamBackend
 from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.settings import GatewaySettings
+from hearth.gateway.state import Gateway, attach
 from hearth.gateway.store.base import GatewayStore, TranscriptStore
 from hearth.gateway.turn.proxy import Proxy
 from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp

@@ -24,7 +24,7 @@ from __future__ import annotations
 from starlette.requests import Request
 
 from hearth.api.http import auth
-from hearth.gateway.config import Upstream
+from hearth.gateway.settings import Upstream
 from hearth.gateway.store.base import GatewayStore
 from hearth.tenants import ADMIN, ADMIN_CALLER, OPEN, Caller, tenant_headers
 

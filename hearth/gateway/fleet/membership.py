@@ -32,9 +32,9 @@ from collections.abc import Callable
 from typing import Any
 
 from hearth.errors import BadRequest, Conflict, NotFound
-from hearth.gateway.config import GatewaySettings, Upstream, check_fleet, load_upstreams
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Node, Pool
+from hearth.gateway.settings import GatewaySettings, Upstream, check_fleet, load_upstreams
 
 log = logging.getLogger("hearth.gateway")
 

@@ -23,12 +23,12 @@ from typing import Any
 import httpx
 
 from hearth.errors import NotFound, TooManyRequests, Unavailable
-from hearth.gateway.config import GatewaySettings, Upstream
 from hearth.gateway.fleet.cache_state import Digest, ModelState, RequestBlocks
 from hearth.gateway.fleet.digests import Digests
 from hearth.gateway.fleet.health import BUSY_GRACE, Breaker, Liveness
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.policy import Affinity, Candidate, Chooser, Decision, PrefixTable
+from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.store.base import GatewayStore
 
 log = logging.getLogger("hearth.gateway")

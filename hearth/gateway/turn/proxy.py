@@ -22,7 +22,6 @@ from hearth.api.http import auth
 from hearth.api.http.key_usage import KeyAccounts
 from hearth.api.http.sse import json_bytes
 from hearth.errors import Conflict, HearthError, NotFound, TooManyRequests
-from hearth.gateway.config import GatewaySettings
 from hearth.gateway.failover.cuts.base import PARTIAL_IS_OUTPUT, Cut, cut_for
 from hearth.gateway.failover.record import turn_messages
 from hearth.gateway.failover.restore import Continuity
@@ -30,10 +29,11 @@ from hearth.gateway.failover.retry import RETRY_STATUSES, Retry, exhausted, refu
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Lease, Node, Pool
 from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.protocols import Protocol, protocol_of
 from hearth.gateway.routing.policy import Affinity, affinity_of, conversation, prefix_hashes
+from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, hidden, owns, session_hidden, upstream_headers
-from hearth.gateway.terminal import Protocol, protocol_of
 from hearth.gateway.turn.relay import Moved, Relay, Release, Scan
 from hearth.gateway.upstream.headers import forwarded_headers, passed_headers
 from hearth.gateway.upstream.http import Answer, Buffered, Sender

@@ -28,12 +28,12 @@ import httpx
 from starlette.responses import Response
 
 from hearth.api.http.sse import EventStreamResponse
-from hearth.gateway.config import GatewaySettings
 from hearth.gateway.failover.cuts.base import Cut
 from hearth.gateway.failover.retry import Retry
 from hearth.gateway.fleet.pool import Lease, Node
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.terminal import Protocol, first_response, is_terminal, terminal_error
+from hearth.gateway.protocols import Protocol, first_response, is_terminal, terminal_error
+from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.upstream.headers import passed_headers
 from hearth.gateway.upstream.http import Answer, Stalled, within
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from hearth.gateway.context import gateway_of
+from hearth.gateway.state import gateway_of
 from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import wait_until
 from tests.unit.gateway.failover.test_migration import parsed, response

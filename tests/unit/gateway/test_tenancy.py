@@ -13,7 +13,7 @@ from hearth.api.http.key_usage import KeyAccounts
 from hearth.chat.types import Done, Usage
 from hearth.config import Settings
 from hearth.errors import BadRequest, Forbidden, TooManyRequests
-from hearth.gateway.config import GatewaySettings, Upstream
+from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.store.base import TranscriptStore
 from hearth.gateway.tenancy import hidden, owner_caller, owns, upstream_headers
 from hearth.sessions.ids import stored_session_id

@@ -23,7 +23,7 @@ import json
 from typing import Any
 
 from hearth.api.http.sse import json_bytes
-from hearth.gateway.terminal import Protocol
+from hearth.gateway.protocols import Protocol
 
 Event = bytes  # one SSE event, without its blank line
 

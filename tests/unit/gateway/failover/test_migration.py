@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from hearth.errors import Unavailable
-from hearth.gateway.context import gateway_of
+from hearth.gateway.state import gateway_of
 from tests.unit.gateway.turn.test_proxy import Fleet, gateway, sse, stick, stream_text
 
 

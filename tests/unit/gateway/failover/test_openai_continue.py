@@ -20,9 +20,9 @@ from starlette.testclient import TestClient
 
 from hearth.chat.types import Finish, TextDelta
 from hearth.gateway.app import create_gateway_app
-from hearth.gateway.config import GatewaySettings, Upstream, parse_upstreams
-from hearth.gateway.context import gateway_of
 from hearth.gateway.failover.openai import Echo, continuation_body
+from hearth.gateway.settings import GatewaySettings, Upstream, parse_upstreams
+from hearth.gateway.state import gateway_of
 from tests.unit.gateway.failover.test_migration import parsed
 
 PORTS = (9201, 9202, 9203)

@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 from hearth.errors import NotFound, TooManyRequests, Unavailable
-from hearth.gateway.config import GatewaySettings, Upstream
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.policy import Affinity
+from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.store.base import TranscriptStore
 
 NONE = Affinity("none")

@@ -24,8 +24,8 @@ from hearth.chat.types import (
 )
 from hearth.errors import BadRequest, NotFound, TooManyRequests, Unavailable
 from hearth.gateway.app import create_gateway_app
-from hearth.gateway.config import GatewaySettings, Upstream
 from hearth.gateway.foreign.wire import chat_json, chunk_events, refusal, usage_of
+from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.tenants import ApiKey
 
 
@@ -157,7 +157,7 @@ def test_a_stall_timeout_set_for_an_openai_upstream_ends_its_stream(tmp_path: Pa
 
 def test_a_foreign_models_stored_responses_are_their_tenants(tmp_path: Path) -> None:
     """The translating layer has no keys: it acts for the tenant the gateway found
-    (gateway/delegate.py), so a stored response of one tenant is another's 404."""
+    (gateway/edge/delegate.py), so a stored response of one tenant is another's 404."""
     def engine(request: httpx.Request) -> httpx.Response:
         return sse({"choices": [{"index": 0, "delta": {"content": "Sunny."}, "finish_reason": "stop"}]})
 

@@ -15,9 +15,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from hearth.gateway.app import create_gateway_app
-from hearth.gateway.config import GatewaySettings, Upstream
-from hearth.gateway.context import gateway_of
 from hearth.gateway.fleet.pool import Pool
+from hearth.gateway.settings import GatewaySettings, Upstream
+from hearth.gateway.state import gateway_of
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

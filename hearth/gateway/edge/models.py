@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from hearth.gateway.context import Gateway
 from hearth.gateway.fleet.pool import Node
+from hearth.gateway.state import Gateway
 
 RANK = {"loaded": 0, "loading": 1, "unloading": 2, "unloaded": 3}  # best first
 

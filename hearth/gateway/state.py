@@ -14,10 +14,10 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
 from hearth.gateway.background import BackgroundRuns
-from hearth.gateway.config import GatewaySettings
 from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Pool
+from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.turn.proxy import Proxy
 
 

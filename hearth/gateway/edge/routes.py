@@ -18,11 +18,8 @@ from hearth.api.http.auth import matches, presented_key
 from hearth.api.http.parsing import read_json, read_json_or_empty
 from hearth.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from hearth.gateway.background import is_background
-from hearth.gateway.context import gateway_of
-from hearth.gateway.delegate import Delegate
-from hearth.gateway.fleet.cache_state import Digest
-from hearth.gateway.fleet.pool import Node, Pool
-from hearth.gateway.forward import (
+from hearth.gateway.edge.delegate import Delegate
+from hearth.gateway.edge.forward import (
     aliases,
     as_response,
     call,
@@ -33,8 +30,11 @@ from hearth.gateway.forward import (
     relay_stream,
     send,
 )
-from hearth.gateway.model_list import model_cards
+from hearth.gateway.edge.models import model_cards
+from hearth.gateway.fleet.cache_state import Digest
+from hearth.gateway.fleet.pool import Node, Pool
 from hearth.gateway.routing.policy import Affinity
+from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
 from hearth.sessions.ids import check_session_id, stored_session_id
 from hearth.tenants import Caller

@@ -12,7 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from hearth.gateway.app import create_gateway_app
-from hearth.gateway.config import GatewaySettings, Upstream
+from hearth.gateway.settings import GatewaySettings, Upstream
 
 PORTS = {9201: "a", 9202: "b", 9203: "c"}
 

@@ -18,8 +18,8 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.http.sse import EventStreamResponse
 from hearth.errors import Unavailable
-from hearth.gateway.context import gateway_of
 from hearth.gateway.fleet.pool import Node, Pool
+from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller, upstream_headers
 from hearth.gateway.turn.relay import renamer
 from hearth.gateway.upstream.headers import forwarded_headers
