@@ -50,8 +50,8 @@ from hearth.api.openai.responses_events import (
     stream_query,
 )
 from hearth.errors import BadRequest, HearthError, Unavailable
-from hearth.gateway.failover.cuts.base import parse
 from hearth.gateway.failover.cuts.responses import TERMINAL, ResponsesCut
+from hearth.gateway.protocols import parse
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, owns
 from hearth.gateway.turn.proxy import Proxy

@@ -6,7 +6,8 @@ terminal event that never comes:
     Responses            event: response.failed (the response from response.created, status failed)
 
 Also: what marks a stream as properly ended, per protocol (a stream that closes without it
-broke, even if the connection closed cleanly)."""
+broke, even if the connection closed cleanly). And the SSE events as the gateway reads them:
+`parse` one event into (name, data), `wire` one back (the stream cuts and background runs use them)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import json
 from typing import Any, Literal
 
 from hearth.api.anthropic.stream import error_event
-from hearth.api.http.sse import DONE, sse_data, sse_event
+from hearth.api.http.sse import DONE, json_bytes, sse_data, sse_event
+
+Event = bytes  # one SSE event, without its blank line
 
 Protocol = Literal["chat", "completions", "anthropic", "responses", "other"]
 
@@ -66,3 +69,27 @@ def terminal_error(protocol: Protocol, message: str, *, response: dict[str, Any]
                                              "sequence_number": sequence_number})
     return sse_data({"error": {"message": message, "type": "server_error", "param": None,
                                "code": "upstream_failed"}}) + DONE
+
+
+def parse(event: Event) -> tuple[str | None, Any]:
+    """(event name, parsed data) of one SSE event; data None for a comment or unreadable data."""
+    name, data = None, []
+    for line in event.split(b"\n"):
+        if line.startswith(b"event:"):
+            name = line[6:].strip().decode()
+        elif line.startswith(b"data:"):
+            data.append(line[5:].removeprefix(b" "))
+    if not data:
+        return name, None
+    raw = b"\n".join(data)
+    if raw == b"[DONE]":
+        return name, "[DONE]"
+    try:
+        return name, json.loads(raw)
+    except ValueError:
+        return name, None
+
+
+def wire(name: str | None, data: Any) -> Event:
+    head = f"event: {name}\n".encode() if name else b""
+    return head + b"data: " + json_bytes(data)

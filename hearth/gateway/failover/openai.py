@@ -38,13 +38,12 @@ import httpx
 
 from hearth.chat.types import ChatEvent, TextDelta, Usage
 from hearth.errors import HearthError
+from hearth.gateway.failover.retry import RETRY_STATUSES
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Lease, Node, Pool
 from hearth.gateway.routing.policy import Affinity
 
 log = logging.getLogger("hearth.gateway")
-
-RETRY_STATUSES = (429, 502, 503, 504)
 
 
 def continuation_body(body: dict[str, Any], text: str, kind: str, continue_final: bool,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from hearth.errors import HearthError, TooManyRequests, Unavailable
 from hearth.gateway.upstream.http import Answer
 
-RETRY_STATUSES = (429, 502, 503, 504)
+RETRY_STATUSES = (429, 502, 503, 504)  # the one spelling: Hearth nodes and foreign engines alike
 
 
 class Retry(Exception):

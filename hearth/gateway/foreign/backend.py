@@ -51,6 +51,7 @@ from hearth.chat.types import (
 )
 from hearth.errors import BadRequest, NotFound, Unavailable
 from hearth.gateway.failover.openai import Continuer, Echo, Held, joined_usage, post_stream
+from hearth.gateway.failover.retry import RETRY_STATUSES
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.foreign.wire import chat_json, chunk_events, refusal, sampling_json, usage_of
@@ -161,7 +162,7 @@ class OpenAIUpstreamBackend:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 await resp.aclose()
-                if resp.status_code in (429, 502, 503, 504):
+                if resp.status_code in RETRY_STATUSES:
                     self.pool.release(lease, False if counts_as_failure(resp.status_code) else None)
                     last = f"{node.name} answered {resp.status_code}"
                     self.pool.metrics.retries.labels(f"status_{resp.status_code}").inc()

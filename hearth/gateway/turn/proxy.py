@@ -22,7 +22,8 @@ from hearth.api.http import auth
 from hearth.api.http.key_usage import KeyAccounts
 from hearth.api.http.sse import json_bytes
 from hearth.errors import Conflict, HearthError, NotFound, TooManyRequests
-from hearth.gateway.failover.cuts.base import PARTIAL_IS_OUTPUT, Cut, cut_for
+from hearth.gateway.failover.cuts import Cut, cut_for
+from hearth.gateway.failover.cuts.base import PARTIAL_IS_OUTPUT
 from hearth.gateway.failover.record import turn_messages
 from hearth.gateway.failover.restore import Continuity
 from hearth.gateway.failover.retry import RETRY_STATUSES, Retry, exhausted, refused

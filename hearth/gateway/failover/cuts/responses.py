@@ -8,7 +8,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from hearth.gateway.failover.cuts.base import Cut, Event, parse, wire
+from hearth.gateway.failover.cuts.base import Cut
+from hearth.gateway.protocols import Event, parse, wire
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 DONE_TEXT = {"response.output_text.done": "text", "response.reasoning_text.done": "text",

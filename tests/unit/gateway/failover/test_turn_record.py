@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hearth.gateway.failover.cuts.base import ChatCut, Cut, MessagesCut
+from hearth.gateway.failover.cuts import ChatCut, Cut, MessagesCut
 from hearth.gateway.failover.cuts.responses import ResponsesCut
 from hearth.gateway.failover.record import turn_messages
 
