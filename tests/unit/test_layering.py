@@ -84,8 +84,9 @@ def test_the_cancel_registry_lives_with_the_http_layer() -> None:
 # module of hearth.gateway imports only from its own floor or below.
 GATEWAY_FLOORS: list[set[str]] = [
     {"settings", "metrics", "protocols"},  # what the fleet is, what is counted, the client protocols' streams
+    {"routing"},  # pure decisions, and the one spelling of an affinity key (the store uses it)
     {"store"},  # the database
-    {"tenancy", "upstream", "routing"},  # who owns what; talking to a node; pure decisions
+    {"tenancy", "upstream"},  # who owns what; talking to a node
     {"fleet"},  # which nodes exist and how each one is doing
     {"failover"},  # what happens when a node fails
     {"turn", "foreign"},  # one generation request; engines behind the node's protocol layer

@@ -35,7 +35,7 @@ from hearth.api.ollama.models import OLLAMA_API_VERSION, hearth_version
 from hearth.errors import BadRequest, NotFound
 from hearth.gateway.edge.forward import live
 from hearth.gateway.fleet.pool import Lease, Node, Pool
-from hearth.gateway.routing.policy import Affinity
+from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller, upstream_headers
 from hearth.gateway.upstream.headers import forwarded_headers

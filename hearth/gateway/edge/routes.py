@@ -33,7 +33,8 @@ from hearth.gateway.edge.forward import (
 from hearth.gateway.edge.models import model_cards
 from hearth.gateway.fleet.cache_state import Digest
 from hearth.gateway.fleet.pool import Node, Pool
-from hearth.gateway.routing.policy import Affinity
+from hearth.gateway.routing.affinity import Affinity, key_of
+from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
 from hearth.sessions.ids import check_session_id, stored_session_id
@@ -95,7 +96,7 @@ async def session_route(request: Request) -> Response:
     sid = stored_session_id(who, request.path_params["session_id"])
     if await session_hidden(pool.store, who, sid):  # another tenant's: as a node answers a free id
         raise NotFound(f"session {sid} not found", param="session_id", code="session_not_found")
-    name = await pool.store.node_of(f"session:{sid}")
+    name = await pool.store.node_of(key_of("session", sid))
     node = pool.nodes.get(name) if name else None
     delete = request.method == "DELETE"
     if delete and _scoped(who):  # the node's admin key sees every tenant's: the caller's sight checked first
@@ -105,7 +106,7 @@ async def session_route(request: Request) -> Response:
     if node is None:
         node, r = await first_found(request, live(pool), admin=delete)
         if r.status_code < 300:
-            await pool.store.assign(f"session:{sid}", node.name)
+            await pool.store.assign(key_of("session", sid), node.name)
             if _scoped(who) and await pool.store.owner_of("session", sid) is None:
                 await pool.store.set_owner("session", sid, who.tenant)  # the node showed it to its owner
     else:  # the node's admin key names a tenant's session by its stored id
@@ -127,20 +128,20 @@ async def create_session(request: Request) -> Response:
     options = [n for n in live(pool) if alias in n.up.models and n.routable(now)]
     if not options:
         raise Unavailable(f"no healthy Hearth upstream serves {alias!r}", code="no_healthy_upstream", retry_after=2)
-    node = min(options, key=lambda n: n.in_flight)
+    node = least_loaded(options)
     who = caller(request)
     sid = body.get("session_id")
     if isinstance(sid, str):
         sid = stored_session_id(who, sid)
         if await session_hidden(pool.store, who, sid):  # as a node answers an id another tenant holds
             raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
-        bound = await pool.store.node_of(f"session:{sid}")
+        bound = await pool.store.node_of(key_of("session", sid))
         if bound in pool.nodes and pool.nodes[bound] in options:
             node = pool.nodes[bound]  # the node that holds the id answers for it (409), never a second copy
     r = await call(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
     if r.status_code == 201:
         created = stored_session_id(who, r.json()["session_id"])
-        await pool.store.assign(f"session:{created}", node.name)
+        await pool.store.assign(key_of("session", created), node.name)
         await pool.store.set_owner("session", created, who.tenant)
     return as_response(r)
 
@@ -179,7 +180,7 @@ async def snapshot_route(request: Request) -> Response:
         # which a gateway without tenants does not use: it keys the session as its client named it.
         answered = named if isinstance(named, str) and not pool.settings.tenants else r.json()["session_id"]
         sid = stored_session_id(who, answered)
-        await pool.store.assign(f"session:{sid}", node.name)
+        await pool.store.assign(key_of("session", sid), node.name)
         if _scoped(who):  # the loaded session is the snapshot's owner's: the caller's, who sees it
             await pool.store.set_owner("session", sid, who.tenant)
     return as_response(r)
@@ -208,7 +209,7 @@ async def import_snapshot(request: Request) -> Response:
     options = [n for n in live(pool) if n.routable(now)]
     if not options:
         raise Unavailable("no healthy Hearth upstream to import into", code="no_healthy_upstream", retry_after=2)
-    node = min(options, key=lambda n: n.in_flight)
+    node = least_loaded(options)
     headers = {"content-type": request.headers.get("content-type", "application/x-tar"),
                **upstream_headers(node.up, caller(request))}
     try:
@@ -240,7 +241,8 @@ async def cancel(request: Request) -> Response:
         if not any(isinstance(body.get(k), str) for k in ("cancel_id", "session_id", "completion_id", "message_id")):
             return JSONResponse({"cancelled": ours})
         raw = json.dumps(body).encode()
-    name = await pool.store.node_of(f"session:{caller(request).session_key(sid)}") if isinstance(sid, str) else None
+    key = key_of("session", caller(request).session_key(sid)) if isinstance(sid, str) else None
+    name = await pool.store.node_of(key) if key is not None else None
     nodes = [pool.nodes[name]] if name in pool.nodes else live(pool)
     answers = await asyncio.gather(*(call(request, n, body=raw) for n in nodes))
     total = ours
@@ -275,7 +277,7 @@ async def response_route(request: Request) -> Response:
         raise NotFound(f"no stored response with id {rid!r}", param="response_id")
     if (ours := await gateway_of(request.app).background.answer(request)) is not None:
         return ours
-    name = await pool.store.node_of(f"response:{rid}")
+    name = await pool.store.node_of(key_of("response", rid))
     if request.method == "DELETE" and _scoped(who):  # with the node's admin key, once the caller is seen to own it
         keeper = await holder(request, [pool.nodes[name]] if name in pool.nodes else live(pool),
                               f"/v1/responses/{rid}")
@@ -312,7 +314,7 @@ async def by_model(request: Request) -> Response:
     options = [n for n in pool.nodes.values() if alias in n.up.models and n.routable(now) and n.up.kind == "hearth"]
     if not options:
         raise Unavailable(f"no healthy Hearth upstream serves {alias!r}", code="no_healthy_upstream", retry_after=2)
-    node = min(options, key=lambda n: n.in_flight)
+    node = least_loaded(options)
     return await send(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
 
 
@@ -355,7 +357,7 @@ async def session_status(request: Request) -> Response:
     _require_admin(request)
     sid = check_session_id(request.path_params["session_id"])
     store = _pool(request).store
-    node = await store.node_of(f"session:{sid}")
+    node = await store.node_of(key_of("session", sid))
     saved = await store.transcript(sid)
     if node is None and saved is None:
         raise NotFound(f"the gateway knows no session {sid!r}", param="session_id", code="session_not_found")

@@ -41,7 +41,7 @@ from hearth.errors import HearthError
 from hearth.gateway.failover.retry import RETRY_STATUSES
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Lease, Node, Pool
-from hearth.gateway.routing.policy import Affinity
+from hearth.gateway.routing.affinity import Affinity
 
 log = logging.getLogger("hearth.gateway")
 

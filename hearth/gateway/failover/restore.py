@@ -20,6 +20,7 @@ import httpx
 from hearth.errors import BadRequest, HearthError
 from hearth.gateway.fleet.pool import Node
 from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.routing.affinity import key_of
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import owner_caller, owns, upstream_headers
 from hearth.tenants import Caller
@@ -56,7 +57,7 @@ class Continuity:
         A session that lived on another node (or that `node` lost: `lost`) continues here:
         re-create it from the transcript (its KV is rebuilt by this turn's prefill). True: the
         session exists on `node` with its history (so the turn must not create it afresh)."""
-        owner = await self.store.node_of(f"session:{sid}")
+        owner = await self.store.node_of(key_of("session", sid))
         if not history:
             return False  # nothing to carry over: the session starts afresh here
         if owner is None or (owner == node.name and not lost):
@@ -85,7 +86,7 @@ class Continuity:
         rid = body.get("previous_response_id")
         if not isinstance(rid, str) or not await owns(self.store, who, "response", rid):
             return body
-        owner = await self.store.node_of(f"response:{rid}")
+        owner = await self.store.node_of(key_of("response", rid))
         if owner is None or owner == node.name:
             return body
         items = await self.store.chain(rid)

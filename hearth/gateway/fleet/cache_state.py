@@ -19,7 +19,7 @@ breaks near-ties.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,9 +131,3 @@ def parse_digest(doc: Any) -> dict[str, ModelState] | None:
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     return out
-
-
-def least_loaded(nodes: Sequence[Any]) -> Any:
-    """The node with the most free share of its in-flight cap (then the fewest in flight, then
-    the name: deterministic), for a blocks call that should not queue behind heavy work."""
-    return min(nodes, key=lambda n: (n.in_flight / n.up.max_in_flight, n.in_flight, n.name))

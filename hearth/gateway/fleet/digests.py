@@ -23,8 +23,9 @@ from typing import Any
 
 import httpx
 
-from hearth.gateway.fleet.cache_state import Digest, RequestBlocks, least_loaded, parse_digest
+from hearth.gateway.fleet.cache_state import Digest, RequestBlocks, parse_digest
 from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.settings import GatewaySettings
 
 log = logging.getLogger("hearth.gateway")

@@ -22,6 +22,8 @@ import httpx
 from hearth.errors import BadRequest, Conflict, NotFound, Unavailable
 from hearth.gateway.fleet.pool import Node, Pool
 from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.routing.affinity import key_of, value_of
+from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.store.base import Move
 from hearth.gateway.tenancy import owner_caller, upstream_headers
 from hearth.tenants import OPEN, Caller
@@ -44,7 +46,7 @@ class Mover:
         return node
 
     async def owner(self, sid: str) -> Node:
-        name = await self.pool.store.node_of(f"session:{sid}")
+        name = await self.pool.store.node_of(key_of("session", sid))
         if name is None or name not in self.pool.nodes:
             raise NotFound(f"the gateway knows no session {sid!r}", param="session_id", code="session_not_found")
         return self.pool.nodes[name]
@@ -64,7 +66,7 @@ class Mover:
         if not options:
             raise Unavailable("no other healthy Hearth node serves this session's model", code="no_destination",
                               retry_after=5)
-        return min(options, key=lambda n: n.in_flight)
+        return least_loaded(options)
 
     async def _call(self, node: Node, method: str, path: str, *, admin: bool = False, ok: tuple[int, ...] = (200, 201),
                     who: Caller = OPEN, **kw: Any) -> httpx.Response:
@@ -155,7 +157,7 @@ class Mover:
             outcome, copies = "finished", [(src, f"/v1/sessions/{sid}"), *snap]
         else:
             outcome, copies = "rolled_back", snap
-            if move.snapshot and await self.pool.store.node_of(f"session:{sid}") != move.dst:
+            if move.snapshot and await self.pool.store.node_of(key_of("session", sid)) != move.dst:
                 copies.append((dst, f"/v1/sessions/{sid}"))  # loaded there, maybe, before its gateway died
         who = owner_caller(await self.pool.store.owner_of("session", sid), self.pool.settings.tenants)
         await self._delete(sid, copies, who)
@@ -179,12 +181,12 @@ class Mover:
                 await self.pool.store.set_drain(name, "drained")
 
     async def _drain(self, name: str, node: Node) -> dict[str, Any]:
-        sids = set(s.removeprefix("session:") for s in await self.pool.store.keys_on(name))
+        sids = set(value_of(s) for s in await self.pool.store.keys_on(name))
         moved, failed, stale = [], [], []
         if node.up.kind == "hearth":
             r = await self._call(node, "GET", "/v1/sessions")
             for sid in {s["session_id"] for s in r.json().get("data", []) if isinstance(s, dict)} - sids:
-                owner = await self.pool.store.node_of(f"session:{sid}")
+                owner = await self.pool.store.node_of(key_of("session", sid))
                 if owner is None or owner == name:
                     sids.add(sid)
                     continue

@@ -27,7 +27,9 @@ from hearth.gateway.fleet.cache_state import Digest, ModelState, RequestBlocks
 from hearth.gateway.fleet.digests import Digests
 from hearth.gateway.fleet.health import BUSY_GRACE, Breaker, Liveness
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.routing.policy import Affinity, Candidate, Chooser, Decision, PrefixTable
+from hearth.gateway.routing.affinity import Affinity
+from hearth.gateway.routing.policy import Candidate, Chooser, Decision
+from hearth.gateway.routing.prefixes import PrefixTable
 from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.store.base import GatewayStore
 
@@ -55,6 +57,10 @@ class Node:
     @property
     def name(self) -> str:
         return self.up.name
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.up.max_in_flight
 
     def routable(self, now: float) -> bool:
         return (self.live.up and not self.draining and not self.lapsed and self.breaker.allows()

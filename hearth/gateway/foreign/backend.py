@@ -55,7 +55,8 @@ from hearth.gateway.failover.retry import RETRY_STATUSES
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.foreign.wire import chat_json, chunk_events, refusal, sampling_json, usage_of
-from hearth.gateway.routing.policy import Affinity, prefix_hashes
+from hearth.gateway.routing.affinity import Affinity
+from hearth.gateway.routing.prefixes import prefix_hashes
 from hearth.gateway.upstream.http import Stalled, within
 from hearth.sessions.transcript import message_to_json
 

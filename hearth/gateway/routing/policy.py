@@ -1,5 +1,5 @@
-"""Which node serves a request: affinity keys, what each node holds of the request's prompt,
-and one cost model.
+"""Which node serves a request: one cost model over what each node holds of the request's prompt
+(affinity keys: affinity.py; the prefixes a node was sent: prefixes.py).
 
 Affinity key, first found: `session_id` (body), `previous_response_id`, an `X-Session-Id`
 header, the conversation key a node reads (`prompt_cache_key`, Claude Code's session id,
@@ -33,124 +33,36 @@ What the node then reports as cached is recorded beside the prediction
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal, Protocol, TypeVar
 
-from hearth.api.http.cache_keys import body_key, conversation_key
+from hearth.gateway.routing.affinity import Affinity
 
-CHARS_PER_TOKEN = 4
-PREFIXES_PER_NODE = 65536
-
-KeyKind = Literal["session", "response", "header", "cache_key", "none"]
 Source = Literal["digest", "estimate"]
 Branch = Literal["sticky_hit", "sticky_miss", "prefix_hit", "load_override", "failover", "least_cost"]
 
 
-@dataclass(frozen=True, slots=True)
-class Affinity:
-    kind: KeyKind
-    value: str | None = None
-
+class Loaded(Protocol):
     @property
-    def binding(self) -> bool:
-        """A session or response chain lives on its node: only failure moves it."""
-        return self.kind in ("session", "response")
-
+    def name(self) -> str: ...
     @property
-    def key(self) -> str | None:
-        return f"{self.kind}:{self.value}" if self.value is not None else None
+    def in_flight(self) -> int: ...
+    @property
+    def max_in_flight(self) -> int: ...
 
 
-def affinity_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> Affinity:
-    """The first key found; a conversation key is read as a node reads it (hearth.api.http.
-    cache_keys: prompt_cache_key, Claude Code's session id, Codex's headers), so the gateway
-    routes a conversation to the node that keeps its KV warm for it."""
-    for kind, value in (("session", body.get("session_id")), ("response", body.get("previous_response_id")),
-                        ("header", headers.get("x-session-id"))):
-        if isinstance(value, str) and value:
-            return Affinity(kind, value)  # type: ignore[arg-type]
-    pck, meta = body.get("prompt_cache_key"), body.get("metadata")
-    key = conversation_key(body_key(pck if isinstance(pck, str) else None,
-                                    meta if isinstance(meta, Mapping) else None), headers)
-    return Affinity("cache_key", key) if key else Affinity("none")
+N = TypeVar("N", bound=Loaded)
 
 
-def conversation(body: Mapping[str, Any]) -> list[Any]:
-    """The request's conversation as a list of protocol-neutral-enough items, in order: each
-    protocol's system/instructions first, then its messages / input items. Only hashed, so the
-    items need not be translated, only stable."""
-    items: list[Any] = []
-    for k in ("system", "instructions"):
-        if body.get(k):
-            items.append({"system": body[k]})
-    if isinstance(body.get("messages"), list):
-        items += body["messages"]
-    inp = body.get("input")
-    if isinstance(inp, str):
-        items.append({"role": "user", "content": inp})
-    elif isinstance(inp, list):
-        items += inp
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        items.append({"prompt": prompt})
-    return items
-
-
-def prefix_hashes(model: str, items: Sequence[Any]) -> list[tuple[str, int]]:
-    """(chained hash, estimated tokens) of every prefix items[:i+1], seeded by the model."""
-    h = hashlib.blake2b(model.encode(), digest_size=16).digest()
-    tokens = 0
-    out = []
-    for item in items:
-        blob = json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
-        h = hashlib.blake2b(h + blob, digest_size=16).digest()
-        tokens += max(1, len(blob) // CHARS_PER_TOKEN)
-        out.append((h.hex(), tokens))
-    return out
-
-
-class PrefixTable:
-    """The conversation prefixes one node has seen, least recently used dropped first (the node
-    evicts too: this is a prediction, checked against what the node reports).
-
-    A prefix that was a whole request the node answered keeps the prompt tokens the node
-    reported for it: the next turn of that conversation (the same items, then the answer and a
-    new message) is predicted with the node's own count instead of characters / 4, which is
-    off by the text's real ratio (10 % and more on agent prompts)."""
-
-    def __init__(self, capacity: int = PREFIXES_PER_NODE) -> None:
-        self._seen: OrderedDict[str, int | None] = OrderedDict()  # hash -> reported tokens, if known
-        self.capacity = capacity
-
-    def add(self, hashes: Sequence[tuple[str, int]], prompt_tokens: int | None = None) -> None:
-        """`prompt_tokens`: what the node reported for the whole of `hashes` (the request)."""
-        for h, _ in hashes:
-            self._seen[h] = self._seen.get(h)
-            self._seen.move_to_end(h)
-        if hashes and prompt_tokens is not None:
-            self._seen[hashes[-1][0]] = prompt_tokens
-        while len(self._seen) > self.capacity:
-            self._seen.popitem(last=False)
-
-    def cached(self, hashes: Sequence[tuple[str, int]]) -> int:
-        """Tokens of the longest prefix seen: the node's count where it reported one, else the
-        estimate."""
-        for h, tokens in reversed(hashes):
-            if h in self._seen:
-                reported = self._seen[h]
-                return reported if reported is not None else tokens
-        return 0
-
-    def clear(self) -> None:
-        self._seen.clear()
-
-    def __len__(self) -> int:
-        return len(self._seen)
+def least_loaded(nodes: Sequence[N]) -> N:
+    """The node with the most free share of its in-flight cap, then the fewest in flight, then the
+    name (deterministic). The one least-loaded choice: non-generation calls (session create,
+    snapshot load, a blocks call, a move's destination) and the digest poller all use it. The share,
+    not the raw count: a node with a cap of 64 and 2 in flight is freer than one with a cap of 2
+    and 1."""
+    return min(nodes, key=lambda n: (n.in_flight / max(1, n.max_in_flight), n.in_flight, n.name))
 
 
 @dataclass(slots=True)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from hearth.api.openai.responses_store import ORPHAN_ERROR
+from hearth.gateway.routing.affinity import KeyKind, key_of
 from hearth.gateway.store.schema import MIGRATIONS
 
 RUNNING = ("queued", "in_progress")
@@ -134,16 +135,16 @@ class GatewayStore:
         async with self._tx() as tx:
             await tx.execute("DELETE FROM affinity WHERE key = ?", (key,))
 
-    async def keys_on(self, node: str, prefix: str = "session:") -> list[str]:
+    async def keys_on(self, node: str, kind: KeyKind = "session") -> list[str]:
         async with self._tx() as tx:
             rows = await tx.fetchall("SELECT key FROM affinity WHERE node = ? AND key LIKE ? ORDER BY updated",
-                                     (node, prefix + "%"))
+                                     (node, key_of(kind, "%")))
         return [r[0] for r in rows]
 
-    async def counts(self, prefix: str = "session:") -> dict[str, int]:
+    async def counts(self, kind: KeyKind = "session") -> dict[str, int]:
         async with self._tx() as tx:
             rows = await tx.fetchall("SELECT node, COUNT(*) FROM affinity WHERE key LIKE ? GROUP BY node",
-                                     (prefix + "%",))
+                                     (key_of(kind, "%"),))
         return {r[0]: int(r[1]) for r in rows}
 
     # ---- transcripts ---------------------------------------------------------------------------
@@ -170,7 +171,7 @@ class GatewayStore:
     async def drop_session(self, session_id: str) -> None:
         """A deleted session: its binding, its transcript and its owner, together."""
         async with self._tx() as tx:
-            await tx.execute("DELETE FROM affinity WHERE key = ?", (f"session:{session_id}",))
+            await tx.execute("DELETE FROM affinity WHERE key = ?", (key_of("session", session_id),))
             await tx.execute("DELETE FROM transcripts WHERE session_id = ?", (session_id,))
             await tx.execute("DELETE FROM owners WHERE kind = 'session' AND id = ?", (session_id,))
 
@@ -262,7 +263,7 @@ class GatewayStore:
         async with self._tx() as tx:
             await tx.execute("INSERT INTO affinity VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
                              "node = excluded.node, updated = excluded.updated",
-                             (f"session:{session_id}", dst, time.time()))
+                             (key_of("session", session_id), dst, time.time()))
             await tx.execute("UPDATE moves SET state = 'assigned', updated = ? WHERE session_id = ?",
                              (time.time(), session_id))
 

@@ -31,7 +31,8 @@ from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Lease, Node, Pool
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.protocols import Protocol, protocol_of
-from hearth.gateway.routing.policy import Affinity, affinity_of, conversation, prefix_hashes
+from hearth.gateway.routing.affinity import Affinity, affinity_of
+from hearth.gateway.routing.prefixes import conversation, prefix_hashes
 from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, hidden, owns, session_hidden, upstream_headers

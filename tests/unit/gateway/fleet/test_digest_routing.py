@@ -17,7 +17,9 @@ import pytest
 from hearth.gateway.fleet.cache_state import Digest, ModelState, RequestBlocks, parse_digest
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.routing.policy import Affinity, Chooser, conversation, prefix_hashes
+from hearth.gateway.routing.affinity import Affinity
+from hearth.gateway.routing.policy import Chooser
+from hearth.gateway.routing.prefixes import conversation, prefix_hashes
 from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import sample

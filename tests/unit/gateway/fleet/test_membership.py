@@ -17,7 +17,7 @@ from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.routing.policy import Affinity
+from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.settings import GatewaySettings, Upstream, load_upstreams
 from hearth.gateway.store.base import TranscriptStore
 from tests.helpers import until

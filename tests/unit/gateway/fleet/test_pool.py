@@ -11,7 +11,7 @@ import pytest
 from hearth.errors import NotFound, TooManyRequests, Unavailable
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.routing.policy import Affinity
+from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.store.base import TranscriptStore
 

@@ -6,15 +6,9 @@ import random
 
 import pytest
 
-from hearth.gateway.routing.policy import (
-    Affinity,
-    Candidate,
-    Chooser,
-    PrefixTable,
-    affinity_of,
-    conversation,
-    prefix_hashes,
-)
+from hearth.gateway.routing.affinity import Affinity, affinity_of
+from hearth.gateway.routing.policy import Candidate, Chooser
+from hearth.gateway.routing.prefixes import PrefixTable, conversation, prefix_hashes
 
 
 @pytest.mark.parametrize(("body", "headers", "want"), [

@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from hearth.gateway.app import create_gateway_app
 from hearth.gateway.fleet.pool import Pool
+from hearth.gateway.routing.affinity import key_of
 from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.state import gateway_of
 
@@ -102,7 +103,7 @@ def pool_of(c: TestClient) -> Pool:
 
 def stick(c: TestClient, key: str, node: str) -> dict[str, str]:
     """Make `node` the first choice for requests with this X-Session-Id."""
-    pool_of(c)._soft[f"header:{key}"] = node
+    pool_of(c)._soft[key_of("header", key)] = node
     return {"X-Session-Id": key}
 
 
