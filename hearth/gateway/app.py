@@ -8,7 +8,6 @@ import contextlib
 import logging
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 import httpx
@@ -32,7 +31,7 @@ from hearth.gateway.foreign.backend import OpenAIUpstreamBackend
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.state import Gateway, attach
-from hearth.gateway.store.base import GatewayStore, TranscriptStore
+from hearth.gateway.store import create_store
 from hearth.gateway.turn.proxy import Proxy
 from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp
 
@@ -49,18 +48,6 @@ def access_settings(settings: GatewaySettings) -> Settings:
                     metrics_token=settings.metrics_token,
                     metrics_public=settings.metrics_public, insecure=settings.insecure, data_dir=settings.data_dir,
                     cors_origins=list(settings.cors_origins))
-
-
-def create_store(settings: GatewaySettings) -> GatewayStore:
-    """PostgreSQL when the settings name one (its driver imported only then), else SQLite."""
-    store: GatewayStore
-    if settings.database is None:
-        store = TranscriptStore(settings.data_dir / "gateway.sqlite3")
-    else:
-        from hearth.gateway.store.postgres import PostgresStore
-        store = PostgresStore(settings.database, uuid.uuid4().hex)
-    store.lease_ttl = settings.lease_ttl
-    return store
 
 
 def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
@@ -88,10 +75,10 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     translated = OpenAIUpstreamBackend(pool, client)
     inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[])  # CORS: the gateway's
     translator = create_app(translated, inner) if translated.aliases() else None
-    mover = Mover(pool, client, metrics)
+    mover = Mover(pool, store, client, metrics)
     leases = Leases(mover, min(settings.probe_interval, settings.lease_ttl / 3))
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
-    membership = Membership(settings, pool, mover)
+    membership = Membership(settings, pool, store, mover)
     translated_aliases = frozenset(translated.aliases())
 
     async def metrics_endpoint(request: Request) -> Response:
@@ -159,7 +146,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     ]
     app = assemble(route_list, lifespan, metrics.requests, access_settings(settings), accounts,
                    join_key=settings.join_key)
-    attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=mover,
+    attach(app, Gateway(settings=settings, pool=pool, store=store, proxy=proxy, client=client, mover=mover,
                         started=int(time.time()), translator=translator, translated=translated_aliases,
                         background=background, membership=membership))
     return app

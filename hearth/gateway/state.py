@@ -18,6 +18,7 @@ from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.settings import GatewaySettings
+from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.turn.proxy import Proxy
 
 
@@ -25,6 +26,7 @@ from hearth.gateway.turn.proxy import Proxy
 class Gateway:
     settings: GatewaySettings
     pool: Pool
+    store: GatewayStore  # the database (the pool keeps its own reference for binding-key reads only)
     proxy: Proxy
     client: httpx.AsyncClient  # every upstream call that is not a generation request
     mover: Mover

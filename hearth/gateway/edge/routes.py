@@ -36,6 +36,7 @@ from hearth.gateway.fleet.pool import Node, Pool
 from hearth.gateway.routing.affinity import Affinity, key_of
 from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.state import gateway_of
+from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
 from hearth.sessions.ids import check_session_id, stored_session_id
 from hearth.tenants import Caller
@@ -43,6 +44,10 @@ from hearth.tenants import Caller
 
 def _pool(request: Request) -> Pool:
     return gateway_of(request.app).pool
+
+
+def _store(request: Request) -> GatewayStore:
+    return gateway_of(request.app).store
 
 
 def _client(request: Request) -> httpx.AsyncClient:
@@ -94,9 +99,9 @@ async def session_route(request: Request) -> Response:
     who = caller(request)
     # as the node stores it: a tenant's ids are its own namespace (hearth.tenants)
     sid = stored_session_id(who, request.path_params["session_id"])
-    if await session_hidden(pool.store, who, sid):  # another tenant's: as a node answers a free id
+    if await session_hidden(_store(request), who, sid):  # another tenant's: as a node answers a free id
         raise NotFound(f"session {sid} not found", param="session_id", code="session_not_found")
-    name = await pool.store.node_of(key_of("session", sid))
+    name = await _store(request).node_of(key_of("session", sid))
     node = pool.nodes.get(name) if name else None
     delete = request.method == "DELETE"
     if delete and _scoped(who):  # the node's admin key sees every tenant's: the caller's sight checked first
@@ -106,15 +111,15 @@ async def session_route(request: Request) -> Response:
     if node is None:
         node, r = await first_found(request, live(pool), admin=delete)
         if r.status_code < 300:
-            await pool.store.assign(key_of("session", sid), node.name)
-            if _scoped(who) and await pool.store.owner_of("session", sid) is None:
-                await pool.store.set_owner("session", sid, who.tenant)  # the node showed it to its owner
+            await _store(request).assign(key_of("session", sid), node.name)
+            if _scoped(who) and await _store(request).owner_of("session", sid) is None:
+                await _store(request).set_owner("session", sid, who.tenant)  # the node showed it to its owner
     else:  # the node's admin key names a tenant's session by its stored id
         r = await call(request, node, admin=delete, path=f"/v1/sessions/{sid}" if delete else None)
     if request.method == "DELETE" and r.status_code == 200:
-        await pool.store.drop_session(sid)
+        await _store(request).drop_session(sid)
     elif request.method == "POST" and r.status_code == 200:  # rollback / resize changed the transcript
-        saved = await pool.store.transcript(sid)
+        saved = await _store(request).transcript(sid)
         alias = saved[0] if saved else next(iter(node.up.models))
         gateway_of(request.app).proxy.continuity.session_done(node, sid, alias)
     return as_response(r)
@@ -133,16 +138,16 @@ async def create_session(request: Request) -> Response:
     sid = body.get("session_id")
     if isinstance(sid, str):
         sid = stored_session_id(who, sid)
-        if await session_hidden(pool.store, who, sid):  # as a node answers an id another tenant holds
+        if await session_hidden(_store(request), who, sid):  # as a node answers an id another tenant holds
             raise Conflict(f"session {sid} already exists", param="session_id", code="session_exists")
-        bound = await pool.store.node_of(key_of("session", sid))
+        bound = await _store(request).node_of(key_of("session", sid))
         if bound in pool.nodes and pool.nodes[bound] in options:
             node = pool.nodes[bound]  # the node that holds the id answers for it (409), never a second copy
     r = await call(request, node, body=json.dumps({**body, "model": node.up.models[alias]}).encode())
     if r.status_code == 201:
         created = stored_session_id(who, r.json()["session_id"])
-        await pool.store.assign(key_of("session", created), node.name)
-        await pool.store.set_owner("session", created, who.tenant)
+        await _store(request).assign(key_of("session", created), node.name)
+        await _store(request).set_owner("session", created, who.tenant)
     return as_response(r)
 
 
@@ -164,7 +169,7 @@ async def snapshot_route(request: Request) -> Response:
     loading = request.url.path.endswith("/load")
     if loading and _scoped(who):  # a session id another tenant holds: a node's own answer
         target = (await read_json_or_empty(request)).get("session_id")
-        if isinstance(target, str) and await session_hidden(pool.store, who, stored_session_id(who, target)):
+        if isinstance(target, str) and await session_hidden(_store(request), who, stored_session_id(who, target)):
             raise Conflict(f"session {target} already exists", param="session_id", code="session_exists")
     if destructive and _scoped(who):  # the node's admin key sees every tenant's: the caller's sight first
         snap = request.path_params["snapshot_id"]
@@ -180,9 +185,9 @@ async def snapshot_route(request: Request) -> Response:
         # which a gateway without tenants does not use: it keys the session as its client named it.
         answered = named if isinstance(named, str) and not pool.settings.tenants else r.json()["session_id"]
         sid = stored_session_id(who, answered)
-        await pool.store.assign(key_of("session", sid), node.name)
+        await _store(request).assign(key_of("session", sid), node.name)
         if _scoped(who):  # the loaded session is the snapshot's owner's: the caller's, who sees it
-            await pool.store.set_owner("session", sid, who.tenant)
+            await _store(request).set_owner("session", sid, who.tenant)
     return as_response(r)
 
 
@@ -242,7 +247,7 @@ async def cancel(request: Request) -> Response:
             return JSONResponse({"cancelled": ours})
         raw = json.dumps(body).encode()
     key = key_of("session", caller(request).session_key(sid)) if isinstance(sid, str) else None
-    name = await pool.store.node_of(key) if key is not None else None
+    name = await _store(request).node_of(key) if key is not None else None
     nodes = [pool.nodes[name]] if name in pool.nodes else live(pool)
     answers = await asyncio.gather(*(call(request, n, body=raw) for n in nodes))
     total = ours
@@ -273,11 +278,11 @@ async def response_route(request: Request) -> Response:
     pool = _pool(request)
     rid = request.path_params["response_id"]
     who = caller(request)
-    if await hidden(pool.store, who, "response", rid) or await hidden(pool.store, who, "background", rid):
+    if await hidden(_store(request), who, "response", rid) or await hidden(_store(request), who, "background", rid):
         raise NotFound(f"no stored response with id {rid!r}", param="response_id")
     if (ours := await gateway_of(request.app).background.answer(request)) is not None:
         return ours
-    name = await pool.store.node_of(key_of("response", rid))
+    name = await _store(request).node_of(key_of("response", rid))
     if request.method == "DELETE" and _scoped(who):  # with the node's admin key, once the caller is seen to own it
         keeper = await holder(request, [pool.nodes[name]] if name in pool.nodes else live(pool),
                               f"/v1/responses/{rid}")
@@ -336,8 +341,8 @@ def _digest_json(pool: Pool, d: Digest | None) -> dict[str, Any] | None:
             "models": {mid: {"root": m.root, "blocks": m.counts(), "keys": len(m.keys)} for mid, m in d.models.items()}}
 
 
-async def status_json(pool: Pool) -> dict[str, Any]:
-    sessions = await pool.store.counts()
+async def status_json(pool: Pool, store: GatewayStore) -> dict[str, Any]:
+    sessions = await store.counts()
     return {"object": "gateway.status", "waiting": pool.waiting, "time": int(time.time()),
             "nodes": [{"name": n.name, "url": n.up.url, "kind": n.up.kind, "source": n.source, "lapsed": n.lapsed,
                        "up": n.live.up,
@@ -349,14 +354,14 @@ async def status_json(pool: Pool) -> dict[str, Any]:
 
 async def status(request: Request) -> Response:
     _require_admin(request)  # it names the upstreams' addresses: not for every client
-    return JSONResponse(await status_json(_pool(request)))
+    return JSONResponse(await status_json(_pool(request), _store(request)))
 
 
 async def session_status(request: Request) -> Response:
     """Where the gateway routes a session, and how much of its transcript it holds."""
     _require_admin(request)
     sid = check_session_id(request.path_params["session_id"])
-    store = _pool(request).store
+    store = _store(request)
     node = await store.node_of(key_of("session", sid))
     saved = await store.transcript(sid)
     if node is None and saved is None:

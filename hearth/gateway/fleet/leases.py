@@ -26,7 +26,7 @@ log = logging.getLogger("hearth.gateway")
 class Leases:
     def __init__(self, mover: Mover, interval: float) -> None:
         self.mover = mover
-        self.store = mover.pool.store
+        self.store = mover.store  # the one the mover writes its moves to
         self.interval = interval
         self._task: asyncio.Task[None] | None = None
         self._work: set[asyncio.Task[object]] = set()

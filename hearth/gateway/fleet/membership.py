@@ -35,6 +35,7 @@ from hearth.errors import BadRequest, Conflict, NotFound
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Node, Pool
 from hearth.gateway.settings import GatewaySettings, Upstream, check_fleet, load_upstreams
+from hearth.gateway.store.base import GatewayStore
 
 log = logging.getLogger("hearth.gateway")
 
@@ -70,10 +71,11 @@ def member_upstream(name: object, url: object, spec: object) -> Upstream:
 
 
 class Membership:
-    def __init__(self, settings: GatewaySettings, pool: Pool, mover: Mover,
+    def __init__(self, settings: GatewaySettings, pool: Pool, store: GatewayStore, mover: Mover,
                  wall: Callable[[], float] = time.time, interval: float | None = None) -> None:
         self.settings = settings
         self.pool = pool
+        self.store = store
         self.mover = mover
         self.wall = wall
         self.interval = interval or min(settings.probe_interval, settings.member_ttl / 3)
@@ -106,7 +108,7 @@ class Membership:
             check_fleet([*others, up])
         except ValueError as e:
             raise Conflict(str(e), code="member_conflict") from e
-        await self.pool.store.renew_member(up.name, up.url, spec, self.settings.member_ttl)
+        await self.store.renew_member(up.name, up.url, spec, self.settings.member_ttl)
         if node is None or node.lapsed or node.up != up:
             await self.sync()  # this gateway routes to it at once; the others within `interval`
         return {"object": "gateway.member", "name": up.name, "ttl": self.settings.member_ttl,
@@ -117,7 +119,7 @@ class Membership:
         if node is not None and node.source == "file":
             raise Conflict(f"{name!r} is an upstream of the fleet file: remove it there and reload",
                            code="member_in_file")
-        removed = await self.pool.store.remove_member(name)
+        removed = await self.store.remove_member(name)
         if node is None and not removed:
             raise NotFound(f"no node named {name!r} joined the fleet", param="node", code="node_not_found")
         if node is not None:
@@ -135,7 +137,7 @@ class Membership:
     async def _sync(self) -> None:
         now = self.wall()
         seen: set[str] = set()
-        for row in await self.pool.store.members():
+        for row in await self.store.members():
             name = row["name"]
             node = self.pool.nodes.get(name)
             if node is not None and node.source == "file":
@@ -143,7 +145,7 @@ class Membership:
                 continue
             expires = float(row["expires"])
             if expires + self.settings.member_grace <= now:  # lapsed past the grace: gone
-                await self.pool.store.remove_member(name)
+                await self.store.remove_member(name)
                 if node is not None:
                     self.pool.remove(name)
                     log.warning("node %s removed: it has not renewed its registration for %.0f s", name,

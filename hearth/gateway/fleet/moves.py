@@ -24,7 +24,7 @@ from hearth.gateway.fleet.pool import Node, Pool
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.affinity import key_of, value_of
 from hearth.gateway.routing.policy import least_loaded
-from hearth.gateway.store.base import Move
+from hearth.gateway.store.base import GatewayStore, Move
 from hearth.gateway.tenancy import owner_caller, upstream_headers
 from hearth.tenants import OPEN, Caller
 
@@ -34,8 +34,9 @@ BUSY_WAIT = 60.0
 
 
 class Mover:
-    def __init__(self, pool: Pool, client: httpx.AsyncClient, metrics: GatewayMetrics) -> None:
+    def __init__(self, pool: Pool, store: GatewayStore, client: httpx.AsyncClient, metrics: GatewayMetrics) -> None:
         self.pool = pool
+        self.store = store
         self.client = client
         self.metrics = metrics
 
@@ -46,7 +47,7 @@ class Mover:
         return node
 
     async def owner(self, sid: str) -> Node:
-        name = await self.pool.store.node_of(key_of("session", sid))
+        name = await self.store.node_of(key_of("session", sid))
         if name is None or name not in self.pool.nodes:
             raise NotFound(f"the gateway knows no session {sid!r}", param="session_id", code="session_not_found")
         return self.pool.nodes[name]
@@ -84,18 +85,18 @@ class Mover:
         if src.up.kind != "hearth":
             raise BadRequest(f"{src.name} is not a Hearth node: its sessions have no KV to move", param="session_id")
         started = time.monotonic()
-        who = owner_caller(await self.pool.store.owner_of("session", sid), self.pool.settings.tenants)
+        who = owner_caller(await self.store.owner_of("session", sid), self.pool.settings.tenants)
         try:
             info = (await self._call(src, "GET", f"/v1/sessions/{sid}", who=who)).json()
         except _MoveFailed as e:
             raise NotFound(f"session {sid} is not on {src.name}: {e}", code="session_not_found") from e
         dst = self.destination(src, info.get("model", ""), to)
-        if not await self.pool.store.begin_move(sid, src.name, dst.name):
+        if not await self.store.begin_move(sid, src.name, dst.name):
             raise Conflict(f"session {sid} is being moved already", code="move_in_progress")
         try:
             return await self._move(sid, src, dst, info, started, who)
         finally:
-            await self.pool.store.end_move(sid)
+            await self.store.end_move(sid)
 
     async def _move(self, sid: str, src: Node, dst: Node, info: dict[str, Any], started: float,
                     who: Caller) -> dict[str, Any]:
@@ -112,7 +113,7 @@ class Mover:
                     raise Conflict(f"could not save session {sid} on {src.name}: {e}", code="move_failed") from e
                 await asyncio.sleep(delay)  # the session's turn is still running
                 delay = min(1.0, delay * 2)
-        await self.pool.store.move_saved(sid, snap)
+        await self.store.move_saved(sid, snap)
         try:
             async with self.client.stream("GET", f"{src.up.url}/v1/snapshots/{snap}/archive",
                                           headers=upstream_headers(src.up, who), timeout=600) as archive:
@@ -127,7 +128,7 @@ class Mover:
             await self._call(src, "DELETE", f"/v1/snapshots/{snap}", admin=True, ok=(200, 404), who=who)
             raise Conflict(f"could not move session {sid} from {src.name} to {dst.name}: {e}",
                            code="move_failed") from e
-        await self.pool.store.move_assigned(sid, dst.name)
+        await self.store.move_assigned(sid, dst.name)
         await self._delete(sid, [(src, f"/v1/sessions/{sid}"), (src, f"/v1/snapshots/{snap}"),
                                  (dst, f"/v1/snapshots/{snap}")], who)
         seconds = time.monotonic() - started
@@ -157,11 +158,11 @@ class Mover:
             outcome, copies = "finished", [(src, f"/v1/sessions/{sid}"), *snap]
         else:
             outcome, copies = "rolled_back", snap
-            if move.snapshot and await self.pool.store.node_of(key_of("session", sid)) != move.dst:
+            if move.snapshot and await self.store.node_of(key_of("session", sid)) != move.dst:
                 copies.append((dst, f"/v1/sessions/{sid}"))  # loaded there, maybe, before its gateway died
-        who = owner_caller(await self.pool.store.owner_of("session", sid), self.pool.settings.tenants)
+        who = owner_caller(await self.store.owner_of("session", sid), self.pool.settings.tenants)
         await self._delete(sid, copies, who)
-        await self.pool.store.end_move(sid)
+        await self.store.end_move(sid)
         self.metrics.migrations.labels(outcome).inc()
         log.warning("the move of session %s from %s to %s, left %s by a gateway that is gone, was %s", sid,
                     move.src, move.dst, move.state, outcome.replace("_", " "))
@@ -173,20 +174,20 @@ class Mover:
         whose gateway died (leases.py)."""
         node = self._node(name)
         node.draining = True
-        await self.pool.store.set_drain(name, "running")
+        await self.store.set_drain(name, "running")
         try:
             return await self._drain(name, node)
         finally:
-            if name in await self.pool.store.drains():  # not undrained meanwhile
-                await self.pool.store.set_drain(name, "drained")
+            if name in await self.store.drains():  # not undrained meanwhile
+                await self.store.set_drain(name, "drained")
 
     async def _drain(self, name: str, node: Node) -> dict[str, Any]:
-        sids = set(value_of(s) for s in await self.pool.store.keys_on(name))
+        sids = set(value_of(s) for s in await self.store.keys_on(name))
         moved, failed, stale = [], [], []
         if node.up.kind == "hearth":
             r = await self._call(node, "GET", "/v1/sessions")
             for sid in {s["session_id"] for s in r.json().get("data", []) if isinstance(s, dict)} - sids:
-                owner = await self.pool.store.node_of(key_of("session", sid))
+                owner = await self.store.node_of(key_of("session", sid))
                 if owner is None or owner == name:
                     sids.add(sid)
                     continue
@@ -208,7 +209,7 @@ class Mover:
     async def undrain(self, name: str) -> dict[str, Any]:
         node = self._node(name)
         node.draining = False
-        await self.pool.store.set_drain(name, None)
+        await self.store.set_drain(name, None)
         return {"node": name, "draining": False}
 
 

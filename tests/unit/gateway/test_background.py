@@ -17,7 +17,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from hearth.gateway.state import gateway_of
-from hearth.gateway.store.base import TranscriptStore
+from hearth.gateway.store.sqlite import SqliteStore
 from tests.helpers import wait_until
 from tests.unit.gateway.failover.test_migration import parsed, response
 from tests.unit.gateway.turn.test_proxy import Fleet, gateway, sse, stick
@@ -249,7 +249,7 @@ def test_the_final_object_outlives_a_restart_and_runs_cut_by_one_fail(tmp_path: 
 
 
 async def _left_running(path: Path, run: dict[str, Any]) -> None:
-    store = TranscriptStore(path)
+    store = SqliteStore(path)
     await store.open()
     await store.save_background(run)
     await store.close()

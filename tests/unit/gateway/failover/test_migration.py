@@ -260,7 +260,7 @@ def test_a_streamed_session_turn_ends_once_its_transcript_is_copied(tmp_path: Pa
         events = parsed(stream_text(c, "/v1/chat/completions", {**CHAT, "session_id": "s1"}, {}))
         assert events[-1] == (None, "[DONE]")
         # No waiting for background copies: the copy was done before [DONE] went out.
-        assert c.portal.call(gateway_of(c.app).pool.store.transcript, "s1") == ("smol", TURN)
+        assert c.portal.call(gateway_of(c.app).store.transcript, "s1") == ("smol", TURN)
 
 
 def test_a_non_streamed_session_turn_returns_once_its_transcript_is_copied(tmp_path: Path, fleet: Fleet) -> None:
@@ -268,7 +268,7 @@ def test_a_non_streamed_session_turn_returns_once_its_transcript_is_copied(tmp_p
     with gateway(tmp_path, fleet) as c:
         r = c.post("/v1/chat/completions", json={**CHAT, "session_id": "s2"})
         assert r.status_code == 200
-        assert c.portal.call(gateway_of(c.app).pool.store.transcript, "s2") == ("smol", TURN)
+        assert c.portal.call(gateway_of(c.app).store.transcript, "s2") == ("smol", TURN)
 
 
 def test_a_streamed_turn_whose_transcript_cannot_be_copied_is_recorded_from_the_relayed_answer(
@@ -279,7 +279,7 @@ def test_a_streamed_turn_whose_transcript_cannot_be_copied_is_recorded_from_the_
     with gateway(tmp_path, fleet) as c:
         events = parsed(stream_text(c, "/v1/chat/completions", {**CHAT, "session_id": "s3"}, {}))
         assert events[-2][1]["choices"][0]["finish_reason"] == "stop" and events[-1] == (None, "[DONE]")
-        assert c.portal.call(gateway_of(c.app).pool.store.transcript, "s3") == ("smol", TURN)
+        assert c.portal.call(gateway_of(c.app).store.transcript, "s3") == ("smol", TURN)
         assert gateway_of(c.app).proxy.metrics.transcripts_from_relay._value.get() == 1
 
 
@@ -290,7 +290,7 @@ def test_a_non_streamed_turn_whose_transcript_cannot_be_copied_is_not_reported_d
     with gateway(tmp_path, fleet) as c:
         r = c.post("/v1/chat/completions", json={**CHAT, "session_id": "s4"})
         assert r.status_code >= 500
-        assert c.portal.call(gateway_of(c.app).pool.store.transcript, "s4") is None
+        assert c.portal.call(gateway_of(c.app).store.transcript, "s4") is None
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -21,7 +21,7 @@ from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.routing.policy import Chooser
 from hearth.gateway.routing.prefixes import conversation, prefix_hashes
 from hearth.gateway.settings import GatewaySettings, Upstream
-from hearth.gateway.store.base import TranscriptStore
+from hearth.gateway.store.sqlite import SqliteStore
 from tests.helpers import sample
 
 B = 256
@@ -59,7 +59,7 @@ async def make_pool(tmp_path: Path, handler: Handler | None = None, n: int = 3, 
            for i in range(n)]
     gs = GatewaySettings(upstreams=ups, data_dir=tmp_path, **settings)
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler or (lambda r: httpx.Response(404))))
-    store = TranscriptStore(tmp_path / "g.sqlite3")
+    store = SqliteStore(tmp_path / "g.sqlite3")
     await store.open()
     pool = Pool(gs, store, GatewayMetrics(), client,
                 chooser=Chooser(rng=random.Random(7)), **({"clock": clock} if clock else {}))

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from hearth.gateway.store.base import TranscriptStore
+from hearth.gateway.store.sqlite import SqliteStore
 from tests.helpers import wait_until
 from tests.helpers.postgres import Postgres
 from tests.unit.gateway.turn.test_proxy import Fleet, gateway, pool_of
@@ -26,7 +26,7 @@ def fleet() -> Fleet:
 
 async def _left_half_done(path: Path) -> None:
     """What a gateway killed in the middle of two moves leaves in its store."""
-    store = TranscriptStore(path)
+    store = SqliteStore(path)
     await store.open()
     await store.assign("session:done", "a")
     assert await store.begin_move("done", "a", "b")
@@ -74,7 +74,7 @@ def test_a_drain_on_one_gateway_is_a_drain_on_every_gateway_of_the_database(
 
 
 async def _left_draining(path: Path) -> None:
-    store = TranscriptStore(path)
+    store = SqliteStore(path)
     await store.open()
     await store.assign("session:s2", "b")  # it continued on b while a was down: a's copy is stale
     await store.set_drain("a", "running")  # killed while it moved a's sessions off

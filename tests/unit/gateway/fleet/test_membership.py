@@ -19,7 +19,7 @@ from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.settings import GatewaySettings, Upstream, load_upstreams
-from hearth.gateway.store.base import TranscriptStore
+from hearth.gateway.store.sqlite import SqliteStore
 from tests.helpers import until
 
 NONE = Affinity("none")
@@ -50,7 +50,7 @@ async def gateway(tmp_path: Path, ups: list[Upstream], wall: Wall, db: str = "g.
     settings = GatewaySettings(upstreams=list(ups), data_dir=tmp_path, member_ttl=TTL, member_grace=GRACE,
                                upstreams_file=fleet_file)
     client = httpx.AsyncClient(transport=httpx.MockTransport(fleet_node))
-    store = TranscriptStore(tmp_path / db)
+    store = SqliteStore(tmp_path / db)
     await store.open()
     pool = Pool(settings, store, GatewayMetrics(), client)
     pool.metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
@@ -58,7 +58,7 @@ async def gateway(tmp_path: Path, ups: list[Upstream], wall: Wall, db: str = "g.
         n.live.probed(True)
     # The store writes unix time; the fake wall starts there and moves only when a test moves it.
     wall.now = wall.now or time.time()
-    return Membership(settings, pool, Mover(pool, client, GatewayMetrics()), wall=wall)
+    return Membership(settings, pool, store, Mover(pool, store, client, GatewayMetrics()), wall=wall)
 
 
 def registration(name: str, **spec: Any) -> dict[str, Any]:
@@ -71,7 +71,7 @@ async def joined_and_up(m: Membership, name: str) -> None:
 
 
 async def test_store_members_round_trip_and_shared_by_two_stores_on_one_file(tmp_path: Path) -> None:
-    one, two = TranscriptStore(tmp_path / "g.sqlite3"), TranscriptStore(tmp_path / "g.sqlite3")
+    one, two = SqliteStore(tmp_path / "g.sqlite3"), SqliteStore(tmp_path / "g.sqlite3")
     await one.open()
     await two.open()
     await one.renew_member("a", "http://a:1", {"models": {"m": "m"}}, 10)
@@ -111,13 +111,13 @@ async def test_a_node_that_stops_renewing_lapses_then_is_removed(tmp_path: Path)
     assert {lease.node.name for lease in leases} == {"a"}  # up, but out of routing
     # renewed within the grace (the store stamps its own clock: the renewal as at the fake wall's time)
     reg = registration("b")
-    await m.pool.store.renew_member("b", reg.pop("url"), {k: v for k, v in reg.items() if k != "name"},
+    await m.store.renew_member("b", reg.pop("url"), {k: v for k, v in reg.items() if k != "name"},
                                     TTL + wall.now - time.time())
     await m.sync()
     assert not b.lapsed and b.routable(m.pool.clock())
     wall.now += TTL + GRACE + 1
     await m.sync()
-    assert "b" not in m.pool.nodes and await m.pool.store.members() == []
+    assert "b" not in m.pool.nodes and await m.store.members() == []
     assert [u.name for u in m.settings.upstreams] == ["a"]
 
 
@@ -152,7 +152,7 @@ async def test_joining_refuses_bad_registrations_and_names_of_the_fleet_file(tmp
         await m.leave("a")
     with pytest.raises(NotFound):
         await m.leave("nobody")
-    assert await m.pool.store.members() == [] and set(m.pool.nodes) == {"a", "o"}
+    assert await m.store.members() == [] and set(m.pool.nodes) == {"a", "o"}
 
 
 async def test_a_node_that_rejoins_from_a_new_address_is_probed_there(tmp_path: Path) -> None:
@@ -212,7 +212,7 @@ async def test_a_store_that_fails_leaves_the_fleet_as_it_was(tmp_path: Path, mon
     async def gone() -> list[dict[str, Any]]:
         raise OSError("database unreachable")
 
-    monkeypatch.setattr(m.pool.store, "members", gone)
+    monkeypatch.setattr(m.store, "members", gone)
     await m.start()  # does not raise: the loop tries again every interval
     await m.stop()
     assert set(m.pool.nodes) == {"a", "b"} and "database unreachable" in caplog.text

@@ -13,7 +13,7 @@ from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.settings import GatewaySettings, Upstream
-from hearth.gateway.store.base import TranscriptStore
+from hearth.gateway.store.sqlite import SqliteStore
 
 NONE = Affinity("none")
 
@@ -26,7 +26,7 @@ async def make_pool(tmp_path: Path, *, caps: tuple[int, ...] = (1, 1), max_waiti
            for i, c in enumerate(caps)]
     settings = GatewaySettings(upstreams=ups, data_dir=tmp_path, max_waiting=max_waiting, max_wait=max_wait,
                                default_model=default_model)
-    store = TranscriptStore(tmp_path / "g.sqlite3")
+    store = SqliteStore(tmp_path / "g.sqlite3")
     await store.open()
     pool = Pool(settings, store, GatewayMetrics(), httpx.AsyncClient())
     for n in pool.nodes.values():

@@ -14,9 +14,10 @@ import pytest
 
 from hearth.api.openai.responses_store import ORPHAN_ERROR
 from hearth.errors import Unavailable
-from hearth.gateway.store.base import MAX_CHAIN, GatewayStore, TranscriptStore
+from hearth.gateway.store.base import MAX_CHAIN, GatewayStore
 from hearth.gateway.store.postgres import PostgresStore, redacted
 from hearth.gateway.store.schema import VERSION
+from hearth.gateway.store.sqlite import SqliteStore
 from tests.helpers.postgres import PASSWORD, Postgres
 
 
@@ -29,7 +30,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 async def _open(kind: str, tmp_path: Path, request: pytest.FixtureRequest, instance: str = "g1") -> GatewayStore:
     if kind == "sqlite":
-        s: GatewayStore = TranscriptStore(tmp_path / "gateway.sqlite3")
+        s: GatewayStore = SqliteStore(tmp_path / "gateway.sqlite3")
     else:
         pg: Postgres = request.getfixturevalue("postgres")
         url = getattr(request.node, "_database", None) or pg.create_database()
@@ -163,7 +164,7 @@ async def test_a_file_of_before_versions_is_migrated_with_its_rows(tmp_path: Pat
                (json.dumps({"id": "resp_1", "status": "in_progress"}),))
     db.commit()
     db.close()
-    store = TranscriptStore(path)
+    store = SqliteStore(path)
     await store.open()
     assert await store.node_of("session:s1") == "a"
     assert store.orphans == 1 and (await store.background("resp_1") or {})["status"] == "failed"
