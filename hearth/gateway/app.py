@@ -27,6 +27,7 @@ from hearth.gateway.fleet.leases import Leases
 from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Pool
+from hearth.gateway.fleet.probes import Prober
 from hearth.gateway.foreign.backend import OpenAIUpstreamBackend
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.settings import GatewaySettings
@@ -78,7 +79,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     mover = Mover(pool, store, client, metrics)
     leases = Leases(mover, min(settings.probe_interval, settings.lease_ttl / 3))
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
-    membership = Membership(settings, pool, store, mover)
+    prober = Prober(settings, client, metrics, lambda: list(pool.nodes.values()), pool.wake)
+    membership = Membership(settings, pool, store, mover, prober)
     translated_aliases = frozenset(translated.aliases())
 
     async def metrics_endpoint(request: Request) -> Response:
@@ -88,7 +90,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
         await membership.start()  # the nodes that joined, from the store, before the pool starts
-        await pool.start()  # nodes probed first: a drain continued here needs to know which are up
+        await prober.start()  # nodes probed first: a drain continued here needs to know which are up
+        await pool.start()
         await leases.beat()  # the drains in force, and what a gateway that is gone left, before serving
         leases.start()
         hup = _on_sighup(membership, translated_aliases)
@@ -104,6 +107,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
             await background.shutdown()  # its runs end as failed, recorded before the store closes
             await membership.stop()
             await pool.stop()
+            await prober.stop()
             await proxy.continuity.idle()
             await http.aclose()
             await client.aclose()

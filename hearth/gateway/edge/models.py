@@ -49,7 +49,7 @@ async def model_cards(gw: Gateway) -> list[dict[str, Any]]:
     answers = await asyncio.gather(*(node_statuses(gw.client, n, gw.settings.digest_timeout) for n in asked))
     statuses = {n.name: a for n, a in zip(asked, answers, strict=True)}
     cards = []
-    for alias, upstreams in gw.settings.aliases().items():
+    for alias, upstreams in gw.pool.aliases().items():
         nodes = []
         for u in upstreams:
             model = u.models[alias]

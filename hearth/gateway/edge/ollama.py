@@ -47,7 +47,7 @@ BY_MODEL = ("/api/chat", "/api/generate", "/api/show", "/api/embed", "/api/embed
 def resolve(pool: Pool, name: object) -> str:
     """The alias an Ollama name stands for (names.candidates), else the pool's own answer (the
     default model, or its 404)."""
-    aliases = pool.settings.aliases()
+    aliases = pool.aliases()
     if isinstance(name, str):
         for candidate in names.candidates(name):
             if candidate in aliases:
@@ -176,7 +176,7 @@ async def tags(request: Request) -> Response:
     gw = gateway_of(request.app)
     answers = await _each_node(request, "/api/tags")
     out = []
-    for alias in gw.settings.aliases():
+    for alias in gw.pool.aliases():
         found = next((m for node, models in answers for m in models
                       if alias in node.up.models and m.get("name") == names.tagged(node.up.models[alias])), None)
         out.append(_as_alias(found, alias) if found is not None else {

@@ -128,7 +128,7 @@ async def session_route(request: Request) -> Response:
 async def create_session(request: Request) -> Response:
     pool = _pool(request)
     body = await read_json_or_empty(request)
-    alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.settings.aliases()))
+    alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.aliases()))
     now = pool.clock()
     options = [n for n in live(pool) if alias in n.up.models and n.routable(now)]
     if not options:
@@ -312,7 +312,7 @@ async def by_model(request: Request) -> Response:
     gw = gateway_of(request.app)
     pool = gw.pool
     body = await read_json(request)
-    alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.settings.aliases()))
+    alias = pool.resolve(body.get("model")) if body.get("model") is not None else next(iter(pool.aliases()))
     if gw.translator is not None and alias in gw.translated:  # its backend says what it can and cannot count
         return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode(), caller(request))
     now = pool.clock()

@@ -34,6 +34,7 @@ from typing import Any
 from hearth.errors import BadRequest, Conflict, NotFound
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Node, Pool
+from hearth.gateway.fleet.probes import Prober
 from hearth.gateway.settings import GatewaySettings, Upstream, check_fleet, load_upstreams
 from hearth.gateway.store.base import GatewayStore
 
@@ -71,11 +72,12 @@ def member_upstream(name: object, url: object, spec: object) -> Upstream:
 
 
 class Membership:
-    def __init__(self, settings: GatewaySettings, pool: Pool, store: GatewayStore, mover: Mover,
+    def __init__(self, settings: GatewaySettings, pool: Pool, store: GatewayStore, mover: Mover, prober: Prober,
                  wall: Callable[[], float] = time.time, interval: float | None = None) -> None:
         self.settings = settings
         self.pool = pool
         self.store = store
+        self.prober = prober  # a node that joins, moves or comes back is probed at once
         self.mover = mover
         self.wall = wall
         self.interval = interval or min(settings.probe_interval, settings.member_ttl / 3)
@@ -167,11 +169,11 @@ class Membership:
                     continue
                 node = self.pool.add(up, source="joined")
                 log.info("node %s joined the fleet at %s (%s)", name, up.url, ", ".join(up.models))
-                self.spawn(self.pool.probe(node))
+                self.spawn(self.prober.probe(node))
             elif node.up != up:
                 self.pool.update(node, up)
                 log.info("node %s re-joined at %s", name, up.url)
-                self.spawn(self.pool.probe(node))
+                self.spawn(self.prober.probe(node))
             seen.add(name)
             self._lapse(node, lapsed)
         for name, node in list(self.pool.nodes.items()):
@@ -236,7 +238,7 @@ class Membership:
         for up in new:
             node = current.get(up.name)
             if node is None:
-                self.spawn(self.pool.probe(self.pool.add(up)))
+                self.spawn(self.prober.probe(self.pool.add(up)))
                 added.append(up.name)
                 continue
             if up.name in self._retiring:  # put back before its drain ended
@@ -245,7 +247,7 @@ class Membership:
                 changed.append(up.name)
             if node.up != up:
                 self.pool.update(node, up)
-                self.spawn(self.pool.probe(node))
+                self.spawn(self.prober.probe(node))
                 changed.append(up.name)
         for name in current.keys() - {u.name for u in new}:
             if name not in self._retiring:

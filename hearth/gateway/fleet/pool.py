@@ -25,12 +25,12 @@ import httpx
 from hearth.errors import NotFound, TooManyRequests, Unavailable
 from hearth.gateway.fleet.cache_state import Digest, ModelState, RequestBlocks
 from hearth.gateway.fleet.digests import Digests
-from hearth.gateway.fleet.health import BUSY_GRACE, Breaker, Liveness
+from hearth.gateway.fleet.health import Breaker, Liveness
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.routing.policy import Candidate, Chooser, Decision
 from hearth.gateway.routing.prefixes import PrefixTable
-from hearth.gateway.settings import GatewaySettings, Upstream
+from hearth.gateway.settings import GatewaySettings, Upstream, aliases_of
 from hearth.gateway.store.base import GatewayStore
 
 log = logging.getLogger("hearth.gateway")
@@ -89,14 +89,13 @@ class Pool:
         self._soft: OrderedDict[str, str] = OrderedDict()
         self._freed = asyncio.Event()  # replaced on every wake-up: waiters hold the one they wait on
         self._waiting = 0
-        self._probing: asyncio.Task[None] | None = None
         self.digests = Digests(settings, client, metrics, lambda: list(self.nodes.values()), clock)
 
     # ---- models --------------------------------------------------------------------------------
 
     def resolve(self, model: object) -> str:
         """The alias a request's model names (or the default model); 404 model_not_found."""
-        aliases = self.settings.aliases()
+        aliases = self.aliases()
         if isinstance(model, str) and model in aliases:
             return model
         if self.settings.default_model is not None:
@@ -252,7 +251,6 @@ class Pool:
     def add(self, up: Upstream, source: str = "file") -> Node:
         """A node that joins (or a fleet file's new upstream): routed to once a probe finds it up."""
         node = self.nodes[up.name] = Node(up, source=source)
-        self._publish()
         return node
 
     def update(self, node: Node, up: Upstream) -> None:
@@ -262,17 +260,20 @@ class Pool:
         node.up = up
         if moved:
             node.live, node.digest = Liveness(), None
-        self._publish()
 
     def remove(self, name: str) -> None:
         """Out of the fleet: its bindings fail over as a dead node's do (the store keeps them)."""
         if self.nodes.pop(name, None) is not None:
-            self._publish()
             self._wake()
 
-    def _publish(self) -> None:
-        # the models the gateway lists, its default model and per-node settings come from here
-        self.settings.upstreams = [n.up for n in self.nodes.values()]
+    def upstreams(self) -> list[Upstream]:
+        """The live fleet: the fleet file's upstreams and the nodes that joined (the settings keep
+        the fleet as configured; they are not rewritten)."""
+        return [n.up for n in self.nodes.values()]
+
+    def aliases(self) -> dict[str, list[Upstream]]:
+        """alias -> the live upstreams that serve it (in config order, joined nodes after)."""
+        return aliases_of(self.upstreams())
 
     def release(self, lease: Lease, ok: bool | None) -> None:
         """Give the node back; `ok` is the outcome for the breaker (None: not the node's fault
@@ -291,46 +292,8 @@ class Pool:
     def waiting(self) -> int:
         return self._waiting
 
-    # ---- liveness ------------------------------------------------------------------------------
-
-    async def probe(self, node: Node) -> None:
-        # Hearth nodes answer /health; OpenAI-compatible engines do not all have one, but all
-        # list their models (which also checks the upstream key).
-        path = "/health" if node.up.kind == "hearth" else "/v1/models"
-        try:
-            r = await self.client.get(f"{node.up.url}{path}", headers=node.up.headers(),
-                                      timeout=self.settings.probe_timeout)
-            ok, error = r.status_code == 200, f"{path} answered {r.status_code}"
-        except httpx.TimeoutException as e:
-            # A slow probe of a node that is working on our requests is busy, not dead (some engines
-            # serialise every request, probes included, behind the running one): inconclusive while
-            # it showed life (answer headers or bytes) within BUSY_GRACE.
-            if node.in_flight and self.clock() - node.last_bytes < BUSY_GRACE:
-                return
-            ok, error = False, f"{type(e).__name__}: {e}"
-        except httpx.HTTPError as e:
-            ok, error = False, f"{type(e).__name__}: {e}"
-        if node.live.probed(ok, error):
-            log.warning("upstream %s is %s%s", node.name, "up" if ok else "down", "" if ok else f" ({error})")
-            self.metrics.health_change(node.name, ok)
-            self._wake()
-
-    async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(n) for n in self.nodes.values()))
-
-    async def _probe_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.probe_interval)
-            await self.probe_all()
-
     async def start(self) -> None:
-        await self.probe_all()
-        self._probing = asyncio.create_task(self._probe_loop())
         await self.digests.start()
 
     async def stop(self) -> None:
         await self.digests.stop()
-        if self._probing is not None:
-            self._probing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probing

@@ -77,7 +77,7 @@ class OpenAIUpstreamBackend:
 
     def aliases(self) -> list[str]:
         """Aliases served only by openai-kind upstreams (the ones this backend answers for)."""
-        return [a for a, ups in self.pool.settings.aliases().items() if all(u.kind == "openai" for u in ups)]
+        return [a for a, ups in self.pool.aliases().items() if all(u.kind == "openai" for u in ups)]
 
     # lifecycle
     @property
@@ -111,7 +111,7 @@ class OpenAIUpstreamBackend:
 
     def limits(self, model: str | None) -> ModelLimits:
         alias = self.resolve(model)
-        parallel = sum(u.max_in_flight for u in self.pool.settings.aliases()[alias])
+        parallel = sum(u.max_in_flight for u in self.pool.aliases()[alias])
         return ModelLimits(SEQ_CTX, max(1, parallel))
 
     # generation

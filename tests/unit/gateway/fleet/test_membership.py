@@ -16,6 +16,7 @@ from hearth.errors import BadRequest, Conflict, NotFound
 from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Pool
+from hearth.gateway.fleet.probes import Prober
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.settings import GatewaySettings, Upstream, load_upstreams
@@ -58,7 +59,8 @@ async def gateway(tmp_path: Path, ups: list[Upstream], wall: Wall, db: str = "g.
         n.live.probed(True)
     # The store writes unix time; the fake wall starts there and moves only when a test moves it.
     wall.now = wall.now or time.time()
-    return Membership(settings, pool, store, Mover(pool, store, client, GatewayMetrics()), wall=wall)
+    prober = Prober(settings, client, pool.metrics, lambda: list(pool.nodes.values()), pool.wake)
+    return Membership(settings, pool, store, Mover(pool, store, client, GatewayMetrics()), prober, wall=wall)
 
 
 def registration(name: str, **spec: Any) -> dict[str, Any]:
@@ -91,7 +93,7 @@ async def test_a_node_that_joins_takes_new_requests(tmp_path: Path) -> None:
     await joined_and_up(m, "b")
     node = m.pool.nodes["b"]
     assert node.source == "joined" and node.up.headers() == {"Authorization": "Bearer b-key"}
-    assert [u.name for u in m.settings.aliases()["m"]] == ["a", "b"]
+    assert [u.name for u in m.pool.aliases()["m"]] == ["a", "b"]
     first = await m.pool.acquire("m", NONE, [], 10)  # a is at its cap (1) after this: b takes the next
     second = await m.pool.acquire("m", NONE, [], 10)
     assert {first.node.name, second.node.name} == {"a", "b"}
@@ -118,7 +120,7 @@ async def test_a_node_that_stops_renewing_lapses_then_is_removed(tmp_path: Path)
     wall.now += TTL + GRACE + 1
     await m.sync()
     assert "b" not in m.pool.nodes and await m.store.members() == []
-    assert [u.name for u in m.settings.upstreams] == ["a"]
+    assert [u.name for u in m.pool.upstreams()] == ["a"]
 
 
 async def test_a_node_registered_through_one_gateway_is_used_by_the_other(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from hearth.errors import NotFound, TooManyRequests, Unavailable
 from hearth.gateway.fleet.pool import Pool
+from hearth.gateway.fleet.probes import Prober
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.settings import GatewaySettings, Upstream
@@ -129,14 +130,15 @@ async def test_a_slow_probe_of_a_node_streaming_answers_is_inconclusive(tmp_path
 
     pool = await make_pool(tmp_path)
     pool.clock = lambda: 5000.0  # frozen: "just now" stays within BUSY_GRACE however slow the probes run
-    pool.client = httpx.AsyncClient(transport=httpx.MockTransport(slow))
+    prober = Prober(pool.settings, httpx.AsyncClient(transport=httpx.MockTransport(slow)), pool.metrics,
+                    lambda: list(pool.nodes.values()), pool.wake, pool.clock)
     busy, idle = pool.nodes["n0"], pool.nodes["n1"]
     busy.in_flight, busy.last_bytes = 1, pool.clock()  # bytes just arrived from it
     for _ in range(10):
-        await pool.probe_all()
+        await prober.probe_all()
     assert busy.live.up  # busy, not dead
     assert not idle.live.up  # an idle node that does not answer is down
     busy.last_bytes -= 3600  # a stuck node: in flight, but silent
     for _ in range(3):
-        await pool.probe(busy)
+        await prober.probe(busy)
     assert not busy.live.up
