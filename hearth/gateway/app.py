@@ -68,7 +68,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     # Usage and limits per client key: the node's accounts (api/http/key_usage.py), fed by the
     # usage the proxy reads from the answers it relays.
     accounts = KeyAccounts(settings.keyring)
-    proxy.accounts = accounts
+    proxy.after.accounts = accounts
     metrics.registry.register(KeyUsageCollector(accounts))
     background = BackgroundRuns(proxy, store, settings.heartbeat)
     # Models on openai-kind upstreams are served by the node's own protocol layer over a backend

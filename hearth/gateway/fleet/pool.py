@@ -67,6 +67,9 @@ class Node:
                 and now >= self.cooling_until)
 
 
+Release = Callable[[bool | None], None]  # a lease back, once: True ok, False failed, None neither
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """A node held for one request; `release` exactly once (`Pool.release`)."""
@@ -274,6 +277,19 @@ class Pool:
     def aliases(self) -> dict[str, list[Upstream]]:
         """alias -> the live upstreams that serve it (in config order, joined nodes after)."""
         return aliases_of(self.upstreams())
+
+    def releaser(self, lease: Lease) -> Release:
+        """`release` for `lease`, once whatever calls it how often (a stream's end, a failure and
+        a cancellation may each try)."""
+        released = False
+
+        def release(ok: bool | None) -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.release(lease, ok)
+
+        return release
 
     def release(self, lease: Lease, ok: bool | None) -> None:
         """Give the node back; `ok` is the outcome for the breaker (None: not the node's fault

@@ -77,7 +77,7 @@ def test_a_prefix_the_node_answered_is_predicted_with_the_node_own_count() -> No
 
 
 def test_scan_counts_the_whole_prompt_of_every_protocol() -> None:
-    from hearth.gateway.turn.relay import Scan
+    from hearth.gateway.turn.scan import Scan
 
     chat = Scan()
     chat.feed(b'data: {"usage":{"prompt_tokens":120,"completion_tokens":3,'
