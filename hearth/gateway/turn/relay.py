@@ -29,7 +29,7 @@ from starlette.responses import Response
 
 from hearth.api.http.sse import EventStreamResponse
 from hearth.gateway.failover.cuts import Cut
-from hearth.gateway.failover.resume import Resumer
+from hearth.gateway.failover.resume import Moved, Resumer
 from hearth.gateway.failover.retry import Retry
 from hearth.gateway.fleet.pool import Lease, Node, Release
 from hearth.gateway.metrics import GatewayMetrics
@@ -149,14 +149,12 @@ class Relay:
         cut_at: float | None = None
         try:
             self.metrics.ttft.observe(time.monotonic() - started)
-            batches: AsyncIterator[list[bytes]]
+            batches: AsyncIterator[list[bytes]] = _chain(first.task if first.ready is None else None, stream,
+                                                         first.ready)  # lazy: runs once the loop below reads it
             if first.ready is None:  # a long prefill: keep the client's connection warm until it ends
                 while not first.task.done():
                     yield HEARTBEAT
                     await asyncio.wait((first.task,), timeout=self.settings.heartbeat)
-                batches = _chain(first.task, stream)
-            else:
-                batches = _chain(None, stream, first.ready)
             while True:
                 try:
                     async for batch in batches:
@@ -184,15 +182,12 @@ class Relay:
                     await end.record(scan, current)
                     return
                 except Broken as e:
-                    log.warning("upstream %s broke mid-stream: %s", current.node.name, e)
                     cut_at = time.monotonic()
                     await _abandon(first.task, stream, upstream)
                     done(False)
-                    moved = await resumer.move(cut, current.node, state.moves) \
-                        if cut is not None and resumer is not None else None
+                    moved = await self._resume(e, current.node, state, cut, resumer)
                     if moved is None:
                         outcome = None  # the failed node's lease is back already
-                        self.metrics.aborted.labels("after_first_event" if state.events else "before_first_event").inc()
                         yield self._failed(protocol, state, f"the upstream node failed mid-stream ({e}); the "
                                            "partial answer above is all there is: send the turn again")
                         return
@@ -204,6 +199,16 @@ class Relay:
         finally:
             await _abandon(first.task, stream, upstream)
             done(outcome)
+
+    async def _resume(self, e: Broken, failed: Node, state: RelayState, cut: Cut | None,
+                      resumer: Resumer | None) -> Moved | None:
+        """The stream broke past the first byte: its continuation on another node, or None (the
+        client then gets the protocol's terminal error)."""
+        log.warning("upstream %s broke mid-stream: %s", failed.name, e)
+        moved = await resumer.move(cut, failed, state.moves) if cut is not None and resumer is not None else None
+        if moved is None:
+            self.metrics.aborted.labels("after_first_event" if state.events else "before_first_event").inc()
+        return moved
 
     @staticmethod
     def _failed(protocol: Protocol, state: RelayState, message: str) -> bytes:
