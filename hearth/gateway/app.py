@@ -8,7 +8,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 from starlette.applications import Starlette
@@ -22,7 +22,7 @@ from hearth.api.app import assemble, create_app
 from hearth.api.http.key_usage import KeyAccounts, KeyUsageCollector
 from hearth.config import Settings
 from hearth.gateway.background import BackgroundRuns
-from hearth.gateway.edge import ollama, routes
+from hearth.gateway.edge import admin, generate, models, ollama, resources
 from hearth.gateway.fleet.leases import Leases
 from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
@@ -113,47 +113,53 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
             await client.aclose()
             await store.close()
 
-    route_list = [Route(p, routes.generate, methods=["POST"]) for p in GENERATION]
-    route_list += [
-        Route("/v1/messages/count_tokens", routes.by_model, methods=["POST"]),
-        Route("/v1/messages", anthropic.unrouted, methods=anthropic.ALL_METHODS),
-        Route("/v1/messages/{rest:path}", anthropic.unrouted, methods=anthropic.ALL_METHODS),
-        Route("/tokenize", routes.by_model, methods=["POST"]),
-        Route("/detokenize", routes.by_model, methods=["POST"]),
-        Route("/v1/responses/{response_id}", routes.response_route, methods=["GET", "DELETE"]),
-        Route("/v1/responses/{response_id}/cancel", routes.response_route, methods=["POST"]),
-        Route("/v1/sessions", routes.create_session, methods=["POST"]),
-        Route("/v1/sessions", routes.list_sessions, methods=["GET"]),
-        Route("/v1/sessions/{session_id}", routes.session_route, methods=["GET", "DELETE"]),
-        Route("/v1/sessions/{session_id}/{action:path}", routes.session_route, methods=["GET", "POST"]),
-        Route("/v1/snapshots", routes.list_snapshots, methods=["GET"]),
-        Route("/v1/snapshots/import", routes.import_snapshot, methods=["POST"]),
-        Route("/v1/snapshots/{snapshot_id}", routes.snapshot_route, methods=["GET", "PATCH", "DELETE"]),
-        Route("/v1/snapshots/{snapshot_id}/{action}", routes.snapshot_route, methods=["GET", "POST"]),
-        *ollama.routes(),  # Ollama's /api/* and /v1/embeddings, to nodes that serve the model
-        Route("/v1/cancel", routes.cancel, methods=["POST"]),
-        Route("/v1/models", routes.list_models, methods=["GET"]),
-        Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
-        Route("/health", routes.health, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
-        Route("/admin/status", routes.status, methods=["GET"]),
-        Route("/admin/keys/usage", keys.usage_of(accounts), methods=["GET"]),
-        Route("/admin/nodes/{node}/drain", routes.drain, methods=["POST"]),
-        Route("/admin/nodes/{node}/undrain", routes.undrain, methods=["POST"]),
-        Route("/admin/fleet/join", routes.fleet_join, methods=["POST"]),
-        Route("/admin/fleet/reload", routes.fleet_reload, methods=["POST"]),
-        Route("/admin/fleet/{node}", routes.fleet_leave, methods=["DELETE"]),
-        Route("/admin/sessions/{session_id}", routes.session_status, methods=["GET"]),
-        Route("/admin/sessions/{session_id}/move", routes.move_session, methods=["POST"]),
-        Route("/", web.index, methods=["GET"]),
-        Route("/web/{name:path}", web.static_file, methods=["GET"]),
-    ]
+    route_list = _routes(metrics_endpoint, accounts)
     app = assemble(route_list, lifespan, metrics.requests, access_settings(settings), accounts,
                    join_key=settings.join_key)
     attach(app, Gateway(settings=settings, pool=pool, store=store, proxy=proxy, client=client, mover=mover,
                         started=int(time.time()), translator=translator, translated=translated_aliases,
                         background=background, membership=membership))
     return app
+
+
+def _routes(metrics_endpoint: Callable[[Request], Awaitable[Response]], accounts: KeyAccounts) -> list[Route]:
+    """The route table: every endpoint and the edge module that answers it."""
+    route_list = [Route(p, generate.generate, methods=["POST"]) for p in GENERATION]
+    route_list += [
+        Route("/v1/messages/count_tokens", generate.by_model, methods=["POST"]),
+        Route("/v1/messages", anthropic.unrouted, methods=anthropic.ALL_METHODS),
+        Route("/v1/messages/{rest:path}", anthropic.unrouted, methods=anthropic.ALL_METHODS),
+        Route("/tokenize", generate.by_model, methods=["POST"]),
+        Route("/detokenize", generate.by_model, methods=["POST"]),
+        Route("/v1/responses/{response_id}", resources.response_route, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", resources.response_route, methods=["POST"]),
+        Route("/v1/sessions", resources.create_session, methods=["POST"]),
+        Route("/v1/sessions", resources.list_sessions, methods=["GET"]),
+        Route("/v1/sessions/{session_id}", resources.session_route, methods=["GET", "DELETE"]),
+        Route("/v1/sessions/{session_id}/{action:path}", resources.session_route, methods=["GET", "POST"]),
+        Route("/v1/snapshots", resources.list_snapshots, methods=["GET"]),
+        Route("/v1/snapshots/import", resources.import_snapshot, methods=["POST"]),
+        Route("/v1/snapshots/{snapshot_id}", resources.snapshot_route, methods=["GET", "PATCH", "DELETE"]),
+        Route("/v1/snapshots/{snapshot_id}/{action}", resources.snapshot_route, methods=["GET", "POST"]),
+        *ollama.routes(),  # Ollama's /api/* and /v1/embeddings, to nodes that serve the model
+        Route("/v1/cancel", resources.cancel, methods=["POST"]),
+        Route("/v1/models", models.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", models.get_model, methods=["GET"]),
+        Route("/health", models.health, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/admin/status", admin.status, methods=["GET"]),
+        Route("/admin/keys/usage", keys.usage_of(accounts), methods=["GET"]),
+        Route("/admin/nodes/{node}/drain", admin.drain, methods=["POST"]),
+        Route("/admin/nodes/{node}/undrain", admin.undrain, methods=["POST"]),
+        Route("/admin/fleet/join", admin.fleet_join, methods=["POST"]),
+        Route("/admin/fleet/reload", admin.fleet_reload, methods=["POST"]),
+        Route("/admin/fleet/{node}", admin.fleet_leave, methods=["DELETE"]),
+        Route("/admin/sessions/{session_id}", admin.session_status, methods=["GET"]),
+        Route("/admin/sessions/{session_id}/move", admin.move_session, methods=["POST"]),
+        Route("/", web.index, methods=["GET"]),
+        Route("/web/{name:path}", web.static_file, methods=["GET"]),
+    ]
+    return route_list
 
 
 def _on_sighup(membership: Membership, translated: frozenset[str]) -> bool:

@@ -17,9 +17,13 @@ import asyncio
 from typing import Any
 
 import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
+from hearth.errors import NotFound
+from hearth.gateway.edge.common import pool_of
 from hearth.gateway.fleet.pool import Node
-from hearth.gateway.state import Gateway
+from hearth.gateway.state import Gateway, gateway_of
 
 RANK = {"loaded": 0, "loading": 1, "unloading": 2, "unloaded": 3}  # best first
 
@@ -61,3 +65,22 @@ async def model_cards(gw: Gateway) -> list[dict[str, Any]]:
             card["status"] = {"value": min(known, key=RANK.__getitem__)}
         cards.append(card)
     return cards
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": await model_cards(gateway_of(request.app))})
+
+
+async def get_model(request: Request) -> Response:
+    alias = request.path_params["model"]
+    card = next((c for c in await model_cards(gateway_of(request.app)) if c["id"] == alias), None)
+    if card is None:
+        raise NotFound(f"The model {alias!r} does not exist", param="model", code="model_not_found")
+    return JSONResponse(card)
+
+
+async def health(request: Request) -> Response:
+    up = [n.name for n in pool_of(request).nodes.values() if n.live.up]
+    if up:
+        return JSONResponse({"status": "ok", "nodes_up": up})
+    return JSONResponse({"status": "error", "error": "no upstream is up"}, status_code=503)
