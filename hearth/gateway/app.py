@@ -60,7 +60,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     client = httpx.AsyncClient(transport=transport, limits=httpx.Limits(max_connections=limit,
                                                                         max_keepalive_connections=limit))
     pool = Pool(settings, store, metrics, client)
-    # Generation requests go over the fast client (upstream_http.py; httpx for https upstreams),
+    # Generation requests go over the fast client (upstream/http.py; httpx for https upstreams),
     # unless a test hands in an httpx transport standing for the fleet.
     http: UpstreamHttp | HttpxSender = UpstreamHttp(HttpxSender(client)) if transport is None \
         else HttpxSender(client)

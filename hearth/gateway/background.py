@@ -224,7 +224,7 @@ class BackgroundRuns:
         stored = run.current() if run is not None else await self.store.background(rid)
         if stored is None:
             return None
-        if request.method == "DELETE":  # the node's stored copy goes as today (routes.py)
+        if request.method == "DELETE":  # the node's stored copy goes as today (edge/)
             if run is not None:
                 await self.cancel(rid)
             await self.store.drop_background(rid)

@@ -12,7 +12,7 @@ file:
     stall_timeout = 30         # seconds a stream may send nothing; 0: never (default: --stall-timeout
                                # for hearth upstreams, never for openai ones)
     continuation = "vllm"      # openai upstreams: how this engine continues a partial answer sent
-                               # to it (vllm | prefill | none; default none), openai_continue.py
+                               # to it (vllm | prefill | none; default none), failover/openai.py
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from hearth.config import LOOPBACK, check_access, check_origins, default_data_di
 from hearth.tenants import ApiKey, bare_key, check_keyring
 
 KINDS = ("hearth", "openai")
-# How an openai-kind engine continues a final assistant message (openai_continue.py): vLLM's and
+# How an openai-kind engine continues a final assistant message (failover/openai.py): vLLM's and
 # SGLang's `continue_final_message`, llama-server's assistant prefill, or not at all.
 CONTINUATIONS = ("none", "vllm", "prefill")
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -76,7 +76,7 @@ class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = 8080
     data_dir: Path = field(default_factory=lambda: default_data_dir() / "gateway")
-    # The shared state (transcripts.py): None, SQLite under data_dir (one gateway); a
+    # The shared state (store/base.py): None, SQLite under data_dir (one gateway); a
     # postgresql:// URL, PostgreSQL (any number of gateways). Not in the repr: it may hold a password.
     database: str | None = field(default=None, repr=False)
     lease_ttl: float = 15.0  # seconds a gateway's lease outlives its last renewal (leases.py)
@@ -99,7 +99,7 @@ class GatewaySettings:
     # or wedged node; engines of the openai kind may say nothing during a long prefill: never by default.
     stall_timeout: float = 30.0
     # Times one stream may continue on another node after its node died mid-answer
-    # (migration.py), or on another openai upstream that can continue it (openai_continue.py); 0: never,
+    # (failover/cuts/), or on another openai upstream that can continue it (failover/openai.py); 0: never,
     # the client gets the terminal error.
     migration_limit: int = 3
     log_level: str = "info"

@@ -1,5 +1,5 @@
 """Handing a gateway request to another ASGI app in the same process: the node's protocol layer
-that translates for models on openai-kind upstreams (`openai_backend.py`)."""
+that translates for models on openai-kind upstreams (`foreign/backend.py`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Stream migration for `openai`-kind upstreams (vLLM, SGLang, llama-server): a chat answer
 whose engine broke after it produced output goes on on another engine of the same alias.
 
-The translating backend (openai_backend.py) knows the answer so far as events, not as a
+The translating backend (foreign/backend.py) knows the answer so far as events, not as a
 protocol's wire: what the client has is the text of choice 0. It is sent to another upstream
 as the final assistant message of the same chat request, in the way that upstream's TOML entry
 says it continues one (`continuation`):
@@ -24,7 +24,7 @@ llama-server built from llama.cpp in 2025-26), older ones and vLLM do not: `Echo
 repetition, so the client gets only what is new either way.
 
 The engine that continues counts the partial text as prompt tokens: usage is fixed up in
-openai_backend.py (`joined_usage`).
+foreign/backend.py (`joined_usage`).
 """
 
 from __future__ import annotations

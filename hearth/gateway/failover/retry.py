@@ -5,7 +5,7 @@ Before the first byte reaches the client a failed attempt is retried on another 
 connect error, a 502/503/504, an upstream 429 (the node is then left alone for its
 Retry-After), or a stream that broke before its first event. After the first byte nothing is
 retried (the client already has part of the answer: a retry would duplicate it); a failure
-ends the stream with the protocol's terminal error (`terminal.py`). The first byte is the
+ends the stream with the protocol's terminal error (`protocols.py`). The first byte is the
 upstream's first event, or a heartbeat comment once `heartbeat` seconds pass without one (a
 long prefill), whichever comes first (`relay.py`).
 

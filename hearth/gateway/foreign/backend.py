@@ -6,7 +6,7 @@ chains (`previous_response_id`) in the gateway's data dir.
 
 Routing, admission and retries before the first byte are the pool's, as for Hearth nodes.
 Once the stream is returned, a chat answer whose upstream breaks goes on on another upstream
-of its alias where one can continue it (openai_continue.py); otherwise, and for an error the
+of its alias where one can continue it (failover/openai.py); otherwise, and for an error the
 engine reports itself, it becomes `Finish(reason="error")` + `Done(error=...)`, which each
 protocol's serializer turns into its own terminal error.
 These engines keep no sessions: `session_kv` is None, so `session_id` is a 404
@@ -122,7 +122,7 @@ class OpenAIUpstreamBackend:
         def body(model: str) -> dict[str, Any]:
             return chat_json(req, model)
 
-        # One answer per request can go on elsewhere (openai_continue.py); n > 1 cannot.
+        # One answer per request can go on elsewhere (failover/openai.py); n > 1 cannot.
         go_on = Continuer(self.pool, self.client, alias, body, hashes, req.continue_final) \
             if req.n == 1 and self.pool.settings.migration_limit else None
         return await self._open(alias, "/v1/chat/completions", body, hashes, completion=False, cancel=req.cancel,
@@ -189,7 +189,7 @@ class OpenAIUpstreamBackend:
         upstream response, which stops the upstream's work; the stream then ends `cancelled`
         (`length` with stop reason `timeout` for the cap, counted from the first generated token).
         A stream that breaks (transport error, stall, closed without a finish) goes on on
-        another upstream through `go_on` where it can (openai_continue.py), at most
+        another upstream through `go_on` where it can (failover/openai.py), at most
         --migration-limit times; else it ends with Finish(error) + Done(error)."""
         loop = asyncio.get_running_loop()
         node = held.node

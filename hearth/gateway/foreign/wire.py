@@ -1,6 +1,6 @@
 """OpenAI chat / completions as the gateway speaks it to `openai`-kind upstreams: a request as
 the upstream's JSON, each chunk of its stream as events, its usage, and its error answers as the
-gateway's own errors. Pure translation; `openai_backend.py` makes the calls."""
+gateway's own errors. Pure translation; `foreign/backend.py` makes the calls."""
 
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ coroutine. The tables:
   it renews its row in `gateways` no more) are failed (`server_restarted`, as a node's);
 - `owners`: which tenant created a session, a response, a background run;
 - `members`: nodes that joined the fleet at run time, each with its lease;
-- `gateways`: each live gateway's lease (store_postgres.py renews it);
+- `gateways`: each live gateway's lease (store/postgres.py renews it);
 - `moves`: a session move in progress, with the gateway that runs it and how far it got
-  (migrate.py): a survivor finishes or rolls back a dead gateway's (leases.py);
+  (fleet/moves.py): a survivor finishes or rolls back a dead gateway's (leases.py);
 - `drains`: nodes out of routing for every gateway, and the gateway moving their sessions off.
 
 The SQL is written once, with `?` placeholders and statements both databases take; a backend

@@ -1,4 +1,4 @@
-"""The gateway's store on PostgreSQL: the state several gateways share (transcripts.py holds the
+"""The gateway's store on PostgreSQL: the state several gateways share (store/base.py holds the
 interface, the SQL and the schema's story). psycopg 3, async, over one `AsyncConnectionPool`;
 imported only when a gateway names a PostgreSQL database.
 

@@ -1,4 +1,4 @@
-"""The gateway's schema, as numbered migrations (transcripts.py applies those a database lacks,
+"""The gateway's schema, as numbered migrations (store/base.py applies those a database lacks,
 recording each in `schema_version`; on PostgreSQL under an advisory lock, so gateways that
 start together apply each once).
 

@@ -37,7 +37,7 @@ class Cut:
 
     def body(self, request: dict[str, Any], whole: bool = False) -> dict[str, Any] | None:
         """The continuation request, or None when this answer cannot be continued. `whole`: also
-        when it ended (the request that holds the whole answer, for turn_record.py)."""
+        when it ended (the request that holds the whole answer, for failover/record.py)."""
         raise NotImplementedError
 
     def begin(self) -> None:

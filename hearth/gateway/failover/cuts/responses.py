@@ -1,4 +1,4 @@
-"""Stream migration for the Responses API (see migration.py): the client keeps its response
+"""Stream migration for the Responses API (see failover/cuts/): the client keeps its response
 id, item ids, output indexes and an unbroken run of sequence numbers; the item the cut left
 open goes on (its added / content_part.added events dropped, its done events carry the whole
 text), and the terminal event's response is the first one's with the whole output."""
