@@ -17,7 +17,8 @@ spec.loader.exec_module(import_graph)
 
 # The floors, lowest first. A package not listed fails the first test: a new one must be placed.
 FLOORS: list[set[str]] = [
-    {"hearth", "ids", "text", "jsonsafe", "hashing", "tenants", "test_gate"},  # leaf utilities
+    {"hearth", "ids", "text", "jsonsafe", "hashing", "tenants", "test_gate",
+     "fleet_protocol"},  # leaf utilities (fleet_protocol: the node <-> gateway shapes)
     {"engine"},  # the step loop: tokens and KV, no protocols, no HTTP, no HearthError
     {"errors", "config", "db", "gguf", "embed_convert", "catalog", "models", "retrieval"},  # the ground floor
     {"chat"},  # protocol-neutral conversations

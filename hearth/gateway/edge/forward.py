@@ -22,6 +22,7 @@ from hearth.gateway.fleet.pool import Node, Pool
 from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller, upstream_headers
 from hearth.gateway.turn.relay import renamer
+from hearth.gateway.upstream.client import node_url
 from hearth.gateway.upstream.headers import forwarded_headers
 
 
@@ -29,7 +30,7 @@ async def call(request: Request, node: Node, body: bytes | None = None, admin: b
                path: str | None = None) -> httpx.Response:
     """The client's request, as it came (path, query, body), to `node` with the node's key.
     `path`: another path (a session's stored id, for a call with the node's admin key)."""
-    url = node.up.url + (path or request.url.path)
+    url = node_url(node.up, path or request.url.path)
     if request.url.query:
         url += "?" + request.url.query
     content = body if body is not None else await request.body()
@@ -50,7 +51,7 @@ async def relay_stream(request: Request, node: Node) -> Response:
     run lasts), whole otherwise. The node beats while it is silent, so a read that waits the
     stall timeout means the node is gone: the stream then just ends (the client resumes with
     `starting_after`). The client leaving closes the upstream request, nothing more."""
-    url = node.up.url + request.url.path + ("?" + request.url.query if request.url.query else "")
+    url = node_url(node.up, request.url.path + ("?" + request.url.query if request.url.query else ""))
     gw = gateway_of(request.app)
     stall = gw.settings.stall_timeout_for(node.up)
     upstream = gw.client.build_request(request.method, url,
@@ -91,7 +92,7 @@ async def holder(request: Request, nodes: list[Node], path: str | None = None) -
     for node in nodes:
         with contextlib.suppress(httpx.HTTPError):
             headers = {**forwarded_headers(request), **upstream_headers(node.up, caller(request))}
-            r = await gw.client.get(node.up.url + (path or request.url.path), headers=headers, timeout=30)
+            r = await gw.client.get(node_url(node.up, path or request.url.path), headers=headers, timeout=30)
             if r.status_code == 200:
                 return node
     return None

@@ -24,6 +24,7 @@ from hearth.errors import NotFound
 from hearth.gateway.edge.common import pool_of
 from hearth.gateway.fleet.pool import Node
 from hearth.gateway.state import Gateway, gateway_of
+from hearth.gateway.upstream.client import node_url
 
 RANK = {"loaded": 0, "loading": 1, "unloading": 2, "unloaded": 3}  # best first
 
@@ -31,7 +32,7 @@ RANK = {"loaded": 0, "loading": 1, "unloading": 2, "unloaded": 3}  # best first
 async def node_statuses(client: httpx.AsyncClient, node: Node, timeout: float) -> dict[str, str]:
     """Model id (and each of its aliases) -> status on a Hearth node; {} if it did not answer so."""
     try:
-        r = await client.get(f"{node.up.url}/v1/models", headers=node.up.headers(), timeout=timeout)
+        r = await client.get(node_url(node.up, "/v1/models"), headers=node.up.headers(), timeout=timeout)
         data = r.json().get("data") if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return {}

@@ -38,6 +38,7 @@ from hearth.gateway.fleet.pool import Lease, Node, Pool
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller, upstream_headers
+from hearth.gateway.upstream.client import node_url
 from hearth.gateway.upstream.headers import forwarded_headers
 
 # The paths forwarded to a node that serves the named model.
@@ -92,7 +93,7 @@ async def by_model(request: Request) -> Response:
         headers = {**forwarded_headers(request), **upstream_headers(node.up, caller(request)),
                    "content-type": "application/json"}
         upstream = gw.client.build_request(
-            request.method, node.up.url + request.url.path, content=payload, headers=headers,
+            request.method, node_url(node.up, request.url.path), content=payload, headers=headers,
             timeout=httpx.Timeout(gw.settings.stall_timeout_for(node.up) or None, connect=gw.settings.connect_timeout))
         try:
             r = await gw.client.send(upstream, stream=True)
@@ -157,7 +158,7 @@ async def _each_node(request: Request, path: str) -> list[tuple[Node, list[dict[
 
     async def one(node: Node) -> tuple[Node, list[dict[str, Any]]]:
         try:
-            r = await gw.client.get(node.up.url + path, headers={**forwarded_headers(request),
+            r = await gw.client.get(node_url(node.up, path), headers={**forwarded_headers(request),
                                                                  **upstream_headers(node.up, caller(request))},
                                     timeout=gw.settings.digest_timeout)
             models = r.json().get("models") if r.status_code == 200 else None

@@ -30,6 +30,7 @@ from hearth.gateway.routing.affinity import Affinity, key_of
 from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
+from hearth.gateway.upstream.client import node_url
 from hearth.sessions.ids import stored_session_id
 
 
@@ -153,7 +154,7 @@ async def import_snapshot(request: Request) -> Response:
     headers = {"content-type": request.headers.get("content-type", "application/x-tar"),
                **upstream_headers(node.up, caller(request))}
     try:
-        r = await client_of(request).post(node.up.url + "/v1/snapshots/import", content=request.stream(),
+        r = await client_of(request).post(node_url(node.up, "/v1/snapshots/import"), content=request.stream(),
                                         headers=headers, timeout=httpx.Timeout(600, connect=5))
     except httpx.HTTPError as e:
         raise Unavailable(f"upstream {node.name} could not be reached: {type(e).__name__}", code="upstream_failed",

@@ -42,6 +42,7 @@ from hearth.gateway.failover.retry import RETRY_STATUSES
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Lease, Node, Pool
 from hearth.gateway.routing.affinity import Affinity
+from hearth.gateway.upstream.client import node_url
 
 log = logging.getLogger("hearth.gateway")
 
@@ -119,7 +120,7 @@ async def post_stream(client: httpx.AsyncClient, pool: Pool, node: Node, path: s
                       body: dict[str, Any]) -> httpx.Response:
     """POST `body` to an openai-kind upstream, its answer streamed (only the connect is timed:
     the stream's silences are `within`'s); the node showed life when its headers came."""
-    req = client.build_request("POST", node.up.url + path, json=body, headers=node.up.headers(),
+    req = client.build_request("POST", node_url(node.up, path), json=body, headers=node.up.headers(),
                                timeout=httpx.Timeout(None, connect=pool.settings.connect_timeout))
     resp = await client.send(req, stream=True)
     node.last_bytes = pool.clock()

@@ -18,11 +18,13 @@ from typing import Any
 import httpx
 
 from hearth.errors import BadRequest, HearthError
+from hearth.fleet_protocol import SESSIONS_PATH, SessionCreate, history_path, session_path
 from hearth.gateway.fleet.pool import Node
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.affinity import key_of
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import owner_caller, owns, upstream_headers
+from hearth.gateway.upstream.client import node_url
 from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")
@@ -62,13 +64,14 @@ class Continuity:
             return False  # nothing to carry over: the session starts afresh here
         if owner is None or (owner == node.name and not lost):
             return owner == node.name
-        body = {"session_id": sid, "model": node.up.models[alias], "messages": history}
-        url = f"{node.up.url}/v1/sessions"
+        body = SessionCreate(session_id=sid, model=node.up.models[alias], messages=history)
+        url = node_url(node.up, SESSIONS_PATH)
         who = await self.as_owner(sid)  # re-created as its owner's, as it was
         headers = upstream_headers(node.up, who)
         r = await self.client.post(url, json=body, headers=headers, timeout=30)
         if r.status_code == 409:  # a stale copy from an earlier stay on this node
-            await self.client.delete(f"{url}/{sid}", headers=upstream_headers(node.up, who, admin=True), timeout=30)
+            await self.client.delete(node_url(node.up, session_path(sid)),
+                                     headers=upstream_headers(node.up, who, admin=True), timeout=30)
             r = await self.client.post(url, json=body, headers=headers, timeout=30)
         if r.status_code >= 500:
             raise httpx.TransportError(f"creating the session answered {r.status_code}")
@@ -139,7 +142,7 @@ class Continuity:
 
     async def copy_transcript(self, node: Node, sid: str, alias: str) -> bool:
         try:
-            r = await self.client.get(f"{node.up.url}/v1/sessions/{sid}/history",
+            r = await self.client.get(node_url(node.up, history_path(sid)),
                                       headers=upstream_headers(node.up, await self.as_owner(sid)), timeout=30)
             data = r.json().get("data") if r.status_code == 200 else None
             if isinstance(data, list):

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from hearth.fleet_protocol import READABLE_DIGEST_VERSIONS, BlocksAnswer, DigestAnswer, Tiers
 
 TIERS = ("slot", "ram", "disk")  # best first
 TIER_WEIGHT = {"slot": 1.0, "ram": 0.9, "disk": 0.6}
-DIGEST_VERSIONS = (1, 2, 3)  # 1 has no slot tier, 1 and 2 no tails (read as empty)
 TAIL_STEP = 16  # tokens per tail key (hearth/engine/prefix_cache/files.py)
 
 
@@ -42,10 +43,11 @@ class RequestBlocks:
     @classmethod
     def parse(cls, doc: Any) -> RequestBlocks | None:
         """None for an answer that is not one (a node of another version, a proxy's page)."""
-        try:
-            blocks = tuple(str(b) for b in doc["blocks"])
-            tails = tuple(tuple(str(k) for k in t) for t in doc.get("tails") or ())
-            out = cls(str(doc["root"]), int(doc["block_tokens"]), int(doc["n_tokens"]), blocks, tails)
+        try:  # read as the shape it should have; every value checked (str, int) as it is read
+            d = cast(BlocksAnswer, doc)
+            blocks = tuple(str(b) for b in d["blocks"])
+            tails = tuple(tuple(str(k) for k in t) for t in d.get("tails") or ())
+            out = cls(str(d["root"]), int(d["block_tokens"]), int(d["n_tokens"]), blocks, tails)
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         return out if out.root and out.block_tokens > 0 and out.n_tokens >= 0 else None
@@ -116,18 +118,22 @@ class Digest:
 def parse_digest(doc: Any) -> dict[str, ModelState] | None:
     """The models of a digest answer; None if it is not one this gateway reads (another
     version, a malformed body): the node is then routed as one that publishes nothing."""
-    if not isinstance(doc, dict) or doc.get("version") not in DIGEST_VERSIONS:
+    if not isinstance(doc, dict) or doc.get("version") not in READABLE_DIGEST_VERSIONS:
         return None
     if not isinstance(doc.get("models"), dict):
         return None
     out: dict[str, ModelState] = {}
-    try:
-        for mid, m in doc["models"].items():
-            blocks, keys, tails = m["blocks"], m.get("keys") or {}, m.get("tails") or {}
-            tiers = {t: frozenset(str(h) for h in blocks.get(t) or ()) for t in TIERS}
-            tail_tiers = {t: frozenset(str(h) for h in tails.get(t) or ()) for t in TIERS}
+    try:  # read as the shape it should have; every value checked (str, int) as it is read
+        for mid, m in cast(DigestAnswer, doc)["models"].items():
+            blocks, keys, tails = m["blocks"], m.get("keys") or Tiers(), m.get("tails") or Tiers()
+            tiers = {t: _tier(blocks, t) for t in TIERS}
+            tail_tiers = {t: _tier(tails, t) for t in TIERS}
             out[str(mid)] = ModelState(str(m["root"]), int(m["block_tokens"]), tiers,
                                        frozenset(str(k) for k in keys.get("slot") or ()), tail_tiers)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     return out
+
+
+def _tier(tiers: Tiers, tier: str) -> frozenset[str]:
+    return frozenset(str(h) for h in cast(Mapping[str, Any], tiers).get(tier) or ())

@@ -23,10 +23,12 @@ from typing import Any
 
 import httpx
 
+from hearth.fleet_protocol import BLOCKS_PATH, DIGEST_PATH, BlocksQuery
 from hearth.gateway.fleet.cache_state import Digest, RequestBlocks, parse_digest
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.settings import GatewaySettings
+from hearth.gateway.upstream.client import node_url
 
 log = logging.getLogger("hearth.gateway")
 
@@ -49,7 +51,7 @@ class Digests:
 
     async def poll(self, node: Any) -> None:
         try:
-            r = await self.client.get(f"{node.up.url}/v1/prompt-cache/digest", headers=node.up.headers(),
+            r = await self.client.get(node_url(node.up, DIGEST_PATH), headers=node.up.headers(),
                                       timeout=self.settings.digest_timeout)
         except httpx.HTTPError as e:
             self._failed(node, f"{type(e).__name__}: {e}")
@@ -120,9 +122,9 @@ class Digests:
         return {a.root: a for a in answers if a is not None and a.blocks}
 
     async def _ask(self, node: Any, alias: str, path: str, body: dict[str, Any]) -> RequestBlocks | None:
-        payload = {"path": path, "body": {**body, "model": node.up.models[alias]}}
+        payload = BlocksQuery(path=path, body={**body, "model": node.up.models[alias]})
         try:
-            r = await self.client.post(f"{node.up.url}/v1/prompt-cache/blocks", json=payload,
+            r = await self.client.post(node_url(node.up, BLOCKS_PATH), json=payload,
                                        headers=node.up.headers(), timeout=self.settings.digest_timeout)
             found = RequestBlocks.parse(_json(r)) if r.status_code == 200 else None
             why = f"answered {r.status_code}"

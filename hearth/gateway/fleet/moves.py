@@ -26,6 +26,7 @@ from hearth.gateway.routing.affinity import key_of, value_of
 from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.store.base import GatewayStore, Move
 from hearth.gateway.tenancy import owner_caller, upstream_headers
+from hearth.gateway.upstream.client import node_url
 from hearth.tenants import OPEN, Caller
 
 log = logging.getLogger("hearth.gateway")
@@ -73,7 +74,7 @@ class Mover:
                     who: Caller = OPEN, **kw: Any) -> httpx.Response:
         """One call to `node`, as `who` (a session's owner: what a move makes on the destination
         is the owner's, tenancy.py)."""
-        r = await self.client.request(method, node.up.url + path, headers=upstream_headers(node.up, who, admin),
+        r = await self.client.request(method, node_url(node.up, path), headers=upstream_headers(node.up, who, admin),
                                       timeout=600, **kw)
         if r.status_code not in ok:
             raise _MoveFailed(f"{method} {path} on {node.name} answered {r.status_code}: {r.text[:300]}",
@@ -115,7 +116,7 @@ class Mover:
                 delay = min(1.0, delay * 2)
         await self.store.move_saved(sid, snap)
         try:
-            async with self.client.stream("GET", f"{src.up.url}/v1/snapshots/{snap}/archive",
+            async with self.client.stream("GET", node_url(src.up, f"/v1/snapshots/{snap}/archive"),
                                           headers=upstream_headers(src.up, who), timeout=600) as archive:
                 if archive.status_code != 200:
                     raise _MoveFailed(f"archive answered {archive.status_code}")

@@ -19,6 +19,7 @@ from hearth.gateway.fleet.health import BUSY_GRACE
 from hearth.gateway.fleet.pool import Node
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.settings import GatewaySettings
+from hearth.gateway.upstream.client import node_url
 
 log = logging.getLogger("hearth.gateway")
 
@@ -38,7 +39,7 @@ class Prober:
     async def probe(self, node: Node) -> None:
         path = "/health" if node.up.kind == "hearth" else "/v1/models"
         try:
-            r = await self.client.get(f"{node.up.url}{path}", headers=node.up.headers(),
+            r = await self.client.get(node_url(node.up, path), headers=node.up.headers(),
                                       timeout=self.settings.probe_timeout)
             ok, error = r.status_code == 200, f"{path} answered {r.status_code}"
         except httpx.TimeoutException as e:

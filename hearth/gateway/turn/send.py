@@ -11,11 +11,13 @@ from typing import Any
 import httpx
 
 from hearth.api.http.sse import json_bytes
+from hearth.fleet_protocol import session_path
 from hearth.gateway.failover.restore import Continuity
 from hearth.gateway.fleet.pool import Node
 from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.tenancy import upstream_headers
 from hearth.gateway.turn.request import Turn
+from hearth.gateway.upstream.client import node_url
 from hearth.gateway.upstream.http import Answer, Buffered, Sender
 
 log = logging.getLogger("hearth.gateway")
@@ -39,12 +41,12 @@ class TurnSender:
         if held:  # the node must not start it afresh if it lost it (a node replaced with an empty disk)
             payload["session_create"] = False
         headers = {**turn.headers, "content-type": "application/json", **upstream_headers(node.up, turn.who)}
-        resp = await self.http.send("POST", node.up.url + turn.path, headers, json_bytes(payload),
+        resp = await self.http.send("POST", node_url(node.up, turn.path), headers, json_bytes(payload),
                                     self.settings.connect_timeout)
         if held and resp.status_code == 404 and turn.session_id is not None:
             passed_on = await self._session_lost(node, turn, resp)
             resp = passed_on if passed_on is not None else await self.http.send(
-                "POST", node.up.url + turn.path, headers, json_bytes(payload), self.settings.connect_timeout)
+                "POST", node_url(node.up, turn.path), headers, json_bytes(payload), self.settings.connect_timeout)
         node.last_bytes = self.clock()
         return resp
 
@@ -55,7 +57,7 @@ class TurnSender:
         assert turn.session_id is not None
         content = await resp.aread()
         await resp.aclose()
-        r = await self.client.get(f"{node.up.url}/v1/sessions/{turn.session_id}",
+        r = await self.client.get(node_url(node.up, session_path(turn.session_id)),
                                   headers=upstream_headers(node.up, await self.continuity.as_owner(turn.session_id)),
                                   timeout=30)
         if r.status_code != 404:
