@@ -19,8 +19,7 @@ from starlette.testclient import TestClient
 from hearth.gateway.state import gateway_of
 from hearth.gateway.store.sqlite import SqliteStore
 from tests.helpers import wait_until
-from tests.unit.gateway.failover.test_migration import parsed, response
-from tests.unit.gateway.turn.test_proxy import Fleet, gateway, sse, stick
+from tests.helpers.fake_fleet import Fleet, gateway, parsed, response, sse, stick
 
 
 @pytest.fixture

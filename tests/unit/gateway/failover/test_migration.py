@@ -14,7 +14,7 @@ import pytest
 
 from hearth.errors import Unavailable
 from hearth.gateway.state import gateway_of
-from tests.unit.gateway.turn.test_proxy import Fleet, gateway, sse, stick, stream_text
+from tests.helpers.fake_fleet import Fleet, gateway, parsed, response, sse, stick, stream_text
 
 
 @pytest.fixture
@@ -32,15 +32,6 @@ def chunk(cid: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
                  "model": "up-model", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
 
-def parsed(text: str) -> list[tuple[str | None, Any]]:
-    out: list[tuple[str | None, Any]] = []
-    for block in text.split("\n\n"):
-        if not block or block.startswith(":"):
-            continue
-        name = block.split("\n", 1)[0][7:] if block.startswith("event: ") else None
-        raw = block.split("data: ", 1)[1]
-        out.append((name, raw if raw == "[DONE]" else json.loads(raw)))
-    return out
 
 
 def continuation_body(fleet: Fleet) -> dict[str, Any]:
@@ -173,8 +164,6 @@ def r_event(name: str, seq: int, **payload: Any) -> bytes:
     return data({"type": name, "sequence_number": seq, **payload}, name)
 
 
-def response(rid: str, status: str = "in_progress", output: list[Any] | None = None) -> dict[str, Any]:
-    return {"id": rid, "object": "response", "status": status, "model": "up-model", "output": output or []}
 
 
 def test_responses_go_on_with_the_same_ids_and_sequence_numbers(tmp_path: Path, fleet: Fleet) -> None:

@@ -23,7 +23,7 @@ from hearth.gateway.app import create_gateway_app
 from hearth.gateway.failover.openai import Echo, continuation_body
 from hearth.gateway.settings import GatewaySettings, Upstream, parse_upstreams
 from hearth.gateway.state import gateway_of
-from tests.unit.gateway.failover.test_migration import parsed
+from tests.helpers.fake_fleet import parsed
 
 PORTS = (9201, 9202, 9203)
 Reply = Callable[[httpx.Request], httpx.Response]

@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 
 from hearth.gateway.store.sqlite import SqliteStore
 from tests.helpers import wait_until
+from tests.helpers.fake_fleet import Fleet, gateway, pool_of
 from tests.helpers.postgres import Postgres
-from tests.unit.gateway.turn.test_proxy import Fleet, gateway, pool_of
 
 NAMES = {9101: "a", 9102: "b"}
 
