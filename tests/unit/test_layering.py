@@ -23,8 +23,7 @@ FLOORS: list[set[str]] = [
     {"errors", "config", "db", "gguf", "embed_convert", "catalog", "models", "retrieval"},  # the ground floor
     {"chat"},  # protocol-neutral conversations
     {"backends.base"},  # the contract
-    {"backends.admission", "backends.prompt_size", "backends.llamacpp", "backends.local",
-     "backends.build"},  # the concrete backend and its composition
+    {"backends.llamacpp", "backends.local", "backends.build"},  # the concrete backend and its composition
     {"sessions", "observability"},
     {"api"},  # a node's HTTP server
     {"gateway"},  # HTTP in front of a fleet of nodes
