@@ -15,7 +15,6 @@ completion with several prompts answers for its first. The answer is the prompt'
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any, Literal
 
 from starlette.requests import Request
@@ -32,6 +31,7 @@ from hearth.api.openai.responses import read_response
 from hearth.api.openai.responses_store import ScopedResponses
 from hearth.backends.base import require_prompt_cache
 from hearth.errors import HearthError
+from hearth.fleet_protocol import BlocksAnswer
 from hearth.tenants import OPEN, Caller
 
 PATHS = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/messages": "messages",
@@ -75,4 +75,7 @@ async def blocks(request: Request) -> Response:
         found = await cache.cache_blocks(model, tokens, who.namespace(salt if isinstance(salt, str) else None))
     except HearthError as e:  # what generation would answer, in the inner path's envelope
         return respond(outer.path, ApiError.of(e, protocol_of(outer.path)))
-    return JSONResponse({"object": "prompt_cache.blocks", **asdict(found)})
+    answer = BlocksAnswer(object="prompt_cache.blocks", model=found.model, root=found.root,
+                          block_tokens=found.block_tokens, n_tokens=found.n_tokens, blocks=found.blocks,
+                          tails=found.tails)
+    return JSONResponse(answer)

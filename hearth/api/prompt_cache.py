@@ -24,10 +24,8 @@ from hearth.api.context import node
 from hearth.api.http.auth import caller
 from hearth.backends.base import require_prompt_cache
 from hearth.errors import BadRequest
+from hearth.fleet_protocol import DIGEST_VERSION, DigestAnswer
 
-# Bump when the digest's shape or the hash chain changes. 2: the slot tier (`blocks.slot`,
-# `keys.slot`). 3: `tails` (partial blocks' tail keys, per tier).
-DIGEST_VERSION = 3
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 100_000
 
@@ -90,4 +88,5 @@ async def digest(request: Request) -> Response:
             sessions = m.get("sessions") or {}
             # under the names the caller gives them (a tenant's ids are its namespace, hearth.tenants)
             m["sessions"] = {where: [who.shown(s) for s in ids if s in mine] for where, ids in sessions.items()}
-    return JSONResponse({"object": "prompt_cache.digest", "version": DIGEST_VERSION, "models": models})
+    answer: DigestAnswer = {"object": "prompt_cache.digest", "version": DIGEST_VERSION, "models": models}
+    return JSONResponse(answer)

@@ -12,6 +12,7 @@ from hearth.api.http.auth import caller
 from hearth.api.http.parsing import StrictBody, read_json, read_json_or_empty, validate
 from hearth.api.snapshots import SnapshotMetaIn, session_manager, snapshot_json, wrapped
 from hearth.errors import BadRequest
+from hearth.fleet_protocol import HistoryAnswer
 from hearth.sessions.transcript import message_from_json
 
 
@@ -63,7 +64,8 @@ async def delete_session(request: Request) -> Response:
 async def history(request: Request) -> Response:
     sid = request.path_params["session_id"]
     data = session_manager(request).history(sid, caller(request))
-    return JSONResponse({"object": "list", "session_id": sid, "data": data, "messages": data})
+    answer = HistoryAnswer(object="list", session_id=sid, data=data, messages=data)
+    return JSONResponse(answer)
 
 
 async def rollback(request: Request) -> Response:

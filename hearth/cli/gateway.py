@@ -110,7 +110,7 @@ def serve(
 
     from hearth.config import default_data_dir, parse_origins
     from hearth.gateway.app import create_gateway_app
-    from hearth.gateway.config import GatewaySettings, load_upstreams
+    from hearth.gateway.settings import GatewaySettings, load_upstreams
     from hearth.observability.logging import setup_logging
     from hearth.tenants import read_key_file
 
@@ -140,7 +140,7 @@ def serve(
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     names = ", ".join(f"{u.name} ({u.kind})" for u in settings.upstreams) or "no upstream yet"
     if settings.database is not None:
-        from hearth.gateway.store_postgres import redacted
+        from hearth.gateway.store.postgres import redacted
         names += f"; state in {redacted(settings.database)}"
     joins = "; nodes may join" if join_key or admin_key else ""
     typer.echo(f"hearth gateway on http://{host}:{port} over {names}{joins}", err=True)

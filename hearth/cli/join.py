@@ -1,5 +1,5 @@
 """`hearth serve --join GATEWAY_URL`: the node side of a fleet that changes while it serves
-(the gateway side: gateway/membership.py).
+(the gateway side: gateway/fleet/membership.py).
 
 A thread beside the server registers the node with the gateway (`POST /admin/fleet/join`, with
 the join key) and renews the registration as often as the gateway asks (`renew_every`, a third
@@ -24,7 +24,7 @@ import httpx
 
 log = logging.getLogger("hearth.join")
 
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as the gateway's upstream names (gateway/config.py)
+NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as the gateway's upstream names (gateway/settings.py)
 RETRY = 2.0  # seconds between tries while the gateway cannot be reached or refuses
 TIMEOUT = 5.0
 

@@ -8,8 +8,7 @@ import contextlib
 import logging
 import signal
 import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 from starlette.applications import Starlette
@@ -22,19 +21,20 @@ from hearth.api.anthropic import messages as anthropic
 from hearth.api.app import assemble, create_app
 from hearth.api.http.key_usage import KeyAccounts, KeyUsageCollector
 from hearth.config import Settings
-from hearth.gateway import ollama, routes
 from hearth.gateway.background import BackgroundRuns
-from hearth.gateway.config import GatewaySettings
-from hearth.gateway.context import Gateway, attach
-from hearth.gateway.leases import Leases
-from hearth.gateway.membership import Membership
+from hearth.gateway.edge import admin, generate, models, ollama, resources
+from hearth.gateway.fleet.leases import Leases
+from hearth.gateway.fleet.membership import Membership
+from hearth.gateway.fleet.moves import Mover
+from hearth.gateway.fleet.pool import Pool
+from hearth.gateway.fleet.probes import Prober
+from hearth.gateway.foreign.backend import OpenAIUpstreamBackend
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.migrate import Mover
-from hearth.gateway.openai_backend import OpenAIUpstreamBackend
-from hearth.gateway.pool import Pool
-from hearth.gateway.proxy import Proxy
-from hearth.gateway.transcripts import GatewayStore, TranscriptStore
-from hearth.gateway.upstream_http import HttpxSender, UpstreamHttp
+from hearth.gateway.settings import GatewaySettings
+from hearth.gateway.state import Gateway, attach
+from hearth.gateway.store import create_store
+from hearth.gateway.turn.proxy import Proxy
+from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp
 
 log = logging.getLogger("hearth.gateway")
 
@@ -51,18 +51,6 @@ def access_settings(settings: GatewaySettings) -> Settings:
                     cors_origins=list(settings.cors_origins))
 
 
-def create_store(settings: GatewaySettings) -> GatewayStore:
-    """PostgreSQL when the settings name one (its driver imported only then), else SQLite."""
-    store: GatewayStore
-    if settings.database is None:
-        store = TranscriptStore(settings.data_dir / "gateway.sqlite3")
-    else:
-        from hearth.gateway.store_postgres import PostgresStore
-        store = PostgresStore(settings.database, uuid.uuid4().hex)
-    store.lease_ttl = settings.lease_ttl
-    return store
-
-
 def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
     metrics = GatewayMetrics()
     store = create_store(settings)
@@ -72,7 +60,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     client = httpx.AsyncClient(transport=transport, limits=httpx.Limits(max_connections=limit,
                                                                         max_keepalive_connections=limit))
     pool = Pool(settings, store, metrics, client)
-    # Generation requests go over the fast client (upstream_http.py; httpx for https upstreams),
+    # Generation requests go over the fast client (upstream/http.py; httpx for https upstreams),
     # unless a test hands in an httpx transport standing for the fleet.
     http: UpstreamHttp | HttpxSender = UpstreamHttp(HttpxSender(client)) if transport is None \
         else HttpxSender(client)
@@ -80,7 +68,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     # Usage and limits per client key: the node's accounts (api/http/key_usage.py), fed by the
     # usage the proxy reads from the answers it relays.
     accounts = KeyAccounts(settings.keyring)
-    proxy.accounts = accounts
+    proxy.after.accounts = accounts
     metrics.registry.register(KeyUsageCollector(accounts))
     background = BackgroundRuns(proxy, store, settings.heartbeat)
     # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
@@ -88,10 +76,11 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     translated = OpenAIUpstreamBackend(pool, client)
     inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[])  # CORS: the gateway's
     translator = create_app(translated, inner) if translated.aliases() else None
-    mover = Mover(pool, client, metrics)
+    mover = Mover(pool, store, client, metrics)
     leases = Leases(mover, min(settings.probe_interval, settings.lease_ttl / 3))
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
-    membership = Membership(settings, pool, mover)
+    prober = Prober(settings, client, metrics, lambda: list(pool.nodes.values()), pool.wake)
+    membership = Membership(settings, pool, store, mover, prober)
     translated_aliases = frozenset(translated.aliases())
 
     async def metrics_endpoint(request: Request) -> Response:
@@ -101,7 +90,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
         await membership.start()  # the nodes that joined, from the store, before the pool starts
-        await pool.start()  # nodes probed first: a drain continued here needs to know which are up
+        await prober.start()  # nodes probed first: a drain continued here needs to know which are up
+        await pool.start()
         await leases.beat()  # the drains in force, and what a gateway that is gone left, before serving
         leases.start()
         hup = _on_sighup(membership, translated_aliases)
@@ -117,52 +107,59 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
             await background.shutdown()  # its runs end as failed, recorded before the store closes
             await membership.stop()
             await pool.stop()
+            await prober.stop()
             await proxy.continuity.idle()
             await http.aclose()
             await client.aclose()
             await store.close()
 
-    route_list = [Route(p, routes.generate, methods=["POST"]) for p in GENERATION]
-    route_list += [
-        Route("/v1/messages/count_tokens", routes.by_model, methods=["POST"]),
-        Route("/v1/messages", anthropic.unrouted, methods=anthropic.ALL_METHODS),
-        Route("/v1/messages/{rest:path}", anthropic.unrouted, methods=anthropic.ALL_METHODS),
-        Route("/tokenize", routes.by_model, methods=["POST"]),
-        Route("/detokenize", routes.by_model, methods=["POST"]),
-        Route("/v1/responses/{response_id}", routes.response_route, methods=["GET", "DELETE"]),
-        Route("/v1/responses/{response_id}/cancel", routes.response_route, methods=["POST"]),
-        Route("/v1/sessions", routes.create_session, methods=["POST"]),
-        Route("/v1/sessions", routes.list_sessions, methods=["GET"]),
-        Route("/v1/sessions/{session_id}", routes.session_route, methods=["GET", "DELETE"]),
-        Route("/v1/sessions/{session_id}/{action:path}", routes.session_route, methods=["GET", "POST"]),
-        Route("/v1/snapshots", routes.list_snapshots, methods=["GET"]),
-        Route("/v1/snapshots/import", routes.import_snapshot, methods=["POST"]),
-        Route("/v1/snapshots/{snapshot_id}", routes.snapshot_route, methods=["GET", "PATCH", "DELETE"]),
-        Route("/v1/snapshots/{snapshot_id}/{action}", routes.snapshot_route, methods=["GET", "POST"]),
-        *ollama.routes(),  # Ollama's /api/* and /v1/embeddings, to nodes that serve the model
-        Route("/v1/cancel", routes.cancel, methods=["POST"]),
-        Route("/v1/models", routes.list_models, methods=["GET"]),
-        Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
-        Route("/health", routes.health, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
-        Route("/admin/status", routes.status, methods=["GET"]),
-        Route("/admin/keys/usage", keys.usage_of(accounts), methods=["GET"]),
-        Route("/admin/nodes/{node}/drain", routes.drain, methods=["POST"]),
-        Route("/admin/nodes/{node}/undrain", routes.undrain, methods=["POST"]),
-        Route("/admin/fleet/join", routes.fleet_join, methods=["POST"]),
-        Route("/admin/fleet/reload", routes.fleet_reload, methods=["POST"]),
-        Route("/admin/fleet/{node}", routes.fleet_leave, methods=["DELETE"]),
-        Route("/admin/sessions/{session_id}", routes.session_status, methods=["GET"]),
-        Route("/admin/sessions/{session_id}/move", routes.move_session, methods=["POST"]),
-        Route("/", web.index, methods=["GET"]),
-        Route("/web/{name:path}", web.static_file, methods=["GET"]),
-    ]
+    route_list = _routes(metrics_endpoint, accounts)
     app = assemble(route_list, lifespan, metrics.requests, access_settings(settings), accounts,
                    join_key=settings.join_key)
-    attach(app, Gateway(settings=settings, pool=pool, proxy=proxy, client=client, mover=mover,
+    attach(app, Gateway(settings=settings, pool=pool, store=store, proxy=proxy, client=client, mover=mover,
                         started=int(time.time()), translator=translator, translated=translated_aliases,
                         background=background, membership=membership))
     return app
+
+
+def _routes(metrics_endpoint: Callable[[Request], Awaitable[Response]], accounts: KeyAccounts) -> list[Route]:
+    """The route table: every endpoint and the edge module that answers it."""
+    route_list = [Route(p, generate.generate, methods=["POST"]) for p in GENERATION]
+    route_list += [
+        Route("/v1/messages/count_tokens", generate.by_model, methods=["POST"]),
+        Route("/v1/messages", anthropic.unrouted, methods=anthropic.ALL_METHODS),
+        Route("/v1/messages/{rest:path}", anthropic.unrouted, methods=anthropic.ALL_METHODS),
+        Route("/tokenize", generate.by_model, methods=["POST"]),
+        Route("/detokenize", generate.by_model, methods=["POST"]),
+        Route("/v1/responses/{response_id}", resources.response_route, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", resources.response_route, methods=["POST"]),
+        Route("/v1/sessions", resources.create_session, methods=["POST"]),
+        Route("/v1/sessions", resources.list_sessions, methods=["GET"]),
+        Route("/v1/sessions/{session_id}", resources.session_route, methods=["GET", "DELETE"]),
+        Route("/v1/sessions/{session_id}/{action:path}", resources.session_route, methods=["GET", "POST"]),
+        Route("/v1/snapshots", resources.list_snapshots, methods=["GET"]),
+        Route("/v1/snapshots/import", resources.import_snapshot, methods=["POST"]),
+        Route("/v1/snapshots/{snapshot_id}", resources.snapshot_route, methods=["GET", "PATCH", "DELETE"]),
+        Route("/v1/snapshots/{snapshot_id}/{action}", resources.snapshot_route, methods=["GET", "POST"]),
+        *ollama.routes(),  # Ollama's /api/* and /v1/embeddings, to nodes that serve the model
+        Route("/v1/cancel", resources.cancel, methods=["POST"]),
+        Route("/v1/models", models.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", models.get_model, methods=["GET"]),
+        Route("/health", models.health, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/admin/status", admin.status, methods=["GET"]),
+        Route("/admin/keys/usage", keys.usage_of(accounts), methods=["GET"]),
+        Route("/admin/nodes/{node}/drain", admin.drain, methods=["POST"]),
+        Route("/admin/nodes/{node}/undrain", admin.undrain, methods=["POST"]),
+        Route("/admin/fleet/join", admin.fleet_join, methods=["POST"]),
+        Route("/admin/fleet/reload", admin.fleet_reload, methods=["POST"]),
+        Route("/admin/fleet/{node}", admin.fleet_leave, methods=["DELETE"]),
+        Route("/admin/sessions/{session_id}", admin.session_status, methods=["GET"]),
+        Route("/admin/sessions/{session_id}/move", admin.move_session, methods=["POST"]),
+        Route("/", web.index, methods=["GET"]),
+        Route("/web/{name:path}", web.static_file, methods=["GET"]),
+    ]
+    return route_list
 
 
 def _on_sighup(membership: Membership, translated: frozenset[str]) -> bool:

@@ -50,11 +50,11 @@ from hearth.api.openai.responses_events import (
     stream_query,
 )
 from hearth.errors import BadRequest, HearthError, Unavailable
-from hearth.gateway.migration import parse
-from hearth.gateway.migration_responses import TERMINAL, ResponsesCut
-from hearth.gateway.proxy import Proxy
+from hearth.gateway.failover.cuts.responses import TERMINAL, ResponsesCut
+from hearth.gateway.protocols import parse
+from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, owns
-from hearth.gateway.transcripts import GatewayStore
+from hearth.gateway.turn.proxy import Proxy
 from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")
@@ -224,7 +224,7 @@ class BackgroundRuns:
         stored = run.current() if run is not None else await self.store.background(rid)
         if stored is None:
             return None
-        if request.method == "DELETE":  # the node's stored copy goes as today (routes.py)
+        if request.method == "DELETE":  # the node's stored copy goes as today (edge/)
             if run is not None:
                 await self.cancel(rid)
             await self.store.drop_background(rid)

@@ -24,8 +24,9 @@ from __future__ import annotations
 from starlette.requests import Request
 
 from hearth.api.http import auth
-from hearth.gateway.config import Upstream
-from hearth.gateway.transcripts import GatewayStore
+from hearth.gateway.routing.affinity import key_of
+from hearth.gateway.settings import Upstream
+from hearth.gateway.store.base import GatewayStore
 from hearth.tenants import ADMIN, ADMIN_CALLER, OPEN, Caller, tenant_headers
 
 
@@ -69,7 +70,7 @@ async def session_hidden(store: GatewayStore, who: Caller, sid: str) -> bool:
     stays recorded, its binding and transcript do not)."""
     if not await hidden(store, who, "session", sid):
         return False
-    return await store.node_of(f"session:{sid}") is not None or await store.transcript(sid) is not None
+    return await store.node_of(key_of("session", sid)) is not None or await store.transcript(sid) is not None
 
 
 async def owns(store: GatewayStore, who: Caller, kind: str, object_id: str) -> bool:

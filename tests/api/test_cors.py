@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from hearth.config import Settings, check_origins, parse_origins
 from hearth.gateway.app import create_gateway_app
-from hearth.gateway.config import GatewaySettings, Upstream
+from hearth.gateway.settings import GatewaySettings, Upstream
 from tests.api.conftest import Harness, serve
 
 PAGE = "http://localhost:5173"

@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from hearth.gateway.app import create_gateway_app
-from hearth.gateway.config import GatewaySettings, load_upstreams
+from hearth.gateway.settings import GatewaySettings, load_upstreams
 
 API, ADMIN, JOIN = "gw-api", "gw-admin", "gw-join-secret"
 FILE = '[[upstream]]\nname = "a"\nurl = "http://127.0.0.1:9101"\nmodels = { "smol" = "up" }\n'

@@ -15,7 +15,7 @@ import httpx
 from starlette.testclient import TestClient
 
 from hearth.gateway.app import create_gateway_app
-from hearth.gateway.config import GatewaySettings, load_upstreams
+from hearth.gateway.settings import GatewaySettings, load_upstreams
 
 FILE = ('[[upstream]]\nname = "a"\nurl = "http://127.0.0.1:9101"\nmodels = { "smol" = "up-a" }\n'
         '[[upstream]]\nname = "b"\nurl = "http://127.0.0.1:9102"\nmodels = { "smol" = "up-b", "coder" = "qwen" }\n')

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from hearth.gateway.app import create_gateway_app
-from hearth.gateway.config import GatewaySettings, Upstream
-from hearth.gateway.context import gateway_of
+from hearth.gateway.settings import GatewaySettings, Upstream
+from hearth.gateway.state import gateway_of
 from hearth.tenants import ApiKey, session_prefix
 from tests.api.conftest import Harness, serve
 

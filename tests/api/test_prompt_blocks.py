@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hearth.api import wire
-from hearth.gateway.cache_state import RequestBlocks, parse_digest
+from hearth.gateway.fleet.cache_state import RequestBlocks, parse_digest
 from tests.api.conftest import Harness, serve
 from tests.fakes import scripted_backend
 

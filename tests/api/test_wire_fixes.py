@@ -19,7 +19,7 @@ from hearth.api.anthropic.messages import to_chat_request as anthropic_request
 from hearth.engine.fake_runner import FakeSampler
 from hearth.engine.types import SamplingParams
 from hearth.gateway.app import create_gateway_app
-from hearth.gateway.config import GatewaySettings, Upstream
+from hearth.gateway.settings import GatewaySettings, Upstream
 from tests.api.conftest import ANSWER, Harness, serve
 from tests.fakes import SMOL, scripted_backend
 

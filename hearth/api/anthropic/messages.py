@@ -130,7 +130,7 @@ class MessagesIn(CountTokensIn, SessionFields, RunFields, ConversationFields):
     # A final assistant message is a prefill the answer continues (Anthropic's meaning): null
     # continues one when the last message is the assistant's; false answers it with a new turn.
     continue_final_message: bool | None = None
-    # Hearth's own, set by the gateway's stream continuation (gateway/migration.py): the final
+    # Hearth's own, set by the gateway's stream continuation (gateway/failover/cuts/): the final
     # assistant message is this answer's own output so far, counted in max_tokens and in the
     # output tokens. A client's prefill is input: max_tokens bounds the new tokens (docs/api.md).
     partial_is_output: bool = False

@@ -132,7 +132,7 @@ class AuthMiddleware:
     def _caller(self, key: str | None, headers: dict[bytes, bytes] | None = None,
                 given: object = None) -> Caller | HearthError:
         if not self.keys:
-            # An app without keys inside the gateway (its translating layer, gateway/delegate.py)
+            # An app without keys inside the gateway (its translating layer, gateway/edge/delegate.py)
             # acts for the caller the gateway found; a server's scope never holds one.
             return given if isinstance(given, Caller) else OPEN
         headers = headers or {}

@@ -73,7 +73,7 @@ class ResponsesIn(OpenBody, OpenAIRunFields, SessionFields, ConversationFields):
     conversation: Any = None
     # The input ends with the assistant's partial output, to be continued (docs/api.md)
     continue_final_message: bool = False
-    # Hearth's own, set by the gateway's stream continuation (gateway/migration.py): the final
+    # Hearth's own, set by the gateway's stream continuation (gateway/failover/cuts/): the final
     # assistant message is this answer's own output so far, counted in max_tokens and in the
     # output tokens. A client's prefill is input: max_tokens bounds the new tokens (docs/api.md).
     partial_is_output: bool = False

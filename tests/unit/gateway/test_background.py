@@ -16,11 +16,10 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from hearth.gateway.context import gateway_of
-from hearth.gateway.transcripts import TranscriptStore
+from hearth.gateway.state import gateway_of
+from hearth.gateway.store.sqlite import SqliteStore
 from tests.helpers import wait_until
-from tests.unit.gateway.test_migration import parsed, response
-from tests.unit.gateway.test_proxy import Fleet, gateway, sse, stick
+from tests.helpers.fake_fleet import Fleet, gateway, parsed, response, sse, stick
 
 
 @pytest.fixture
@@ -249,7 +248,7 @@ def test_the_final_object_outlives_a_restart_and_runs_cut_by_one_fail(tmp_path: 
 
 
 async def _left_running(path: Path, run: dict[str, Any]) -> None:
-    store = TranscriptStore(path)
+    store = SqliteStore(path)
     await store.open()
     await store.save_background(run)
     await store.close()

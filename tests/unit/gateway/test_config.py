@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hearth.gateway.config import GatewaySettings, Upstream, parse_upstreams
+from hearth.gateway.settings import GatewaySettings, Upstream, parse_upstreams
 
 FLEET = """
 [[upstream]]

@@ -13,9 +13,9 @@ from hearth.api.http.key_usage import KeyAccounts
 from hearth.chat.types import Done, Usage
 from hearth.config import Settings
 from hearth.errors import BadRequest, Forbidden, TooManyRequests
-from hearth.gateway.config import GatewaySettings, Upstream
+from hearth.gateway.settings import GatewaySettings, Upstream
+from hearth.gateway.store.sqlite import SqliteStore
 from hearth.gateway.tenancy import hidden, owner_caller, owns, upstream_headers
-from hearth.gateway.transcripts import TranscriptStore
 from hearth.sessions.ids import stored_session_id
 from hearth.tenants import ADMIN_CALLER, OPEN, ApiKey, Caller, parse_key_line, session_prefix
 
@@ -62,7 +62,7 @@ def test_what_the_gateway_sends_a_node_for_each_caller() -> None:
 
 
 async def test_owners_in_the_store(tmp_path: Path) -> None:
-    store = TranscriptStore(tmp_path / "gw.sqlite3")
+    store = SqliteStore(tmp_path / "gw.sqlite3")
     await store.open()
     try:
         assert await store.owner_of("session", "s") is None
@@ -81,7 +81,7 @@ async def test_owners_in_the_store(tmp_path: Path) -> None:
         assert await owns(store, ADMIN_CALLER, "session", "old") and await owns(store, ALICE, "session", "a")
     finally:
         await store.close()
-    reopened = TranscriptStore(tmp_path / "gw.sqlite3")  # owners survive a restart
+    reopened = SqliteStore(tmp_path / "gw.sqlite3")  # owners survive a restart
     await reopened.open()
     try:
         assert await reopened.owner_of("session", "a") == "team-a"

@@ -1,0 +1,218 @@
+"""Ollama's native API (`/api/*`) and embeddings (`/v1/embeddings`) through the gateway.
+
+- A request that names a model (`/api/chat`, `/api/generate`, `/api/show`, `/api/embed`,
+  `/api/embeddings`, `/v1/embeddings`) goes to a Hearth node that serves it, chosen by the
+  pool as any request is (least loaded, in-flight caps, breakers; no prefix affinity), with
+  the model renamed to the node's id on the way in and back to the client's name on the way
+  out. NDJSON is relayed line by line as it comes. A node that cannot be reached, or answers
+  5xx, before the first byte is left for the next one; a failure after the first byte ends
+  the stream (no mid-stream failover for NDJSON, unlike the OpenAI and Anthropic relays).
+  Ollama's tags are accepted: `name:latest` is the alias `name`, `name:tag` also `name-tag`.
+- `/api/tags` and `/api/ps`: the union of the live Hearth nodes' answers, each model under
+  the gateway's alias; `/api/ps` says which node holds each loaded copy (`node`).
+- `/api/version` answers here. `/api/pull` and `/api/delete` are refused with a 400: a
+  gateway routes the models its fleet configuration names, and installs none.
+- openai-kind upstreams do not speak this API: they are never chosen for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from hearth.api.http.parsing import read_json
+from hearth.api.ollama import names
+from hearth.api.ollama.generate import NdjsonResponse
+from hearth.api.ollama.models import OLLAMA_API_VERSION, hearth_version
+from hearth.errors import BadRequest, NotFound
+from hearth.gateway.edge.forward import live
+from hearth.gateway.fleet.pool import Lease, Node, Pool
+from hearth.gateway.routing.affinity import Affinity
+from hearth.gateway.state import gateway_of
+from hearth.gateway.tenancy import caller, upstream_headers
+from hearth.gateway.upstream.client import node_url
+from hearth.gateway.upstream.headers import forwarded_headers
+
+# The paths forwarded to a node that serves the named model.
+BY_MODEL = ("/api/chat", "/api/generate", "/api/show", "/api/embed", "/api/embeddings", "/v1/embeddings")
+
+
+def resolve(pool: Pool, name: object) -> str:
+    """The alias an Ollama name stands for (names.candidates), else the pool's own answer (the
+    default model, or its 404)."""
+    aliases = pool.aliases()
+    if isinstance(name, str):
+        for candidate in names.candidates(name):
+            if candidate in aliases:
+                return candidate
+        if name and pool.settings.default_model is None:
+            raise NotFound(f'model "{name}" not found, try pulling it first', param="model", code="model_not_found")
+    return pool.resolve(name)
+
+
+def renamer(upstream_id: str, alias: str) -> Callable[[bytes], bytes]:
+    """The node names the model as it was sent (`<id>:latest`): back to the client's alias."""
+    old, new = names.tagged(upstream_id), names.tagged(alias)
+    if old == new:
+        return lambda data: data
+    pairs = [(f'"{k}":{sep}{json.dumps(old)}'.encode(), f'"{k}":{sep}{json.dumps(new)}'.encode())
+             for k in ("model", "name") for sep in ("", " ")]  # compact (Hearth's) or spaced JSON
+
+    def rename(data: bytes) -> bytes:
+        for a, b in pairs:
+            data = data.replace(a, b)
+        return data
+
+    return rename
+
+
+def _not_hearth(pool: Pool) -> set[str]:
+    return {n.name for n in pool.nodes.values() if n.up.kind != "hearth"}
+
+
+async def by_model(request: Request) -> Response:
+    gw = gateway_of(request.app)
+    pool = gw.pool
+    body = await read_json(request)
+    key = "name" if request.url.path == "/api/show" and not body.get("model") else "model"
+    alias = resolve(pool, body.get(key))
+    tried = _not_hearth(pool)
+    while True:
+        lease = await pool.acquire(alias, Affinity("none"), (), 0, exclude=tried)  # 503 once none is left
+        node = lease.node
+        model_id = node.up.models[alias]
+        payload = json.dumps({**body, key: model_id}).encode()
+        headers = {**forwarded_headers(request), **upstream_headers(node.up, caller(request)),
+                   "content-type": "application/json"}
+        upstream = gw.client.build_request(
+            request.method, node_url(node.up, request.url.path), content=payload, headers=headers,
+            timeout=httpx.Timeout(gw.settings.stall_timeout_for(node.up) or None, connect=gw.settings.connect_timeout))
+        try:
+            r = await gw.client.send(upstream, stream=True)
+        except httpx.HTTPError:
+            pool.release(lease, False)
+            tried.add(node.name)
+            continue
+        if r.status_code >= 500:
+            with contextlib.suppress(httpx.HTTPError):
+                await r.aread()
+            await r.aclose()
+            pool.release(lease, False)
+            tried.add(node.name)
+            continue
+        rename = renamer(model_id, alias)
+        if not r.headers.get("content-type", "").startswith("application/x-ndjson"):
+            try:
+                content = await r.aread()
+            except httpx.HTTPError:
+                pool.release(lease, False)
+                raise
+            finally:
+                await r.aclose()
+            pool.release(lease, True if r.status_code < 400 else None)
+            answer = Response(rename(content), status_code=r.status_code, media_type=r.headers.get("content-type"))
+            answer.headers["X-Hearth-Upstream"] = node.name
+            return answer
+        return _relay(pool, lease, r, rename)
+
+
+def _relay(pool: Pool, lease: Lease, r: httpx.Response, rename: Callable[[bytes], bytes]) -> Response:
+    """The node's NDJSON, whole lines at a time (a model name is never cut in two)."""
+    outcome: list[bool | None] = [None]
+
+    async def lines() -> AsyncIterator[bytes]:
+        buf = b""
+        try:
+            async for chunk in r.aiter_bytes():  # decoded: the node may compress
+                lease.node.last_bytes = pool.clock()
+                buf += chunk
+                end = buf.rfind(b"\n")
+                if end >= 0:
+                    whole, buf = buf[:end + 1], buf[end + 1:]
+                    yield rename(whole)
+            if buf:
+                yield rename(buf)
+            outcome[0] = True
+        except httpx.HTTPError:
+            outcome[0] = False  # the node failed mid-stream: the stream ends here
+
+    async def close() -> None:
+        await r.aclose()
+        pool.release(lease, outcome[0])
+
+    answer = NdjsonResponse(lines(), close=close)
+    answer.extra_headers = {"X-Hearth-Upstream": lease.node.name}
+    return answer
+
+
+async def _each_node(request: Request, path: str) -> list[tuple[Node, list[dict[str, Any]]]]:
+    gw = gateway_of(request.app)
+
+    async def one(node: Node) -> tuple[Node, list[dict[str, Any]]]:
+        try:
+            r = await gw.client.get(node_url(node.up, path), headers={**forwarded_headers(request),
+                                                                 **upstream_headers(node.up, caller(request))},
+                                    timeout=gw.settings.digest_timeout)
+            models = r.json().get("models") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            models = None
+        return node, [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
+
+    return list(await asyncio.gather(*(one(n) for n in live(gw.pool))))
+
+
+def _as_alias(entry: dict[str, Any], alias: str) -> dict[str, Any]:
+    return {**entry, "name": names.tagged(alias), "model": names.tagged(alias)}
+
+
+async def tags(request: Request) -> Response:
+    gw = gateway_of(request.app)
+    answers = await _each_node(request, "/api/tags")
+    out = []
+    for alias in gw.pool.aliases():
+        found = next((m for node, models in answers for m in models
+                      if alias in node.up.models and m.get("name") == names.tagged(node.up.models[alias])), None)
+        out.append(_as_alias(found, alias) if found is not None else {
+            "name": names.tagged(alias), "model": names.tagged(alias), "modified_at": names.from_epoch(gw.started),
+            "size": 0, "digest": "", "details": {"format": "gguf"}})
+    return JSONResponse({"models": out})
+
+
+async def ps(request: Request) -> Response:
+    out = []
+    for node, models in await _each_node(request, "/api/ps"):
+        by_id = {names.tagged(mid): alias for alias, mid in node.up.models.items()}
+        for m in models:
+            alias = by_id.get(str(m.get("name")))
+            if alias is not None:
+                out.append({**_as_alias(m, alias), "node": node.name})
+    return JSONResponse({"models": out})
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": OLLAMA_API_VERSION, "hearth": hearth_version()})
+
+
+async def not_here(request: Request) -> Response:
+    raise BadRequest(f"{request.url.path} is not served by a gateway: it routes the models its fleet names and "
+                     "installs none; pull or delete on a node", param="model")
+
+
+def routes() -> list[Route]:
+    return [
+        *(Route(p, by_model, methods=["POST"]) for p in BY_MODEL),
+        Route("/api/tags", tags, methods=["GET"]),
+        Route("/api/ps", ps, methods=["GET"]),
+        Route("/api/version", version, methods=["GET"]),
+        Route("/api/pull", not_here, methods=["POST"]),
+        Route("/api/delete", not_here, methods=["DELETE"]),
+    ]
+

@@ -1,0 +1,41 @@
+"""The gateway's schema, as numbered migrations (store/base.py applies those a database lacks,
+recording each in `schema_version`; on PostgreSQL under an advisory lock, so gateways that
+start together apply each once).
+
+One text for both databases: TEXT, DOUBLE PRECISION (SQLite gives it REAL affinity; PostgreSQL's
+REAL would be 4 bytes, too coarse for a timestamp), INTEGER, and JSON kept as TEXT. A migration
+is never edited once released: a change is a new one.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    # 1: the tables of the SQLite store before versions (IF NOT EXISTS: a file of then is at 1)
+    (1, [
+        "CREATE TABLE IF NOT EXISTS affinity (key TEXT PRIMARY KEY, node TEXT NOT NULL, "
+        "updated DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS transcripts (session_id TEXT PRIMARY KEY, model TEXT NOT NULL, "
+        "messages TEXT NOT NULL, updated DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, previous TEXT, items TEXT NOT NULL, "
+        "updated DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS background (id TEXT PRIMARY KEY, status TEXT NOT NULL, response TEXT NOT NULL, "
+        "updated DOUBLE PRECISION NOT NULL)",
+    ]),
+    # 2: several gateways on one database: whose background run, gateway leases, moves and
+    # drains in progress, tenants' ownership, nodes that joined at run time
+    (2, [
+        "ALTER TABLE background ADD COLUMN gateway TEXT NOT NULL DEFAULT ''",
+        "CREATE INDEX IF NOT EXISTS affinity_node ON affinity (node)",
+        "CREATE TABLE IF NOT EXISTS gateways (id TEXT PRIMARY KEY, expires DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS moves (session_id TEXT PRIMARY KEY, src TEXT NOT NULL, dst TEXT NOT NULL, "
+        "snapshot TEXT, state TEXT NOT NULL, gateway TEXT NOT NULL, updated DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS drains (node TEXT PRIMARY KEY, state TEXT NOT NULL, gateway TEXT NOT NULL, "
+        "updated DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS owners (kind TEXT NOT NULL, id TEXT NOT NULL, owner TEXT NOT NULL, "
+        "PRIMARY KEY (kind, id))",
+        "CREATE TABLE IF NOT EXISTS members (name TEXT PRIMARY KEY, url TEXT NOT NULL, spec TEXT NOT NULL, "
+        "expires DOUBLE PRECISION NOT NULL)",
+    ]),
+]
+
+VERSION = MIGRATIONS[-1][0]

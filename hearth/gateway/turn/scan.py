@@ -1,0 +1,70 @@
+"""What the gateway learns from an answer as it passes (usage: cached, prompt and completion
+tokens; a Responses id and output), read with byte patterns so the relay's per-event cost stays a
+few `in` tests for events that carry no usage."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_CACHED = re.compile(rb'"(?:cached_tokens|cache_read_input_tokens)":(\d+)')
+_PROMPT = re.compile(rb'"(?:prompt_tokens|input_tokens)":(\d+)')
+_CREATED = re.compile(rb'"cache_creation_input_tokens":(\d+)')
+_COMPLETION = re.compile(rb'"(?:completion_tokens|output_tokens)":(\d+)')
+_RESPONSE_ID = re.compile(rb'"id":"(resp_[A-Za-z0-9_-]+)"')
+
+
+@dataclass(slots=True)
+class Scan:
+    """What the gateway learns from an answer as it passes: usage and a Responses id."""
+
+    responses: bool = False  # a Responses answer: look for its id and output
+    cached: int | None = None
+    prompt: int | None = None
+    completion: int | None = None  # tokens generated (usage per key, api/http/key_usage.py)
+    response_id: str | None = None
+    output: list[Any] | None = None  # a Responses answer's output items (kept for chain failover)
+    migrated: bool = False  # the answer was finished by another node than the one that began it
+    anthropic_usage: bool = False  # `prompt` is Anthropic's input_tokens: the part not read from cache
+    created: int = 0  # Anthropic's cache_creation_input_tokens
+
+    @property
+    def whole_prompt(self) -> int | None:
+        """Every prompt token, cached or not (Anthropic's input_tokens leaves the cache out)."""
+        if self.prompt is None or not self.anthropic_usage:
+            return self.prompt
+        return self.prompt + (self.cached or 0) + self.created
+
+    def feed_response(self, data: bytes) -> None:
+        """A Responses answer: the whole JSON (non-streamed) or its terminal event."""
+        if data.startswith(b"event: "):
+            if not data.startswith((b"event: response.completed", b"event: response.incomplete")):
+                return
+            data = data.split(b"data: ", 1)[-1]
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return
+        r = doc.get("response", doc) if isinstance(doc, dict) else None
+        if isinstance(r, dict) and r.get("status") in ("queued", "in_progress"):
+            return  # a background response as it starts: its output is not known yet
+        if isinstance(r, dict) and isinstance(r.get("output"), list):
+            self.output = r["output"]
+
+    def feed(self, data: bytes) -> None:
+        if self.responses and self.response_id is None and (r := _RESPONSE_ID.search(data)):
+            self.response_id = r.group(1).decode()
+        if b'"usage"' not in data:  # most events: text deltas
+            return
+        if m := _CACHED.findall(data):
+            self.cached = int(m[-1])
+        if m := _PROMPT.findall(data):
+            self.prompt = int(m[-1])
+        if b'"cache_read_input_tokens"' in data:
+            self.anthropic_usage = True
+        if m := _CREATED.findall(data):
+            self.created = int(m[-1])
+        if m := _COMPLETION.findall(data):
+            self.completion = int(m[-1])
