@@ -122,6 +122,9 @@ class EngineRequest:
     # The prompt-cache namespace: the request reuses, and writes, only KV of its own namespace
     # (slots, sessions' swapped KV, the prompt cache's blocks). "": the default one.
     cache_ns: str = ""
+    # Whose work this is (hearth.tenants): the scheduler charges its tokens to this tenant's
+    # fair share (hearth.engine.fair_share). "": the admin, or a node without keys.
+    tenant: str = ""
 
 
 @dataclass(slots=True)

@@ -91,3 +91,35 @@ async def test_a_shorter_per_request_wait_and_closing_the_queue() -> None:
     with pytest.raises(Unavailable, match="shutting down"):
         await q.acquire()
     assert q.waiting == 0
+
+
+async def test_a_freed_slot_goes_to_the_higher_class_then_the_least_served_tenant() -> None:
+    from hearth.backends.local.admission import Claim
+    from hearth.engine.fair_share import Priority
+
+    q = AdmissionQueue(1, max_waiting=8, max_wait=5)
+    hog = Claim("a")
+    await q.acquire(1, None, hog)
+    q.fair.charge("a", 1000)  # a has had the engine to itself
+    order: list[str] = []
+
+    async def wait(name: str, claim: Claim) -> None:
+        await q.acquire(1, None, claim)
+        order.append(name)
+
+    tasks = [asyncio.create_task(wait(name, claim)) for name, claim in (
+        ("a2", hog), ("batch", Claim("c", priority=Priority.FLEX)), ("b", Claim("b")),
+        ("urgent", Claim("a", priority=Priority.PRIORITY)))]
+    await settle()
+    q.fair.charge("a", 10)  # a's running request decodes on while they wait
+    assert q.by_class() == {Priority.DEFAULT: 2, Priority.FLEX: 1, Priority.PRIORITY: 1}
+    holders = [hog, Claim("a", priority=Priority.PRIORITY), Claim("b"), hog]  # who runs, in turn
+    for holder, expected in zip(holders, (["urgent"], ["urgent", "b"], ["urgent", "b", "a2"],
+                                          ["urgent", "b", "a2", "batch"]), strict=True):
+        q.release(1, holder)
+        await settle()
+        assert order == expected  # class first, then b (served less since it came) before a's second
+    await asyncio.gather(*tasks)
+    snap = q.fair.snapshot()
+    assert snap["a"].admitted == 3 and snap["b"].admitted == 1 and snap["c"].waiting == 0
+    assert snap["a"].running == 0 and snap["b"].running == 0 and snap["c"].running == 1
