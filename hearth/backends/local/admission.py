@@ -5,6 +5,12 @@ its class first, then the tenant with the least work served per weight, FCFS wit
 tenant. A request that does not fit the free slots (n > 1) holds the line, as before, so it
 is never starved by smaller ones behind it.
 
+Preemption: a waiting request is let through with no slot free when it would fit the slots
+beside the admitted sequences of its class and above; the engine pauses lower ones at its
+next step boundary (hearth/engine/preempt.py) and resumes them when slots free again. A
+paused request keeps its place here (it still counts in `in_use`), so nothing admitted later
+of its class or below takes its slot back before it resumes.
+
 Sits in front of the engine on the asyncio side, so a request that cannot be served is
 refused (429 with Retry-After) before its response starts, and a waiting request whose
 client leaves is dropped from the queue at once (its task is cancelled).
@@ -55,6 +61,7 @@ class AdmissionQueue:
         self._waiters: deque[_Waiter] = deque()
         self._closed: str | None = None
         self._seq = 0
+        self._running: dict[Priority, int] = {}  # sequences admitted, per class
 
     @property
     def waiting(self) -> int:
@@ -85,10 +92,9 @@ class AdmissionQueue:
         self._seq += 1
         waiter = _Waiter(n, asyncio.get_running_loop().create_future(), claim.tenant, claim.weight,
                          claim.priority, self._seq)
-        if not self._waiters and self.in_use + n <= self.slots:
+        if not self._waiters and self._fits(waiter):
             self.fair.enter(waiter)
-            self.fair.leave(waiter, True, waiter.since)
-            self.in_use += n
+            self._take(waiter)
             return 0.0
         if len(self._waiters) >= self.max_waiting:
             raise TooManyRequests(f"the server is busy: {self.in_use} sequences running and "
@@ -96,6 +102,7 @@ class AdmissionQueue:
                                   retry_after=self._retry_after(), code="queue_full")
         self._waiters.append(waiter)
         self.fair.enter(waiter)
+        self._grant()  # a higher class than some running work may go at once (preemption)
         try:
             await asyncio.wait_for(asyncio.shield(waiter.future), wait)
         except TimeoutError:
@@ -110,6 +117,7 @@ class AdmissionQueue:
     def release(self, n: int = 1, claim: Claim = ANON) -> None:
         self.in_use -= n
         assert self.in_use >= 0, "released more slots than were taken"
+        self._running[claim.priority] = self._running.get(claim.priority, 0) - n
         self.fair.release(claim.tenant)
         self._grant()
 
@@ -122,11 +130,22 @@ class AdmissionQueue:
             self.release(waiter.n, Claim(waiter.tenant, waiter.weight, waiter.priority))
 
     def _grant(self) -> None:
-        while (w := self.fair.pick(self._waiters)) is not None and self.in_use + w.n <= self.slots:
+        while (w := self.fair.pick(self._waiters)) is not None and self._fits(w):
             self._waiters.remove(w)
-            self.fair.leave(w, True, w.since)
-            self.in_use += w.n
+            self._take(w)
             w.future.set_result(None)
+
+    def _fits(self, w: _Waiter) -> bool:
+        """Free slots for it, or room for it among the slots once every admitted sequence of a
+        lower class is paused."""
+        if self.in_use + w.n <= self.slots:
+            return True
+        return sum(n for c, n in self._running.items() if c >= w.priority) + w.n <= self.slots
+
+    def _take(self, w: _Waiter) -> None:
+        self.fair.leave(w, True, w.since)
+        self.in_use += w.n
+        self._running[w.priority] = self._running.get(w.priority, 0) + w.n
 
     def _retry_after(self) -> int:
         return max(1, min(60, 1 + len(self._waiters) // max(1, self.slots)))

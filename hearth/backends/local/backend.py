@@ -325,7 +325,8 @@ class LocalBackend:
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len,
                              repetition=req.repetition,
                              cache_key=req.cache_key if isinstance(req, ChatRequest) else None,
-                             keep_tokens=keep_tokens, cache_ns=req.cache_ns, tenant=req.tenant)
+                             keep_tokens=keep_tokens, cache_ns=req.cache_ns, tenant=req.tenant,
+                             priority=int(parse_class(req.priority or "default")))
         param = "messages" if isinstance(req, ChatRequest) else "prompt"
         await self._off_loop(lambda: validate(m, ereq, param, self.settings.strict_max_tokens))
         cache = m.engine.cache
