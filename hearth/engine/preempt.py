@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hearth.engine.fair_share import Priority
 from hearth.engine.kv import Slot, SlotTable
 from hearth.engine.residency import Residency
 from hearth.engine.runner import Runner
@@ -136,6 +137,14 @@ class Preemptor:
 
     def find(self, request_id: str) -> ActiveRequest | None:
         return next((p.ar for p in self.paused if p.ar.request_id == request_id), None)
+
+    def by_class(self) -> dict[str, int]:
+        """Paused requests per class name; a racy read from any thread, for reporting."""
+        out: dict[str, int] = {}
+        for p in list(self.paused):
+            name = Priority(p.ar.req.priority).tier
+            out[name] = out.get(name, 0) + 1
+        return out
 
     def drain(self) -> list[ActiveRequest]:
         """Every paused request (the engine fails them all after a failed step)."""

@@ -87,3 +87,34 @@ async def test_a_key_runs_at_its_default_and_never_above_its_ceiling(tmp_path: P
         assert all(snap[name].served > 0 and snap[name].running == 0 for name in ("team-a", "ops", "batch"))
         assert snap["team-a"].admitted == 3 and snap["batch"].admitted == 2
         assert fair._weights["batch"] == 0.5
+
+
+async def test_metrics_show_each_tenants_share_queue_and_classes(tmp_path: Path) -> None:
+    async with serve(tmp_path, named_keys=KEYS) as t:
+        for key in ("ka", "ka", "kb"):
+            assert (await t.post("/v1/chat/completions", CHAT, headers=auth(key))).status_code == 200
+        text = (await t.client.get("/metrics", headers=auth("ka"))).text
+    lines = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+             if line.startswith("hearth_") and " " in line}
+    a = lines['hearth_tenant_tokens_served_total{model="fake",tenant="team-a"}']
+    b = lines['hearth_tenant_tokens_served_total{model="fake",tenant="batch"}']
+    assert a > b > 0
+    assert lines['hearth_tenant_token_share{model="fake",tenant="team-a"}'] == pytest.approx(a / (a + b))
+    assert lines['hearth_tenant_admitted_requests_total{model="fake",tenant="team-a"}'] == 2
+    assert lines['hearth_tenant_queued_requests{model="fake",tenant="batch"}'] == 0
+    assert lines['hearth_tenant_preemptions_total{model="fake",tenant="batch"}'] == 0
+    assert lines['hearth_queued_requests_by_class{class="flex",model="fake"}'] == 0
+    assert lines['hearth_paused_requests_by_class{class="flex",model="fake"}'] == 0
+    assert 'hearth_tenant_wait_seconds_total{model="fake",tenant="team-a"}' in lines
+
+
+def test_the_work_line_of_ps_and_server_status() -> None:
+    from hearth.cli.ps import work_by_class, work_line
+
+    samples = [("hearth_queued_requests_by_class", {"model": "m", "class": "flex"}, 5.0),
+               ("hearth_queued_requests_by_class", {"model": "n", "class": "flex"}, 1.0),
+               ("hearth_queued_requests_by_class", {"model": "m", "class": "priority"}, 2.0),
+               ("hearth_paused_requests_by_class", {"model": "m", "class": "flex"}, 0.0)]
+    work = work_by_class(samples)
+    assert work == {"queued": {"flex": 6, "priority": 2}, "paused": {}}
+    assert work_line(work) == "queued 2 priority, 6 flex; none paused"

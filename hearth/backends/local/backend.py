@@ -187,7 +187,10 @@ class LocalBackend:
                 finished=s.finished, cancelled=s.cancelled, swap_outs=s.swap_outs, swap_ins=s.swap_ins,
                 drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
                 interrupted_decodes=s.interrupted_decodes, kv_reprefills=s.kv_reprefills,
-                grammar_cache_hits=g.hits, grammar_cache_misses=g.misses)
+                grammar_cache_hits=g.hits, grammar_cache_misses=g.misses, paused=len(e.preempt.paused),
+                preemptions=e.preempt.pauses, tenants=m.admission.fair.snapshot(),
+                queued_by_class={c.tier: n for c, n in m.admission.by_class().items() if n},
+                paused_by_class=e.preempt.by_class())
         return out
 
     def load_stats(self) -> dict[str, LoadStats]:
