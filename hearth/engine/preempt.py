@@ -19,7 +19,7 @@ Who may be paused (`victim`): a stateless request (no session: a session's slot 
 warm KV, which the session manager tracks), with one candidate, decoding (not prefilling:
 its prompt chunks would have to be re-scheduled), of a class strictly below the waiting
 one; the lowest class first, then the one admitted last. Who resumes: the highest class
-first, then the one paused first, only when nothing admitted waits for a slot (admission
+first, then the one paused first, into slots no admitted request waits for (admission
 (backends/local/admission.py) overcommits the slots only for a higher class and counts the
 paused requests as running, so resumes never crowd out what it admitted).
 """
@@ -112,9 +112,9 @@ class Preemptor:
         log.debug("paused %s (class %d) at %d tokens", ar.request_id, ar.req.priority, len(data))
 
     def resume(self) -> None:
-        """After admission: bring paused requests back into free slots, best class first,
-        while no admitted request waits for one."""
-        while self.paused and not self.scheduler.waiting and self.slots.n_free > 0:
+        """After admission: bring paused requests back into the free slots that the admitted
+        requests still waiting (a session turn behind its running one) leave, best class first."""
+        while self.paused and self.slots.n_free > sum(ar.req.n for ar in self.scheduler.waiting):
             p = min(self.paused, key=lambda p: (-p.ar.req.priority, p.order))
             self.paused.remove(p)
             self._restore(p)
