@@ -144,6 +144,24 @@ def _class_rank(name: str) -> int:
     return CLASSES.index(name) if name in CLASSES else -1
 
 
+# What a request may name (OpenAI's service_tier values; Hearth's `priority` field takes the same).
+CLASS_NAMES = {"flex": "flex", "default": "default", "auto": "default", "priority": "priority"}
+
+
+def class_name(value: str) -> str:
+    """The class a request names (`auto` is `default`); ValueError naming the accepted ones."""
+    try:
+        return CLASS_NAMES[value]
+    except KeyError:
+        raise ValueError(f"must be one of {', '.join(CLASS_NAMES)}") from None
+
+
+def run_class(asked: str | None, default: str, ceiling: str) -> str:
+    """The class a request runs in: what it asked for (else its key's default), never above
+    its key's ceiling (as OpenAI serves a request for a tier it may not use in `default`)."""
+    return min(asked if asked is not None else default, ceiling, key=_class_rank)
+
+
 def read_key_file(path: str | Path) -> list[ApiKey]:
     """The keys of a key file: one per line; blank lines and lines starting with # are skipped."""
     out = []

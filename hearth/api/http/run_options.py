@@ -30,9 +30,9 @@ from hearth.api.http.parsing import first_set, parse_logit_bias, parse_stop, sam
 from hearth.api.http.stream_shaping import coalesce, hold_reasoning
 from hearth.chat.types import ChatEvent, Finish, RepetitionSpec, SamplingParams, SessionTurn, StopKind
 from hearth.config import Settings, parse_duration
-from hearth.engine.fair_share import parse_class
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_session_id
+from hearth.tenants import class_name
 
 
 class RepetitionIn(BaseModel):
@@ -165,7 +165,7 @@ def check_class(field: str, value: str | None) -> str | None:
     if value is None:
         return None
     try:
-        return parse_class(value).tier
+        return class_name(value)
     except ValueError as e:
         raise BadRequest(f"{field} {e}", param=field) from None
 

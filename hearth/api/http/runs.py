@@ -20,10 +20,10 @@ from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatEvent, ChatRequest, Done, Finish, Started, Usage
 from hearth.config import Settings
-from hearth.engine.fair_share import parse_class, resolve_class
 from hearth.errors import BadRequest, HearthError
 from hearth.observability.metrics import RequestTimer
 from hearth.tenants import Caller
+from hearth.tenants import run_class as resolve_class
 
 
 class Generation:
@@ -100,8 +100,7 @@ def keyed(request: Request, creq: ChatRequest) -> ChatRequest:
 def run_class(who: Caller, asked: str | None) -> str:
     """The admission class a request of `who` runs in: what it asked for, else its key's
     default, never above its key's ceiling (hearth.engine.fair_share.resolve_class)."""
-    return resolve_class(parse_class(asked) if asked is not None else None, parse_class(who.priority),
-                         parse_class(who.max_priority)).tier
+    return resolve_class(asked, who.priority, who.max_priority)
 
 
 async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run: Run, arrived: float,
