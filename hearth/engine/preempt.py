@@ -18,7 +18,10 @@ and with a seed: the sampler's RNG is the sequence's own and was never touched).
 Who may be paused (`victim`): a stateless request (no session: a session's slot is its
 warm KV, which the session manager tracks), with one candidate, decoding (not prefilling:
 its prompt chunks would have to be re-scheduled), of a class strictly below the waiting
-one; the lowest class first, then the one admitted last. Who resumes: the highest class
+one; the lowest class first, then the one admitted last. Or, for the first request of a
+tenant with nothing running, one of its own class from the tenant that runs the most, if
+that tenant runs several (fair shares: a tenant's one request does not wait behind another
+tenant's many for a slot to free). Who resumes: the highest class
 first, then the one paused first, into slots no admitted request waits for (admission
 (backends/local/admission.py) overcommits the slots only for a higher class and counts the
 paused requests as running, so resumes never crowd out what it admitted).
@@ -27,7 +30,7 @@ paused requests as running, so resumes never crowd out what it admitted).
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -80,20 +83,29 @@ class Preemptor:
             sched.waiting = deque(sorted(sched.waiting, key=lambda ar: -ar.req.priority))
         head = sched.waiting[0]
         while head.req.n > self.slots.n_free:
-            victim = self.victim(head.req.priority)
+            victim = self.victim(head)
             if victim is None:
                 return
             self.pause(victim)
 
-    def victim(self, above: int) -> ActiveRequest | None:
-        """The running request to pause for one of class `above`; None if none may be."""
-        candidates = [ar for ar in self.scheduler.running
-                      if ar.req.priority < above and ar.req.owner is None and ar.req.n == 1
-                      and ar.phase is Phase.DECODE and len(ar.live_seqs()) == 1]
-        if not candidates:
+    def victim(self, head: ActiveRequest) -> ActiveRequest | None:
+        """The running request to pause for `head`; None if none may be. A lower class first
+        (the lowest, then the one admitted last: the least far along); else, for a tenant with
+        nothing running, one of its class of the tenant running the most, if that one runs
+        several (fair shares: a tenant's first request does not wait for another's many)."""
+        running = self.scheduler.running
+        pausable = [ar for ar in running if ar.req.owner is None and ar.req.n == 1 and ar.phase is Phase.DECODE
+                    and len(ar.live_seqs()) == 1 and ar.req.priority <= head.req.priority]
+        lower = [ar for ar in pausable if ar.req.priority < head.req.priority]
+        if lower:
+            return min(lower, key=lambda ar: (ar.req.priority, -running.index(ar)))
+        counts = Counter(ar.req.tenant for ar in running)
+        if counts[head.req.tenant] or head.req.n != 1:
             return None
-        # lowest class, then the one admitted last (the least far along)
-        return min(candidates, key=lambda ar: (ar.req.priority, -self.scheduler.running.index(ar)))
+        hogs = [ar for ar in pausable if counts[ar.req.tenant] >= 2]
+        if not hogs:
+            return None
+        return max(hogs, key=lambda ar: (counts[ar.req.tenant], running.index(ar)))
 
     def pause(self, ar: ActiveRequest) -> None:
         seq = ar.seqs[0]

@@ -62,6 +62,7 @@ class AdmissionQueue:
         self._closed: str | None = None
         self._seq = 0
         self._running: dict[Priority, int] = {}  # sequences admitted, per class
+        self._tenants: dict[tuple[str, Priority], int] = {}  # sequences admitted, per tenant and class
 
     @property
     def waiting(self) -> int:
@@ -118,6 +119,7 @@ class AdmissionQueue:
         self.in_use -= n
         assert self.in_use >= 0, "released more slots than were taken"
         self._running[claim.priority] = self._running.get(claim.priority, 0) - n
+        self._tenants[claim.tenant, claim.priority] = self._tenants.get((claim.tenant, claim.priority), 0) - n
         self.fair.release(claim.tenant)
         self._grant()
 
@@ -140,12 +142,23 @@ class AdmissionQueue:
         lower class is paused."""
         if self.in_use + w.n <= self.slots:
             return True
-        return sum(n for c, n in self._running.items() if c >= w.priority) + w.n <= self.slots
+        if sum(n for c, n in self._running.items() if c >= w.priority) + w.n <= self.slots:
+            return True
+        # A tenant with nothing admitted, beside tenants of its class or below admitted several
+        # times: the engine pauses one of theirs (hearth/engine/preempt.py, `victim`).
+        if w.n != 1 or any(n > 0 for (t, _), n in self._tenants.items() if t == w.tenant):
+            return False
+        per: dict[str, int] = {}
+        for (t, c), n in self._tenants.items():
+            if c <= w.priority:
+                per[t] = per.get(t, 0) + n
+        return self.in_use + w.n - self.slots <= sum(max(0, n - 1) for n in per.values())
 
     def _take(self, w: _Waiter) -> None:
         self.fair.leave(w, True, w.since)
         self.in_use += w.n
         self._running[w.priority] = self._running.get(w.priority, 0) + w.n
+        self._tenants[w.tenant, w.priority] = self._tenants.get((w.tenant, w.priority), 0) + w.n
 
     def _retry_after(self) -> int:
         return max(1, min(60, 1 + len(self._waiters) // max(1, self.slots)))

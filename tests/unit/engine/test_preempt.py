@@ -126,3 +126,27 @@ async def test_an_abort_ends_a_paused_request() -> None:
         assert urgent_sink.finish == "length" and eng.preempt.resumes == 0
     finally:
         eng.stop()
+
+
+def tenant_request(rid: str, tenant: str, prompt: str, tokens: int = 40) -> EngineRequest:
+    sampling = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    return EngineRequest(rid, list(prompt.encode()), sampling, tenant=tenant)
+
+
+async def test_a_tenants_first_request_pauses_one_of_a_tenant_running_several() -> None:
+    """Fair shares within a class: A holds both slots, B's one request takes one of them now;
+    A's paused request resumes after and answers as if never paused."""
+    a = [tenant_request("a1", "a", "first of a"), tenant_request("a2", "a", "second one of a")]
+    sinks, b_sink, eng = await paused_run(a, tenant_request("b1", "b", "b's", tokens=4), slots=2)
+    assert eng.preempt.pauses == 1 and b_sink.finish == "length"
+    for r, s in zip(a, sinks, strict=True):
+        assert s.ids == alone(r).ids
+
+
+async def test_no_fairness_pause_when_nobody_runs_several_or_the_tenant_runs_already() -> None:
+    mixed = [tenant_request("a1", "a", "first of a"), tenant_request("c1", "c", "one of c")]
+    _, b_sink, eng = await paused_run(mixed, tenant_request("b1", "b", "b's", tokens=4), slots=2)
+    assert eng.preempt.pauses == 0 and b_sink.finish == "length"
+    both_a = [tenant_request("a1", "a", "first of a"), tenant_request("a2", "a", "second one of a")]
+    _, more_a, eng = await paused_run(both_a, tenant_request("a3", "a", "third", tokens=4), slots=2)
+    assert eng.preempt.pauses == 0 and more_a.finish == "length"

@@ -151,3 +151,20 @@ async def test_a_higher_class_is_let_through_over_lower_running_work_to_preempt(
     await settle()
     assert flex2.done() and q.in_use == 2  # the first flex one (resumed) and the second
     flex2.result()
+
+
+async def test_a_tenant_with_nothing_admitted_is_let_through_beside_one_admitted_several_times() -> None:
+    from hearth.backends.local.admission import Claim
+
+    q = AdmissionQueue(2, max_waiting=8, max_wait=5)
+    a, b, c = Claim("a"), Claim("b"), Claim("c")
+    await q.acquire(1, None, a)
+    await q.acquire(1, None, a)
+    await asyncio.wait_for(q.acquire(1, None, b), 1)  # a runs two: one of them pauses for b
+    assert q.in_use == 3
+    for claim in (b, a, c):  # b runs one already; a is the one running several; c: a has nothing left to give
+        task = asyncio.create_task(q.acquire(1, None, claim))
+        await settle()
+        assert not task.done()
+        task.cancel()
+        await settle()
