@@ -2,10 +2,14 @@
 
 Every API key belongs to one tenant. A key file line is
 `KEY [name=NAME] [tenant=TENANT] [cache=tenant|shared] [concurrent=N] [rpm=N] [tpm=N]
-[role=client|gateway]` (concurrent, rpm, tpm: the key's limits, api/http/key_usage.py; role:
-below): a named key's tenant defaults to its name, so several keys share a tenant only when
-they say so; a bare line (and `--api-key`) is a tenant of its own, named `key-` and the first
-8 hex digits of the key's SHA-256 (stable across restarts, and it does not reveal the key).
+[role=client|gateway] [weight=W] [priority=CLASS] [max_priority=CLASS]` (concurrent, rpm, tpm:
+the key's limits, api/http/key_usage.py; role: below; weight: its tenant's fair share of the
+engine's work, default 1; priority: the class of its requests that name none, default
+`default`; max_priority: the highest class its requests may ask for, default `default`, so a
+key runs `priority` work only when its line says so; hearth/engine/fair_share.py): a named
+key's tenant defaults to its name, so several keys share a tenant only when they say so; a
+bare line (and `--api-key`) is a tenant of its own, named `key-` and the first 8 hex digits
+of the key's SHA-256 (stable across restarts, and it does not reveal the key).
 
 Every session, snapshot and stored response records its owner (a tenant name) when created.
 A caller sees an object when it owns it, or when it is the admin: the admin key, or anyone on a
@@ -54,6 +58,9 @@ ROLES = ("client", "gateway")  # a gateway key may speak for a tenant (TENANT_HE
 TENANT_HEADER = "x-hearth-tenant"  # the tenant a gateway's request is for
 TENANT_CACHE_HEADER = "x-hearth-tenant-cache"  # "shared": that tenant's key says cache=shared
 LIMITS = ("concurrent", "rpm", "tpm")  # requests at once, requests and tokens per minute
+# Admission classes, lowest first (hearth.engine.fair_share.Priority has them as numbers).
+CLASSES = ("flex", "default", "priority")
+MAX_WEIGHT = 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +73,18 @@ class ApiKey:
     rpm: int | None = None
     tpm: int | None = None
     role: str = "client"
+    weight: float = 1.0  # the tenant's fair share (the last line of a tenant that says so wins)
+    priority: str = "default"  # the class of a request that names none
+    max_priority: str = "default"  # the highest class a request may ask for
 
     def __post_init__(self) -> None:
+        if not (0.0 < self.weight <= MAX_WEIGHT):
+            raise ValueError(f"key {self.name!r}: weight must be a number above 0 and at most {MAX_WEIGHT:g}")
+        for what in ("priority", "max_priority"):
+            if getattr(self, what) not in CLASSES:
+                raise ValueError(f"key {self.name!r}: {what} must be one of {', '.join(CLASSES)}")
+        if CLASSES.index(self.priority) > CLASSES.index(self.max_priority):
+            raise ValueError(f"key {self.name!r}: priority may not be above max_priority")
         for limit in LIMITS:
             value = getattr(self, limit)
             if value is not None and not (isinstance(value, int) and value >= 1):
@@ -96,10 +113,10 @@ def parse_key_line(line: str) -> ApiKey:
     fields: dict[str, str] = {}
     for attr in attrs:
         name, eq, value = attr.partition("=")
-        if not eq or not value or name not in ("name", "tenant", "cache", "role", *LIMITS) or name in fields:
+        if not eq or not value or name not in (*_ATTRS, *LIMITS) or name in fields:
             raise ValueError(f"unknown, empty or repeated key attribute {name!r}: a line is KEY [name=NAME] "
                              "[tenant=TENANT] [cache=tenant|shared] [concurrent=N] [rpm=N] [tpm=N] "
-                             "[role=client|gateway]")
+                             "[role=client|gateway] [weight=W] [priority=CLASS] [max_priority=CLASS]")
         fields[name] = value
     limits: dict[str, int] = {}
     for limit in LIMITS:
@@ -108,9 +125,41 @@ def parse_key_line(line: str) -> ApiKey:
                 raise ValueError(f"{limit} must be a whole number of at least 1")
             limits[limit] = int(fields[limit])
     name = fields.get("name", bare_key(key).name)
+    try:
+        weight = float(fields.get("weight", "1"))
+    except ValueError:
+        raise ValueError("weight must be a number above 0") from None
+    priority = fields.get("priority", "default")
+    # a key whose default class is above `default` may ask for it: its ceiling follows
+    ceiling = fields.get("max_priority", max(priority, "default", key=_class_rank))
     return ApiKey(key, name, fields.get("tenant", name), fields.get("cache", "tenant"),
                   concurrent=limits.get("concurrent"), rpm=limits.get("rpm"), tpm=limits.get("tpm"),
-                  role=fields.get("role", "client"))
+                  role=fields.get("role", "client"), weight=weight, priority=priority, max_priority=ceiling)
+
+
+_ATTRS = ("name", "tenant", "cache", "role", "weight", "priority", "max_priority")
+
+
+def _class_rank(name: str) -> int:
+    return CLASSES.index(name) if name in CLASSES else -1
+
+
+# What a request may name (OpenAI's service_tier values; Hearth's `priority` field takes the same).
+CLASS_NAMES = {"flex": "flex", "default": "default", "auto": "default", "priority": "priority"}
+
+
+def class_name(value: str) -> str:
+    """The class a request names (`auto` is `default`); ValueError naming the accepted ones."""
+    try:
+        return CLASS_NAMES[value]
+    except KeyError:
+        raise ValueError(f"must be one of {', '.join(CLASS_NAMES)}") from None
+
+
+def run_class(asked: str | None, default: str, ceiling: str) -> str:
+    """The class a request runs in: what it asked for (else its key's default), never above
+    its key's ceiling (as OpenAI serves a request for a tier it may not use in `default`)."""
+    return min(asked if asked is not None else default, ceiling, key=_class_rank)
 
 
 def read_key_file(path: str | Path) -> list[ApiKey]:
@@ -145,6 +194,9 @@ class Caller:
     admin: bool = False  # sees and manages every tenant's objects
     shared_cache: bool = False  # its key says cache=shared
     via_gateway: bool = False  # a gateway's key (`key_name`) spoke for the tenant (TENANT_HEADER)
+    weight: float = 1.0  # its tenant's fair share of the engine's work
+    priority: str = "default"  # the class of its requests that name none (CLASSES)
+    max_priority: str = "default"  # the highest class it may ask for (the admin, a node without keys: any)
 
     @property
     def on_behalf(self) -> str | None:
@@ -188,8 +240,8 @@ def session_prefix(tenant: str) -> str:
     return "t" + hashlib.sha256(tenant.encode()).hexdigest()[:12] + "."
 
 
-OPEN = Caller(ADMIN, None, admin=True)  # any request on a node without keys
-ADMIN_CALLER = Caller(ADMIN, "admin", admin=True)  # the admin key
+OPEN = Caller(ADMIN, None, admin=True, max_priority="priority")  # any request on a node without keys
+ADMIN_CALLER = Caller(ADMIN, "admin", admin=True, max_priority="priority")  # the admin key
 
 
 

@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatEvent, ChatRequest, CompletionRequest, Message
+from hearth.engine.fair_share import TenantTally as TenantTally
 from hearth.engine.prefix_cache.stats import CacheEntry as CacheEntry
 from hearth.engine.prefix_cache.stats import PrefixCacheStats as PrefixCacheStats
 from hearth.engine.prefix_cache.stats import TierStats as TierStats
@@ -80,6 +81,13 @@ class ModelStats:
     kv_reprefills: int = 0  # session KV that could not be restored or failed a decode: prefilled again
     grammar_cache_hits: int = 0  # constrained requests whose grammar this model had compiled already
     grammar_cache_misses: int = 0  # grammars compiled against this model's vocabulary
+    paused: int = 0  # requests paused for a higher class (hearth/engine/preempt.py)
+    preemptions: int = 0  # pauses so far
+    # Fair shares (hearth/engine/fair_share.py): each tenant's counters, and the requests
+    # queued and paused now per class name (flex, default, priority).
+    tenants: dict[str, TenantTally] = field(default_factory=dict)
+    queued_by_class: dict[str, int] = field(default_factory=dict)
+    paused_by_class: dict[str, int] = field(default_factory=dict)
 
 
 # ---- session KV ----------------------------------------------------------------------------

@@ -128,6 +128,12 @@ class ChatRequest:
     # Seconds the model stays loaded after this request (Ollama's keep_alive: 0 unloads it at
     # once, negative keeps it); None: the server's --keep-alive.
     keep_alive: float | None = None
+    # Who asks, and in which admission class (hearth.engine.fair_share): the protocol sets
+    # `priority` to the class the body asks for (None: none), the HTTP layer to the class it runs
+    # in (the key's default, capped by its ceiling), with the caller's tenant and weight.
+    tenant: str = ""
+    weight: float = 1.0
+    priority: str | None = None
 
 
 @dataclass(slots=True)
@@ -145,6 +151,9 @@ class CompletionRequest:
     repetition: RepetitionSpec | None = None
     cache_ns: str = ""  # as ChatRequest.cache_ns
     keep_alive: float | None = None  # as ChatRequest's
+    tenant: str = ""  # these three as ChatRequest's
+    weight: float = 1.0
+    priority: str | None = None
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hearth.cli.client import Client
+from hearth.cli.client import Client, CLIError
 from hearth.cli.common import ApiKeyOpt, JsonOpt, UrlOpt, cli_errors, human_bytes, human_duration, print_result
 
 
@@ -27,6 +27,30 @@ def until(status: dict[str, Any]) -> str:
         return str(status["value"])
     left = status.get("expires_in")
     return "forever" if left is None else f"{human_duration(left)} from now"
+
+
+CLASSES = ("priority", "default", "flex")  # highest first
+
+
+def work_by_class(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, dict[str, int]]:
+    """Requests queued and paused now, per class, all models together (from /metrics)."""
+    out: dict[str, dict[str, int]] = {"queued": {}, "paused": {}}
+    for name, labels, value in samples:
+        for what in out:
+            if name == f"hearth_{what}_requests_by_class" and value:
+                cls = labels.get("class", "?")
+                out[what][cls] = out[what].get(cls, 0) + int(value)
+    return out
+
+
+def work_line(work: dict[str, dict[str, int]]) -> str:
+    """`queued 2 priority, 5 flex; paused 3 flex` (or `none queued, none paused`)."""
+    parts = []
+    for what in ("queued", "paused"):
+        counts = work.get(what, {})
+        listed = ", ".join(f"{counts[c]} {c}" for c in CLASSES if counts.get(c))
+        parts.append(f"{what} {listed}" if listed else f"none {what}")
+    return "; ".join(parts)
 
 
 def ps_table(c: Console, models: list[dict[str, Any]]) -> None:
@@ -57,4 +81,17 @@ def ps(url: UrlOpt = None, api_key: ApiKeyOpt = None, as_json: JsonOpt = False) 
     """
     with Client(url, api_key) as client:
         models = client.get("/v1/models")["data"]
-    print_result(in_memory(models) if as_json else models, as_json, ps_table)
+        try:
+            work = work_by_class(client.samples())
+        except CLIError:  # /metrics off or behind its own token: the models alone
+            work = None
+    if as_json:
+        print_result(in_memory(models), as_json, ps_table)
+        return
+
+    def show(c: Console, rows: list[dict[str, Any]]) -> None:
+        ps_table(c, rows)
+        if work is not None:
+            c.print(f"work: {work_line(work)}")
+
+    print_result(models, as_json, show)

@@ -13,7 +13,7 @@ from rich.console import Console
 from hearth.cli.client import APIError, Client, CLIError
 from hearth.cli.common import ApiKeyOpt, JsonOpt, cli_errors, console, human_bytes, human_duration, plural, print_json
 from hearth.cli.daemon import Daemon, ServeOptions
-from hearth.cli.ps import in_memory
+from hearth.cli.ps import in_memory, work_by_class, work_line
 
 app = typer.Typer(help="Run Hearth in the background: start, stop, status, logs.", no_args_is_help=True)
 
@@ -176,6 +176,8 @@ def gather_status(daemon: Daemon, api_key: str | None) -> dict[str, Any]:
         out["kv_tokens"] = int(m.get("hearth_kv_tokens", 0))
         out["swapped_kv_ram_bytes"] = int(m.get("hearth_swapped_kv_ram_bytes", 0))
         out["prompt_cache"] = cache_status(samples)
+        work = work_by_class(samples)
+        out["queued_by_class"], out["paused_by_class"] = work["queued"], work["paused"]
     return out
 
 
@@ -210,6 +212,8 @@ def status(data_dir: DataDirOpt = None, api_key: ApiKeyOpt = None, as_json: Json
         if isinstance(sessions, int):
             where = ", ".join(f"{n} {k}" for k, n in sorted(out.get("sessions_by_residency", {}).items()))
             sessions = f"{sessions} ({where})" if where else str(sessions)
+        if "queued_by_class" in out:
+            c.print(f"  work      {work_line({'queued': out['queued_by_class'], 'paused': out['paused_by_class']})}")
         c.print(f"  sessions  {'not supported by this server' if sessions is None else sessions}")
         if "kv_tokens" in out:
             c.print(f"  kv        {out['kv_tokens']} tokens in slots, "

@@ -40,6 +40,7 @@ from typing import Any
 
 from hearth.engine.kv import Slot, SlotTable
 from hearth.engine.output import StepOutputs, emit
+from hearth.engine.preempt import Preemptor
 from hearth.engine.prefix_cache import PrefixCache
 from hearth.engine.residency import Residency
 from hearth.engine.runner import BatchEntry, DecodeAborted, Runner
@@ -80,6 +81,8 @@ class Engine:
         self.drop_kv = self.residency.drop_kv
         self.trim_kv = self.residency.trim_kv
         self.spill_all = self.residency.spill_all
+        # Lower classes pause for higher ones at step boundaries, KV to RAM (preempt.py).
+        self.preempt = Preemptor(runner, self.slots, self.scheduler, self.residency)
         self._cv = threading.Condition()
         self._inbox: list[ActiveRequest] = []
         self._aborts: dict[str, FinishReason] = {}
@@ -222,7 +225,7 @@ class Engine:
         while True:
             with self._cv:
                 while not (self._stopping or self._inbox or self._aborts or self._calls
-                           or self.scheduler.has_work()):
+                           or self.scheduler.has_work() or self.preempt.paused):
                     self._cv.wait()
                 if self._stopping:
                     break
@@ -248,7 +251,9 @@ class Engine:
         self._apply_aborts(aborts, out)
         self._expire(out)
         self._run_calls(calls)  # after aborts, so a session whose turn was just aborted is idle for them
+        self.preempt.make_room()
         self._admit(out)
+        self.preempt.resume()
         if self.spec is not None:
             self.scheduler.draft()
         work = self.scheduler.schedule()
@@ -257,7 +262,7 @@ class Engine:
 
     def _apply_aborts(self, aborts: dict[str, FinishReason], out: StepOutputs) -> None:
         for rid, reason in aborts.items():
-            found = self.scheduler.find(rid)
+            found = self.scheduler.find(rid) or self.preempt.find(rid)
             if found is not None:
                 self._end(found, reason, out)
 
@@ -456,6 +461,7 @@ class Engine:
             seq.pending = None
             seq.sampler.free()
         self.scheduler.remove(ar)
+        self.preempt.forget(ar)
         self.stats.finished += 1
         if reason is FinishReason.CANCELLED:
             self.stats.cancelled += 1
@@ -482,4 +488,6 @@ class Engine:
                 except Exception:
                     log.exception("could not clear sequence %d", seq.slot.seq_id)
                     seq.slot.tokens.clear()
+            self._end(ar, FinishReason.ERROR, out, error=error)
+        for ar in self.preempt.drain():  # their KV is in RAM, their slots are others' now
             self._end(ar, FinishReason.ERROR, out, error=error)

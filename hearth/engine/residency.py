@@ -150,6 +150,11 @@ class Residency:
             raise RuntimeError(f"session {owner!r} is running")
         return slot
 
+    def evict(self, placement: Placement) -> None:
+        """Swap out the idle sessions whose slots `placement` took (`place` does it itself)."""
+        for slot, old in placement.evict:
+            self._swap_out(slot, old)
+
     def _swap_out(self, slot: Slot, owner: str) -> None:
         if slot.tokens:
             self.swap.put(owner, list(slot.tokens), self.runner.state_get(slot.seq_id))

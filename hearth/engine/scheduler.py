@@ -9,12 +9,15 @@ Pure bookkeeping (no runner calls), so it is unit-tested on its own
   shares out what the budget leaves after those single tokens);
 - the rest of the per-step token budget goes to prompt chunks, oldest request first
   (chunked prefill: a long prompt is spread over several steps, so running streams keep
-  flowing and aborts are seen between chunks).
+  flowing and aborts are seen between chunks);
+- every token scheduled is `charge`d to its request's tenant (the fair-share tally the
+  admission queue picks by, hearth/engine/fair_share.py), prompt chunks and decodes alike.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hearth.engine.kv import Placement, SlotTable
@@ -45,6 +48,7 @@ class Scheduler:
         self.token_budget = token_budget
         self.waiting: deque[ActiveRequest] = deque()
         self.running: list[ActiveRequest] = []
+        self.charge: Callable[[str, int], None] | None = None  # (tenant, tokens) per step: FairShare.charge
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -126,4 +130,10 @@ class Scheduler:
             done = ar.prefill_pos + len(chunk) == len(ar.prompt)
             work.append(Work(ar, None, BatchEntry(first.seq_id, chunk, ar.prefill_pos, int(done))))
             budget -= len(chunk)
+        if self.charge is not None:
+            spent: dict[str, int] = {}
+            for w in work:
+                spent[w.ar.req.tenant] = spent.get(w.ar.req.tenant, 0) + len(w.entry.tokens)
+            for tenant, n in spent.items():
+                self.charge(tenant, n)
         return work

@@ -122,6 +122,12 @@ class EngineRequest:
     # The prompt-cache namespace: the request reuses, and writes, only KV of its own namespace
     # (slots, sessions' swapped KV, the prompt cache's blocks). "": the default one.
     cache_ns: str = ""
+    # Whose work this is (hearth.tenants): the scheduler charges its tokens to this tenant's
+    # fair share (hearth.engine.fair_share). "": the admin, or a node without keys.
+    tenant: str = ""
+    # Its admission class (hearth.engine.fair_share.Priority: 0 flex, 1 default, 2 priority): a
+    # waiting request of a higher class may pause a running one of a lower class (engine/preempt.py).
+    priority: int = 1
 
 
 @dataclass(slots=True)

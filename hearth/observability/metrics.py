@@ -23,7 +23,21 @@ GAUGES = (("hearth_running_sequences", "Requests decoding or prefilling", "runni
           ("hearth_waiting_requests", "Requests queued for a slot", "waiting"),
           ("hearth_kv_tokens", "Tokens held in the KV cache (all slots)", "kv_tokens"),
           ("hearth_kv_slots_busy", "KV sequence slots in use", "slots_busy"),
-          ("hearth_swapped_kv_ram_bytes", "Swapped-out session KV held in RAM", "swapped_ram_bytes"))
+          ("hearth_swapped_kv_ram_bytes", "Swapped-out session KV held in RAM", "swapped_ram_bytes"),
+          ("hearth_paused_requests", "Requests paused for a higher class (their KV in RAM)", "paused"))
+
+# Fair shares, per model and tenant ("(admin)": the admin and a node without keys): (metric,
+# help, TenantTally field); gauges then counters. A tenant's share of the tokens served is its
+# `hearth_tenant_tokens_served` over the model's sum; its mean wait, wait seconds over admitted.
+TENANT_GAUGES = (("hearth_tenant_queued_requests", "Requests of the tenant queued for a slot", "waiting"),
+                 ("hearth_tenant_running_requests", "Requests of the tenant admitted (running or paused)",
+                  "running"))
+TENANT_COUNTERS = (("hearth_tenant_tokens_served", "Tokens the engine ran for the tenant (prompt and generated)",
+                    "served"),
+                   ("hearth_tenant_admitted_requests", "Requests of the tenant admitted", "admitted"),
+                   ("hearth_tenant_wait_seconds", "Time the tenant's admitted requests waited for a slot",
+                    "wait_seconds"),
+                   ("hearth_tenant_preemptions", "Requests of the tenant paused for a higher class", "preempted"))
 COUNTERS = (("hearth_prompt_tokens", "Prompt tokens prefilled", "prompt_tokens"),
             ("hearth_cached_tokens", "Prompt tokens reused from the KV cache", "cached_tokens"),
             ("hearth_generated_tokens", "Tokens generated", "generated_tokens"),
@@ -42,7 +56,8 @@ COUNTERS = (("hearth_prompt_tokens", "Prompt tokens prefilled", "prompt_tokens")
             ("hearth_grammar_cache_hits", "Constrained requests (response_format, forced tool call, grammar) "
              "whose grammar this model had compiled already", "grammar_cache_hits"),
             ("hearth_grammar_cache_misses", "Grammars compiled against this model's vocabulary (then cached)",
-             "grammar_cache_misses"))
+             "grammar_cache_misses"),
+            ("hearth_preemptions", "Running requests paused for a waiting one of a higher class", "preemptions"))
 
 
 # The prompt cache, per model and tier (tier = slot, ram, disk): (metric, help, TierStats field,
@@ -78,6 +93,40 @@ LOAD_GAUGES = (("hearth_model_loaded", "1 while the model is loaded", "loaded"),
 LOAD_COUNTERS = (("hearth_model_loads", "Model loads that succeeded", "loads"),
                  ("hearth_model_load_failures", "Model loads that failed", "load_failures"),
                  ("hearth_model_load_seconds", "Time spent loading the model", "load_seconds"))
+
+
+def tenant_label(tenant: str) -> str:
+    return tenant or "(admin)"  # no tenant name holds parentheses (hearth.tenants.NAME)
+
+
+def share_families(stats: dict[str, ModelStats]) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    """Per tenant: queue, running, tokens served, share, waits, preemptions; per class: queued
+    and paused requests."""
+    families: list[GaugeMetricFamily | CounterMetricFamily] = []
+    for kind, table in ((GaugeMetricFamily, TENANT_GAUGES), (CounterMetricFamily, TENANT_COUNTERS)):
+        for name, doc, attr in table:
+            family = kind(name, doc, labels=["model", "tenant"])
+            for mid, st in stats.items():
+                for tenant, tally in st.tenants.items():
+                    family.add_metric([mid, tenant_label(tenant)], getattr(tally, attr))
+            families.append(family)
+    share = GaugeMetricFamily("hearth_tenant_token_share", "The tenant's fraction of the tokens served",
+                              labels=["model", "tenant"])
+    for mid, st in stats.items():
+        total = sum(t.served for t in st.tenants.values())
+        for tenant, tally in st.tenants.items():
+            share.add_metric([mid, tenant_label(tenant)], tally.served / total if total else 0.0)
+    families.append(share)
+    for name, doc, attr in (("hearth_queued_requests_by_class", "Requests queued for a slot, by class",
+                             "queued_by_class"),
+                            ("hearth_paused_requests_by_class", "Requests paused for a higher class, by class",
+                             "paused_by_class")):
+        family = GaugeMetricFamily(name, doc, labels=["model", "class"])
+        for mid, st in stats.items():
+            for cls in ("priority", "default", "flex"):
+                family.add_metric([mid, cls], getattr(st, attr).get(cls, 0))
+        families.append(family)
+    return families
 
 
 def load_families(stats: dict[str, LoadStats]) -> list[GaugeMetricFamily | CounterMetricFamily]:
@@ -130,6 +179,7 @@ class BackendCollector(Collector):
                 for mid, st in stats.items():
                     family.add_metric([mid], getattr(st, attr))
                 families.append(family)
+        families.extend(share_families(stats))
         cache = self.backend.prompt_cache
         if cache is not None:
             families.extend(cache_families(cache.cache_stats()))

@@ -389,6 +389,7 @@ def to_chat_request(body: CountTokensIn, request_id: str, settings: Settings | N
                        reasoning=reasoning, request_id=request_id, timeout=limits.timeout,
                        keep_alive=limits.keep_alive, cache_prompt=run.cache_prompt if run else True, session=session,
                        repetition=limits.repetition, lenient_tool_calls=limits.lenient_tool_calls,
+                       priority=limits.priority,
                        cache_key=body_key(run.prompt_cache_key, run.metadata) if run else None,
                        cache_salt=run.cache_salt if run else None,
                        cache_through=cache_through(body, messages, starts), continue_final=continues,

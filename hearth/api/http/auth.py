@@ -145,14 +145,17 @@ class AuthMiddleware:
             if not NAME.fullmatch(tenant):
                 return BadRequest(f"{TENANT_HEADER} must be a tenant name")
             shared = headers.get(TENANT_CACHE_HEADER.encode(), b"").strip().lower() == b"shared"
-            return Caller(tenant, found.name, shared_cache=shared, via_gateway=True)
+            # the gateway's own key line sets the weight and classes of what it forwards
+            return Caller(tenant, found.name, shared_cache=shared, via_gateway=True, weight=found.weight,
+                          priority=found.priority, max_priority=found.max_priority)
         if self.admin_key and matches(key, [self.admin_key]):
             return ADMIN_CALLER
         # No key matched: an open path (/health, the page) or /metrics by its token; nothing
         # there reads a caller, and an unknown tenant sees nothing should one ever do.
         if found is None:
             return Caller("\0none", None)
-        return Caller(found.tenant, found.name, shared_cache=found.cache == "shared")
+        return Caller(found.tenant, found.name, shared_cache=found.cache == "shared", weight=found.weight,
+                      priority=found.priority, max_priority=found.max_priority)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

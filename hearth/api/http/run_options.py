@@ -32,6 +32,7 @@ from hearth.chat.types import ChatEvent, Finish, RepetitionSpec, SamplingParams,
 from hearth.config import Settings, parse_duration
 from hearth.errors import BadRequest
 from hearth.sessions.ids import check_session_id
+from hearth.tenants import class_name
 
 
 class RepetitionIn(BaseModel):
@@ -73,6 +74,13 @@ class RunFields(BaseModel):
     # how long the model stays loaded after this request (Ollama's: seconds or "5m"; 0 unloads
     # it at once, negative never); None: the server's --keep-alive
     keep_alive: float | str | None = None
+    # Hearth's admission class (flex, default, priority; hearth/engine/fair_share.py), capped by
+    # the key's max_priority; None: the key's default class
+    priority: str | None = None
+
+    def asked_class(self) -> str | None:
+        """The class the body asks for, by name; BadRequest naming the field if it is unknown."""
+        return check_class("priority", self.priority)
 
     def sampling(self, **own: Any) -> SamplingParams:
         """The request's SamplingParams: the shared fields it declares and the protocol's `own`
@@ -88,6 +96,12 @@ class OpenAIRunFields(RunFields):
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    service_tier: str | None = None  # OpenAI's name for the class: auto, default, flex, priority
+
+    def asked_class(self) -> str | None:
+        # Hearth's own field, when both are given
+        tier = check_class("service_tier", self.service_tier)
+        return super().asked_class() or tier
 
     def sampling_fields(self) -> dict[str, Any]:
         return super().sampling_fields() | {"min_p": self.min_p, "seed": self.seed, "stop": parse_stop(self.stop)}
@@ -137,11 +151,23 @@ class RunLimits:
     repetition: RepetitionSpec | None = None
     lenient_tool_calls: bool = True
     keep_alive: float | None = None  # seconds (inf: forever); None: the server's
+    priority: str | None = None  # the admission class asked for (service_tier or priority); None: the key's
 
 
 def run_limits(settings: Settings, body: RunFields) -> RunLimits:
     lenient = settings.lenient_tool_calls if body.lenient_tool_calls is None else body.lenient_tool_calls
-    return RunLimits(wall_cap(settings, body), repetition(settings, body), lenient, keep_alive(body.keep_alive))
+    return RunLimits(wall_cap(settings, body), repetition(settings, body), lenient, keep_alive(body.keep_alive),
+                     body.asked_class())
+
+
+def check_class(field: str, value: str | None) -> str | None:
+    """A class name as a request gives it (`auto` is `default`); BadRequest if it is none."""
+    if value is None:
+        return None
+    try:
+        return class_name(value)
+    except ValueError as e:
+        raise BadRequest(f"{field} {e}", param=field) from None
 
 
 def keep_alive(asked: float | str | None) -> float | None:

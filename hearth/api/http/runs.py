@@ -22,6 +22,8 @@ from hearth.chat.types import ChatEvent, ChatRequest, Done, Finish, Started, Usa
 from hearth.config import Settings
 from hearth.errors import BadRequest, HearthError
 from hearth.observability.metrics import RequestTimer
+from hearth.tenants import Caller
+from hearth.tenants import run_class as resolve_class
 
 
 class Generation:
@@ -91,7 +93,14 @@ def keyed(request: Request, creq: ChatRequest) -> ChatRequest:
     who = caller(request)
     session = replace(creq.session, caller=who) if creq.session is not None else None
     return replace(creq, cache_key=conversation_key(creq.cache_key, request.headers), session=session,
-                   cache_ns=who.namespace(creq.cache_salt))
+                   cache_ns=who.namespace(creq.cache_salt), tenant=who.tenant, weight=who.weight,
+                   priority=run_class(who, creq.priority))
+
+
+def run_class(who: Caller, asked: str | None) -> str:
+    """The admission class a request of `who` runs in: what it asked for, else its key's
+    default, never above its key's ceiling (hearth.engine.fair_share.resolve_class)."""
+    return resolve_class(asked, who.priority, who.max_priority)
 
 
 async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run: Run, arrived: float,

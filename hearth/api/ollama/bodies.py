@@ -200,7 +200,7 @@ def chat_request(body: ChatIn, model: str, request_id: str, settings: Settings |
         model=model, messages=messages, sampling=sampling, tools=tools, response_format=response_format(body.format),
         reasoning=reasoning(body.think), request_id=request_id, timeout=limits.timeout, keep_alive=limits.keep_alive,
         cache_prompt=body.cache_prompt, repetition=limits.repetition, lenient_tool_calls=limits.lenient_tool_calls,
-        cache_salt=body.cache_salt)
+        cache_salt=body.cache_salt, priority=limits.priority)
 
 
 def generate_request(body: GenerateIn, model: str, request_id: str, settings: Settings | None = None
@@ -223,13 +223,14 @@ def generate_request(body: GenerateIn, model: str, request_id: str, settings: Se
             raise BadRequest("raw takes no format or think: they need the model's template", param="raw")
         return CompletionRequest(model=model, prompt=body.prompt, sampling=sampling, request_id=request_id,
                                  timeout=limits.timeout, cache_prompt=body.cache_prompt,
-                                 repetition=limits.repetition, keep_alive=limits.keep_alive)
+                                 repetition=limits.repetition, keep_alive=limits.keep_alive,
+                                 priority=limits.priority)
     messages = ([Message("system", body.system)] if body.system else []) + [Message("user", body.prompt)]
     return ChatRequest(
         model=model, messages=messages, sampling=sampling, response_format=response_format(body.format),
         reasoning=reasoning(body.think), request_id=request_id, timeout=limits.timeout,
         keep_alive=limits.keep_alive, cache_prompt=body.cache_prompt, repetition=limits.repetition,
-        lenient_tool_calls=limits.lenient_tool_calls, cache_salt=body.cache_salt)
+        lenient_tool_calls=limits.lenient_tool_calls, cache_salt=body.cache_salt, priority=limits.priority)
 
 
 def read_chat(data: dict[str, Any]) -> ChatIn:

@@ -60,7 +60,9 @@ async def generate(request: Request) -> Response:
     creq = generate_request(body, model, new_id("cmpl-"), ctx.settings)
     clock = Clock(was_loaded=not runs.must_load(ctx.backend, model))
     if isinstance(creq, CompletionRequest):
-        complete = replace(creq, cache_ns=caller(request).namespace(body.cache_salt))
+        who = caller(request)
+        complete = replace(creq, cache_ns=who.namespace(body.cache_salt), tenant=who.tenant, weight=who.weight,
+                           priority=runs.run_class(who, creq.priority))
         gen = await runs.start(request, "ollama_generate",
                                lambda token: ctx.backend.complete(replace(complete, cancel=token)),
                                cancel_id=body.cancel_id, ids=[creq.request_id])

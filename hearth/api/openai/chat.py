@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http import runs
+from hearth.api.http.auth import caller
 from hearth.api.http.cache_keys import body_key
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import (
@@ -138,7 +139,7 @@ def to_chat_request(body: ChatCompletionIn, request_id: str, settings: Settings 
         chat_template_kwargs=body.chat_template_kwargs or {}, request_id=request_id, timeout=limits.timeout,
         keep_alive=limits.keep_alive, cache_prompt=body.cache_prompt, session=session, repetition=limits.repetition,
         lenient_tool_calls=limits.lenient_tool_calls, cache_key=body_key(body.prompt_cache_key),
-        cache_salt=body.cache_salt,
+        cache_salt=body.cache_salt, priority=limits.priority,
         continue_final=body.continue_final_message, partial_is_output=body.partial_is_output)
 
 
@@ -230,6 +231,8 @@ async def chat_completions(request: Request) -> Response:
     return JSONResponse({
         "id": cid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": "hearth",
+        # the class it ran in, as OpenAI echoes the tier that served it (hearth.engine.fair_share)
+        "service_tier": runs.run_class(caller(request), creq.priority),
         "choices": [{
             "index": i,
             "message": c.message(),

@@ -132,7 +132,9 @@ async def completions(request: Request) -> Response:
     cid = new_id("cmpl-")
     limits = run_limits(ctx.settings, body)
 
-    namespace = caller(request).namespace(body.cache_salt)
+    who = caller(request)
+    namespace = who.namespace(body.cache_salt)
+    tier = runs.run_class(who, limits.priority)
 
     async def open_stream(token: CancelToken) -> EventStream:
         # One engine request per prompt, merged; all of them share the run's cancel token.
@@ -142,7 +144,7 @@ async def completions(request: Request) -> Response:
                 streams.append(await backend.complete(CompletionRequest(
                     model, p, sampling, n=body.n, request_id=f"{cid}-{i}", timeout=limits.timeout, cancel=token,
                     cache_prompt=body.cache_prompt, repetition=limits.repetition, cache_ns=namespace,
-                    keep_alive=limits.keep_alive)))
+                    keep_alive=limits.keep_alive, tenant=who.tenant, weight=who.weight, priority=tier)))
         except BaseException:
             for s in streams:
                 await s.aclose()

@@ -150,7 +150,7 @@ def read_response(data: dict[str, Any], store: ScopedResponses, request_id: str,
         request_id=request_id, timeout=limits.timeout, cache_prompt=body.cache_prompt, repetition=limits.repetition,
         keep_alive=limits.keep_alive, session=body.session_turn(), lenient_tool_calls=limits.lenient_tool_calls,
         cache_key=body_key(body.prompt_cache_key), continue_final=body.continue_final_message,
-        cache_salt=body.cache_salt, partial_is_output=body.partial_is_output)
+        cache_salt=body.cache_salt, partial_is_output=body.partial_is_output, priority=limits.priority)
     return Read(body, creq, items, toolset, text_echo, reasoning_echo, metadata)
 
 
@@ -169,6 +169,8 @@ async def create_response(request: Request) -> Response:
         "temperature": sampling.temperature, "top_p": sampling.top_p, "max_output_tokens": body.max_output_tokens,
         "text": text_echo, "reasoning": reasoning_echo, "previous_response_id": body.previous_response_id,
         "store": body.store, "background": body.background, "truncation": "disabled", "completed_at": None,
+        # the class it runs in, as OpenAI echoes the tier that served it (hearth.engine.fair_share)
+        "service_tier": runs.run_class(caller(request), creq.priority),
     }, namespaced=toolset.namespaced)
 
     # Stored as in_progress before the wait for a slot, so GET and .../cancel see a queued run.

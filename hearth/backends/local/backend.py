@@ -29,6 +29,7 @@ from hearth.backends.base import (
     PromptCache,
     SessionKV,
 )
+from hearth.backends.local.admission import Claim
 from hearth.backends.local.embedding import EmbedFactory, llamacpp_embed_factory
 from hearth.backends.local.events import admit, cancelled_while_queued, engine_events, parsed, prefilled_usage
 from hearth.backends.local.kv import LocalSessionKV
@@ -41,6 +42,7 @@ from hearth.chat.output import OutputParser
 from hearth.chat.system_turns import place_system_turns
 from hearth.chat.types import ChatRequest, CompletionRequest, Message
 from hearth.engine import EngineRequest
+from hearth.engine.fair_share import parse_class
 from hearth.engine.thinking import ThinkBudget
 from hearth.engine.types import SamplingParams
 from hearth.errors import NotFound, Unavailable
@@ -185,7 +187,10 @@ class LocalBackend:
                 finished=s.finished, cancelled=s.cancelled, swap_outs=s.swap_outs, swap_ins=s.swap_ins,
                 drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
                 interrupted_decodes=s.interrupted_decodes, kv_reprefills=s.kv_reprefills,
-                grammar_cache_hits=g.hits, grammar_cache_misses=g.misses)
+                grammar_cache_hits=g.hits, grammar_cache_misses=g.misses, paused=len(e.preempt.paused),
+                preemptions=e.preempt.pauses, tenants=m.admission.fair.snapshot(),
+                queued_by_class={c.tier: n for c, n in m.admission.by_class().items() if n},
+                paused_by_class=e.preempt.by_class())
         return out
 
     def load_stats(self) -> dict[str, LoadStats]:
@@ -323,7 +328,8 @@ class LocalBackend:
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len,
                              repetition=req.repetition,
                              cache_key=req.cache_key if isinstance(req, ChatRequest) else None,
-                             keep_tokens=keep_tokens, cache_ns=req.cache_ns)
+                             keep_tokens=keep_tokens, cache_ns=req.cache_ns, tenant=req.tenant,
+                             priority=int(parse_class(req.priority or "default")))
         param = "messages" if isinstance(req, ChatRequest) else "prompt"
         await self._off_loop(lambda: validate(m, ereq, param, self.settings.strict_max_tokens))
         cache = m.engine.cache
@@ -331,11 +337,12 @@ class LocalBackend:
             # The prompt's cached blocks come off the disk here, in the pool: the engine thread
             # only joins blocks already in RAM.
             await self._off_loop(lambda: cache.prefetch(tokens[:-1], req.cache_ns))
-        if not await admit(m.admission, n, cancel, None):
+        claim = Claim(req.tenant, req.weight, parse_class(req.priority or "default"))
+        if not await admit(m.admission, n, cancel, None, claim):
             return EventStream(cancelled_while_queued(len(tokens), n))
         events = engine_events(m.engine, ereq, cancel)
         if parsers:
             events = parsed(events, parsers)
         if prefilled:
             events = prefilled_usage(events, prefilled)
-        return EventStream(events, on_close=[lambda: m.admission.release(n)])
+        return EventStream(events, on_close=[lambda: m.admission.release(n, claim)])

@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from hearth.backends.local.admission import AdmissionQueue
+from hearth.backends.local.admission import ANON, AdmissionQueue, Claim
 from hearth.chat.cancel import CancelToken
 from hearth.chat.output import OutputParser
 from hearth.chat.types import ChatEvent, Done, Finish, Started, TextDelta, Timings, Usage
@@ -15,16 +15,17 @@ from hearth.engine import Engine, EngineRequest
 from hearth.engine.types import FinishReason
 
 
-async def admit(admission: AdmissionQueue, n: int, cancel: CancelToken | None, timeout: float | None) -> bool:
+async def admit(admission: AdmissionQueue, n: int, cancel: CancelToken | None, timeout: float | None,
+                claim: Claim = ANON) -> bool:
     """Wait for `n` slots (the request's own time cap bounds the wait too); False if the run
     was cancelled while it waited."""
     if cancel is None:
-        await admission.acquire(n, timeout)
+        await admission.acquire(n, timeout, claim)
         return True
     if cancel.cancelled:
         return False
     loop = asyncio.get_running_loop()
-    acquiring = asyncio.ensure_future(admission.acquire(n, timeout))
+    acquiring = asyncio.ensure_future(admission.acquire(n, timeout, claim))
     cancel.on_cancel(lambda: loop.call_soon_threadsafe(acquiring.cancel))
     try:
         await acquiring
@@ -34,7 +35,7 @@ async def admit(admission: AdmissionQueue, n: int, cancel: CancelToken | None, t
             return False
         raise
     if cancel.cancelled:  # granted in the same instant it was cancelled
-        admission.release(n)
+        admission.release(n, claim)
         return False
     return True
 

@@ -130,6 +130,8 @@ def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory
                                     disk_budget=settings.prompt_cache_disk_mb << 20))
     aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path), *spec.aliases}
     admission = AdmissionQueue(runner.n_seq_max, settings.max_waiting, settings.max_wait)
+    engine.scheduler.charge = admission.fair.charge  # the engine's work is what fair shares count
+    engine.preempt.on_pause = admission.fair.preempted
     return LocalModel(spec, runner, engine, template, card, admission, longest_token(runner), aliases,
                       tool_parser=resolve_parser(settings.tool_parser, template),
                       native_tools=knows_tools(template), late_system=renders_late_system(template),

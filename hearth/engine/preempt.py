@@ -1,0 +1,171 @@
+"""Preemption: a running request of a lower class pauses for a waiting one of a higher class,
+and resumes later with zero re-prefill.
+
+Engine thread only, at the step boundary (`Engine._step` calls `make_room` before admission
+and `resume` after it), so a paused request's KV is exactly its slot's `tokens` (the module
+invariant of residency.py), its candidate has its pending token sampled and emitted but not
+yet decoded, and nothing of a half-done step is in flight.
+
+Pause: the slot's KV is copied to host RAM with `Runner.state_get`, as an idle session's is
+when it leaves its slot (residency.py `_swap_out`), the slot is released (what it holds stays
+as a prefix for others, as any freed slot's does) and the request waits in `paused` with its
+sequence, sampler and pending token untouched; its stream stays open (the HTTP layer's
+heartbeats keep it alive), no token is emitted while it waits. Resume: a free slot gets the
+KV back with `Runner.state_set`, and decoding goes on from the pending token: the same
+sampler state, the same KV, so the output is the one an unpaused run gives (at temperature 0,
+and with a seed: the sampler's RNG is the sequence's own and was never touched).
+
+Who may be paused (`victim`): a stateless request (no session: a session's slot is its
+warm KV, which the session manager tracks), with one candidate, decoding (not prefilling:
+its prompt chunks would have to be re-scheduled), of a class strictly below the waiting
+one; the lowest class first, then the one admitted last. Or, for the first request of a
+tenant with nothing running, one of its own class from the tenant that runs the most, if
+that tenant runs several (fair shares: a tenant's one request does not wait behind another
+tenant's many for a slot to free). Who resumes: the highest class
+first, then the one paused first, into slots no admitted request waits for (admission
+(backends/local/admission.py) overcommits the slots only for a higher class and counts the
+paused requests as running, so resumes never crowd out what it admitted).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hearth.engine.fair_share import Priority
+from hearth.engine.kv import Slot, SlotTable
+from hearth.engine.residency import Residency
+from hearth.engine.runner import Runner
+from hearth.engine.scheduler import Scheduler
+from hearth.engine.sequence import ActiveRequest, Phase
+
+log = logging.getLogger("hearth.engine")
+
+
+@dataclass(slots=True)
+class Paused:
+    ar: ActiveRequest
+    tokens: list[int]  # what its slot's KV held
+    data: bytes  # that KV (Runner.state_get)
+    ns: str  # the slot's prompt-cache namespace
+    order: int
+
+
+def detached(seq_id: int) -> Slot:
+    """What a paused candidate's `slot` points at while it holds none: empty, busy, never in
+    the slot table (an abort that ends it offers nothing and frees nothing real)."""
+    return Slot(seq_id=seq_id, busy=True)
+
+
+class Preemptor:
+    def __init__(self, runner: Runner, slots: SlotTable, scheduler: Scheduler, residency: Residency) -> None:
+        self.runner = runner
+        self.slots = slots
+        self.scheduler = scheduler
+        self.residency = residency
+        self.paused: list[Paused] = []
+        self.on_pause: Callable[[str], None] | None = None  # (tenant): FairShare.preempted
+        self.pauses = 0
+        self.resumes = 0
+        self._order = 0
+
+    # ---- what the engine asks each step ----------------------------------------------------
+
+    def make_room(self) -> None:
+        """Before admission: order the waiting requests by class (stable: FCFS within one),
+        then pause running ones of a lower class until the first waiting request fits."""
+        sched = self.scheduler
+        if not sched.waiting:
+            return
+        if any(ar.req.priority != sched.waiting[0].req.priority for ar in sched.waiting):
+            sched.waiting = deque(sorted(sched.waiting, key=lambda ar: -ar.req.priority))
+        head = sched.waiting[0]
+        while head.req.n > self.slots.n_free:
+            victim = self.victim(head)
+            if victim is None:
+                return
+            self.pause(victim)
+
+    def victim(self, head: ActiveRequest) -> ActiveRequest | None:
+        """The running request to pause for `head`; None if none may be. A lower class first
+        (the lowest, then the one admitted last: the least far along); else, for a tenant with
+        nothing running, one of its class of the tenant running the most, if that one runs
+        several (fair shares: a tenant's first request does not wait for another's many)."""
+        running = self.scheduler.running
+        pausable = [ar for ar in running if ar.req.owner is None and ar.req.n == 1 and ar.phase is Phase.DECODE
+                    and len(ar.live_seqs()) == 1 and ar.req.priority <= head.req.priority]
+        lower = [ar for ar in pausable if ar.req.priority < head.req.priority]
+        if lower:
+            return min(lower, key=lambda ar: (ar.req.priority, -running.index(ar)))
+        counts = Counter(ar.req.tenant for ar in running)
+        if counts[head.req.tenant] or head.req.n != 1:
+            return None
+        hogs = [ar for ar in pausable if counts[ar.req.tenant] >= 2]
+        if not hogs:
+            return None
+        return max(hogs, key=lambda ar: (counts[ar.req.tenant], running.index(ar)))
+
+    def pause(self, ar: ActiveRequest) -> None:
+        seq = ar.seqs[0]
+        slot = seq.slot
+        data = self.runner.state_get(slot.seq_id)
+        self._order += 1
+        self.paused.append(Paused(ar, list(slot.tokens), data, slot.ns, self._order))
+        self.scheduler.running.remove(ar)
+        self.slots.release(slot)
+        seq.slot = detached(slot.seq_id)
+        seq.draft = []
+        ar.phase = Phase.WAITING
+        self.pauses += 1
+        if self.on_pause is not None:
+            self.on_pause(ar.req.tenant)
+        log.debug("paused %s (class %d) at %d tokens", ar.request_id, ar.req.priority, len(data))
+
+    def resume(self) -> None:
+        """After admission: bring paused requests back into the free slots that the admitted
+        requests still waiting (a session turn behind its running one) leave, best class first."""
+        while self.paused and self.slots.n_free > sum(ar.req.n for ar in self.scheduler.waiting):
+            p = min(self.paused, key=lambda p: (-p.ar.req.priority, p.order))
+            self.paused.remove(p)
+            self._restore(p)
+
+    def _restore(self, p: Paused) -> None:
+        ar, seq = p.ar, p.ar.seqs[0]
+        placement = self.slots.acquire(p.tokens, 1, False, None, None, p.ns)
+        self.residency.evict(placement)
+        slot = placement.slots[0]
+        slot.owner, slot.key, slot.ns = None, None, p.ns
+        self.runner.kv_remove(slot.seq_id, 0, -1)
+        self.runner.state_set(slot.seq_id, p.data)
+        slot.tokens[:] = p.tokens
+        seq.slot = slot
+        ar.phase = Phase.DECODE
+        self.scheduler.running.append(ar)
+        self.resumes += 1
+
+    # ---- ends ---------------------------------------------------------------------------
+
+    def find(self, request_id: str) -> ActiveRequest | None:
+        return next((p.ar for p in self.paused if p.ar.request_id == request_id), None)
+
+    def by_class(self) -> dict[str, int]:
+        """Paused requests per class name; a racy read from any thread, for reporting."""
+        out: dict[str, int] = {}
+        for p in list(self.paused):
+            name = Priority(p.ar.req.priority).tier
+            out[name] = out.get(name, 0) + 1
+        return out
+
+    def drain(self) -> list[ActiveRequest]:
+        """Every paused request (the engine fails them all after a failed step)."""
+        return [p.ar for p in self.paused]
+
+    def forget(self, ar: ActiveRequest) -> bool:
+        """A paused request ended (aborted, or the engine failed): drop its saved KV."""
+        for p in self.paused:
+            if p.ar is ar:
+                self.paused.remove(p)
+                return True
+        return False
