@@ -135,6 +135,8 @@ class Settings:
     metrics_public: bool = False
     insecure: bool = False
     cors_origins: list[str] = field(default_factory=lambda: [LOOPBACK])  # api/http/cors.py; []: off
+    # observability
+    usage_ledger: bool = True  # one row per request in data_dir/usage.db (hearth.observability.ledger)
 
     def __post_init__(self) -> None:
         if not 1 <= self.parallel <= 256:

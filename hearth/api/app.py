@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
@@ -24,6 +25,7 @@ from hearth.api import (
     prompt_cache,
     sessions,
     snapshots,
+    usage,
     web,
 )
 from hearth.api.anthropic import messages
@@ -32,7 +34,7 @@ from hearth.api.http.auth import AuthMiddleware
 from hearth.api.http.cancels import CancelRegistry
 from hearth.api.http.cors import CorsMiddleware
 from hearth.api.http.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
-from hearth.api.http.key_usage import KeyAccounts, KeyLimitMiddleware, KeyUsageCollector
+from hearth.api.http.key_usage import WINDOW, KeyAccounts, KeyLimitMiddleware, KeyUsageCollector
 from hearth.api.http.sse import ClientGone
 from hearth.api.ollama import embed as ollama_embed
 from hearth.api.ollama.routes import routes as ollama_routes
@@ -42,6 +44,7 @@ from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings
 from hearth.errors import HearthError
+from hearth.observability.ledger import Ledger, LedgerCollector
 from hearth.observability.logging import RequestIdMiddleware, note_error
 from hearth.observability.metrics import Metrics
 from hearth.sessions.backend import SessionBackend
@@ -90,10 +93,16 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
     metrics.cancels_pending.set_function(lambda: cancels.pending)
     accounts = KeyAccounts(settings.keyring)
     metrics.registry.register(KeyUsageCollector(accounts))
+    ledger = Ledger(settings.data_dir / "usage.db") if settings.usage_ledger else None
+    if ledger is not None:
+        metrics.registry.register(LedgerCollector(ledger))
+        if settings.keyring:  # the keys' usage survives a restart
+            wall = time.time()
+            accounts.restore(ledger.per_key(wall - WINDOW), wall)
     context = NodeContext(backend=SessionBackend(backend, manager), sessions=manager, settings=settings,
                           cancels=cancels, metrics=metrics,
                           responses=ResponseStore(settings.data_dir / "hearth.db"), responses_settled={},
-                          background=BackgroundRuns(), keys=accounts)
+                          background=BackgroundRuns(), keys=accounts, ledger=ledger)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -107,6 +116,8 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
             await context.background.shutdown()  # before the backend stops: each run records its end
             await backend.stop()
             manager.close()
+            if ledger is not None:
+                ledger.close()  # after the backend: every run's row is queued
 
     routes = [
         Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
@@ -145,6 +156,7 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/admin/prompt-cache", prompt_cache.clear, methods=["DELETE"]),
         Route("/admin/prompt-cache/entries", prompt_cache.entries, methods=["GET"]),
         Route("/admin/keys/usage", keys.usage, methods=["GET"]),
+        Route("/admin/usage", usage.usage, methods=["GET"]),
         Route("/v1/cancel", control.cancel, methods=["POST"]),
         Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
         Route("/embeddings", embeddings.embeddings, methods=["POST"]),

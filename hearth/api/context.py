@@ -22,6 +22,7 @@ from hearth.api.openai.responses_events import BackgroundRuns
 from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings
+from hearth.observability.ledger import Ledger
 from hearth.observability.metrics import Metrics
 from hearth.sessions.manager import SessionManager
 
@@ -38,6 +39,7 @@ class NodeContext:
     responses_settled: dict[str, asyncio.Event]
     background: BackgroundRuns  # background responses: their runs and their recorded events
     keys: KeyAccounts  # usage and limits per API key
+    ledger: Ledger | None = None  # one row per request (None: off, `--no-usage-ledger`)
 
 
 def node_of(app: Starlette) -> NodeContext:

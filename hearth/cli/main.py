@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from hearth import __version__
-from hearth.cli import cache, chat, docs, gateway, keys, launch, models, ps, server, sessions, snapshots
+from hearth.cli import cache, chat, docs, gateway, keys, launch, models, ps, server, sessions, snapshots, usage
 from hearth.cli.common import CorsOpt, InsecureOpt, RequireKeyOpt, required_keys
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
@@ -26,6 +26,7 @@ app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options"
     launch.launch)
 app.command()(docs.docs)
 app.command()(ps.ps)
+app.command(name="usage")(usage.usage_command)
 
 
 def _version(value: bool) -> None:
@@ -125,6 +126,9 @@ def serve(
     cors_origins: CorsOpt = "loopback",
     data_dir: Annotated[str | None, typer.Option(
         envvar="HEARTH_HOME", help="Sessions, snapshots, swapped KV and stored responses live here.")] = None,
+    usage_ledger: Annotated[bool, typer.Option(
+        "--usage-ledger/--no-usage-ledger", envvar="HEARTH_USAGE_LEDGER",
+        help="Keep one row per request in DATA_DIR/usage.db (GET /admin/usage, hearth usage).")] = True,
     session_ram_mb: Annotated[int, typer.Option(
         envvar="HEARTH_SESSION_RAM_MB", help="Host RAM for swapped-out session KV; more spills to disk.")] = 2048,
     prompt_cache_mb: Annotated[int, typer.Option(
@@ -177,6 +181,7 @@ def serve(
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
                             prompt_cache_mb=prompt_cache_mb,
                             prompt_cache_disk_mb=prompt_cache_disk_mb, cors_origins=parse_origins(cors_origins),
+                            usage_ledger=usage_ledger,
                             data_dir=Path(data_dir).expanduser() if data_dir else default_data_dir())
         specs = [resolve_model(m) for m in settings.models]
         ids = [s.id for s in specs]

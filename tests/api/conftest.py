@@ -79,6 +79,8 @@ async def serve(tmp_path: Path, backend: Backend | None = None, runner: Scripted
         await node_of(app).background.shutdown()  # as the app's lifespan does, before the backend stops
         await backend.stop()
         node_of(app).sessions.close()
+        if (ledger := node_of(app).ledger) is not None:
+            ledger.close()
 
 
 @pytest.fixture

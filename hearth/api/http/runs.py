@@ -4,6 +4,7 @@ it for metrics, and undo all of that on every path."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
@@ -16,25 +17,32 @@ from hearth.api.http.auth import caller
 from hearth.api.http.cache_keys import conversation_key
 from hearth.api.http.cancels import CancelRegistry, Run
 from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
+from hearth.api.http.usage_tap import UsageTap
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatEvent, ChatRequest, Done, Finish, Started, Usage
 from hearth.config import Settings
 from hearth.errors import BadRequest, HearthError
 from hearth.observability.metrics import RequestTimer
+from hearth.tenants import Caller
 
 
 class Generation:
     def __init__(self, run: Run, events: EventStream, timer: RequestTimer, registry: CancelRegistry,
-                 heartbeat: float | None = None) -> None:
+                 heartbeat: float | None = None, tap: UsageTap | None = None) -> None:
         self.run, self.events, self.timer, self._registry = run, events, timer, registry
         self.heartbeat = heartbeat
+        self._tap = tap
         events.observe(timer)
+        if tap is not None:
+            events.observe(tap)
         events.on_close(self._finish)
 
     def _finish(self) -> None:
         self._registry.close(self.run)
         self.timer.done(self.run.token.reason)
+        if self._tap is not None:
+            self._tap.close(self.run.token, self.timer)
 
     def disconnected(self) -> None:
         self.run.token.cancel("disconnect")
@@ -63,13 +71,25 @@ def time_cap(settings: Settings, asked: float | None, param: str = "timeout") ->
     return asked
 
 
+def tap(ctx: NodeContext, who: Caller, endpoint: str, model: str | None, ids: Iterable[str]) -> UsageTap | None:
+    """The run's usage-ledger row (None: the node keeps no ledger)."""
+    if ctx.ledger is None:
+        return None
+    with contextlib.suppress(HearthError):  # a model still loading (`opened_later`): the name as asked
+        model = ctx.backend.resolve(model)  # the default model by its id
+    return UsageTap(ctx.ledger, who, endpoint, model, next(iter(ids), ""))
+
+
 async def start(request: Request, endpoint: str, open_stream: Callable[[CancelToken], Awaitable[EventStream]], *,
-                cancel_id: str | None = None, session_id: str | None = None, ids: Iterable[str] = ()) -> Generation:
+                cancel_id: str | None = None, session_id: str | None = None, ids: Iterable[str] = (),
+                model: str | None = None) -> Generation:
     """Register the run, then call `open_stream(token)` (validation and the wait for a slot)
-    while watching for a disconnect; a client that leaves while queued leaves the queue."""
+    while watching for a disconnect; a client that leaves while queued leaves the queue.
+    `model` (as asked) and the first of `ids` go to the usage ledger."""
     arrived = time.monotonic()
     ctx = node(request)
     registry, metrics = ctx.cancels, ctx.metrics
+    ids = list(ids)
     run = registry.open(cancel_id=cancel_id, session_id=session_id, ids=ids, owner=caller(request).tenant)
     timer = metrics.timer(endpoint, arrived)
     try:
@@ -82,7 +102,8 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
             metrics.cancellations.labels(run.token.reason).inc()
         raise
     timer.admitted_now()
-    return Generation(run, events, timer, registry, ctx.settings.sse_heartbeat)
+    return Generation(run, events, timer, registry, ctx.settings.sse_heartbeat,
+                      tap(ctx, caller(request), endpoint, model, ids))
 
 
 def keyed(request: Request, creq: ChatRequest) -> ChatRequest:
@@ -109,7 +130,9 @@ async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run
             ctx.metrics.cancellations.labels(run.token.reason).inc()
         raise
     timer.admitted_now()
-    return Generation(run, events, timer, ctx.cancels, ctx.settings.sse_heartbeat)
+    who = Caller(tenant or run.owner, key_name, via_gateway=tenant is not None)
+    return Generation(run, events, timer, ctx.cancels, ctx.settings.sse_heartbeat,
+                      tap(ctx, who, endpoint, creq.model, [creq.request_id]))
 
 
 async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_id: str | None,
@@ -121,7 +144,7 @@ async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_
     first starts at once (`opened_later`)."""
     ctx = node(request)
     creq = keyed(request, creq)
-    registered: dict[str, Any] = {"cancel_id": cancel_id, "ids": [creq.request_id],
+    registered: dict[str, Any] = {"cancel_id": cancel_id, "ids": [creq.request_id], "model": creq.model,
                                   # as stored: a tenant's ids are its namespace (hearth.tenants)
                                   "session_id": caller(request).session_key(creq.session.session_id)
                                   if creq.session else None}
@@ -150,6 +173,8 @@ def opened_later(request: Request, endpoint: str, open_stream: Callable[[CancelT
     failed load, a context overflow) arrives as the stream's error event instead: the status
     line is already sent."""
     ctx, who = node(request), caller(request)
+    registered = dict(registered)
+    model = registered.pop("model", None)
     run = ctx.cancels.open(**registered, owner=who.tenant)  # the caller's to cancel, as in `start`
     timer = ctx.metrics.timer(endpoint, time.monotonic())
     observer = ctx.keys.observer(who.key_name)
@@ -176,4 +201,5 @@ def opened_later(request: Request, endpoint: str, open_stream: Callable[[CancelT
         finally:
             await inner.aclose()
 
-    return Generation(run, EventStream(events()), timer, ctx.cancels, ctx.settings.sse_heartbeat)
+    return Generation(run, EventStream(events()), timer, ctx.cancels, ctx.settings.sse_heartbeat,
+                      tap(ctx, who, endpoint, model, registered.get("ids", ())))
