@@ -137,6 +137,8 @@ class Settings:
     cors_origins: list[str] = field(default_factory=lambda: [LOOPBACK])  # api/http/cors.py; []: off
     # observability
     usage_ledger: bool = True  # one row per request in data_dir/usage.db (hearth.observability.ledger)
+    otlp_endpoint: str | None = None  # OTLP/HTTP collector for traces (also OTEL_EXPORTER_OTLP_*); None: off
+    trace_content: bool = False  # prompts and answers in spans
 
     def __post_init__(self) -> None:
         if not 1 <= self.parallel <= 256:

@@ -47,6 +47,7 @@ from hearth.errors import HearthError
 from hearth.observability.ledger import Ledger, LedgerCollector
 from hearth.observability.logging import RequestIdMiddleware, note_error
 from hearth.observability.metrics import Metrics
+from hearth.observability.tracing import Tracing, configured_endpoint, otlp_processor
 from hearth.sessions.backend import SessionBackend
 from hearth.sessions.manager import SessionManager
 
@@ -82,10 +83,13 @@ def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncC
     )
 
 
-def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
+def create_app(backend: Backend, settings: Settings | None = None, tracing: Tracing | None = None) -> Starlette:
     """The HTTP server over any backend: it sees only the contract in `hearth.backends.base`.
-    Every route reads what it needs from the one `NodeContext` built here (`hearth.api.context`)."""
+    Every route reads what it needs from the one `NodeContext` built here (`hearth.api.context`).
+    Traces go to `tracing` (tests), else over OTLP when the settings or OTEL_EXPORTER_OTLP_* say so."""
     settings = settings or Settings()
+    if tracing is None and configured_endpoint(settings.otlp_endpoint) is not None:
+        tracing = Tracing(otlp_processor(settings.otlp_endpoint), settings.trace_content)
     metrics = Metrics(backend)
     manager = SessionManager(backend, settings.data_dir)
     cancels = CancelRegistry()
@@ -102,7 +106,8 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
     context = NodeContext(backend=SessionBackend(backend, manager), sessions=manager, settings=settings,
                           cancels=cancels, metrics=metrics,
                           responses=ResponseStore(settings.data_dir / "hearth.db"), responses_settled={},
-                          background=BackgroundRuns(), keys=accounts, ledger=ledger)
+                          background=BackgroundRuns(), keys=accounts, ledger=ledger,
+                          tracing=tracing)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -118,6 +123,8 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
             manager.close()
             if ledger is not None:
                 ledger.close()  # after the backend: every run's row is queued
+            if tracing is not None:
+                tracing.shutdown()  # exports what is still batched
 
     routes = [
         Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),

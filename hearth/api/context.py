@@ -24,6 +24,7 @@ from hearth.backends.base import Backend
 from hearth.config import Settings
 from hearth.observability.ledger import Ledger
 from hearth.observability.metrics import Metrics
+from hearth.observability.tracing import Tracing
 from hearth.sessions.manager import SessionManager
 
 
@@ -40,6 +41,7 @@ class NodeContext:
     background: BackgroundRuns  # background responses: their runs and their recorded events
     keys: KeyAccounts  # usage and limits per API key
     ledger: Ledger | None = None  # one row per request (None: off, `--no-usage-ledger`)
+    tracing: Tracing | None = None  # OpenTelemetry spans per request (None: off, the default)
 
 
 def node_of(app: Starlette) -> NodeContext:

@@ -85,9 +85,9 @@ async def run_embed(request: Request, endpoint: str, req: EmbedRequest) -> Embed
     ctx.metrics.e2e.labels(endpoint).observe(time.monotonic() - arrived)
     ctx.metrics.embedded_inputs.labels(endpoint).inc(len(result.vectors))
     ctx.metrics.embedded_tokens.labels(endpoint).inc(result.prompt_tokens)
-    if ctx.ledger is not None:
-        record_embedding(ctx.ledger, caller(request), endpoint, result.model, req.request_id or "",
-                         result.prompt_tokens, arrived)
+    if ctx.ledger is not None or ctx.tracing is not None:
+        record_embedding(ctx.ledger, ctx.tracing, caller(request), endpoint, result.model, req.request_id or "",
+                         result.prompt_tokens, arrived, request.headers.get("traceparent"))
     return result
 
 

@@ -129,6 +129,13 @@ def serve(
     usage_ledger: Annotated[bool, typer.Option(
         "--usage-ledger/--no-usage-ledger", envvar="HEARTH_USAGE_LEDGER",
         help="Keep one row per request in DATA_DIR/usage.db (GET /admin/usage, hearth usage).")] = True,
+    otlp_endpoint: Annotated[str | None, typer.Option(
+        envvar="HEARTH_OTLP_ENDPOINT",
+        help="Export OpenTelemetry traces over OTLP/HTTP to this collector (e.g. http://localhost:4318); "
+             "the standard OTEL_EXPORTER_OTLP_* variables work too. Off by default.")] = None,
+    trace_content: Annotated[bool, typer.Option(
+        envvar="HEARTH_TRACE_CONTENT", help="Put prompts and answers in the spans (off: counts and times only).")
+    ] = False,
     session_ram_mb: Annotated[int, typer.Option(
         envvar="HEARTH_SESSION_RAM_MB", help="Host RAM for swapped-out session KV; more spills to disk.")] = 2048,
     prompt_cache_mb: Annotated[int, typer.Option(
@@ -181,7 +188,7 @@ def serve(
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
                             prompt_cache_mb=prompt_cache_mb,
                             prompt_cache_disk_mb=prompt_cache_disk_mb, cors_origins=parse_origins(cors_origins),
-                            usage_ledger=usage_ledger,
+                            usage_ledger=usage_ledger, otlp_endpoint=otlp_endpoint, trace_content=trace_content,
                             data_dir=Path(data_dir).expanduser() if data_dir else default_data_dir())
         specs = [resolve_model(m) for m in settings.models]
         ids = [s.id for s in specs]

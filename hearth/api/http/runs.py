@@ -17,7 +17,7 @@ from hearth.api.http.auth import caller
 from hearth.api.http.cache_keys import conversation_key
 from hearth.api.http.cancels import CancelRegistry, Run
 from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
-from hearth.api.http.usage_tap import UsageTap
+from hearth.api.http.usage_tap import UsageTap, trace_input
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatEvent, ChatRequest, Done, Finish, Started, Usage
@@ -51,6 +51,8 @@ class Generation:
                ) -> EventStreamResponse:
         """The SSE response: its headers go out now (the run is admitted), then `chunks`, with
         `beat` whenever the stream has been silent for the server's heartbeat interval."""
+        if self._tap is not None:
+            self._tap.streamed = time.monotonic()
         return EventStreamResponse(chunks, headers, close=self.events.aclose, on_disconnect=self.disconnected,
                                    heartbeat=self.heartbeat, beat=beat)
 
@@ -71,18 +73,20 @@ def time_cap(settings: Settings, asked: float | None, param: str = "timeout") ->
     return asked
 
 
-def tap(ctx: NodeContext, who: Caller, endpoint: str, model: str | None, ids: Iterable[str]) -> UsageTap | None:
-    """The run's usage-ledger row (None: the node keeps no ledger)."""
-    if ctx.ledger is None:
+def tap(ctx: NodeContext, who: Caller, endpoint: str, model: str | None, ids: Iterable[str],
+        headers: Any = None, creq: ChatRequest | None = None) -> UsageTap | None:
+    """The run's usage-ledger row and trace (None: the node keeps no ledger and traces nothing)."""
+    if ctx.ledger is None and ctx.tracing is None:
         return None
     with contextlib.suppress(HearthError):  # a model still loading (`opened_later`): the name as asked
         model = ctx.backend.resolve(model)  # the default model by its id
-    return UsageTap(ctx.ledger, who, endpoint, model, next(iter(ids), ""))
+    return UsageTap(ctx.ledger, ctx.tracing, who, endpoint, model, next(iter(ids), ""),
+                    trace_input(ctx.tracing, headers, creq))
 
 
 async def start(request: Request, endpoint: str, open_stream: Callable[[CancelToken], Awaitable[EventStream]], *,
                 cancel_id: str | None = None, session_id: str | None = None, ids: Iterable[str] = (),
-                model: str | None = None) -> Generation:
+                model: str | None = None, creq: ChatRequest | None = None) -> Generation:
     """Register the run, then call `open_stream(token)` (validation and the wait for a slot)
     while watching for a disconnect; a client that leaves while queued leaves the queue.
     `model` (as asked) and the first of `ids` go to the usage ledger."""
@@ -103,7 +107,7 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
         raise
     timer.admitted_now()
     return Generation(run, events, timer, registry, ctx.settings.sse_heartbeat,
-                      tap(ctx, caller(request), endpoint, model, ids))
+                      tap(ctx, caller(request), endpoint, model, ids, request.headers, creq))
 
 
 def keyed(request: Request, creq: ChatRequest) -> ChatRequest:
@@ -132,7 +136,7 @@ async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run
     timer.admitted_now()
     who = Caller(tenant or run.owner, key_name, via_gateway=tenant is not None)
     return Generation(run, events, timer, ctx.cancels, ctx.settings.sse_heartbeat,
-                      tap(ctx, who, endpoint, creq.model, [creq.request_id]))
+                      tap(ctx, who, endpoint, creq.model, [creq.request_id], None, creq))
 
 
 async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_id: str | None,
@@ -150,9 +154,9 @@ async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_
                                   if creq.session else None}
     if stream and must_load(ctx.backend, creq.model):
         return opened_later(request, endpoint, lambda token: ctx.backend.chat(replace(creq, cancel=token)), creq.n,
-                            registered)
+                            registered, creq)
     return await start(request, endpoint, lambda token: ctx.backend.chat(replace(creq, cancel=token)),
-                       **registered)
+                       **registered, creq=creq)
 
 
 def must_load(backend: Backend, model: str | None) -> bool:
@@ -161,7 +165,7 @@ def must_load(backend: Backend, model: str | None) -> bool:
 
 
 def opened_later(request: Request, endpoint: str, open_stream: Callable[[CancelToken], Awaitable[EventStream]],
-                 n: int, registered: dict[str, Any]) -> Generation:
+                 n: int, registered: dict[str, Any], creq: ChatRequest | None = None) -> Generation:
     """A stream whose model is not loaded: its response starts now, so its headers, its opening
     event (each protocol's answer to `Started`: the role chunk, message_start, the first
     completion chunk; Responses sends response.created before any event) and heartbeats go
@@ -202,4 +206,4 @@ def opened_later(request: Request, endpoint: str, open_stream: Callable[[CancelT
             await inner.aclose()
 
     return Generation(run, EventStream(events()), timer, ctx.cancels, ctx.settings.sse_heartbeat,
-                      tap(ctx, who, endpoint, model, registered.get("ids", ())))
+                      tap(ctx, who, endpoint, model, registered.get("ids", ()), request.headers, creq))
