@@ -44,6 +44,7 @@ from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings
 from hearth.errors import HearthError
+from hearth.observability.journal import Journal
 from hearth.observability.ledger import Ledger, LedgerCollector
 from hearth.observability.logging import RequestIdMiddleware, note_error
 from hearth.observability.metrics import Metrics
@@ -103,11 +104,13 @@ def create_app(backend: Backend, settings: Settings | None = None, tracing: Trac
         if settings.keyring:  # the keys' usage survives a restart
             wall = time.time()
             accounts.restore(ledger.per_key(wall - WINDOW), wall)
+    journal = Journal(settings.data_dir, settings.journal_max_age, settings.journal_max_mb << 20) \
+        if settings.journal else None
     context = NodeContext(backend=SessionBackend(backend, manager), sessions=manager, settings=settings,
                           cancels=cancels, metrics=metrics,
                           responses=ResponseStore(settings.data_dir / "hearth.db"), responses_settled={},
                           background=BackgroundRuns(), keys=accounts, ledger=ledger,
-                          tracing=tracing)
+                          tracing=tracing, journal=journal)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -125,6 +128,8 @@ def create_app(backend: Backend, settings: Settings | None = None, tracing: Trac
                 ledger.close()  # after the backend: every run's row is queued
             if tracing is not None:
                 tracing.shutdown()  # exports what is still batched
+            if journal is not None:
+                journal.close()
 
     routes = [
         Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
@@ -164,6 +169,7 @@ def create_app(backend: Backend, settings: Settings | None = None, tracing: Trac
         Route("/admin/prompt-cache/entries", prompt_cache.entries, methods=["GET"]),
         Route("/admin/keys/usage", keys.usage, methods=["GET"]),
         Route("/admin/usage", usage.usage, methods=["GET"]),
+        Route("/admin/journal/{request_id}", usage.journal_record, methods=["GET"]),
         Route("/v1/cancel", control.cancel, methods=["POST"]),
         Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
         Route("/embeddings", embeddings.embeddings, methods=["POST"]),

@@ -156,6 +156,8 @@ def _ops() -> list[Operation]:
                          "until": "Before (unix seconds or ISO 8601)",
                          "group": "Sum by day, key, model, tenant (comma-separated; empty: one total)",
                          "limit": "Rows at most (1 to 100000; default 1000)"}),
+        Operation("GET", "/admin/journal/{request_id}", "A journaled request and its answer (--journal)", "control",
+                  wire.JournalRecord, errors=(401, 404), params={"request_id": "The answer's id"}),
         Operation("POST", "/v1/cancel", "Cancel runs by cancel_id, session or id", "control", wire.Cancelled,
                   CancelIn),
         Operation("GET", "/v1/models", "List models", "control", wire.ModelList, errors=(401, 503)),

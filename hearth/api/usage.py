@@ -61,3 +61,18 @@ async def usage(request: Request) -> Response:
     limit = int(limit_text)
     data = await asyncio.to_thread(lambda: (ledger.flush(1.0), ledger.rows(f, limit))[1])
     return JSONResponse({"object": "list", "data": data})
+
+
+async def journal_record(request: Request) -> Response:
+    """`GET /admin/journal/{request_id}`: a journaled request's body and answer (docs/api.md,
+    "Usage ledger"; `hearth replay`). The caller's tenant's own, or any for the admin; another
+    tenant's record is the same 404 as a missing one."""
+    ctx, who = node(request), caller(request)
+    if ctx.journal is None:
+        raise NotFound("this node keeps no journal (start it with --journal)")
+    journal = ctx.journal
+    rid = request.path_params["request_id"]
+    entry = await asyncio.to_thread(lambda: (journal.flush(1.0), journal.get(rid))[1])
+    if entry is None or not who.sees(entry["owner"]):
+        raise NotFound(f"no journal record {rid!r}")
+    return JSONResponse({k: v for k, v in entry.items() if k != "owner"})

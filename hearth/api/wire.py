@@ -486,6 +486,26 @@ class UsageSum(_Own):
     cancelled: int
 
 
+class JournalAnswer(_Own):
+    text: str
+    tool_calls: list[dict[str, str]]
+    finish_reason: str | None
+    prompt_tokens: int
+    generated_tokens: int
+
+
+class JournalRecord(_Own):
+    """A journaled request (hearth.observability.journal): its body as received, its answer."""
+
+    id: str
+    at: float
+    endpoint: str
+    path: str
+    model: str
+    request: dict[str, Any]
+    answer: JournalAnswer
+
+
 class UsageList(_Own):
     object: Literal["list"]
     group: list[str] | None = None  # present: `data` holds sums

@@ -1,11 +1,15 @@
-"""Usage ledger and traces through a real server and the real model: spans reach a real OTLP/HTTP
-receiver (tests/helpers/otlp.py decodes the protobuf) with the client's trace continued; the
-ledger's rows match the answers and a disconnected stream's row counts what it generated."""
+"""Usage ledger, traces and replay through a real server and the real model: spans reach a real
+OTLP/HTTP receiver (tests/helpers/otlp.py decodes the protobuf) with the client's trace
+continued; the ledger's rows match the answers and a disconnected stream's row counts what it
+generated; `hearth replay` finds a temperature-0 answer identical."""
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,7 +38,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterato
     keys = tmp / "keys"
     keys.write_text("k-alice name=alice tenant=team-a\nk-bob name=bob tenant=team-b\n")
     s = start_server(tmp, "--api-key-file", str(keys), "--admin-key", ADMIN, "--parallel", "2", "--ctx", "2048",
-                     "--otlp-endpoint", receiver.url, env={"OTEL_BSP_SCHEDULE_DELAY": "50"})
+                     "--otlp-endpoint", receiver.url, "--journal", env={"OTEL_BSP_SCHEDULE_DELAY": "50"})
     yield s
     stop_server(s)
 
@@ -93,3 +97,21 @@ def test_the_ledger_matches_the_answers_and_a_disconnected_stream(srv: Server) -
     # the tenant's own view
     mine = httpx.get(f"{srv.url}/admin/usage", headers=ALICE, timeout=10).json()["data"]
     assert {x["tenant"] for x in mine} == {"team-a"}
+
+
+def test_replay_is_identical_at_temperature_0(srv: Server) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    ids = []
+    for body in (chat(max_tokens=24), chat(max_tokens=24, stream=True), {**chat(max_tokens=64), "tools": tools}):
+        r = httpx.post(f"{srv.base_url}/chat/completions", json=body, headers=ALICE, timeout=120)
+        assert r.status_code == 200, r.text
+        ids.append(r.text.split('"id":"', 1)[1].split('"', 1)[0])
+    env = {**os.environ, "HEARTH_API_KEY": "k-alice"}  # the tenant's own key reads its own records
+    for rid in ids:
+        out = subprocess.run([sys.executable, "-m", "hearth.cli.main", "replay", rid, "--url", srv.url],
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0 and out.stdout.startswith(f"identical: {rid}"), out.stdout + out.stderr
+    other = subprocess.run([sys.executable, "-m", "hearth.cli.main", "replay", ids[0], "--url", srv.url],
+                           capture_output=True, text=True, env={**os.environ, "HEARTH_API_KEY": "k-bob"}, timeout=60)
+    assert other.returncode != 0 and "404" in other.stderr + other.stdout  # another tenant's record

@@ -40,7 +40,9 @@ OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
 ADMIN_PREFIX = "/admin/"  # every path under it needs the admin key (when one is set)
 CALLER = "hearth.caller"  # the scope key the middleware records the caller under
 FLEET_PREFIX = "/admin/fleet/"
-TENANT_READABLE = ("/admin/usage",)  # under /admin/, readable by any key: the handler scopes it to its tenant
+# Under /admin/, readable by any key: the handlers scope them to the caller's tenant.
+TENANT_READABLE = ("/admin/usage",)
+TENANT_READABLE_PREFIXES = ("/admin/journal/",)
 
 
 def join_path(method: str, path: str) -> bool:
@@ -121,8 +123,8 @@ class AuthMiddleware:
             return Unauthorized("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None
                                 else "invalid API key")
         # every DELETE is destructive; /admin/ shows other clients' state (docs/api.md)
-        needs_admin = method == "DELETE" or (path.startswith(ADMIN_PREFIX)
-                                             and not (method == "GET" and path in TENANT_READABLE))
+        scoped = method == "GET" and (path in TENANT_READABLE or path.startswith(TENANT_READABLE_PREFIXES))
+        needs_admin = method == "DELETE" or (path.startswith(ADMIN_PREFIX) and not scoped)
         if needs_admin and self.admin_key and not matches(key, [self.admin_key]):
             return Forbidden("this operation needs the admin key")
         return None

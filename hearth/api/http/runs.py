@@ -74,14 +74,18 @@ def time_cap(settings: Settings, asked: float | None, param: str = "timeout") ->
 
 
 def tap(ctx: NodeContext, who: Caller, endpoint: str, model: str | None, ids: Iterable[str],
-        headers: Any = None, creq: ChatRequest | None = None) -> UsageTap | None:
-    """The run's usage-ledger row and trace (None: the node keeps no ledger and traces nothing)."""
-    if ctx.ledger is None and ctx.tracing is None:
+        request: Request | None = None, creq: ChatRequest | None = None) -> UsageTap | None:
+    """The run's usage-ledger row, trace and journal record (None: the node keeps no ledger,
+    traces nothing and keeps no journal). A run no client sent (`request` None) is not journaled."""
+    if ctx.ledger is None and ctx.tracing is None and ctx.journal is None:
         return None
+    body = getattr(request, "_body", None)  # read and cached by the handler (api/http/body.py)
+    journal = (ctx.journal, request.url.path, body) if ctx.journal is not None and request is not None \
+        and isinstance(body, bytes) else None
     with contextlib.suppress(HearthError):  # a model still loading (`opened_later`): the name as asked
         model = ctx.backend.resolve(model)  # the default model by its id
     return UsageTap(ctx.ledger, ctx.tracing, who, endpoint, model, next(iter(ids), ""),
-                    trace_input(ctx.tracing, headers, creq))
+                    trace_input(ctx.tracing, request.headers if request is not None else None, creq), journal)
 
 
 async def start(request: Request, endpoint: str, open_stream: Callable[[CancelToken], Awaitable[EventStream]], *,
@@ -107,7 +111,7 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
         raise
     timer.admitted_now()
     return Generation(run, events, timer, registry, ctx.settings.sse_heartbeat,
-                      tap(ctx, caller(request), endpoint, model, ids, request.headers, creq))
+                      tap(ctx, caller(request), endpoint, model, ids, request, creq))
 
 
 def keyed(request: Request, creq: ChatRequest) -> ChatRequest:
@@ -206,4 +210,4 @@ def opened_later(request: Request, endpoint: str, open_stream: Callable[[CancelT
             await inner.aclose()
 
     return Generation(run, EventStream(events()), timer, ctx.cancels, ctx.settings.sse_heartbeat,
-                      tap(ctx, who, endpoint, model, registered.get("ids", ()), request.headers, creq))
+                      tap(ctx, who, endpoint, model, registered.get("ids", ()), request, creq))

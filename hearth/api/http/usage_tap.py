@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatEvent, ChatRequest, Done, Finish, ReasoningDelta, Started, TextDelta, ToolCallDelta
+from hearth.observability.journal import Entry, Journal
 from hearth.observability.ledger import Ledger, UsageRecord
 from hearth.observability.metrics import RequestTimer
 from hearth.observability.tracing import RunTrace, Tracing
@@ -32,12 +34,13 @@ def operation(endpoint: str) -> str:
 
 
 class UsageTap:
-    __slots__ = ("cached", "delivered", "done", "endpoint", "events", "finish", "ledger", "model", "output",
-                 "prompt", "request_id", "steps", "streamed", "tool_calls", "tool_first", "tool_last", "trace_in",
-                 "tracing", "who")
+    __slots__ = ("cached", "calls", "delivered", "done", "endpoint", "events", "finish", "journal", "ledger", "model",
+                 "output", "prompt", "request_id", "steps", "streamed", "tool_calls", "tool_first", "tool_last",
+                 "trace_in", "tracing", "who")
 
     def __init__(self, ledger: Ledger | None, tracing: Tracing | None, who: Caller, endpoint: str,
-                 model: str | None, request_id: str, trace_in: RunTrace | None = None) -> None:
+                 model: str | None, request_id: str, trace_in: RunTrace | None = None,
+                 journal: tuple[Journal, str, bytes] | None = None) -> None:
         self.ledger, self.tracing, self.who, self.endpoint = ledger, tracing, who, endpoint
         self.model, self.request_id = model or "", request_id
         self.trace_in = trace_in  # what the request said that its trace shows (tracing on only)
@@ -47,7 +50,10 @@ class UsageTap:
         self.streamed: float | None = None
         self.tool_first: float | None = None
         self.tool_last: float | None = None
-        self.output: list[str] | None = [] if tracing is not None and tracing.content else None
+        self.journal = journal  # the journal, the request's path and body (--journal only)
+        self.output: list[str] | None = [] if journal is not None or (tracing is not None and tracing.content) \
+            else None
+        self.calls: list[dict[str, str]] | None = [] if journal is not None else None
 
     def __call__(self, ev: ChatEvent) -> None:
         self.events += 1
@@ -55,10 +61,15 @@ class UsageTap:
             if ev.n_tokens:
                 self.delivered += ev.n_tokens
                 self.steps += 1
-            if self.output is not None and isinstance(ev, TextDelta):
+            if self.output is not None and isinstance(ev, TextDelta) and ev.index == 0:
                 self.output.append(ev.text)
         elif isinstance(ev, ToolCallDelta):
             # its tokens are counted by the run (the parser holds them back)
+            if self.calls is not None and ev.index == 0:
+                if ev.name:
+                    self.calls.append({"name": ev.name, "arguments": ""})
+                if self.calls:
+                    self.calls[-1]["arguments"] += ev.arguments
             if self.tracing is not None:
                 now = time.monotonic()
                 if ev.name:
@@ -99,6 +110,11 @@ class UsageTap:
             queue_ms=_ms(timer.admitted, arrived), ttft_ms=_ms(timer.first, arrived), total_ms=(end - arrived) * 1000)
         if self.ledger is not None:
             self.ledger.record(rec)
+        if self.journal is not None and self.output is not None:
+            journal, path, body = self.journal
+            journal.record(Entry(self.request_id, self.who.tenant, self.endpoint, path, self.model, body, {
+                "text": "".join(self.output), "tool_calls": self.calls or [], "finish_reason": first,
+                "prompt_tokens": prompt, "generated_tokens": generated}))
         if self.tracing is not None:
             t = self.trace_in or RunTrace(operation(self.endpoint), rec, arrived, end)
             t.operation, t.record, t.arrived, t.end = operation(self.endpoint), rec, arrived, end
@@ -111,7 +127,8 @@ class UsageTap:
             self.tracing.export(t)
 
 
-def trace_input(tracing: Tracing | None, headers: dict[str, str] | None, creq: ChatRequest | None) -> RunTrace | None:
+def trace_input(tracing: Tracing | None, headers: Mapping[str, str] | None, creq: ChatRequest | None
+                ) -> RunTrace | None:
     """What a request brings to its trace: the client's `traceparent`, its sampling settings and
     (with --trace-content) its messages. None when tracing is off: nothing is built."""
     if tracing is None:
