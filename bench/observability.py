@@ -122,6 +122,17 @@ def ledger_throughput(rows: int) -> dict[str, float]:
         return out
 
 
+def per_round_ratios(samples: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, dict[str, Any]]:
+    """on / off per round (the two ran back to back), then the median over rounds, and all."""
+    out: dict[str, dict[str, Any]] = {}
+    for s, on_runs in samples["on"].items():
+        out[s] = {}
+        for m in ("ttft_ms", "decode_tps_per_stream"):
+            each = [a[m] / b[m] for a, b in zip(on_runs, samples["off"][s], strict=True) if b[m] > 0]
+            out[s][m] = {"median": statistics.median(each) if each else None, "rounds": each}
+    return out
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -153,7 +164,7 @@ def main() -> None:
     ap.add_argument("--streams", default="1,8")
     ap.add_argument("--ledger-rows", type=int, default=50_000)
     ap.add_argument("--load", default="", help="a label for the machine's load (e.g. 'under load: 6 helpers')")
-    ap.add_argument("--out", type=Path, default=RESULTS / "observability.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "latest-observability.json")
     args = ap.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     receiver = Receiver().start()
@@ -181,8 +192,7 @@ def main() -> None:
     receiver.stop()
     medians = {mode: {s: {m: statistics.median(x[m] for x in runs) for m in ("ttft_ms", "decode_tps_per_stream")}
                       for s, runs in per.items()} for mode, per in samples.items()}
-    ratios = {s: {m: medians["on"][s][m] / medians["off"][s][m] for m in ("ttft_ms", "decode_tps_per_stream")}
-              for s in medians["on"]}
+    ratios = per_round_ratios(samples)
     result = {"settings": {"rounds": args.rounds, "threads": args.threads, "tokens": args.tokens, "streams": streams,
                            "load": args.load or "unlabelled"},
               "medians": medians, "on_over_off": ratios, "samples": samples, "spans_received": len(receiver.spans),
