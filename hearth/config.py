@@ -136,6 +136,13 @@ class Settings:
     metrics_public: bool = False
     insecure: bool = False
     cors_origins: list[str] = field(default_factory=lambda: [LOOPBACK])  # api/http/cors.py; []: off
+    # observability
+    usage_ledger: bool = True  # one row per request in data_dir/usage.db (hearth.observability.ledger)
+    otlp_endpoint: str | None = None  # OTLP/HTTP collector for traces (also OTEL_EXPORTER_OTLP_*); None: off
+    trace_content: bool = False  # prompts and answers in spans
+    journal: bool = False  # keep request bodies and answers for `hearth replay` (hearth.observability.journal)
+    journal_max_age: float = 30 * 86400.0  # seconds a journal record is kept
+    journal_max_mb: int = 1024  # compressed journal contents kept at most (the oldest go first)
 
     def __post_init__(self) -> None:
         if not 1 <= self.parallel <= 256:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
@@ -24,6 +25,7 @@ from hearth.api import (
     prompt_cache,
     sessions,
     snapshots,
+    usage,
     web,
 )
 from hearth.api.anthropic import messages
@@ -34,7 +36,7 @@ from hearth.api.http.auth import AuthMiddleware
 from hearth.api.http.cancels import CancelRegistry
 from hearth.api.http.cors import CorsMiddleware
 from hearth.api.http.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
-from hearth.api.http.key_usage import KeyAccounts, KeyLimitMiddleware, KeyUsageCollector
+from hearth.api.http.key_usage import WINDOW, KeyAccounts, KeyLimitMiddleware, KeyUsageCollector
 from hearth.api.http.sse import ClientGone
 from hearth.api.ollama import embed as ollama_embed
 from hearth.api.ollama.routes import routes as ollama_routes
@@ -44,8 +46,11 @@ from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings
 from hearth.errors import HearthError
+from hearth.observability.journal import Journal
+from hearth.observability.ledger import Ledger, LedgerCollector
 from hearth.observability.logging import RequestIdMiddleware, note_error
 from hearth.observability.metrics import Metrics
+from hearth.observability.tracing import Tracing, configured_endpoint, otlp_processor
 from hearth.sessions.backend import SessionBackend
 from hearth.sessions.manager import SessionManager
 
@@ -81,10 +86,13 @@ def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncC
     )
 
 
-def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
+def create_app(backend: Backend, settings: Settings | None = None, tracing: Tracing | None = None) -> Starlette:
     """The HTTP server over any backend: it sees only the contract in `hearth.backends.base`.
-    Every route reads what it needs from the one `NodeContext` built here (`hearth.api.context`)."""
+    Every route reads what it needs from the one `NodeContext` built here (`hearth.api.context`).
+    Traces go to `tracing` (tests), else over OTLP when the settings or OTEL_EXPORTER_OTLP_* say so."""
     settings = settings or Settings()
+    if tracing is None and configured_endpoint(settings.otlp_endpoint) is not None:
+        tracing = Tracing(otlp_processor(settings.otlp_endpoint), settings.trace_content)
     metrics = Metrics(backend)
     manager = SessionManager(backend, settings.data_dir)
     cancels = CancelRegistry()
@@ -92,10 +100,19 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
     metrics.cancels_pending.set_function(lambda: cancels.pending)
     accounts = KeyAccounts(settings.keyring)
     metrics.registry.register(KeyUsageCollector(accounts))
+    ledger = Ledger(settings.data_dir / "usage.db") if settings.usage_ledger else None
+    if ledger is not None:
+        metrics.registry.register(LedgerCollector(ledger))
+        if settings.keyring:  # the keys' usage survives a restart
+            wall = time.time()
+            accounts.restore(ledger.per_key(wall - WINDOW), wall)
+    journal = Journal(settings.data_dir, settings.journal_max_age, settings.journal_max_mb << 20) \
+        if settings.journal else None
     context = NodeContext(backend=SessionBackend(backend, manager), sessions=manager, settings=settings,
                           cancels=cancels, metrics=metrics,
                           responses=ResponseStore(settings.data_dir / "hearth.db"), responses_settled={},
-                          background=BackgroundRuns(), keys=accounts,
+                          background=BackgroundRuns(), keys=accounts, ledger=ledger,
+                          tracing=tracing, journal=journal,
                           batches=Batches(settings.data_dir, settings.batch_concurrency,
                                           key_names=frozenset(k.name for k in settings.keyring)))
 
@@ -113,6 +130,12 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
             await context.background.shutdown()  # before the backend stops: each run records its end
             await backend.stop()
             manager.close()
+            if ledger is not None:
+                ledger.close()  # after the backend: every run's row is queued
+            if tracing is not None:
+                tracing.shutdown()  # exports what is still batched
+            if journal is not None:
+                journal.close()
 
     routes = [
         Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
@@ -160,6 +183,8 @@ def create_app(backend: Backend, settings: Settings | None = None) -> Starlette:
         Route("/admin/prompt-cache", prompt_cache.clear, methods=["DELETE"]),
         Route("/admin/prompt-cache/entries", prompt_cache.entries, methods=["GET"]),
         Route("/admin/keys/usage", keys.usage, methods=["GET"]),
+        Route("/admin/usage", usage.usage, methods=["GET"]),
+        Route("/admin/journal/{request_id}", usage.journal_record, methods=["GET"]),
         Route("/v1/cancel", control.cancel, methods=["POST"]),
         Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
         Route("/embeddings", embeddings.embeddings, methods=["POST"]),

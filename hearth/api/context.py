@@ -23,7 +23,10 @@ from hearth.api.openai.responses_events import BackgroundRuns
 from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings
+from hearth.observability.journal import Journal
+from hearth.observability.ledger import Ledger
 from hearth.observability.metrics import Metrics
+from hearth.observability.tracing import Tracing
 from hearth.sessions.manager import SessionManager
 
 
@@ -40,6 +43,9 @@ class NodeContext:
     background: BackgroundRuns  # background responses: their runs and their recorded events
     keys: KeyAccounts  # usage and limits per API key
     batches: Batches  # the Batch API: files, batches and their durable runs (api/batches)
+    ledger: Ledger | None = None  # one row per request (None: off, `--no-usage-ledger`)
+    tracing: Tracing | None = None  # OpenTelemetry spans per request (None: off, the default)
+    journal: Journal | None = None  # request bodies and answers, for replay (None: off, the default)
 
 
 def node_of(app: Starlette) -> NodeContext:

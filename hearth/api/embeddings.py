@@ -23,9 +23,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
+from hearth.api.http.auth import caller
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.runs import time_cap
 from hearth.api.http.sse import until_disconnect
+from hearth.api.http.usage_tap import record_embedding
 from hearth.backends.base import EmbedRequest, EmbedResult, require_embeddings
 from hearth.chat.cancel import CancelToken
 from hearth.errors import BadRequest
@@ -83,6 +85,9 @@ async def run_embed(request: Request, endpoint: str, req: EmbedRequest) -> Embed
     ctx.metrics.e2e.labels(endpoint).observe(time.monotonic() - arrived)
     ctx.metrics.embedded_inputs.labels(endpoint).inc(len(result.vectors))
     ctx.metrics.embedded_tokens.labels(endpoint).inc(result.prompt_tokens)
+    if ctx.ledger is not None or ctx.tracing is not None:
+        record_embedding(ctx.ledger, ctx.tracing, caller(request), endpoint, result.model, req.request_id or "",
+                         result.prompt_tokens, arrived, request.headers.get("traceparent"))
     return result
 
 

@@ -448,6 +448,70 @@ class KeyUsageList(_Own):
     data: list[KeyUsage]
 
 
+class UsageRow(_Own):
+    """One request in the usage ledger (hearth.observability.ledger.UsageRecord)."""
+
+    at: float
+    request_id: str
+    tenant: str
+    key: str | None
+    via: str | None
+    model: str
+    endpoint: str
+    prompt_tokens: int
+    cached_tokens: int
+    cache_tier: str | None
+    generated_tokens: int
+    discarded_tokens: int
+    finish_reason: str | None
+    cancelled: str | None
+    error: str | None
+    queue_ms: float | None
+    ttft_ms: float | None
+    total_ms: float
+
+
+class UsageSum(_Own):
+    """The ledger's rows summed per value of the `group` fields (those present)."""
+
+    day: str | None = None
+    key: str | None = None
+    model: str | None = None
+    tenant: str | None = None
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+    discarded_tokens: int
+    cancelled: int
+
+
+class JournalAnswer(_Own):
+    text: str
+    tool_calls: list[dict[str, str]]
+    finish_reason: str | None
+    prompt_tokens: int
+    generated_tokens: int
+
+
+class JournalRecord(_Own):
+    """A journaled request (hearth.observability.journal): its body as received, its answer."""
+
+    id: str
+    at: float
+    endpoint: str
+    path: str
+    model: str
+    request: dict[str, Any]
+    answer: JournalAnswer
+
+
+class UsageList(_Own):
+    object: Literal["list"]
+    group: list[str] | None = None  # present: `data` holds sums
+    data: list[UsageRow] | list[UsageSum]
+
+
 class PromptCacheEntry(_Own):
     hash: str  # 32 hex digits
     parent: str  # the previous block's hash, or the chain's root

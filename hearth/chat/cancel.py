@@ -13,6 +13,9 @@ class CancelToken:
         self._lock = threading.Lock()
         self._reason: str | None = None
         self._callbacks: list[Callable[[], object]] = []
+        # Tokens the backend's run has generated so far: the usage ledger counts a stream
+        # closed before its totals (a disconnect) from it (api/http/usage_tap.py).
+        self.generated = 0
 
     @property
     def cancelled(self) -> bool:

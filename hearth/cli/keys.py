@@ -35,7 +35,7 @@ def usage_table(rows: list[dict[str, Any]]) -> Table:
 @cli_errors
 def usage(url: UrlOpt = None, api_key: AdminKeyOpt = None, as_json: JsonOpt = False) -> None:
     """Requests (admitted, refused for a limit, in flight) and tokens (prompt, completion, cached)
-    per API key since the server started, with each key's limits.
+    per API key since the server started (resumed from the usage ledger after a restart), with each key's limits.
 
     Example: hearth keys usage
     """

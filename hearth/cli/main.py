@@ -9,8 +9,23 @@ from typing import Annotated
 import typer
 
 from hearth import __version__
-from hearth.cli import batch, cache, chat, docs, gateway, keys, launch, models, ps, server, sessions, snapshots
-from hearth.cli.common import CorsOpt, InsecureOpt, RequireKeyOpt, required_keys
+from hearth.cli import (
+    batch,
+    cache,
+    chat,
+    docs,
+    gateway,
+    keys,
+    launch,
+    models,
+    ps,
+    replay,
+    server,
+    sessions,
+    snapshots,
+    usage,
+)
+from hearth.cli.common import CorsOpt, InsecureOpt, RequireKeyOpt, cli_errors, required_keys
 
 app = typer.Typer(help="Hearth: an LLM server that keeps conversations warm.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -27,6 +42,8 @@ app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options"
     launch.launch)
 app.command()(docs.docs)
 app.command()(ps.ps)
+app.command(name="usage")(usage.usage_command)
+app.command(name="replay")(cli_errors(replay.replay))
 
 
 def _version(value: bool) -> None:
@@ -128,6 +145,23 @@ def serve(
     cors_origins: CorsOpt = "loopback",
     data_dir: Annotated[str | None, typer.Option(
         envvar="HEARTH_HOME", help="Sessions, snapshots, swapped KV and stored responses live here.")] = None,
+    usage_ledger: Annotated[bool, typer.Option(
+        "--usage-ledger/--no-usage-ledger", envvar="HEARTH_USAGE_LEDGER",
+        help="Keep one row per request in DATA_DIR/usage.db (GET /admin/usage, hearth usage).")] = True,
+    otlp_endpoint: Annotated[str | None, typer.Option(
+        envvar="HEARTH_OTLP_ENDPOINT",
+        help="Export OpenTelemetry traces over OTLP/HTTP to this collector (e.g. http://localhost:4318); "
+             "the standard OTEL_EXPORTER_OTLP_* variables work too. Off by default.")] = None,
+    journal: Annotated[bool, typer.Option(
+        envvar="HEARTH_JOURNAL", help="Keep request bodies and answers (compressed, per tenant) for `hearth replay`; "
+        "never logged. Off by default.")] = False,
+    journal_max_age: Annotated[str, typer.Option(
+        envvar="HEARTH_JOURNAL_MAX_AGE", help="How long journal records are kept (seconds, or e.g. 720h).")] = "720h",
+    journal_max_mb: Annotated[int, typer.Option(
+        envvar="HEARTH_JOURNAL_MAX_MB", help="Compressed journal contents kept at most; the oldest go first.")] = 1024,
+    trace_content: Annotated[bool, typer.Option(
+        envvar="HEARTH_TRACE_CONTENT", help="Put prompts and answers in the spans (off: counts and times only).")
+    ] = False,
     session_ram_mb: Annotated[int, typer.Option(
         envvar="HEARTH_SESSION_RAM_MB", help="Host RAM for swapped-out session KV; more spills to disk.")] = 2048,
     prompt_cache_mb: Annotated[int, typer.Option(
@@ -182,6 +216,9 @@ def serve(
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
                             prompt_cache_mb=prompt_cache_mb,
                             prompt_cache_disk_mb=prompt_cache_disk_mb, cors_origins=parse_origins(cors_origins),
+                            usage_ledger=usage_ledger, otlp_endpoint=otlp_endpoint, trace_content=trace_content,
+                            journal=journal, journal_max_age=parse_duration(journal_max_age) or 30 * 86400.0,
+                            journal_max_mb=journal_max_mb,
                             data_dir=Path(data_dir).expanduser() if data_dir else default_data_dir())
         specs = [resolve_model(m) for m in settings.models]
         ids = [s.id for s in specs]

@@ -21,6 +21,7 @@ from hearth.api.app import create_app
 from hearth.api.context import node_of
 from hearth.backends.base import Backend
 from hearth.config import Settings
+from hearth.observability.tracing import Tracing
 from tests.fakes import ScriptedRunner, scripted_backend
 from tests.helpers import until
 
@@ -63,13 +64,13 @@ def parse_sse(text: str) -> list[tuple[str | None, Any]]:
 
 @contextlib.asynccontextmanager
 async def serve(tmp_path: Path, backend: Backend | None = None, runner: ScriptedRunner | None = None,
-                answer: str = ANSWER, **settings: Any) -> AsyncIterator[Harness]:
+                answer: str = ANSWER, tracing: Tracing | None = None, **settings: Any) -> AsyncIterator[Harness]:
     """The app on `backend` (default: a scripted LocalBackend answering `answer`), started."""
     if backend is None:
         weights = tmp_path / "fake.gguf"
         weights.write_bytes(b"fake weights")
         backend, runner = scripted_backend(answer, parallel=settings.get("parallel", 2), path=weights)
-    app = create_app(backend, Settings(data_dir=tmp_path, **settings))
+    app = create_app(backend, Settings(data_dir=tmp_path, **settings), tracing)
     await backend.start()
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     try:
@@ -79,6 +80,8 @@ async def serve(tmp_path: Path, backend: Backend | None = None, runner: Scripted
         await node_of(app).background.shutdown()  # as the app's lifespan does, before the backend stops
         await backend.stop()
         node_of(app).sessions.close()
+        if (ledger := node_of(app).ledger) is not None:
+            ledger.close()
 
 
 @pytest.fixture

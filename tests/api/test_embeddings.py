@@ -14,12 +14,14 @@ import gguf
 import numpy as np
 import pytest
 
+from hearth.api.context import node_of
 from hearth.backends.base import ModelCard
 from hearth.backends.local.backend import LocalBackend
 from hearth.backends.local.model import EngineSettings
 from hearth.chat.template import ChatTemplate
 from hearth.engine.fake_embed import FakeEmbedRunner
 from hearth.models import ModelSpec
+from hearth.observability.ledger import UsageFilter
 from tests.api.conftest import Harness, serve
 from tests.fakes import SMOL, ScriptedRunner
 
@@ -159,3 +161,12 @@ async def test_the_embedding_model_is_listed_and_counted(h: Harness) -> None:
     assert models["embedder"]["meta"]["embedding"] is True
     metrics = (await h.client.get("/metrics")).text
     assert 'hearth_embedding_inputs_total{endpoint="embeddings"} 1.0' in metrics
+
+
+async def test_the_usage_ledger_counts_input_tokens(h: Harness) -> None:
+    body = (await h.post("/v1/embeddings", {"model": "embedder", "input": ["one two", "three"]})).json()
+    ledger = node_of(h.app).ledger
+    assert ledger is not None and ledger.flush()
+    [row] = ledger.rows(UsageFilter())
+    assert (row["endpoint"], row["model"], row["prompt_tokens"], row["generated_tokens"]) == \
+        ("embeddings", "embedder", body["usage"]["prompt_tokens"], 0)

@@ -44,6 +44,9 @@ CALLER = "hearth.caller"  # the scope key the middleware records the caller unde
 # this process builds such a scope; an HTTP server never puts this key in one.
 INPROCESS_CALLER = "hearth.inprocess_caller"
 FLEET_PREFIX = "/admin/fleet/"
+# Under /admin/, readable by any key: the handlers scope them to the caller's tenant.
+TENANT_READABLE = ("/admin/usage",)
+TENANT_READABLE_PREFIXES = ("/admin/journal/",)
 
 
 def join_path(method: str, path: str) -> bool:
@@ -124,7 +127,8 @@ class AuthMiddleware:
             return Unauthorized("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None
                                 else "invalid API key")
         # every DELETE is destructive; /admin/ shows other clients' state (docs/api.md)
-        needs_admin = method == "DELETE" or path.startswith(ADMIN_PREFIX)
+        scoped = method == "GET" and (path in TENANT_READABLE or path.startswith(TENANT_READABLE_PREFIXES))
+        needs_admin = method == "DELETE" or (path.startswith(ADMIN_PREFIX) and not scoped)
         if needs_admin and self.admin_key and not matches(key, [self.admin_key]):
             return Forbidden("this operation needs the admin key")
         return None

@@ -152,6 +152,25 @@ class KeyAccounts:
     def usage(self) -> list[dict[str, Any]]:
         return [a.as_json() for a in self]
 
+    def restore(self, rows: list[dict[str, Any]], wall_now: float) -> None:
+        """After a restart: the totals the usage ledger holds (`Ledger.per_key`), and its last
+        minute's tokens in the `tpm` window (their wall-clock times moved onto this clock)."""
+        now = self._clock()
+        touched: set[int] = set()
+        for row in rows:  # a gateway key's rows for a tenant count to the key and to the tenant's row
+            for a in (self._accounts.get(row["key"]), self._on_behalf(row["key"], row["tenant"])):
+                if a is None:
+                    continue  # a key no longer in the key file
+                a.requests += row["requests"]
+                a.prompt_tokens += row["prompt_tokens"]
+                a.completion_tokens += row["completion_tokens"]
+                a.cached_tokens += row["cached_tokens"]
+                a.spent.extend((now - (wall_now - at), n) for at, n in row["recent"])
+                touched.add(id(a))
+        for a in self:
+            if id(a) in touched:
+                a.spent = deque(sorted(a.spent))  # the window expires from its oldest end
+
 
 class KeyLimitMiddleware:
     """Admits each request of a limited key (inside the key check: the caller is known)."""

@@ -4,6 +4,7 @@ it for metrics, and undo all of that on every path."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
@@ -16,6 +17,7 @@ from hearth.api.http.auth import caller
 from hearth.api.http.cache_keys import conversation_key
 from hearth.api.http.cancels import CancelRegistry, Run
 from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
+from hearth.api.http.usage_tap import UsageTap, trace_input
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatEvent, ChatRequest, Done, Finish, Started, Usage
@@ -28,15 +30,20 @@ from hearth.tenants import run_class as resolve_class
 
 class Generation:
     def __init__(self, run: Run, events: EventStream, timer: RequestTimer, registry: CancelRegistry,
-                 heartbeat: float | None = None) -> None:
+                 heartbeat: float | None = None, tap: UsageTap | None = None) -> None:
         self.run, self.events, self.timer, self._registry = run, events, timer, registry
         self.heartbeat = heartbeat
+        self._tap = tap
         events.observe(timer)
+        if tap is not None:
+            events.observe(tap)
         events.on_close(self._finish)
 
     def _finish(self) -> None:
         self._registry.close(self.run)
         self.timer.done(self.run.token.reason)
+        if self._tap is not None:
+            self._tap.close(self.run.token, self.timer)
 
     def disconnected(self) -> None:
         self.run.token.cancel("disconnect")
@@ -45,6 +52,8 @@ class Generation:
                ) -> EventStreamResponse:
         """The SSE response: its headers go out now (the run is admitted), then `chunks`, with
         `beat` whenever the stream has been silent for the server's heartbeat interval."""
+        if self._tap is not None:
+            self._tap.streamed = time.monotonic()
         return EventStreamResponse(chunks, headers, close=self.events.aclose, on_disconnect=self.disconnected,
                                    heartbeat=self.heartbeat, beat=beat)
 
@@ -65,13 +74,31 @@ def time_cap(settings: Settings, asked: float | None, param: str = "timeout") ->
     return asked
 
 
+def tap(ctx: NodeContext, who: Caller, endpoint: str, model: str | None, ids: Iterable[str],
+        request: Request | None = None, creq: ChatRequest | None = None) -> UsageTap | None:
+    """The run's usage-ledger row, trace and journal record (None: the node keeps no ledger,
+    traces nothing and keeps no journal). A run no client sent (`request` None) is not journaled."""
+    if ctx.ledger is None and ctx.tracing is None and ctx.journal is None:
+        return None
+    body = getattr(request, "_body", None)  # read and cached by the handler (api/http/body.py)
+    journal = (ctx.journal, request.url.path, body) if ctx.journal is not None and request is not None \
+        and isinstance(body, bytes) else None
+    with contextlib.suppress(HearthError):  # a model still loading (`opened_later`): the name as asked
+        model = ctx.backend.resolve(model)  # the default model by its id
+    return UsageTap(ctx.ledger, ctx.tracing, who, endpoint, model, next(iter(ids), ""),
+                    trace_input(ctx.tracing, request.headers if request is not None else None, creq), journal)
+
+
 async def start(request: Request, endpoint: str, open_stream: Callable[[CancelToken], Awaitable[EventStream]], *,
-                cancel_id: str | None = None, session_id: str | None = None, ids: Iterable[str] = ()) -> Generation:
+                cancel_id: str | None = None, session_id: str | None = None, ids: Iterable[str] = (),
+                model: str | None = None, creq: ChatRequest | None = None) -> Generation:
     """Register the run, then call `open_stream(token)` (validation and the wait for a slot)
-    while watching for a disconnect; a client that leaves while queued leaves the queue."""
+    while watching for a disconnect; a client that leaves while queued leaves the queue.
+    `model` (as asked) and the first of `ids` go to the usage ledger."""
     arrived = time.monotonic()
     ctx = node(request)
     registry, metrics = ctx.cancels, ctx.metrics
+    ids = list(ids)
     run = registry.open(cancel_id=cancel_id, session_id=session_id, ids=ids, owner=caller(request).tenant)
     timer = metrics.timer(endpoint, arrived)
     try:
@@ -84,7 +111,8 @@ async def start(request: Request, endpoint: str, open_stream: Callable[[CancelTo
             metrics.cancellations.labels(run.token.reason).inc()
         raise
     timer.admitted_now()
-    return Generation(run, events, timer, registry, ctx.settings.sse_heartbeat)
+    return Generation(run, events, timer, registry, ctx.settings.sse_heartbeat,
+                      tap(ctx, caller(request), endpoint, model, ids, request, creq))
 
 
 def keyed(request: Request, creq: ChatRequest) -> ChatRequest:
@@ -118,7 +146,9 @@ async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run
             ctx.metrics.cancellations.labels(run.token.reason).inc()
         raise
     timer.admitted_now()
-    return Generation(run, events, timer, ctx.cancels, ctx.settings.sse_heartbeat)
+    who = Caller(tenant or run.owner, key_name, via_gateway=tenant is not None)
+    return Generation(run, events, timer, ctx.cancels, ctx.settings.sse_heartbeat,
+                      tap(ctx, who, endpoint, creq.model, [creq.request_id], None, creq))
 
 
 async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_id: str | None,
@@ -130,15 +160,15 @@ async def start_chat(request: Request, endpoint: str, creq: ChatRequest, cancel_
     first starts at once (`opened_later`)."""
     ctx = node(request)
     creq = keyed(request, creq)
-    registered: dict[str, Any] = {"cancel_id": cancel_id, "ids": [creq.request_id],
+    registered: dict[str, Any] = {"cancel_id": cancel_id, "ids": [creq.request_id], "model": creq.model,
                                   # as stored: a tenant's ids are its namespace (hearth.tenants)
                                   "session_id": caller(request).session_key(creq.session.session_id)
                                   if creq.session else None}
     if stream and must_load(ctx.backend, creq.model):
         return opened_later(request, endpoint, lambda token: ctx.backend.chat(replace(creq, cancel=token)), creq.n,
-                            registered)
+                            registered, creq)
     return await start(request, endpoint, lambda token: ctx.backend.chat(replace(creq, cancel=token)),
-                       **registered)
+                       **registered, creq=creq)
 
 
 def must_load(backend: Backend, model: str | None) -> bool:
@@ -147,7 +177,7 @@ def must_load(backend: Backend, model: str | None) -> bool:
 
 
 def opened_later(request: Request, endpoint: str, open_stream: Callable[[CancelToken], Awaitable[EventStream]],
-                 n: int, registered: dict[str, Any]) -> Generation:
+                 n: int, registered: dict[str, Any], creq: ChatRequest | None = None) -> Generation:
     """A stream whose model is not loaded: its response starts now, so its headers, its opening
     event (each protocol's answer to `Started`: the role chunk, message_start, the first
     completion chunk; Responses sends response.created before any event) and heartbeats go
@@ -159,6 +189,8 @@ def opened_later(request: Request, endpoint: str, open_stream: Callable[[CancelT
     failed load, a context overflow) arrives as the stream's error event instead: the status
     line is already sent."""
     ctx, who = node(request), caller(request)
+    registered = dict(registered)
+    model = registered.pop("model", None)
     run = ctx.cancels.open(**registered, owner=who.tenant)  # the caller's to cancel, as in `start`
     timer = ctx.metrics.timer(endpoint, time.monotonic())
     observer = ctx.keys.observer(who.key_name)
@@ -185,4 +217,5 @@ def opened_later(request: Request, endpoint: str, open_stream: Callable[[CancelT
         finally:
             await inner.aclose()
 
-    return Generation(run, EventStream(events()), timer, ctx.cancels, ctx.settings.sse_heartbeat)
+    return Generation(run, EventStream(events()), timer, ctx.cancels, ctx.settings.sse_heartbeat,
+                      tap(ctx, who, endpoint, model, registered.get("ids", ()), request, creq))

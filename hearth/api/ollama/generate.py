@@ -65,7 +65,7 @@ async def generate(request: Request) -> Response:
                            priority=runs.run_class(who, creq.priority))
         gen = await runs.start(request, "ollama_generate",
                                lambda token: ctx.backend.complete(replace(complete, cancel=token)),
-                               cancel_id=body.cancel_id, ids=[creq.request_id])
+                               cancel_id=body.cancel_id, ids=[creq.request_id], model=model)
     else:
         gen = await runs.start_chat(request, "ollama_generate", creq, body.cancel_id, stream=body.stream)
     return await _answer(request, gen, "generate", names.tagged(body.model), body.stream, clock)

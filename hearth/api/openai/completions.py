@@ -151,7 +151,7 @@ async def completions(request: Request) -> Response:
             raise
         return streams[0] if len(streams) == 1 else EventStream(merge(streams, body.n))
 
-    registered: dict[str, Any] = {"cancel_id": body.cancel_id, "ids": [cid]}
+    registered: dict[str, Any] = {"cancel_id": body.cancel_id, "ids": [cid], "model": model}
     # A stream whose model must load starts at once (runs.opened_later), unless it echoes a prompt
     # of token ids: detokenizing that needs the model before the first chunk.
     echo_tokens = body.echo and any(not isinstance(p, str) for p in prompts)

@@ -67,6 +67,8 @@ async def engine_events(engine: Engine, ereq: EngineRequest,
             if d.token_ids:
                 first_token, last_token = first_token or now, now
             usage.completion_tokens += len(d.token_ids)
+            if cancel is not None:
+                cancel.generated = usage.completion_tokens
             if d.text or d.logprobs:
                 yield TextDelta(d.index, d.text, d.logprobs, len(d.token_ids))
             if d.finish_reason is not None:
