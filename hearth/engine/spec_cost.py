@@ -12,7 +12,8 @@ t = fixed + per_token * tokens over those points gives the ratio fixed / per_tok
 Invariants: the estimate only exists once the points spread over batch sizes (drafts of
 different lengths, or different numbers of decoding sequences), so plain decoding never moves
 it and the configured prior is used until then; a step far slower than the line predicts (the
-machine was busy elsewhere) is not a point; the ratio is clamped to [0, max_ratio].
+machine was busy elsewhere) is not a point, unless three come in a row (then the line was wrong
+and must learn); the ratio is clamped to [0, max_ratio].
 """
 
 from __future__ import annotations
@@ -35,14 +36,17 @@ class StepCost:
     sy: float = 0.0
     sxx: float = 0.0
     sxy: float = 0.0
+    skipped: int = 0  # outliers skipped in a row
 
     def observe(self, tokens: int, seconds: float) -> None:
         """One decode-only step: `tokens` rows in the batch took `seconds`."""
         if tokens <= 0 or seconds <= 0:
             return
         line = self.line()
-        if line is not None and seconds > self.outlier * (line[0] + line[1] * tokens):
+        if line is not None and self.skipped < 2 and seconds > self.outlier * (line[0] + line[1] * tokens):
+            self.skipped += 1  # three such steps in a row are not a hiccup: the line was wrong
             return
+        self.skipped = 0
         d = self.decay
         self.w = d * self.w + 1.0
         self.sx = d * self.sx + tokens

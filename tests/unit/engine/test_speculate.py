@@ -240,6 +240,11 @@ def test_step_cost_learns_the_line_only_once_batch_sizes_spread() -> None:
     cost.observe(1, 5.0)  # the machine was busy elsewhere: not a point
     assert cost.line() is not None
     assert cost.fixed_over_token() == pytest.approx(10.0, rel=0.35)
+    for _ in range(150):  # steps got 5× slower for good (a bigger context, a busier machine): learnt
+        cost.observe(1, 0.110)
+        cost.observe(5, 0.150)
+    assert cost.fixed_over_token() == pytest.approx(10.0, rel=0.35)
+    assert cost.line() == pytest.approx((0.100, 0.010), rel=0.2)
     flat = StepCost()
     for k in (1, 2, 4, 8) * 4:  # extra rows free: the ratio is as high as it goes
         flat.observe(k, 0.01)
