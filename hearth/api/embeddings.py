@@ -20,13 +20,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from hearth.api.context import node
 from hearth.api.http.auth import caller
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.runs import time_cap
-from hearth.api.http.sse import until_disconnect
+from hearth.api.http.sse import json_bytes, until_disconnect
 from hearth.api.http.usage_tap import record_embedding
 from hearth.backends.base import EmbedRequest, EmbedResult, require_embeddings
 from hearth.chat.cancel import CancelToken
@@ -105,5 +105,12 @@ async def embeddings(request: Request) -> Response:
     b64 = body.encoding_format == "base64"
     data = [{"object": "embedding", "index": i, "embedding": encode_base64(v) if b64 else v}
             for i, v in enumerate(result.vectors)]
-    return JSONResponse({"object": "list", "data": data, "model": result.model,
-                         "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}})
+    return json_response({"object": "list", "data": data, "model": result.model,
+                          "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}})
+
+
+def json_response(body: dict[str, Any]) -> Response:
+    """A 200 JSON answer encoded by orjson: the vectors are most of it, and the stdlib's float
+    repr took ~0.14 ms per 384-value vector on the event loop (orjson: ~0.007 ms), a 36 ms stall
+    for a 256-input request. The numbers are the same shortest round-trip reprs."""
+    return Response(json_bytes(body), media_type="application/json")

@@ -46,6 +46,7 @@ from hearth.engine.residency import Residency
 from hearth.engine.runner import BatchEntry, DecodeAborted, Runner
 from hearth.engine.scheduler import Admission, Scheduler, Work
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence, Sink
+from hearth.engine.spec_cost import StepCost
 from hearth.engine.speculate import Drafter, SpecConfig
 from hearth.engine.swap import SwapStore
 from hearth.engine.types import EngineRequest, EngineStats, FinishReason, RequestOutput, StopKind, check_request
@@ -61,6 +62,8 @@ class Engine:
                  prefix_cache: PrefixCache | None = None, name: str = "hearth-engine") -> None:
         self.runner = runner
         self.spec = spec  # None: no speculative decoding
+        # decode time against batch size, for the drafts' cost (None: the configured prior only)
+        self.step_cost = StepCost() if spec is not None and spec.measure_cost else None
         self.seq_ctx = seq_ctx
         self.stats = EngineStats()
         self.slots = SlotTable(runner.n_seq_max)  # who uses a slot: the scheduler; what it holds: the residency
@@ -255,7 +258,7 @@ class Engine:
         self._admit(out)
         self.preempt.resume()
         if self.spec is not None:
-            self.scheduler.draft()
+            self.scheduler.draft(self.step_cost.fixed_over_token() if self.step_cost is not None else None)
         work = self.scheduler.schedule()
         if work:
             self._run_batch(work, out)
@@ -351,8 +354,12 @@ class Engine:
         return True
 
     def _run_batch(self, work: list[Work], out: StepOutputs) -> None:
+        cost = self.step_cost if all(w.seq is not None for w in work) else None  # decode-only steps
         try:
+            t0 = cost.clock() if cost is not None else 0.0
             logit_idx = self._decode(work)
+            if cost is not None:
+                cost.observe(sum(len(w.entry.tokens) for w in work), cost.clock() - t0)
         except DecodeAborted:
             # Nothing of this step happened (the runner rolled the KV back): the aborts are
             # applied at the top of the next step, and everyone else's work is scheduled again.

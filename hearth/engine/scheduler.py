@@ -89,10 +89,11 @@ class Scheduler:
             admitted.append(Admission(ar, placement))
         return admitted
 
-    def draft(self) -> None:
+    def draft(self, fixed_over_token: float | None = None) -> None:
         """Give each decoding sequence this step's speculative draft, within the token budget
         (one decode token per sequence comes first) and what the sequence may still grow.
-        Called before `schedule` when speculation is on; drafting asks no runner."""
+        Called before `schedule` when speculation is on; drafting asks no runner.
+        `fixed_over_token`: the measured decode cost ratio (None: each drafter's prior)."""
         decoding = [(ar, seq) for ar in self.running if ar.phase is Phase.DECODE
                     for seq in ar.live_seqs()]
         room = self.token_budget - len(decoding)
@@ -105,7 +106,7 @@ class Scheduler:
             limit = min(room, ar.max_len - len(seq.slot.tokens) - 1,
                         (mt - seq.n_generated - 1) if mt is not None else room)
             if limit > 0:
-                seq.draft = seq.drafter.propose(limit, len(decoding))
+                seq.draft = seq.drafter.propose(limit, len(decoding), fixed_over_token)
                 room -= len(seq.draft)
 
     def schedule(self) -> list[Work]:

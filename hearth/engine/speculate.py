@@ -22,7 +22,9 @@ likely to be accepted. A drafted token at depth i is accepted with probability p
 sequence's recent per-token acceptance, a decayed count with a prior of 0.8); it is worth its
 cost while p**i exceeds what it costs relative to the step it may save, c / (c + f / n) with
 n sequences decoding (the fixed part f is shared by all of them, so with more streams a draft
-must be surer). The draft length is the deepest such i, at most `k_max` and what the sequence
+must be surer). f / c is measured while the engine runs (spec_cost.StepCost: decode time against
+batch size), the configured value is only the prior until the measurement exists.
+The draft length is the deepest such i, at most `k_max` and what the sequence
 may still grow; a sequence whose drafts keep missing at their first token looks up less and
 less often. With nothing to draft a step is exactly the plain decode step.
 """
@@ -48,7 +50,10 @@ class SpecConfig:
     probe_match: int = 6
     # A decode step's fixed cost over one more token's (f / c above). Large (a GPU, where extra
     # tokens are nearly free): always draft k_max; 0 (every token costs the same): never pays.
+    # The prior: with `measure_cost` the engine's measured ratio (spec_cost.StepCost) replaces it
+    # as soon as it exists.
     fixed_over_token: float = 0.45
+    measure_cost: bool = True
     prior_accept: tuple[float, float] = (4.0, 1.0)  # pseudo-counts (accepted, rejected): p = 0.8
     decay: float = 0.9  # weight of the past per verified draft
 
@@ -60,9 +65,11 @@ class SpecConfig:
         if self.fixed_over_token < 0 or not 0 < self.decay <= 1:
             raise ValueError("speculation needs fixed_over_token >= 0 and 0 < decay <= 1")
 
-    def worth(self, n_decoding: int) -> float:
-        """The acceptance probability a drafted token needs to pay for itself."""
-        return 1.0 / (1.0 + self.fixed_over_token / max(1, n_decoding))
+    def worth(self, n_decoding: int, fixed_over_token: float | None = None) -> float:
+        """The acceptance probability a drafted token needs to pay for itself (with the
+        measured cost ratio if given, else the configured one)."""
+        ratio = self.fixed_over_token if fixed_over_token is None else fixed_over_token
+        return 1.0 / (1.0 + ratio / max(1, n_decoding))
 
 
 def find_draft(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int) -> list[int]:
@@ -124,25 +131,27 @@ class Drafter:
     def p(self) -> float:
         return self.hits / (self.hits + self.misses)
 
-    def length(self, n_decoding: int) -> int:
+    def length(self, n_decoding: int, fixed_over_token: float | None = None) -> int:
         """How many tokens are worth drafting now: the deepest i with p**i above the bar, or 0
         when not even the first is (then only a long match is probed, one token)."""
-        p, bar = self.p, self.config.worth(n_decoding)
+        p, bar = self.p, self.config.worth(n_decoding, fixed_over_token)
         if p <= bar:
             return 0
         if p >= 1.0:
             return self.config.k_max
         return max(1, min(self.config.k_max, int(math.log(bar) / math.log(p))))
 
-    def propose(self, limit: int, n_decoding: int = 1) -> list[int]:
+    def propose(self, limit: int, n_decoding: int = 1, fixed_over_token: float | None = None) -> list[int]:
         """A draft of at most min(length, limit) tokens to follow the history, or []."""
         if self.wait > 0:
             self.wait -= 1
             return []
         c = self.config
-        k = self.length(n_decoding)
+        k = self.length(n_decoding, fixed_over_token)
         draft, matched = find_match(self.hist, self.n, c.n_min, c.n_max, min(max(k, 1), limit))
-        if k == 0 and matched < c.probe_match:
+        # A probe explores (p may recover), unless a drafted row costs nearly a whole step: then
+        # no acceptance rate pays for it.
+        if k == 0 and (matched < c.probe_match or c.worth(n_decoding, fixed_over_token) > 0.95):
             return []
         return draft
 

@@ -85,6 +85,9 @@ async def test_openai_shapes_and_usage(h: Harness) -> None:
     b64 = (await h.post("/v1/embeddings", {"model": "embedder", "input": "three", "encoding_format": "base64"})).json()
     decoded = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype="<f4")
     assert np.allclose(decoded, one["data"][0]["embedding"])
+    # the JSON numbers (orjson's shortest reprs) are the float32 values exactly
+    assert r.headers["content-type"] == "application/json"
+    assert np.array_equal(np.asarray(one["data"][0]["embedding"], dtype="<f4"), decoded)
     same = await h.post("/v1/embeddings", {"model": "embedder", "input": "three", "dimensions": 16})
     assert same.status_code == 200
 

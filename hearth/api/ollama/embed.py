@@ -14,7 +14,7 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api.embeddings import parse_input, run_embed
+from hearth.api.embeddings import json_response, parse_input, run_embed
 from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import keep_alive
 from hearth.backends.base import EmbedRequest
@@ -61,9 +61,9 @@ async def embed(request: Request) -> Response:
         result = await run_embed(request, "ollama_embed", req)
     except HearthError as e:
         return _error(e)
-    return JSONResponse({"model": body.model, "embeddings": result.vectors,
-                         "total_duration": _ns(result.total_seconds), "load_duration": _ns(result.load_seconds),
-                         "prompt_eval_count": result.prompt_tokens})
+    return json_response({"model": body.model, "embeddings": result.vectors,
+                          "total_duration": _ns(result.total_seconds), "load_duration": _ns(result.load_seconds),
+                          "prompt_eval_count": result.prompt_tokens})
 
 
 async def embeddings(request: Request) -> Response:
@@ -79,4 +79,4 @@ async def embeddings(request: Request) -> Response:
         result = await run_embed(request, "ollama_embeddings", req)
     except HearthError as e:
         return _error(e)
-    return JSONResponse({"embedding": result.vectors[0]})
+    return json_response({"embedding": result.vectors[0]})

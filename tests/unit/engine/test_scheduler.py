@@ -73,7 +73,7 @@ class ListDrafter:
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []
 
-    def propose(self, limit: int, n_decoding: int) -> list[int]:
+    def propose(self, limit: int, n_decoding: int, fixed_over_token: float | None = None) -> list[int]:
         self.calls.append((limit, n_decoding))
         return [50 + i for i in range(limit)]
 

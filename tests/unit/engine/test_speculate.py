@@ -12,10 +12,14 @@ import pytest
 
 from hearth.engine import Engine, EngineRequest, FinishReason, SamplingParams
 from hearth.engine.fake_runner import EOS, FakeRunner
+from hearth.engine.runner import BatchEntry
+from hearth.engine.spec_cost import StepCost
 from hearth.engine.speculate import Drafter, SpecConfig, find_draft
 
-SPEC = SpecConfig(k_max=8)
-DEEP = SpecConfig(k_max=8, fixed_over_token=1e9)  # always drafts k_max: many rejections to check
+# The engine measures a drafted row's cost by the clock; these fix it so the policy under test
+# is deterministic (the measured path has its own tests with a fake clock, below).
+SPEC = SpecConfig(k_max=8, measure_cost=False)
+DEEP = SpecConfig(k_max=8, fixed_over_token=1e9, measure_cost=False)  # always drafts k_max: many rejections to check
 
 
 def hist(tokens: list[int]) -> np.ndarray:
@@ -78,6 +82,8 @@ class Run:
 async def generate(runner: FakeRunner, prompt: bytes, spec: SpecConfig | None, **kw: Any) -> Run:
     n = int(kw.pop("n", 1))
     eng = Engine(runner, seq_ctx=1024, spec=spec)
+    if isinstance(runner, TimedRunner):  # the drafts' cost measured on the runner's fake clock
+        eng.step_cost = StepCost(clock=runner.clock)
     eng.start()
     text: dict[int, str] = {}
     tokens: dict[int, list[int]] = {}
@@ -202,3 +208,75 @@ def test_settings_refuse_an_unknown_kv_type_and_a_bad_draft_length() -> None:
         Settings(kv_type="f32")
     with pytest.raises(ValueError, match="--spec-draft"):
         Settings(spec_draft=-1)
+
+
+class FakeClock:
+    """Time that moves only when a fake decode runs: `fixed + per_token * rows` seconds a step."""
+
+    def __init__(self, fixed: float, per_token: float) -> None:
+        self.now, self.fixed, self.per_token = 0.0, fixed, per_token
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedRunner(FakeRunner):
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def decode(self, entries: list[BatchEntry]) -> list[int]:
+        self.clock.now += self.clock.fixed + self.clock.per_token * sum(len(e.tokens) for e in entries)
+        return super().decode(entries)
+
+
+def test_step_cost_learns_the_line_only_once_batch_sizes_spread() -> None:
+    cost = StepCost(clock=FakeClock(0, 0))
+    for _ in range(50):  # plain decoding: one row a step, fixed and per-token cost inseparable
+        cost.observe(1, 0.022)
+    assert cost.fixed_over_token() is None
+    for k in (1, 3, 5, 9, 2, 1, 7, 1):  # drafts of several lengths: t = 20 ms + 2 ms a row
+        cost.observe(k, 0.020 + 0.002 * k)
+    cost.observe(1, 5.0)  # the machine was busy elsewhere: not a point
+    assert cost.line() is not None
+    assert cost.fixed_over_token() == pytest.approx(10.0, rel=0.35)
+    for _ in range(150):  # steps got 5× slower for good (a bigger context, a busier machine): learnt
+        cost.observe(1, 0.110)
+        cost.observe(5, 0.150)
+    assert cost.fixed_over_token() == pytest.approx(10.0, rel=0.35)
+    assert cost.line() == pytest.approx((0.100, 0.010), rel=0.2)
+    flat = StepCost()
+    for k in (1, 2, 4, 8) * 4:  # extra rows free: the ratio is as high as it goes
+        flat.observe(k, 0.01)
+    assert flat.fixed_over_token() == flat.max_ratio
+    dear = StepCost()
+    for k in (1, 2, 4, 8) * 4:  # no fixed part at all: drafts never pay
+        dear.observe(k, 0.01 * k)
+    assert dear.fixed_over_token() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_measured_ratio_replaces_the_prior() -> None:
+    d = Drafter.start(SPEC, [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4])
+    assert d.length(1) == 1  # prior 0.45: one token at p = 0.8
+    assert d.length(1, fixed_over_token=8.0) == SPEC.k_max  # rows nearly free: draft deep
+    assert d.length(1, fixed_over_token=0.0) == 0 and d.propose(8, 1, 0.0) == []  # rows dear: none
+    assert d.length(8, fixed_over_token=8.0) == 3  # shared with 8 streams: surer drafts only
+
+
+@pytest.mark.parametrize(("fixed", "per_token", "deep"), [(0.040, 0.001, True), (0.0, 0.010, False)])
+async def test_engine_drafts_by_the_measured_cost(fixed: float, per_token: float, deep: bool) -> None:
+    """Same greedy tokens either way; cheap rows (big fixed part) let drafts grow to k_max, rows
+    that cost a whole step each stop drafting once measured."""
+    clock = FakeClock(fixed, per_token)
+    plain = await generate(FakeRunner(), PROMPT, None, temperature=0.0, max_tokens=150)
+    spec = await generate(TimedRunner(clock), PROMPT, SpecConfig(k_max=8),
+                          temperature=0.0, max_tokens=150)
+    assert spec.tokens == plain.tokens
+    ratio = spec.engine.step_cost.fixed_over_token() if spec.engine.step_cost else None
+    drafts = [len(e.tokens) - 1 for call in spec.runner.calls for e in call if e.n_logits == len(e.tokens)]
+    assert ratio is not None
+    if deep:
+        assert ratio > 10 and max(drafts) == 8
+    else:  # the prior drafts a little until the line is known; then not one more drafted row
+        assert ratio == pytest.approx(0.0, abs=1e-6)
+        assert sum(drafts[-len(drafts) // 2:]) == 0, drafts
