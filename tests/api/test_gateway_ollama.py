@@ -15,7 +15,9 @@ import httpx
 from starlette.testclient import TestClient
 
 from hearth.gateway.app import create_gateway_app
+from hearth.gateway.routing.policy import Candidate
 from hearth.gateway.settings import GatewaySettings, load_upstreams
+from tests.helpers.fake_fleet import pool_of
 
 FILE = ('[[upstream]]\nname = "a"\nurl = "http://127.0.0.1:9101"\nmodels = { "smol" = "up-a" }\n'
         '[[upstream]]\nname = "b"\nurl = "http://127.0.0.1:9102"\nmodels = { "smol" = "up-b", "coder" = "qwen" }\n')
@@ -60,12 +62,21 @@ class Fleet:
         return httpx.Response(200, json={"model": f"{body.get('model') or body.get('name')}:latest", "echo": body})
 
 
+class FirstByName:
+    """Stands in for the chooser's random tie-break: the first node by name (a), so the node that
+    fails is always tried first and the verdict does not depend on chance."""
+
+    def choice(self, options: list[Candidate]) -> Candidate:
+        return min(options, key=lambda c: c.name)
+
+
 @contextlib.contextmanager
 def gateway(tmp_path: Path, fleet: Fleet) -> Iterator[TestClient]:
     path = tmp_path / "fleet.toml"
     path.write_text(FILE)
     gs = GatewaySettings(upstreams=load_upstreams(path), upstreams_file=path, data_dir=tmp_path, probe_interval=60)
     with TestClient(create_gateway_app(gs, transport=httpx.MockTransport(fleet))) as c:
+        pool_of(c).chooser.rng = FirstByName()  # type: ignore[assignment]
         yield c
 
 
