@@ -119,7 +119,7 @@ class ChatChoice(_Protocol):
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None
     finish_reason: str
-    stop_reason: Literal["repetition"] | None = None  # the loop detector stopped it
+    stop_reason: Literal["repetition", "timeout"] | None = None  # the loop detector or the time cap stopped it
     error: HearthStopError | None = None  # a malformed tool call
 
 
@@ -146,7 +146,7 @@ class TextChoice(_Protocol):
     text: str
     logprobs: LegacyLogprobs | None
     finish_reason: str
-    stop_reason: Literal["repetition"] | None = None
+    stop_reason: Literal["repetition", "timeout"] | None = None
 
 
 class TextCompletion(_Protocol):
@@ -197,7 +197,7 @@ class Response(_Protocol):
     instructions: str | None = None
     metadata: dict[str, Any] | None = None
     previous_response_id: str | None = None
-    stop_reason: Literal["repetition"] | None = None
+    stop_reason: Literal["repetition", "timeout"] | None = None
     timings: LlamaTimings | None = None
 
 

@@ -33,7 +33,10 @@ def test_the_openapi_schema_fuzzed_against_the_real_server(tmp_path: Path) -> No
     # core with it slow every generation down many times over.
     # Its own empty model cache: the fuzzer reaches Ollama's /api/pull and /api/delete as the admin
     # (no keys), and must never touch the machine's installed models (the agent tests need them).
-    server = start_server(tmp_path, "--threads", "1", "--ctx", "512", "--parallel", "4",
+    # The model is named with --model, so it is pinned: Ollama's `keep_alive: 0` (which the fuzzer
+    # sends) cannot unload it, and no later case waits for a reload under a generated time cap of
+    # ~0 s (a documented 503 `model_loading`, which a fuzzer that never unloads cannot reach).
+    server = start_server(tmp_path, "--threads", "1", "--ctx", "512", "--parallel", "4", "--model", "default",
                           env={"HEARTH_MODELS": str(tmp_path / "models")})
     try:
         seed = os.environ.get("HEARTH_FUZZ_SEED", "3")
