@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.servers import wait_ready
 from hearth import catalog
 
 PHRASE = ("the quick brown fox jumps over lazy dogs while seven wizards quietly judge boxing matches near "
@@ -37,20 +38,6 @@ WORKLOADS = {"1/request": (1, 1), "16/request": (16, 1), "256/request": (256, 1)
 def sentences(n: int) -> list[str]:
     rng = np.random.default_rng(7)
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(6, 24)))) for _ in range(n)]
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} never became healthy")
 
 
 def start(argv: list[str], url: str, log: Path) -> subprocess.Popen[bytes]:

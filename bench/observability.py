@@ -27,25 +27,12 @@ from typing import Any
 
 import httpx
 
+from bench.servers import wait_ready
 from hearth.observability.ledger import Ledger, UsageRecord
 from tests.helpers.otlp import Receiver
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 RESULTS = Path(__file__).parent / "results"
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 180.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} never became healthy")
 
 
 def free_port() -> int:
@@ -68,7 +55,7 @@ def start(home: Path, threads: int, parallel: int, extra: list[str], env: dict[s
                                  "--threads", str(threads), "--parallel", str(parallel), "--ctx", "2048", *extra],
                                 stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "HEARTH_HOME": str(home), **env})
-    wait_ready(url, proc)
+    wait_ready(url, proc, timeout=180.0)
     return url, proc
 
 

@@ -261,3 +261,19 @@ class RunningServer:
             self.proc.wait(timeout=15)
         except ProcessLookupError:
             pass
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    """Block until a server process started by a bench answers /health with 200 (RuntimeError
+    if it exits first or never does)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} never became healthy")

@@ -74,7 +74,9 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
     # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.
     translated = OpenAIUpstreamBackend(pool, client)
-    inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[])  # CORS: the gateway's
+    # CORS is the gateway's; usage is counted by the gateway per key (a ledger here would keep a
+    # second, partial count of the same requests in translated/usage.db).
+    inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[], usage_ledger=False)
     translator = create_app(translated, inner) if translated.aliases() else None
     mover = Mover(pool, store, client, metrics)
     leases = Leases(mover, min(settings.probe_interval, settings.lease_ttl / 3))

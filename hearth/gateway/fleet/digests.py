@@ -16,7 +16,6 @@ routing never fails a request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,6 +24,7 @@ import httpx
 
 from hearth.fleet_protocol import BLOCKS_PATH, DIGEST_PATH, BlocksQuery
 from hearth.gateway.fleet.cache_state import Digest, RequestBlocks, parse_digest
+from hearth.gateway.fleet.periodic import Periodic
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.settings import GatewaySettings
@@ -41,7 +41,7 @@ class Digests:
         self.metrics = metrics
         self.nodes = nodes  # the pool's Node objects (each has `digest`)
         self.clock = clock
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic(settings.digest_interval, self.poll_all, "digest poll")
 
     @property
     def enabled(self) -> bool:
@@ -87,24 +87,13 @@ class Digests:
                 self._failed(n, "the node is down")
         await asyncio.gather(*polled)
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.digest_interval)
-            try:
-                await self.poll_all()
-            except Exception:  # never let one bad answer end the loop
-                log.exception("digest poll failed")
-
     async def start(self) -> None:
         if self.enabled:
             await self.poll_all()
-            self._task = asyncio.create_task(self._loop())
+            self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._periodic.stop()
 
     # ---- a request's blocks --------------------------------------------------------------------
 

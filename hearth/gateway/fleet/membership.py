@@ -33,6 +33,7 @@ from typing import Any
 
 from hearth.errors import BadRequest, Conflict, NotFound
 from hearth.gateway.fleet.moves import Mover
+from hearth.gateway.fleet.periodic import Periodic
 from hearth.gateway.fleet.pool import Node, Pool
 from hearth.gateway.fleet.probes import Prober
 from hearth.gateway.settings import GatewaySettings, Upstream, check_fleet, load_upstreams
@@ -81,7 +82,7 @@ class Membership:
         self.mover = mover
         self.wall = wall
         self.interval = interval or min(settings.probe_interval, settings.member_ttl / 3)
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic(self.interval, self._sync_logged, "fleet membership sync")
         self._retiring: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._reload = asyncio.Lock()
@@ -280,17 +281,13 @@ class Membership:
         except Exception as e:  # the store unreachable for a while: the pool stays as it was
             log.warning("fleet membership: reading the members failed (%s: %s)", type(e).__name__, e)
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            await self._sync_logged()
-
     async def start(self) -> None:
         await self._sync_logged()
-        self._task = asyncio.create_task(self._loop())
+        self._periodic.start()
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._retiring.values(), *self._background) if t is not None]
+        await self._periodic.stop()
+        tasks = [*self._retiring.values(), *self._background]
         for t in tasks:
             t.cancel()
         for t in tasks:

@@ -8,7 +8,6 @@ nodes through a callable, so nodes that join are probed too."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from collections.abc import Callable
 import httpx
 
 from hearth.gateway.fleet.health import BUSY_GRACE
+from hearth.gateway.fleet.periodic import Periodic
 from hearth.gateway.fleet.pool import Node
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.settings import GatewaySettings
@@ -34,7 +34,7 @@ class Prober:
         self.nodes = nodes
         self.wake = wake
         self.clock = clock
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic(settings.probe_interval, self.probe_all, "liveness probe")
 
     async def probe(self, node: Node) -> None:
         path = "/health" if node.up.kind == "hearth" else "/v1/models"
@@ -59,18 +59,10 @@ class Prober:
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(n) for n in self.nodes()))
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.probe_interval)
-            await self.probe_all()
-
     async def start(self) -> None:
         """Every node probed once before it returns, then the loop."""
         await self.probe_all()
-        self._task = asyncio.create_task(self._loop())
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._periodic.stop()
