@@ -135,7 +135,7 @@ class Settings:
     metrics_token: str | None = None
     metrics_public: bool = False
     insecure: bool = False
-    cors_origins: list[str] = field(default_factory=lambda: [LOOPBACK])  # api/http/cors.py; []: off
+    cors_origins: list[str] = field(default_factory=lambda: [LOOPBACK])  # hearth/http/cors.py; []: off
     # observability
     usage_ledger: bool = True  # one row per request in data_dir/usage.db (hearth.observability.ledger)
     otlp_endpoint: str | None = None  # OTLP/HTTP collector for traces (also OTEL_EXPORTER_OTLP_*); None: off

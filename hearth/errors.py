@@ -12,7 +12,7 @@
     ├── GenerationFailed    500  generation_failed (the engine failed mid-run)
     └── Unavailable         503  unavailable (model still loading, shutting down)
 
-Each carries `param` (the offending request field) as data. `hearth.api.http.errors` maps the tree
+Each carries `param` (the offending request field) as data. `hearth.http.errors` maps the tree
 to each protocol's envelope.
 """
 

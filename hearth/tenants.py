@@ -3,7 +3,7 @@
 Every API key belongs to one tenant. A key file line is
 `KEY [name=NAME] [tenant=TENANT] [cache=tenant|shared] [concurrent=N] [rpm=N] [tpm=N]
 [role=client|gateway] [weight=W] [priority=CLASS] [max_priority=CLASS]` (concurrent, rpm, tpm:
-the key's limits, api/http/key_usage.py; role: below; weight: its tenant's fair share of the
+the key's limits, hearth/http/key_usage.py; role: below; weight: its tenant's fair share of the
 engine's work, default 1; priority: the class of its requests that name none, default
 `default`; max_priority: the highest class its requests may ask for, default `default`, so a
 key runs `priority` work only when its line says so; hearth/engine/fair_share.py): a named

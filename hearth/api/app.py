@@ -5,14 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from hearth.api import (
@@ -32,12 +27,7 @@ from hearth.api.anthropic import messages
 from hearth.api.batches import routes as batch_routes
 from hearth.api.batches.runner import Batches
 from hearth.api.context import NodeContext
-from hearth.api.http.auth import AuthMiddleware
 from hearth.api.http.cancels import CancelRegistry
-from hearth.api.http.cors import CorsMiddleware
-from hearth.api.http.errors import UnexpectedErrors, handle_hearth_error, handle_http_exception
-from hearth.api.http.key_usage import WINDOW, KeyAccounts, KeyLimitMiddleware, KeyUsageCollector
-from hearth.api.http.sse import ClientGone
 from hearth.api.ollama import embed as ollama_embed
 from hearth.api.ollama.routes import routes as ollama_routes
 from hearth.api.openai import chat, completions, responses
@@ -45,45 +35,15 @@ from hearth.api.openai.responses_events import BackgroundRuns
 from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings
-from hearth.errors import HearthError
+from hearth.http.access import AccessSettings
+from hearth.http.app import assemble
+from hearth.http.key_usage import WINDOW, KeyAccounts, KeyUsageCollector
 from hearth.observability.journal import Journal
 from hearth.observability.ledger import Ledger, LedgerCollector
-from hearth.observability.logging import RequestIdMiddleware, note_error
 from hearth.observability.metrics import Metrics
 from hearth.observability.tracing import Tracing, configured_endpoint, otlp_processor
 from hearth.sessions.backend import SessionBackend
 from hearth.sessions.manager import SessionManager
-
-
-async def _client_gone(request: Request, exc: Exception) -> Response:
-    note_error(499, "client_gone", "the client disconnected before the response was ready")
-    return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
-
-
-def assemble(routes: list[Route], lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]],
-             requests: object, access: Settings, accounts: KeyAccounts | None = None,
-             join_key: str | None = None) -> Starlette:
-    """The Starlette app a node and the gateway share: CORS as `access.cors_origins` says (outside
-    the key check, so a preflight needs no key), request ids (counted in `requests`), API keys as
-    `access` says (and a gateway's `join_key` for its fleet), each key's limits (`accounts`;
-    None: none), and the one error policy of api/http/errors.py."""
-    endpoints = {r.path for r in routes if "{" not in r.path}
-    return Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        middleware=[
-            Middleware(CorsMiddleware, origins=access.cors_origins),
-            Middleware(RequestIdMiddleware, count=requests, endpoints=endpoints),
-            Middleware(AuthMiddleware, settings=access, join_key=join_key),
-            Middleware(KeyLimitMiddleware, accounts=accounts),
-            Middleware(UnexpectedErrors),
-        ],
-        exception_handlers={
-            HearthError: handle_hearth_error,
-            HTTPException: handle_http_exception,
-            ClientGone: _client_gone,
-        },
-    )
 
 
 def create_app(backend: Backend, settings: Settings | None = None, tracing: Tracing | None = None) -> Starlette:
@@ -205,6 +165,6 @@ def create_app(backend: Backend, settings: Settings | None = None, tracing: Trac
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name:path}", web.static_file, methods=["GET"]),
     ]
-    app = assemble(routes, lifespan, metrics.requests, settings, accounts)
+    app = assemble(routes, lifespan, metrics.requests, AccessSettings.of(settings), accounts)
     app.state.node = context
     return app

@@ -18,11 +18,11 @@ from starlette.requests import Request
 
 from hearth.api.batches.runner import Batches
 from hearth.api.http.cancels import CancelRegistry
-from hearth.api.http.key_usage import KeyAccounts
 from hearth.api.openai.responses_events import BackgroundRuns
 from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings
+from hearth.http.key_usage import KeyAccounts
 from hearth.observability.journal import Journal
 from hearth.observability.ledger import Ledger
 from hearth.observability.metrics import Metrics

@@ -15,12 +15,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
-from hearth.api.http.auth import caller
-from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.openai.chat import ChatCompletionIn, ToolIn, to_chat_request
 from hearth.api.openai.messages import MessageIn
 from hearth.backends.base import ModelCard
 from hearth.errors import BadRequest
+from hearth.http.auth import caller
+from hearth.http.parsing import OpenBody, read_json, validate
 from hearth.observability.logging import note_error
 
 

@@ -23,14 +23,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from hearth.api.context import node
-from hearth.api.http.auth import caller
-from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.runs import time_cap
-from hearth.api.http.sse import json_bytes, until_disconnect
 from hearth.api.http.usage_tap import record_embedding
 from hearth.backends.base import EmbedRequest, EmbedResult, require_embeddings
 from hearth.chat.cancel import CancelToken
 from hearth.errors import BadRequest
+from hearth.http.auth import caller
+from hearth.http.parsing import OpenBody, read_json, validate
+from hearth.http.sse import json_bytes, until_disconnect
 
 MAX_INPUTS = 2048  # OpenAI's cap on the inputs of one request
 

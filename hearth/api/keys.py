@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
-from hearth.api.http.key_usage import KeyAccounts
+from hearth.http.key_usage import KeyAccounts
 
 
 async def usage(request: Request) -> Response:

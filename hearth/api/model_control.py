@@ -17,10 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
-from hearth.api.http.auth import require_admin
-from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import keep_alive
 from hearth.backends.base import require_model_loading
+from hearth.http.auth import require_admin
+from hearth.http.parsing import OpenBody, read_json, validate
 
 
 class LoadIn(OpenBody):

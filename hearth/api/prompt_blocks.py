@@ -22,9 +22,6 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.anthropic.messages import read_messages
 from hearth.api.context import NodeContext, node
-from hearth.api.http.auth import caller
-from hearth.api.http.errors import ApiError, protocol_of, respond
-from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.openai.chat import read_chat
 from hearth.api.openai.completions import read_completion
 from hearth.api.openai.responses import read_response
@@ -32,6 +29,9 @@ from hearth.api.openai.responses_store import ScopedResponses
 from hearth.backends.base import require_prompt_cache
 from hearth.errors import HearthError
 from hearth.fleet_protocol import BlocksAnswer
+from hearth.http.auth import caller
+from hearth.http.errors import ApiError, protocol_of, respond
+from hearth.http.parsing import OpenBody, read_json, validate
 from hearth.tenants import OPEN, Caller
 
 PATHS = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/messages": "messages",

@@ -8,7 +8,7 @@
   reaches its nodes with their API key (and so does `POST /v1/prompt-cache/blocks`,
   prompt_blocks.py).
 
-Everything under /admin needs the admin key when one is set (api/http/auth.py). A backend
+Everything under /admin needs the admin key when one is set (hearth/http/auth.py). A backend
 without the capability answers 404 `prompt_cache_unsupported`.
 """
 
@@ -21,10 +21,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
-from hearth.api.http.auth import caller
 from hearth.backends.base import require_prompt_cache
 from hearth.errors import BadRequest
 from hearth.fleet_protocol import DIGEST_VERSION, DigestAnswer
+from hearth.http.auth import caller
 
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 100_000

@@ -8,11 +8,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api.http.auth import caller
-from hearth.api.http.parsing import StrictBody, read_json, read_json_or_empty, validate
 from hearth.api.snapshots import SnapshotMetaIn, session_manager, snapshot_json, wrapped
 from hearth.errors import BadRequest
 from hearth.fleet_protocol import HistoryAnswer
+from hearth.http.auth import caller
+from hearth.http.parsing import StrictBody, read_json, read_json_or_empty, validate
 from hearth.sessions.transcript import message_from_json
 
 

@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hearth.api.context import node
-from hearth.api.http.auth import caller, require_admin
-from hearth.api.http.body import stream_limited
-from hearth.api.http.parsing import StrictBody, read_json, read_json_or_empty, validate
 from hearth.errors import BadRequest
+from hearth.http.auth import caller, require_admin
+from hearth.http.body import stream_limited
+from hearth.http.parsing import StrictBody, read_json, read_json_or_empty, validate
 from hearth.sessions.ids import check_snapshot_id
 from hearth.sessions.manager import SessionManager
 

@@ -5,7 +5,7 @@ Filters: `tenant`, `key` (a key's name), `model`, `since` and `until` (unix seco
 first; 1000 by default). `group=day,key,model,tenant` (any of them, comma-separated; empty:
 one row of totals) sums instead of listing. The admin (and a node without keys) sees every
 tenant; any other key sees its own tenant's rows only, whatever `tenant` it asks for: it is
-the one path under /admin/ a tenant key may read (api/http/auth.py).
+the one path under /admin/ a tenant key may read (hearth/http/auth.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
-from hearth.api.http.auth import caller
 from hearth.errors import BadRequest, NotFound
+from hearth.http.auth import caller
 from hearth.observability.ledger import GROUPS, UsageFilter
 
 PATH = "/admin/usage"

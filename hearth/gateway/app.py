@@ -18,8 +18,7 @@ from starlette.routing import Route
 
 from hearth.api import keys, web
 from hearth.api.anthropic import messages as anthropic
-from hearth.api.app import assemble, create_app
-from hearth.api.http.key_usage import KeyAccounts, KeyUsageCollector
+from hearth.api.app import create_app
 from hearth.config import Settings
 from hearth.gateway.background import BackgroundRuns
 from hearth.gateway.edge import admin, generate, models, ollama, resources
@@ -35,20 +34,14 @@ from hearth.gateway.state import Gateway, attach
 from hearth.gateway.store import create_store
 from hearth.gateway.turn.proxy import Proxy
 from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp
+from hearth.http.access import AccessSettings
+from hearth.http.app import assemble
+from hearth.http.key_usage import KeyAccounts, KeyUsageCollector
 
 log = logging.getLogger("hearth.gateway")
 
 GENERATION = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/v1/messages",
               "/v1/responses", "/responses")
-
-
-def access_settings(settings: GatewaySettings) -> Settings:
-    """The node's auth middleware reads its keys from node Settings: the gateway's, carried over."""
-    return Settings(models=[], host=settings.host, port=settings.port, api_keys=list(settings.api_keys),
-                    named_keys=list(settings.named_keys), admin_key=settings.admin_key,
-                    metrics_token=settings.metrics_token,
-                    metrics_public=settings.metrics_public, insecure=settings.insecure, data_dir=settings.data_dir,
-                    cors_origins=list(settings.cors_origins))
 
 
 def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
@@ -65,7 +58,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     http: UpstreamHttp | HttpxSender = UpstreamHttp(HttpxSender(client)) if transport is None \
         else HttpxSender(client)
     proxy = Proxy(settings, pool, store, metrics, client, http)
-    # Usage and limits per client key: the node's accounts (api/http/key_usage.py), fed by the
+    # Usage and limits per client key: the node's accounts (hearth/http/key_usage.py), fed by the
     # usage the proxy reads from the answers it relays.
     accounts = KeyAccounts(settings.keyring)
     proxy.after.accounts = accounts
@@ -116,8 +109,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
             await store.close()
 
     route_list = _routes(metrics_endpoint, accounts)
-    app = assemble(route_list, lifespan, metrics.requests, access_settings(settings), accounts,
-                   join_key=settings.join_key)
+    app = assemble(route_list, lifespan, metrics.requests, AccessSettings.of(settings, settings.join_key), accounts)
     attach(app, Gateway(settings=settings, pool=pool, store=store, proxy=proxy, client=client, mover=mover,
                         started=int(time.time()), translator=translator, translated=translated_aliases,
                         background=background, membership=membership))

@@ -39,7 +39,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api.http.sse import EventStreamResponse
 from hearth.api.openai.responses_background import SHUTDOWN_MESSAGE
 from hearth.api.openai.responses_events import (
     KEEP_AFTER_END,
@@ -55,6 +54,7 @@ from hearth.gateway.protocols import parse
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, owns
 from hearth.gateway.turn.proxy import Proxy
+from hearth.http.sse import EventStreamResponse
 from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")

@@ -15,7 +15,7 @@ import json
 from typing import Any, Literal
 
 from hearth.api.anthropic.stream import error_event
-from hearth.api.http.sse import DONE, json_bytes, sse_data, sse_event
+from hearth.http.sse import DONE, json_bytes, sse_data, sse_event
 
 Event = bytes  # one SSE event, without its blank line
 

@@ -87,7 +87,7 @@ class GatewaySettings:
     metrics_token: str | None = None
     metrics_public: bool = False
     insecure: bool = False
-    cors_origins: list[str] = field(default_factory=lambda: [LOOPBACK])  # as a node's (api/http/cors.py)
+    cors_origins: list[str] = field(default_factory=lambda: [LOOPBACK])  # as a node's (hearth/http/cors.py)
     max_waiting: int = 64  # the one wait queue for a free node
     max_wait: float = 30.0
     probe_interval: float = 2.0  # liveness probes, seconds

@@ -2,7 +2,7 @@
 gateway sends a node for it, and whose the gateway's own records are.
 
 The gateway checks its clients' keys as a node does (the same key file format, the same
-`Caller`, api/http/auth.py) and never forwards them: every node gets the upstream's own key.
+`Caller`, hearth/http/auth.py) and never forwards them: every node gets the upstream's own key.
 For a tenant's request that key goes with `X-Hearth-Tenant` (hearth.tenants.tenant_headers),
 which a node believes only from a key its key file marks `role=gateway`: the node then scopes
 sessions, snapshots, responses, the prompt cache and usage to that tenant as if the tenant's own
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from hearth.api.http import auth
 from hearth.gateway.routing.affinity import key_of
 from hearth.gateway.settings import Upstream
 from hearth.gateway.store.base import GatewayStore
+from hearth.http import auth
 from hearth.tenants import ADMIN, ADMIN_CALLER, OPEN, Caller, tenant_headers
 
 

@@ -363,7 +363,7 @@ async def test_lines_go_as_flex_as_their_caller_and_429_503_are_retried(tmp_path
     """The runner's side of a line, on a stand-in app: the body gets service_tier "flex", the
     caller recorded at creation is the one it runs as, and a 503 / 429 is retried (not its answer)."""
     from hearth.api.batches import runner as runner_mod
-    from hearth.api.http.auth import INPROCESS_CALLER
+    from hearth.http.auth import INPROCESS_CALLER
 
     monkeypatch.setattr(runner_mod, "RETRY_FIRST", 0.0)
     seen: list[tuple[Any, dict[str, Any]]] = []

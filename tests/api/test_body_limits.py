@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hearth.api.context import node_of
-from hearth.api.http.body import MAX_JSON_BYTES
+from hearth.http.body import MAX_JSON_BYTES
 from tests.api.conftest import Harness
 
 MB = 1 << 20

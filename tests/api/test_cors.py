@@ -1,4 +1,4 @@
-"""CORS on a node and on the gateway (api/http/cors.py): preflights answered without a key, the
+"""CORS on a node and on the gateway (hearth/http/cors.py): preflights answered without a key, the
 real request still keyed and still readable by the page, loopback origins by default, the list
 from --cors-origins, and nothing at all for other origins or with CORS off."""
 

@@ -1,4 +1,4 @@
-"""Usage and limits per API key in-process (api/http/key_usage.py): a key over its limit gets
+"""Usage and limits per API key in-process (hearth/http/key_usage.py): a key over its limit gets
 429 with Retry-After in its protocol's envelope while other keys go on being served; usage per
 key on /metrics and /admin/keys/usage. The accounts' clock is the test's: nothing depends on
 how fast the machine runs."""

@@ -25,12 +25,13 @@ FLOORS: list[set[str]] = [
     {"backends.base"},  # the contract
     {"backends.llamacpp", "backends.local", "backends.build"},  # the concrete backend and its composition
     {"sessions", "observability"},
+    {"http"},  # the HTTP edge the node and the gateway share
     {"api"},  # a node's HTTP server
     {"gateway"},  # HTTP in front of a fleet of nodes
     {"cli"},  # the top: nothing imports it
 ]
 FLOOR = {package: i for i, floor in enumerate(FLOORS) for package in floor}
-ABOVE = ("hearth.api", "hearth.sessions", "hearth.observability", "hearth.gateway", "hearth.cli")
+ABOVE = ("hearth.api", "hearth.http", "hearth.sessions", "hearth.observability", "hearth.gateway", "hearth.cli")
 COMPOSITION_ROOT = "hearth.cli.main"  # builds the backend for `serve`
 
 

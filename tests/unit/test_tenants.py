@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hearth.api.http.auth import AuthMiddleware, which
 from hearth.api.http.cancels import CancelRegistry
 from hearth.api.openai.responses_store import ResponseStore, ScopedResponses
 from hearth.config import Settings
+from hearth.http.access import AccessSettings
+from hearth.http.auth import AuthMiddleware, which
 from hearth.sessions.snapshots import SnapshotStore
 from hearth.sessions.store import SessionRow, SessionStore
 from hearth.tenants import ADMIN, ADMIN_CALLER, OPEN, ApiKey, Caller, bare_key, read_key_file
@@ -65,10 +66,10 @@ def test_the_keyring_refuses_a_key_or_a_name_twice() -> None:
 def test_which_key_matched_and_the_caller_it_makes() -> None:
     keys = [ApiKey("ka", "alice", "team-a"), ApiKey("kb", "bob", "team-b")]
     assert which("kb", keys) == keys[1] and which("kx", keys) is None and which(None, keys) is None
-    mw = AuthMiddleware(lambda *a: None, Settings(named_keys=keys, admin_key="adm"))  # type: ignore[arg-type]
+    mw = AuthMiddleware(lambda *a: None, AccessSettings.of(Settings(named_keys=keys, admin_key="adm")))  # type: ignore[arg-type]
     assert mw._caller("ka") == ALICE and mw._caller("adm") == ADMIN_CALLER
     assert mw._caller(None).sees("") is False  # an open path's caller sees nothing
-    assert AuthMiddleware(lambda *a: None, Settings())._caller(None) == OPEN  # type: ignore[arg-type]
+    assert AuthMiddleware(lambda *a: None, AccessSettings.of(Settings()))._caller(None) == OPEN  # type: ignore[arg-type]
 
 
 def test_who_sees_what() -> None:

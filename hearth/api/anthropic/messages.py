@@ -1,7 +1,7 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API, streaming and not.
 
 Every answer from these routes is in Anthropic's shapes: errors by the one error policy
-(`hearth.api.http.errors`, which picks the envelope by path); the output side (content blocks,
+(`hearth.http.errors`, which picks the envelope by path); the output side (content blocks,
 SSE) is in `stream.py`.
 """
 
@@ -18,9 +18,6 @@ from starlette.responses import JSONResponse, Response
 from hearth.api.anthropic.stream import PING, collect, hearth_fields, message_body, stop_reason, stream_events
 from hearth.api.context import node
 from hearth.api.http import runs
-from hearth.api.http.cache_keys import body_key
-from hearth.api.http.errors import ApiError, respond
-from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import (
     ConversationFields,
     RunFields,
@@ -41,6 +38,9 @@ from hearth.chat.types import (
 )
 from hearth.config import Settings
 from hearth.errors import BadRequest, GenerationFailed
+from hearth.http.cache_keys import body_key
+from hearth.http.errors import ApiError, respond
+from hearth.http.parsing import OpenBody, read_json, validate
 
 log = logging.getLogger("hearth.api")
 

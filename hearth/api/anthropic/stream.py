@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hearth.api.http.sse import sse_event
 from hearth.chat.types import (
     ChatEvent,
     Done,
@@ -26,6 +25,7 @@ from hearth.chat.types import (
     Usage,
     new_id,
 )
+from hearth.http.sse import sse_event
 
 log = logging.getLogger("hearth.api")
 

@@ -2,7 +2,7 @@
 middleware included, so it takes exactly the path an HTTP request takes (body checks, tools,
 the caller's tenant and its key's limits, usage accounting, request ids and logs). Only the
 key check is different: the caller is the one recorded when the batch was created
-(`INPROCESS_CALLER`, api/http/auth.py)."""
+(`INPROCESS_CALLER`, hearth/http/auth.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from hearth.api.http.auth import INPROCESS_CALLER
+from hearth.http.auth import INPROCESS_CALLER
 from hearth.tenants import Caller
 
 

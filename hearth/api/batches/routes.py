@@ -15,9 +15,9 @@ from starlette.responses import FileResponse, JSONResponse
 from hearth.api.batches.lines import ENDPOINTS, line_number, parse_file
 from hearth.api.batches.store import new_batch_id
 from hearth.api.context import node
-from hearth.api.http.auth import caller
-from hearth.api.http.body import check_length, declared_length, parse_json, read_limited
 from hearth.errors import BadRequest, PayloadTooLarge
+from hearth.http.auth import caller
+from hearth.http.body import check_length, declared_length, parse_json, read_limited
 
 MAX_FILE_BYTES = 200 * 1024 * 1024  # OpenAI's limit for a batch input file
 FORM_OVERHEAD = 64 * 1024  # the multipart envelope around the file

@@ -11,7 +11,7 @@
   take (penalties under both names, logit_bias, speculative decoding).
 - `SessionFields`: Hearth sessions on the chat protocols (docs/sessions.md).
 - `ConversationFields`: the conversation key a stateless chat request may carry in its body
-  (`prompt_cache_key`; `hearth.api.http.cache_keys` reads it with the other sources).
+  (`prompt_cache_key`; `hearth.http.cache_keys` reads it with the other sources).
 
 A protocol declares only the fields of its own (its max tokens, stop under its own name,
 tools, ...): a field it does not declare stays what it was, accepted and ignored.
@@ -26,11 +26,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from hearth.api.http import runs
-from hearth.api.http.parsing import first_set, parse_logit_bias, parse_stop, sampling_params
 from hearth.api.http.stream_shaping import coalesce, hold_reasoning
 from hearth.chat.types import ChatEvent, Finish, RepetitionSpec, SamplingParams, SessionTurn, StopKind
 from hearth.config import Settings, parse_duration
 from hearth.errors import BadRequest
+from hearth.http.parsing import first_set, parse_logit_bias, parse_stop, sampling_params
 from hearth.sessions.ids import check_session_id
 from hearth.tenants import class_name
 

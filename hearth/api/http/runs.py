@@ -13,16 +13,16 @@ from typing import Any
 from starlette.requests import Request
 
 from hearth.api.context import NodeContext, node
-from hearth.api.http.auth import caller
-from hearth.api.http.cache_keys import conversation_key
 from hearth.api.http.cancels import CancelRegistry, Run
-from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
 from hearth.api.http.usage_tap import UsageTap, trace_input
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import ChatEvent, ChatRequest, Done, Finish, Started, Usage
 from hearth.config import Settings
 from hearth.errors import BadRequest, HearthError
+from hearth.http.auth import caller
+from hearth.http.cache_keys import conversation_key
+from hearth.http.sse import COMMENT_BEAT, EventStreamResponse, until_disconnect
 from hearth.observability.metrics import RequestTimer
 from hearth.tenants import Caller
 from hearth.tenants import run_class as resolve_class
@@ -80,7 +80,7 @@ def tap(ctx: NodeContext, who: Caller, endpoint: str, model: str | None, ids: It
     traces nothing and keeps no journal). A run no client sent (`request` None) is not journaled."""
     if ctx.ledger is None and ctx.tracing is None and ctx.journal is None:
         return None
-    body = getattr(request, "_body", None)  # read and cached by the handler (api/http/body.py)
+    body = getattr(request, "_body", None)  # read and cached by the handler (hearth/http/body.py)
     journal = (ctx.journal, request.url.path, body) if ctx.journal is not None and request is not None \
         and isinstance(body, bytes) else None
     with contextlib.suppress(HearthError):  # a model still loading (`opened_later`): the name as asked

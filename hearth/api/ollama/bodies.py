@@ -20,7 +20,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from hearth.api.http.parsing import OpenBody, sampling_params, validate
 from hearth.api.http.run_options import RunFields, RunLimits, keep_alive, run_limits
 from hearth.chat.types import (
     ChatRequest,
@@ -35,6 +34,7 @@ from hearth.chat.types import (
 )
 from hearth.config import Settings
 from hearth.errors import BadRequest
+from hearth.http.parsing import OpenBody, sampling_params, validate
 
 NO_IMAGES = "this model does not support images: Hearth serves no vision models"
 

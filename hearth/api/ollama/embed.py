@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.embeddings import json_response, parse_input, run_embed
-from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import keep_alive
 from hearth.backends.base import EmbedRequest
 from hearth.errors import BadRequest, HearthError
+from hearth.http.parsing import OpenBody, read_json, validate
 from hearth.observability.logging import note_error
 
 

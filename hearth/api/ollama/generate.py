@@ -20,15 +20,15 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http import runs
-from hearth.api.http.auth import caller
-from hearth.api.http.parsing import read_json
 from hearth.api.http.run_options import keep_alive
-from hearth.api.http.sse import EventStreamResponse
 from hearth.api.ollama import names
 from hearth.api.ollama.bodies import OllamaFields, chat_request, generate_request, read_chat, read_generate
 from hearth.api.ollama.replies import Clock, Kind, gather, stream_lines
 from hearth.chat.types import ChatEvent, CompletionRequest, new_id
 from hearth.errors import GenerationFailed
+from hearth.http.auth import caller
+from hearth.http.parsing import read_json
+from hearth.http.sse import EventStreamResponse
 
 
 class NdjsonResponse(EventStreamResponse):

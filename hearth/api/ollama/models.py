@@ -24,10 +24,10 @@ from starlette.responses import JSONResponse, Response
 
 from hearth import catalog, gguf
 from hearth.api.context import node
-from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.ollama import names
 from hearth.backends.base import ModelCard
 from hearth.errors import BadRequest
+from hearth.http.parsing import OpenBody, read_json, validate
 
 OLLAMA_API_VERSION = "0.12.0"
 EMBEDDING_ARCHS = ("bert", "nomic-bert", "jina-bert-v2", "nomic-bert-moe")

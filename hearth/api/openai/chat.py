@@ -12,9 +12,6 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http import runs
-from hearth.api.http.auth import caller
-from hearth.api.http.cache_keys import body_key
-from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import (
     ConversationFields,
     RunLimits,
@@ -24,7 +21,6 @@ from hearth.api.http.run_options import (
     shape,
     stop_fields,
 )
-from hearth.api.http.sse import DONE
 from hearth.api.openai.messages import MessageIn, to_message
 from hearth.api.openai.shapes import Chunks, generation_failed, timings_field, usage_dict
 from hearth.chat.types import (
@@ -46,6 +42,10 @@ from hearth.chat.types import (
 )
 from hearth.config import Settings
 from hearth.errors import BadRequest, GenerationFailed
+from hearth.http.auth import caller
+from hearth.http.cache_keys import body_key
+from hearth.http.parsing import OpenBody, read_json, validate
+from hearth.http.sse import DONE
 
 
 class FunctionDef(OpenBody):

@@ -14,10 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http import runs
-from hearth.api.http.auth import caller
-from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import SamplerFields, run_limits, shape, stop_fields
-from hearth.api.http.sse import DONE
 from hearth.api.openai.shapes import Chunks, generation_failed, timings_field, usage_dict
 from hearth.backends.base import EventStream
 from hearth.chat.cancel import CancelToken
@@ -34,6 +31,9 @@ from hearth.chat.types import (
     new_id,
 )
 from hearth.errors import BadRequest, GenerationFailed
+from hearth.http.auth import caller
+from hearth.http.parsing import OpenBody, read_json, validate
+from hearth.http.sse import DONE
 
 MAX_PROMPTS = 16
 

@@ -7,9 +7,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from hearth.api.http.parsing import OpenBody
 from hearth.chat.types import Message, ToolCall, new_id
 from hearth.errors import BadRequest
+from hearth.http.parsing import OpenBody
 
 
 class ContentPart(OpenBody):

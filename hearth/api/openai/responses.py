@@ -22,11 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node
 from hearth.api.http import runs
-from hearth.api.http.auth import caller
-from hearth.api.http.cache_keys import body_key
-from hearth.api.http.parsing import OpenBody, read_json, validate
 from hearth.api.http.run_options import ConversationFields, OpenAIRunFields, SessionFields, run_limits, shape
-from hearth.api.http.sse import EventStreamResponse, until_disconnect
 from hearth.api.openai import responses_background as background
 from hearth.api.openai.responses_events import KEEP_AFTER_END, EventsExpired, stream_query
 from hearth.api.openai.responses_input import (
@@ -48,6 +44,10 @@ from hearth.api.openai.responses_stream import ResponseAssembler, collect, sse_e
 from hearth.chat.types import ChatRequest, Message, new_id
 from hearth.config import Settings
 from hearth.errors import BadRequest, GenerationFailed, HearthError, NotFound
+from hearth.http.auth import caller
+from hearth.http.cache_keys import body_key
+from hearth.http.parsing import OpenBody, read_json, validate
+from hearth.http.sse import EventStreamResponse, until_disconnect
 
 log = logging.getLogger("hearth.api")
 

@@ -24,9 +24,9 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from hearth.api.http.sse import sse_event
 from hearth.chat.cancel import CancelToken
 from hearth.errors import BadRequest, HearthError
+from hearth.http.sse import sse_event
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024  # per response
 KEEP_AFTER_END = 600.0  # seconds a finished run's events stay replayable (OpenAI keeps ~10 minutes)

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from hearth.api.http.run_options import stop_fields
-from hearth.api.http.sse import sse_event
 from hearth.chat.types import (
     ChatEvent,
     Done,
@@ -32,6 +31,7 @@ from hearth.chat.types import (
     Usage,
     new_id,
 )
+from hearth.http.sse import sse_event
 
 log = logging.getLogger("hearth.api")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hearth.api.http.sse import sse_data
 from hearth.chat.types import Timings, Usage
+from hearth.http.sse import sse_data
 
 
 def usage_dict(u: Usage) -> dict[str, Any]:

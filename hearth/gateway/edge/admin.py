@@ -9,8 +9,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api.http.auth import matches, presented_key
-from hearth.api.http.parsing import read_json, read_json_or_empty
 from hearth.errors import BadRequest, Forbidden, NotFound
 from hearth.gateway.edge.common import pool_of, require_admin, store_of
 from hearth.gateway.fleet.cache_state import Digest
@@ -18,6 +16,8 @@ from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.routing.affinity import key_of
 from hearth.gateway.state import gateway_of
 from hearth.gateway.store.base import GatewayStore
+from hearth.http.auth import matches, presented_key
+from hearth.http.parsing import read_json, read_json_or_empty
 from hearth.sessions.ids import check_session_id
 
 

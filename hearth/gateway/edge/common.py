@@ -5,11 +5,11 @@ from __future__ import annotations
 import httpx
 from starlette.requests import Request
 
-from hearth.api.http.auth import matches, presented_key
 from hearth.errors import Forbidden
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.state import gateway_of
 from hearth.gateway.store.base import GatewayStore
+from hearth.http.auth import matches, presented_key
 from hearth.tenants import Caller
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hearth.api.http.auth import CALLER
+from hearth.http.auth import CALLER
 from hearth.observability.logging import request_id
 from hearth.tenants import OPEN, Caller
 
@@ -15,7 +15,7 @@ class Delegate(Response):
     """Hands the request, its body replayed, to another ASGI app (the translating protocol
     layer for models on openai-kind upstreams). `who`: the caller the gateway found (tenancy.py);
     the inner app, which has no keys of its own, acts for it (its stored responses, cancels and
-    prompt-cache namespaces are that tenant's, api/http/auth.py)."""
+    prompt-cache namespaces are that tenant's, hearth/http/auth.py)."""
 
     def __init__(self, app: ASGIApp, body: bytes, who: Caller = OPEN) -> None:
         self.status_code = 200

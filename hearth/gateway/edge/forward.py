@@ -16,7 +16,6 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api.http.sse import EventStreamResponse
 from hearth.errors import Unavailable
 from hearth.gateway.fleet.pool import Node, Pool
 from hearth.gateway.state import gateway_of
@@ -24,6 +23,7 @@ from hearth.gateway.tenancy import caller, upstream_headers
 from hearth.gateway.turn.relay import renamer
 from hearth.gateway.upstream.client import node_url
 from hearth.gateway.upstream.headers import forwarded_headers
+from hearth.http.sse import EventStreamResponse
 
 
 async def call(request: Request, node: Node, body: bytes | None = None, admin: bool = False,

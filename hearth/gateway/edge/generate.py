@@ -9,7 +9,6 @@ import json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from hearth.api.http.parsing import read_json
 from hearth.errors import Unavailable
 from hearth.gateway.background import is_background
 from hearth.gateway.edge.delegate import Delegate
@@ -19,6 +18,7 @@ from hearth.gateway.edge.forward import (
 from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller
+from hearth.http.parsing import read_json
 
 
 async def generate(request: Request) -> Response:

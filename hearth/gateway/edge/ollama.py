@@ -28,7 +28,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hearth.api.http.parsing import read_json
 from hearth.api.ollama import names
 from hearth.api.ollama.generate import NdjsonResponse
 from hearth.api.ollama.models import OLLAMA_API_VERSION, hearth_version
@@ -40,6 +39,7 @@ from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller, upstream_headers
 from hearth.gateway.upstream.client import node_url
 from hearth.gateway.upstream.headers import forwarded_headers
+from hearth.http.parsing import read_json
 
 # The paths forwarded to a node that serves the named model.
 BY_MODEL = ("/api/chat", "/api/generate", "/api/show", "/api/embed", "/api/embeddings", "/v1/embeddings")

@@ -11,7 +11,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hearth.api.context import node_of
-from hearth.api.http.parsing import read_json, read_json_or_empty
 from hearth.errors import Conflict, NotFound, Unavailable
 from hearth.gateway.edge.common import client_of, pool_of, require_admin, scoped, store_of
 from hearth.gateway.edge.delegate import Delegate
@@ -31,6 +30,7 @@ from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
 from hearth.gateway.upstream.client import node_url
+from hearth.http.parsing import read_json, read_json_or_empty
 from hearth.sessions.ids import stored_session_id
 
 

@@ -2,7 +2,7 @@
 
 Affinity key, first found: `session_id` (body), `previous_response_id`, an `X-Session-Id`
 header, the conversation key a node reads (`prompt_cache_key`, Claude Code's session id,
-Codex's `session-id` header: hearth.api.http.cache_keys). A session or a response chain lives
+Codex's `session-id` header: hearth.http.cache_keys). A session or a response chain lives
 on one node (its transcript and KV are there): that key is *binding* while the node is
 healthy (a busy node makes the request wait). The others are *soft*: they pin the
 conversation to its node while that node is healthy and not saturated; a saturated one loses
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hearth.api.http.cache_keys import body_key, conversation_key
+from hearth.http.cache_keys import body_key, conversation_key
 
 KeyKind = Literal["session", "response", "header", "cache_key", "none"]
 

@@ -3,7 +3,7 @@
 
 Affinity key, first found: `session_id` (body), `previous_response_id`, an `X-Session-Id`
 header, the conversation key a node reads (`prompt_cache_key`, Claude Code's session id,
-Codex's `session-id` header: hearth.api.http.cache_keys). A session or a response chain lives
+Codex's `session-id` header: hearth.http.cache_keys). A session or a response chain lives
 on one node (its transcript and KV are there): that key is *binding* while the node is
 healthy (a busy node makes the request wait). The others are *soft*: they pin the
 conversation to its node while that node is healthy and not saturated; a saturated one loses

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from hearth.api.http.key_usage import KeyAccounts
 from hearth.errors import HearthError
 from hearth.gateway.failover.cuts import Cut
 from hearth.gateway.failover.record import turn_messages
@@ -20,6 +19,7 @@ from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.turn.request import Turn
 from hearth.gateway.turn.scan import Scan
+from hearth.http.key_usage import KeyAccounts
 from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")
@@ -38,7 +38,7 @@ class AfterTurn:
         self.accounts: KeyAccounts | None = None  # usage per client key, when the app counts it
 
     def spend(self, who: Caller, scan: Scan) -> None:
-        """The answer's usage, as relayed, to the caller's key (api/http/key_usage.py)."""
+        """The answer's usage, as relayed, to the caller's key (hearth/http/key_usage.py)."""
         if self.accounts is not None and not who.admin:
             self.accounts.spend(who.key_name, scan.whole_prompt or 0, scan.completion or 0, scan.cached or 0,
                                 who.on_behalf)

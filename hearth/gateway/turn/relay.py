@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 from starlette.responses import Response
 
-from hearth.api.http.sse import EventStreamResponse
 from hearth.gateway.failover.cuts import Cut
 from hearth.gateway.failover.resume import Moved, Resumer
 from hearth.gateway.failover.retry import Retry
@@ -39,6 +38,7 @@ from hearth.gateway.turn.after import TurnEnd
 from hearth.gateway.turn.scan import Scan
 from hearth.gateway.upstream.headers import passed_headers
 from hearth.gateway.upstream.http import Answer, Stalled, within
+from hearth.http.sse import EventStreamResponse
 
 log = logging.getLogger("hearth.gateway")
 

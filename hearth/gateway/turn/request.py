@@ -10,7 +10,6 @@ from typing import Any
 
 from starlette.requests import Request
 
-from hearth.api.http import auth
 from hearth.errors import Conflict, NotFound
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.protocols import Protocol, protocol_of
@@ -19,6 +18,7 @@ from hearth.gateway.routing.prefixes import conversation, prefix_hashes
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, hidden, owns, session_hidden
 from hearth.gateway.upstream.headers import forwarded_headers
+from hearth.http import auth
 from hearth.sessions.ids import stored_session_id
 from hearth.tenants import OPEN, Caller
 

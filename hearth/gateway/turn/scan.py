@@ -23,7 +23,7 @@ class Scan:
     responses: bool = False  # a Responses answer: look for its id and output
     cached: int | None = None
     prompt: int | None = None
-    completion: int | None = None  # tokens generated (usage per key, api/http/key_usage.py)
+    completion: int | None = None  # tokens generated (usage per key, hearth/http/key_usage.py)
     response_id: str | None = None
     output: list[Any] | None = None  # a Responses answer's output items (kept for chain failover)
     migrated: bool = False  # the answer was finished by another node than the one that began it

@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 
-from hearth.api.http.sse import json_bytes
 from hearth.fleet_protocol import session_path
 from hearth.gateway.failover.restore import Continuity
 from hearth.gateway.fleet.pool import Node
@@ -19,6 +18,7 @@ from hearth.gateway.tenancy import upstream_headers
 from hearth.gateway.turn.request import Turn
 from hearth.gateway.upstream.client import node_url
 from hearth.gateway.upstream.http import Answer, Buffered, Sender
+from hearth.http.sse import json_bytes
 
 log = logging.getLogger("hearth.gateway")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from hearth.api.http.cache_keys import KEY_HEADERS
 from hearth.gateway.upstream.http import Answer
+from hearth.http.cache_keys import KEY_HEADERS
 from hearth.observability.logging import request_id
 
 # The conversation-key headers (Claude Code's, Codex's) go on too: the node keeps the

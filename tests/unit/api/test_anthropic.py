@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from hearth.api.anthropic.messages import CountTokensIn, MessagesIn, to_chat_request
-from hearth.api.http.parsing import validate
 from hearth.chat.types import ChatRequest, Message, ToolCall
 from hearth.errors import BadRequest
+from hearth.http.parsing import validate
 
 WEATHER = {"name": "get_weather", "description": "Weather for a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -228,8 +228,8 @@ def test_deferred_tools_join_the_prompt_once_a_tool_reference_loads_them() -> No
 
 
 def test_the_context_overflow_is_worded_as_anthropic_words_it() -> None:
-    from hearth.api.http.errors import anthropic_context_message as context_message
     from hearth.errors import ContextLimit
+    from hearth.http.errors import anthropic_context_message as context_message
 
     e = ContextLimit("x", n_prompt=11695, limit=32768, max_tokens=32000)
     assert context_message(e) == ("input length and `max_tokens` exceed context limit: 11695 + 32000 > 32768, "

@@ -1,4 +1,4 @@
-"""The prompt cache's protocol side without a server: conversation keys (hearth.api.http.cache_keys),
+"""The prompt cache's protocol side without a server: conversation keys (hearth.http.cache_keys),
 Anthropic cache_control breakpoints → `ChatRequest.cache_through`, and the usage split."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from starlette.datastructures import Headers
 
 from hearth.api.anthropic.messages import MessagesIn, to_chat_request
 from hearth.api.anthropic.stream import usage_dict
-from hearth.api.http.cache_keys import MAX_KEY_CHARS, body_key, bounded, conversation_key
-from hearth.api.http.parsing import validate
 from hearth.api.openai.responses_stream import usage_object
 from hearth.chat.types import ChatRequest, Message, Timings, Usage
 from hearth.errors import BadRequest
+from hearth.http.cache_keys import MAX_KEY_CHARS, body_key, bounded, conversation_key
+from hearth.http.parsing import validate
 
 AGENTS = Path(__file__).parents[2] / "fixtures" / "agents"
 SESSION = "aa9c75f0-25f3-4dd7-ac96-326a34a6cd65"

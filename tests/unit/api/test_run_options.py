@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-from hearth.api.http.auth import AuthMiddleware
 from hearth.api.http.run_options import RunFields, repetition, wall_cap
 from hearth.config import Settings
 from hearth.engine.repetition import RepetitionSpec
 from hearth.errors import BadRequest
+from hearth.http.access import AccessSettings
+from hearth.http.auth import AuthMiddleware
 
 
 def server(**settings: Any) -> Settings:
@@ -52,7 +53,8 @@ def test_t_max_predict_ms_is_timeout_in_milliseconds() -> None:
 
 
 def verdict(method: str, path: str, key: str | None) -> int | None:
-    mw = AuthMiddleware(lambda *a: None, Settings(api_keys=["k"], admin_key="adm", metrics_token="m"))  # type: ignore[arg-type]
+    access = AccessSettings.of(Settings(api_keys=["k"], admin_key="adm", metrics_token="m"))
+    mw = AuthMiddleware(lambda *a: None, access)  # type: ignore[arg-type]
     v = mw._verdict(method, path, key)
     return v.status if v else None
 

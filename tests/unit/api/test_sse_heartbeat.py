@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from hearth.api.anthropic.stream import PING
-from hearth.api.http.sse import COMMENT_BEAT, EventStreamResponse
+from hearth.http.sse import COMMENT_BEAT, EventStreamResponse
 
 
 async def drive(response: EventStreamResponse, sent: list[dict[str, Any]]) -> None:

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from hearth.api.http.auth import AuthMiddleware
-from hearth.api.http.key_usage import KeyAccounts
 from hearth.chat.types import Done, Usage
 from hearth.config import Settings
 from hearth.errors import BadRequest, Forbidden, TooManyRequests
 from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.store.sqlite import SqliteStore
 from hearth.gateway.tenancy import hidden, owner_caller, owns, upstream_headers
+from hearth.http.access import AccessSettings
+from hearth.http.auth import AuthMiddleware
+from hearth.http.key_usage import KeyAccounts
 from hearth.sessions.ids import stored_session_id
 from hearth.tenants import ADMIN_CALLER, OPEN, ApiKey, Caller, parse_key_line, session_prefix
 
@@ -32,7 +33,7 @@ def test_the_key_file_gives_a_gateway_role() -> None:
 
 def test_a_node_believes_the_tenant_header_only_from_a_gateway_key() -> None:
     keys = [ApiKey("kgw", "gw", "gw", role="gateway"), ApiKey("ka", "alice", "team-a")]
-    mw = AuthMiddleware(lambda *a: None, Settings(named_keys=keys, admin_key="adm"))  # type: ignore[arg-type]
+    mw = AuthMiddleware(lambda *a: None, AccessSettings.of(Settings(named_keys=keys, admin_key="adm")))  # type: ignore[arg-type]
     claim = {b"x-hearth-tenant": b"team-b"}
     assert mw._caller("kgw", claim) == Caller("team-b", "gw", via_gateway=True)
     assert mw._caller("kgw", {**claim, b"x-hearth-tenant-cache": b"shared"}).shared_cache
@@ -41,7 +42,7 @@ def test_a_node_believes_the_tenant_header_only_from_a_gateway_key() -> None:
     assert isinstance(mw._caller("adm", claim), Forbidden)
     assert isinstance(mw._caller(None, claim), Forbidden)
     assert isinstance(mw._caller("kgw", {b"x-hearth-tenant": b"no/such name"}), BadRequest)
-    open_node = AuthMiddleware(lambda *a: None, Settings())  # type: ignore[arg-type]
+    open_node = AuthMiddleware(lambda *a: None, AccessSettings.of(Settings()))  # type: ignore[arg-type]
     assert open_node._caller(None, claim) == OPEN  # no keys: nothing is scoped, the header changes nothing
 
 

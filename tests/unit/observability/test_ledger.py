@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hearth.api.http.key_usage import KeyAccounts
+from hearth.http.key_usage import KeyAccounts
 from hearth.observability.ledger import Ledger, UsageFilter, UsageRecord
 from hearth.tenants import ApiKey
 

@@ -20,10 +20,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from starlette.requests import Request
 
-from hearth.api.http.body import parse_json, read_limited
 from hearth.chat.schema_bounds import check_grammar
 from hearth.chat.types import InvalidParam, SamplingParams
 from hearth.errors import BadRequest
+from hearth.http.body import parse_json, read_limited
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -30,9 +30,9 @@ from dataclasses import replace
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from hearth.api.http.errors import ApiError, respond
-from hearth.config import Settings
 from hearth.errors import BadRequest, Forbidden, HearthError, Unauthorized
+from hearth.http.access import AccessSettings
+from hearth.http.errors import ApiError, respond
 from hearth.tenants import ADMIN_CALLER, NAME, OPEN, TENANT_CACHE_HEADER, TENANT_HEADER, ApiKey, Caller
 
 OPEN_PATHS = ("/health", "/", "/openapi.json")  # the API document holds no data
@@ -102,14 +102,14 @@ def require_admin(request: Request, admin: str | None) -> None:
 
 
 class AuthMiddleware:
-    def __init__(self, app: ASGIApp, settings: Settings, join_key: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, access: AccessSettings) -> None:
         self.app = app
-        self.join_key = join_key
-        self.keyring = settings.keyring
+        self.join_key = access.join_key
+        self.keyring = list(access.keyring)
         self.keys = [k.key for k in self.keyring]
-        self.admin_key = settings.admin_key
-        self.metrics_token = settings.metrics_token
-        self.metrics_public = settings.metrics_public
+        self.admin_key = access.admin_key
+        self.metrics_token = access.metrics_token
+        self.metrics_public = access.metrics_public
 
     def _verdict(self, method: str, path: str, key: str | None) -> HearthError | None:
         if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or method == "OPTIONS":

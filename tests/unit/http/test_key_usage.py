@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from hearth.api.http.key_usage import KeyAccounts
 from hearth.chat.types import Done, Usage
 from hearth.errors import TooManyRequests
+from hearth.http.key_usage import KeyAccounts
 from hearth.tenants import ApiKey
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hearth.api.http.errors import ApiError, protocol_of, types_for
 from hearth.errors import BadRequest, Conflict, GenerationFailed, HearthError, NotFound, TooManyRequests, Unavailable
+from hearth.http.errors import ApiError, protocol_of, types_for
 
 
 @pytest.mark.parametrize(("exc", "status", "openai_type", "anthropic_type"), [

@@ -36,10 +36,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from hearth.api.http.auth import CALLER
-from hearth.api.http.errors import ApiError, respond
 from hearth.chat.types import ChatEvent, Done
 from hearth.errors import TooManyRequests
+from hearth.http.auth import CALLER
+from hearth.http.errors import ApiError, respond
 from hearth.tenants import ApiKey, Caller
 
 WINDOW = 60.0  # seconds: "per minute"
