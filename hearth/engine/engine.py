@@ -187,16 +187,24 @@ class Engine:
                 self._cv.notify()
 
     async def generate(self, req: EngineRequest, after_submit: Callable[[], None] | None = None, *,
-                       validated: bool = False) -> AsyncIterator[RequestOutput]:
+                       validated: bool = False,
+                       observe: Callable[[RequestOutput], None] | None = None) -> AsyncIterator[RequestOutput]:
         """Submit and yield outputs until the request finishes. Leaving the iterator early
         (aclose, cancellation, an exception in the consumer) aborts the request.
         `after_submit` runs once the engine knows the request (abort() works from then on);
-        `validated` as in `submit`."""
+        `validated` as in `submit`. `observe` sees every output on the loop as it arrives, also
+        those after the consumer left (the step in which an abort arrived, the abort's own):
+        what the usage ledger counts a cancelled run from."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        put: Callable[[RequestOutput], None] = queue.put_nowait
+        if observe is not None:
+            def put(out: RequestOutput) -> None:
+                observe(out)
+                queue.put_nowait(out)
 
         def sink(out: RequestOutput) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, out)
+            loop.call_soon_threadsafe(put, out)
 
         self.submit(req, sink, validated=validated)
         if after_submit is not None:
