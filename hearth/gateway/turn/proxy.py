@@ -11,6 +11,7 @@ headers go to the node as `upstream.headers.forwarded_headers` says.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -82,6 +83,10 @@ class Proxy:
         except HearthError as e:
             if watch is not None:
                 watch.finish(None, e.status, error=e.message)
+            raise
+        except asyncio.CancelledError:  # the client left before an answer began (waiting for a node)
+            if watch is not None:
+                watch.finish(None, 499, cancelled="disconnect")
             raise
         except BaseException as e:
             if watch is not None:
