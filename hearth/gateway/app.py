@@ -66,7 +66,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     background = BackgroundRuns(proxy, store, settings.heartbeat)
     # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
     # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.
-    translated = OpenAIUpstreamBackend(pool, client)
+    translated = OpenAIUpstreamBackend(pool, client, http)
     # CORS is the gateway's; usage is counted by the gateway per key (a ledger here would keep a
     # second, partial count of the same requests in translated/usage.db).
     inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[], usage_ledger=False)

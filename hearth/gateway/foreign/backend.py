@@ -57,21 +57,39 @@ from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.foreign.wire import chat_json, chunk_events, refusal, sampling_json, usage_of
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.routing.prefixes import prefix_hashes
-from hearth.gateway.upstream.http import Stalled, within
+from hearth.gateway.upstream.http import Answer, HttpxSender, Sender, Stalled, lines_of, within
 from hearth.sessions.transcript import message_to_json
 
 log = logging.getLogger("hearth.gateway")
 
 SEQ_CTX = 131072  # what the gateway lets through; the upstream enforces its own context
 NO_TOKENIZER = "token counting is not available for models served by OpenAI-compatible upstreams"
+# How long the close of a finished stream waits for the bytes after [DONE] (the body's end: the
+# last chunk of a chunked body, usually in the same packet). The connection goes back to the
+# client's pool only when its response was read to the end; closed before that, it is closed, and
+# every request opened a new connection (issue 39 item 8: a third of the gateway's CPU at 64
+# clients, and a socket in TIME_WAIT per request).
+DRAIN_S = 1.0
+
+
+async def _drained(lines: AsyncIterator[str]) -> None:
+    """`lines` read to the end (at most DRAIN_S; what they say is not used), so that their
+    connection can be kept alive; an error or the time running out only means it is not."""
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            async for _ in lines:
+                pass
+    except (TimeoutError, httpx.HTTPError, Stalled):
+        pass
 
 
 class OpenAIUpstreamBackend:
     """The backend contract over the pool's `openai`-kind nodes."""
 
-    def __init__(self, pool: Pool, client: httpx.AsyncClient) -> None:
+    def __init__(self, pool: Pool, client: httpx.AsyncClient, http: Sender | None = None) -> None:
         self.pool = pool
         self.client = client
+        self.http = http or HttpxSender(client)  # generation requests (the app's fast client)
         self._created = int(time.time())
         self._closing: set[asyncio.Future[None]] = set()
 
@@ -123,7 +141,7 @@ class OpenAIUpstreamBackend:
             return chat_json(req, model)
 
         # One answer per request can go on elsewhere (failover/openai.py); n > 1 cannot.
-        go_on = Continuer(self.pool, self.client, alias, body, hashes, req.continue_final) \
+        go_on = Continuer(self.pool, self.http, alias, body, hashes, req.continue_final) \
             if req.n == 1 and self.pool.settings.migration_limit else None
         return await self._open(alias, "/v1/chat/completions", body, hashes, completion=False, cancel=req.cancel,
                                 timeout=req.timeout, choices=req.n, go_on=go_on)
@@ -151,7 +169,7 @@ class OpenAIUpstreamBackend:
             node = lease.node
             tried.add(node.name)
             try:
-                resp = await post_stream(self.client, self.pool, node, path, body(node.up.models[alias]))
+                resp = await post_stream(self.http, self.pool, node, path, body(node.up.models[alias]))
             except httpx.TransportError as e:
                 self.pool.release(lease, False)
                 last = f"{node.name}: {type(e).__name__}"
@@ -178,12 +196,12 @@ class OpenAIUpstreamBackend:
             return EventStream(events, on_close=[held.close])
         raise Unavailable(f"every upstream failed: {last}", code="upstream_failed", retry_after=2)
 
-    def _spawn_close(self, resp: httpx.Response) -> None:
+    def _spawn_close(self, resp: Answer) -> None:
         task = asyncio.ensure_future(resp.aclose())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def _events(self, held: Held, resp: httpx.Response, completion: bool, cancel: CancelToken,
+    async def _events(self, held: Held, resp: Answer, completion: bool, cancel: CancelToken,
                       timeout: float | None, choices: int, go_on: Continuer | None) -> AsyncIterator[ChatEvent]:
         """`held.ok` tells the stream's close how it ended. A cancel (or the time cap) closes the
         upstream response, which stops the upstream's work; the stream then ends `cancelled`
@@ -207,17 +225,20 @@ class OpenAIUpstreamBackend:
         moves = 0
         echo = Echo("")  # a continuation's repetition of the partial answer it was given, dropped
         cut_at: float | None = None
+        drain: AsyncIterator[str] | None = None  # the answer's lines past [DONE]: read to the end at the close
         try:
             yield Started(0)
             while True:
                 stall = self.pool.settings.stall_timeout_for(node.up)  # none unless the TOML sets one
                 try:
-                    async for line in within(current[0].aiter_lines(), stall):
+                    lines = within(lines_of(current[0]), stall)
+                    async for line in lines:
                         node.last_bytes = self.pool.clock()
                         if not line.startswith("data:"):
                             continue
                         payload = line[5:].strip()
                         if payload == "[DONE]":
+                            drain = lines
                             break
                         data = json.loads(payload)
                         if isinstance(data, dict) and data.get("error"):
@@ -283,6 +304,8 @@ class OpenAIUpstreamBackend:
         finally:
             if cap is not None:
                 cap.cancel()
+            if drain is not None and held.ok:
+                await _drained(drain)
             await current[0].aclose()
 
     # tokens: these engines' tokenizers are not reachable through the OpenAI API
