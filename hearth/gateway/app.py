@@ -20,7 +20,7 @@ from hearth.api import keys, web
 from hearth.api.anthropic import messages as anthropic
 from hearth.api.app import create_app
 from hearth.config import Settings
-from hearth.gateway.background import BackgroundRuns
+from hearth.gateway.background import RelayedBackground
 from hearth.gateway.edge import admin, generate, models, ollama, resources
 from hearth.gateway.fleet.leases import Leases
 from hearth.gateway.fleet.membership import Membership
@@ -63,7 +63,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     accounts = KeyAccounts(settings.keyring)
     proxy.after.accounts = accounts
     metrics.registry.register(KeyUsageCollector(accounts))
-    background = BackgroundRuns(proxy, store, settings.heartbeat)
+    background = RelayedBackground(proxy, store, settings.heartbeat)
     # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
     # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.
     translated = OpenAIUpstreamBackend(pool, client, http)

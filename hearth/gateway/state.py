@@ -13,7 +13,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
-from hearth.gateway.background import BackgroundRuns
+from hearth.gateway.background import RelayedBackground
 from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Pool
@@ -35,7 +35,7 @@ class Gateway:
     # (None and empty when no upstream is of that kind).
     translator: Starlette | None
     translated: frozenset[str]
-    background: BackgroundRuns  # the background responses the gateway runs on Hearth upstreams
+    background: RelayedBackground  # the background responses the gateway runs on Hearth upstreams
     membership: Membership  # nodes joining and leaving, the fleet file reloaded
 
 

@@ -24,7 +24,6 @@ from hearth.api.context import node
 from hearth.api.http import runs
 from hearth.api.http.run_options import ConversationFields, OpenAIRunFields, SessionFields, run_limits, shape
 from hearth.api.openai import responses_background as background
-from hearth.api.openai.responses_events import KEEP_AFTER_END, EventsExpired, stream_query
 from hearth.api.openai.responses_input import (
     ToolSet,
     check_call_outputs,
@@ -48,6 +47,7 @@ from hearth.http.auth import caller
 from hearth.http.cache_keys import body_key
 from hearth.http.parsing import OpenBody, read_json, validate
 from hearth.http.sse import EventStreamResponse, until_disconnect
+from hearth.protocols.responses_log import KEEP_AFTER_END, EventsExpired, stream_query
 
 log = logging.getLogger("hearth.api")
 
