@@ -1,5 +1,6 @@
 """`GET /openapi.json`: an OpenAPI 3.1 document for every route, built from the models the
-handlers validate requests with and the response models in `hearth.api.wire`.
+handlers validate requests with and the answer models next to each protocol (`hearth.api.wire`
+lists them and says why they are models while the handlers build dicts).
 
 One table, OPERATIONS, says per route what it takes and what it answers (status → shape). A
 test checks that every route of the app is in it, and the schema fuzzer checks real answers
@@ -20,25 +21,32 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api import web, wire
+from hearth.api import web
 from hearth.api.anthropic import messages
+from hearth.api.anthropic import wire as anthropic_wire
 from hearth.api.anthropic.messages import CountTokensIn, MessagesIn
 from hearth.api.batches import wire as batch_wire
 from hearth.api.control import CancelIn, DetokenizeIn, TokenizeIn
 from hearth.api.embeddings import EmbeddingsIn
 from hearth.api.model_control import LoadIn as LoadModelIn
 from hearth.api.model_control import UnloadIn as UnloadModelIn
+from hearth.api.ollama import wire as ollama_wire
 from hearth.api.ollama.bodies import ChatIn, GenerateIn
 from hearth.api.ollama.embed import EmbeddingsIn as OllamaEmbeddingsIn
 from hearth.api.ollama.embed import EmbedIn as OllamaEmbedIn
 from hearth.api.ollama.models import ShowIn
 from hearth.api.ollama.pull import DeleteIn, PullIn
+from hearth.api.openai import wire as openai_wire
 from hearth.api.openai.chat import ChatCompletionIn
 from hearth.api.openai.completions import CompletionIn
 from hearth.api.openai.responses import ResponsesIn
 from hearth.api.prompt_blocks import BlocksIn
 from hearth.api.sessions import CreateIn, ResizeIn, RollbackIn
 from hearth.api.snapshots import LoadIn, SnapshotMetaIn
+from hearth.api.wire import control
+from hearth.api.wire import prompt_cache as cache_wire
+from hearth.api.wire import sessions as session_wire
+from hearth.api.wire import usage as usage_wire
 
 Body = type[BaseModel] | Literal["tar", "multipart"] | None
 # POST /v1/files: OpenAI's multipart upload of a batch's JSONL
@@ -84,48 +92,48 @@ def _ops() -> list[Operation]:
     batch_id = {"batch_id": "A batch id: batch_ and 32 hex digits"}
     model_q = {"model": "A model id or alias (default: the default model)"}
     return [
-        Operation("POST", "/v1/chat/completions", "Create a chat completion (OpenAI)", "openai", wire.ChatCompletion,
-                  ChatCompletionIn, streams=True, errors=GENERATE),
+        Operation("POST", "/v1/chat/completions", "Create a chat completion (OpenAI)", "openai",
+                  openai_wire.ChatCompletion, ChatCompletionIn, streams=True, errors=GENERATE),
         Operation("POST", "/chat/completions", "Create a chat completion (OpenAI, unversioned path)", "openai",
-                  wire.ChatCompletion, ChatCompletionIn, streams=True, errors=GENERATE),
+                  openai_wire.ChatCompletion, ChatCompletionIn, streams=True, errors=GENERATE),
         Operation("POST", "/v1/completions", "Create a completion from a raw prompt (OpenAI legacy)", "openai",
-                  wire.TextCompletion, CompletionIn, streams=True, errors=GENERATE),
+                  openai_wire.TextCompletion, CompletionIn, streams=True, errors=GENERATE),
         Operation("POST", "/completions", "Create a completion (OpenAI legacy, unversioned path)", "openai",
-                  wire.TextCompletion, CompletionIn, streams=True, errors=GENERATE),
-        Operation("POST", "/v1/messages", "Create a message (Anthropic)", "anthropic", wire.AnthropicMessage,
+                  openai_wire.TextCompletion, CompletionIn, streams=True, errors=GENERATE),
+        Operation("POST", "/v1/messages", "Create a message (Anthropic)", "anthropic", anthropic_wire.AnthropicMessage,
                   MessagesIn, streams=True, errors=GENERATE, anthropic=True),
         Operation("POST", "/v1/messages/count_tokens", "Count a message's input tokens (Anthropic)", "anthropic",
-                  wire.TokenCount, CountTokensIn, errors=(400, 401, 404, 413, 503), anthropic=True),
-        Operation("POST", "/v1/responses", "Create a response (OpenAI Responses)", "openai", wire.Response,
+                  anthropic_wire.TokenCount, CountTokensIn, errors=(400, 401, 404, 413, 503), anthropic=True),
+        Operation("POST", "/v1/responses", "Create a response (OpenAI Responses)", "openai", openai_wire.Response,
                   ResponsesIn, streams=True, errors=GENERATE),
         Operation("POST", "/responses", "Create a response (OpenAI Responses, unversioned path)", "openai",
-                  wire.Response, ResponsesIn, streams=True, errors=GENERATE),
+                  openai_wire.Response, ResponsesIn, streams=True, errors=GENERATE),
         Operation("GET", "/v1/responses/{response_id}", "Get a stored response, or stream a background one's events",
-                  "openai", wire.Response, errors=(400, 401, 404, 410), params=rid, streams=True,
+                  "openai", openai_wire.Response, errors=(400, 401, 404, 410), params=rid, streams=True,
                   query={"stream": "true: the events of a background response (text/event-stream), replayed then "
                                    "followed live until its terminal event",
                          "starting_after": "With stream: only the events after this sequence number (an integer "
                                            ">= 0; default: all)"}),
         Operation("DELETE", "/v1/responses/{response_id}", "Delete a stored response", "openai",
-                  wire.ResponseDeleted, errors=(401, 403, 404), params=rid),
-        Operation("POST", "/v1/responses/{response_id}/cancel", "Cancel a response's run", "openai", wire.Response,
-                  errors=(401, 404), params=rid),
-        Operation("POST", "/v1/sessions", "Create a session", "sessions", wire.Session, CreateIn,
+                  openai_wire.ResponseDeleted, errors=(401, 403, 404), params=rid),
+        Operation("POST", "/v1/responses/{response_id}/cancel", "Cancel a response's run", "openai",
+                  openai_wire.Response, errors=(401, 404), params=rid),
+        Operation("POST", "/v1/sessions", "Create a session", "sessions", session_wire.Session, CreateIn,
                   body_required=False, status=201, errors=(400, 401, 404, 409, 413, 503)),
-        Operation("GET", "/v1/sessions", "List sessions", "sessions", wire.SessionList, errors=(401,)),
-        Operation("GET", "/v1/sessions/{session_id}", "Get a session", "sessions", wire.Session,
+        Operation("GET", "/v1/sessions", "List sessions", "sessions", session_wire.SessionList, errors=(401,)),
+        Operation("GET", "/v1/sessions/{session_id}", "Get a session", "sessions", session_wire.Session,
                   errors=(400, 401, 404), params=sid),
         Operation("DELETE", "/v1/sessions/{session_id}", "Delete a session and its KV", "sessions",
-                  wire.SessionDeleted, errors=(400, 401, 403, 404, 409), params=sid),
+                  session_wire.SessionDeleted, errors=(400, 401, 403, 404, 409), params=sid),
         Operation("GET", "/v1/sessions/{session_id}/history", "A session's transcript", "sessions",
-                  wire.SessionHistory, errors=(400, 401, 404), params=sid),
+                  session_wire.SessionHistory, errors=(400, 401, 404), params=sid),
         Operation("POST", "/v1/sessions/{session_id}/rollback", "Keep only a session's first messages", "sessions",
-                  wire.SessionChange, RollbackIn, errors=(400, 401, 404, 409, 413), params=sid),
+                  session_wire.SessionChange, RollbackIn, errors=(400, 401, 404, 409, 413), params=sid),
         Operation("POST", "/v1/sessions/{session_id}/resize", "Change a session's max_seq_len", "sessions",
-                  wire.SessionChange, ResizeIn, errors=(400, 401, 404, 409, 413, 503), params=sid),
+                  session_wire.SessionChange, ResizeIn, errors=(400, 401, 404, 409, 413, 503), params=sid),
         Operation("POST", "/v1/sessions/{session_id}/resize/next_pow2", "Grow max_seq_len to the next power of 2",
-                  "sessions", wire.SessionChange, errors=(400, 401, 404, 409, 503), params=sid),
-        Operation("POST", "/v1/sessions/{session_id}/save", "Snapshot a session", "snapshots", wire.Snapshot,
+                  "sessions", session_wire.SessionChange, errors=(400, 401, 404, 409, 503), params=sid),
+        Operation("POST", "/v1/sessions/{session_id}/save", "Snapshot a session", "snapshots", session_wire.Snapshot,
                   SnapshotMetaIn, body_required=False, status=201, errors=(400, 401, 404, 409, 413, 503),
                   params=sid),
         Operation("POST", "/v1/files", "Upload a batch's input file (JSONL, purpose batch)", "batches",
@@ -148,85 +156,85 @@ def _ops() -> list[Operation]:
                   errors=(401, 404), params=batch_id),
         Operation("POST", "/v1/batches/{batch_id}/cancel", "Cancel a batch", "batches", batch_wire.BatchObject,
                   errors=(401, 404, 409), params=batch_id),
-        Operation("GET", "/v1/snapshots", "List snapshots", "snapshots", wire.SnapshotList, errors=(401,)),
-        Operation("POST", "/v1/snapshots/import", "Import a snapshot archive", "snapshots", wire.Snapshot, "tar",
-                  status=201, errors=(400, 401, 409, 413, 422, 503)),
-        Operation("GET", "/v1/snapshots/{snapshot_id}", "Get a snapshot's manifest", "snapshots", wire.Snapshot,
+        Operation("GET", "/v1/snapshots", "List snapshots", "snapshots", session_wire.SnapshotList, errors=(401,)),
+        Operation("POST", "/v1/snapshots/import", "Import a snapshot archive", "snapshots",
+                  session_wire.Snapshot, "tar", status=201, errors=(400, 401, 409, 413, 422, 503)),
+        Operation("GET", "/v1/snapshots/{snapshot_id}", "Get a snapshot's manifest", "snapshots", session_wire.Snapshot,
                   errors=(400, 401, 404, 422), params=snap),
         Operation("PATCH", "/v1/snapshots/{snapshot_id}", "Edit a snapshot's title, description, tags",
-                  "snapshots", wire.Snapshot, SnapshotMetaIn, errors=(400, 401, 404, 413, 422), params=snap),
-        Operation("DELETE", "/v1/snapshots/{snapshot_id}", "Delete a snapshot", "snapshots", wire.SnapshotDeleted,
-                  errors=(400, 401, 403, 404), params=snap),
+                  "snapshots", session_wire.Snapshot, SnapshotMetaIn, errors=(400, 401, 404, 413, 422), params=snap),
+        Operation("DELETE", "/v1/snapshots/{snapshot_id}", "Delete a snapshot", "snapshots",
+                  session_wire.SnapshotDeleted, errors=(400, 401, 403, 404), params=snap),
         Operation("POST", "/v1/snapshots/{snapshot_id}/load", "Load a snapshot into a session", "snapshots",
-                  wire.SessionChange, LoadIn, body_required=False, status=201,
+                  session_wire.SessionChange, LoadIn, body_required=False, status=201,
                   errors=(400, 401, 403, 404, 409, 413, 422, 503), params=snap),
         Operation("GET", "/v1/snapshots/{snapshot_id}/archive", "Download a snapshot as a tar archive", "snapshots",
                   "tar", errors=(400, 401, 404, 422), params=snap),
         Operation("GET", "/v1/prompt-cache/digest", "What this node's prompt cache and sessions hold, for a router",
-                  "prompt-cache", wire.PromptCacheDigest, errors=(401, 404)),
+                  "prompt-cache", cache_wire.PromptCacheDigest, errors=(401, 404)),
         Operation("POST", "/v1/prompt-cache/blocks", "A generation request's prompt-cache blocks, for a router",
-                  "prompt-cache", wire.PromptCacheBlocks, BlocksIn, errors=(400, 401, 404, 413, 503),
+                  "prompt-cache", cache_wire.PromptCacheBlocks, BlocksIn, errors=(400, 401, 404, 413, 503),
                   either_envelope=True),
         Operation("GET", "/admin/prompt-cache", "Prompt-cache counters and sizes per model and tier", "prompt-cache",
-                  wire.PromptCacheStats, errors=(401, 403, 404)),
+                  cache_wire.PromptCacheStats, errors=(401, 403, 404)),
         Operation("DELETE", "/admin/prompt-cache", "Drop a model's prompt-cache blocks (every model's without model)",
-                  "prompt-cache", wire.PromptCacheCleared, errors=(401, 403, 404, 503), query=model_q),
+                  "prompt-cache", cache_wire.PromptCacheCleared, errors=(401, 403, 404, 503), query=model_q),
         Operation("GET", "/admin/prompt-cache/entries", "A model's prompt-cache blocks", "prompt-cache",
-                  wire.PromptCacheEntries, errors=(400, 401, 403, 404, 503),
+                  cache_wire.PromptCacheEntries, errors=(400, 401, 403, 404, 503),
                   query={**model_q, "limit": "At most this many blocks (1 to 100000; default 1000)"}),
-        Operation("GET", "/admin/keys/usage", "Usage and limits per API key", "control", wire.KeyUsageList,
+        Operation("GET", "/admin/keys/usage", "Usage and limits per API key", "control", usage_wire.KeyUsageList,
                   errors=(401, 403)),
         Operation("GET", "/admin/usage", "The usage ledger: rows or sums (a tenant key: its own)", "control",
-                  wire.UsageList, errors=(400, 401, 404),
+                  usage_wire.UsageList, errors=(400, 401, 404),
                   query={"tenant": "Only this tenant (the admin's choice)", "key": "Only this key (its name)",
                          "model": "Only this model", "since": "From (unix seconds or ISO 8601)",
                          "until": "Before (unix seconds or ISO 8601)",
                          "group": "Sum by day, key, model, tenant (comma-separated; empty: one total)",
                          "limit": "Rows at most (1 to 100000; default 1000)"}),
         Operation("GET", "/admin/journal/{request_id}", "A journaled request and its answer (--journal)", "control",
-                  wire.JournalRecord, errors=(401, 404), params={"request_id": "The answer's id"}),
-        Operation("POST", "/v1/cancel", "Cancel runs by cancel_id, session or id", "control", wire.Cancelled,
+                  usage_wire.JournalRecord, errors=(401, 404), params={"request_id": "The answer's id"}),
+        Operation("POST", "/v1/cancel", "Cancel runs by cancel_id, session or id", "control", control.Cancelled,
                   CancelIn),
-        Operation("GET", "/v1/models", "List models", "control", wire.ModelList, errors=(401, 503)),
-        Operation("GET", "/v1/models/{model:path}", "Get a model", "control", wire.ModelObject,
+        Operation("GET", "/v1/models", "List models", "control", control.ModelList, errors=(401, 503)),
+        Operation("GET", "/v1/models/{model:path}", "Get a model", "control", control.ModelObject,
                   errors=(401, 404, 503), params={"model": "A model id or alias"}),
         Operation("POST", "/models/load", "Load a model now (llama-server's router shape)", "control",
-                  wire.ModelLoaded, LoadModelIn, errors=(400, 401, 403, 404, 409, 503)),
-        Operation("POST", "/v1/models/load", "Load a model now", "control", wire.ModelLoaded, LoadModelIn,
+                  control.ModelLoaded, LoadModelIn, errors=(400, 401, 403, 404, 409, 503)),
+        Operation("POST", "/v1/models/load", "Load a model now", "control", control.ModelLoaded, LoadModelIn,
                   errors=(400, 401, 403, 404, 409, 503)),
         Operation("POST", "/models/unload", "Unload a model now (llama-server's router shape)", "control",
-                  wire.ModelUnloaded, UnloadModelIn, errors=(400, 401, 403, 404, 409, 503)),
-        Operation("POST", "/v1/models/unload", "Unload a model now", "control", wire.ModelUnloaded, UnloadModelIn,
+                  control.ModelUnloaded, UnloadModelIn, errors=(400, 401, 403, 404, 409, 503)),
+        Operation("POST", "/v1/models/unload", "Unload a model now", "control", control.ModelUnloaded, UnloadModelIn,
                   errors=(400, 401, 403, 404, 409, 503)),
-        Operation("POST", "/v1/embeddings", "Create embeddings (OpenAI)", "openai", wire.EmbeddingList, EmbeddingsIn,
-                  errors=(400, 401, 404, 413, 503)),
+        Operation("POST", "/v1/embeddings", "Create embeddings (OpenAI)", "openai",
+                  openai_wire.EmbeddingList, EmbeddingsIn, errors=(400, 401, 404, 413, 503)),
         Operation("POST", "/embeddings", "Create embeddings (OpenAI, unversioned path)", "openai",
-                  wire.EmbeddingList, EmbeddingsIn, errors=(400, 401, 404, 413, 503)),
-        Operation("POST", "/api/embed", "Embeddings (Ollama)", "ollama", wire.OllamaEmbed, OllamaEmbedIn,
+                  openai_wire.EmbeddingList, EmbeddingsIn, errors=(400, 401, 404, 413, 503)),
+        Operation("POST", "/api/embed", "Embeddings (Ollama)", "ollama", ollama_wire.OllamaEmbed, OllamaEmbedIn,
                   errors=(400, 401, 404, 413, 503), ollama=True),
         Operation("POST", "/api/embeddings", "One embedding (Ollama, older endpoint)", "ollama",
-                  wire.OllamaEmbedding, OllamaEmbeddingsIn, errors=(400, 401, 404, 413, 503), ollama=True),
-        Operation("GET", "/health", "Health: 200 once the model is loaded", "control", wire.Health, errors=()),
-        Operation("POST", "/tokenize", "Tokenize text or messages", "control", wire.Tokenized, TokenizeIn,
+                  ollama_wire.OllamaEmbedding, OllamaEmbeddingsIn, errors=(400, 401, 404, 413, 503), ollama=True),
+        Operation("GET", "/health", "Health: 200 once the model is loaded", "control", control.Health, errors=()),
+        Operation("POST", "/tokenize", "Tokenize text or messages", "control", control.Tokenized, TokenizeIn,
                   errors=(400, 401, 404, 413, 503)),
-        Operation("POST", "/detokenize", "Turn token ids into text", "control", wire.Detokenized, DetokenizeIn,
+        Operation("POST", "/detokenize", "Turn token ids into text", "control", control.Detokenized, DetokenizeIn,
                   errors=(400, 401, 404, 413, 503)),
         Operation("GET", "/metrics", "Prometheus metrics", "control", "text", errors=(401,)),
         Operation("GET", "/openapi.json", "This document", "control", None, errors=()),
-        Operation("POST", "/api/chat", "Chat (Ollama); NDJSON unless stream is false", "ollama", wire.OllamaChat,
+        Operation("POST", "/api/chat", "Chat (Ollama); NDJSON unless stream is false", "ollama", ollama_wire.OllamaChat,
                   ChatIn, streams=True, errors=GENERATE, ollama=True),
         Operation("POST", "/api/generate", "Generate from a prompt (Ollama); NDJSON unless stream is false", "ollama",
-                  wire.OllamaGenerate, GenerateIn, streams=True, errors=GENERATE, ollama=True),
-        Operation("GET", "/api/tags", "List models (Ollama)", "ollama", wire.OllamaModels, errors=(401, 503),
+                  ollama_wire.OllamaGenerate, GenerateIn, streams=True, errors=GENERATE, ollama=True),
+        Operation("GET", "/api/tags", "List models (Ollama)", "ollama", ollama_wire.OllamaModels, errors=(401, 503),
                   ollama=True),
-        Operation("POST", "/api/show", "A model's details (Ollama)", "ollama", wire.OllamaShow, ShowIn,
+        Operation("POST", "/api/show", "A model's details (Ollama)", "ollama", ollama_wire.OllamaShow, ShowIn,
                   errors=(400, 401, 404, 413, 503), ollama=True),
-        Operation("GET", "/api/ps", "Loaded models (Ollama)", "ollama", wire.OllamaModels, errors=(401, 503),
+        Operation("GET", "/api/ps", "Loaded models (Ollama)", "ollama", ollama_wire.OllamaModels, errors=(401, 503),
                   ollama=True),
-        Operation("GET", "/api/version", "The Ollama API version followed", "ollama", wire.OllamaVersion,
+        Operation("GET", "/api/version", "The Ollama API version followed", "ollama", ollama_wire.OllamaVersion,
                   errors=(401,), ollama=True),
         Operation("POST", "/api/pull", "Install a catalog model (Ollama); NDJSON progress unless stream is false",
-                  "ollama", wire.OllamaProgress, PullIn, streams=True, errors=(400, 401, 403, 404, 413, 503),
+                  "ollama", ollama_wire.OllamaProgress, PullIn, streams=True, errors=(400, 401, 403, 404, 413, 503),
                   ollama=True),
         Operation("DELETE", "/api/delete", "Delete a catalog-installed model (Ollama)", "ollama", "empty", DeleteIn,
                   errors=(400, 401, 403, 404, 409, 413, 503), ollama=True),
@@ -282,14 +290,16 @@ def _ok(op: Operation, ref: Refs) -> dict[str, Any]:
 
 
 def _operation(op: Operation, ref: Refs) -> dict[str, Any]:
-    error = ref[wire.AnthropicError] if op.anthropic else ref[wire.OllamaError] if op.ollama else ref[wire.OpenAIError]
+    envelope = anthropic_wire.AnthropicError if op.anthropic else ollama_wire.OllamaError if op.ollama else None
+    error = ref[envelope or openai_wire.OpenAIError]
     if op.either_envelope:
-        error = {"anyOf": [ref[wire.OpenAIError], ref[wire.AnthropicError]]}
+        error = {"anyOf": [ref[openai_wire.OpenAIError], ref[anthropic_wire.AnthropicError]]}
     responses: dict[str, Any] = {str(op.status): _ok(op, ref)}
     for code in op.errors:
         responses[str(code)] = {"description": ERROR_TEXT[code], "content": _json(error)}
     if op.path == "/health":
-        responses["503"] = {"description": "Loading, or the model failed to load", "content": _json(ref[wire.Health])}
+        responses["503"] = {"description": "Loading, or the model failed to load",
+                            "content": _json(ref[control.Health])}
     if op.ok in ("html", "static"):
         responses["304"] = {"description": "Not modified (If-None-Match)"}
     out: dict[str, Any] = {"summary": op.summary, "tags": [op.tag], "responses": responses,
@@ -314,7 +324,7 @@ def _operation(op: Operation, ref: Refs) -> dict[str, Any]:
 def document() -> dict[str, Any]:
     requests = {op.body for op in OPERATIONS if isinstance(op.body, type)}
     responses = {op.ok for op in OPERATIONS if isinstance(op.ok, type)}
-    responses |= {wire.OpenAIError, wire.AnthropicError, wire.OllamaError, wire.Health}
+    responses |= {openai_wire.OpenAIError, anthropic_wire.AnthropicError, ollama_wire.OllamaError, control.Health}
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
         *((m, "validation") for m in sorted(requests, key=lambda m: m.__name__)),
         *((m, "serialization") for m in sorted(responses, key=lambda m: m.__name__))]
