@@ -16,7 +16,8 @@ from starlette.routing import Route
 from hearth.api.anthropic import wire as anthropic_wire
 from hearth.api.ollama import wire as ollama_wire
 from hearth.api.openai import wire as openai_wire
-from hearth.api.openapi import OPERATIONS, UNDOCUMENTED, openapi_path
+from hearth.api.openapi import openapi_path
+from hearth.api.operations import OPERATIONS, UNDOCUMENTED
 from hearth.api.wire import base, control
 from hearth.api.wire import prompt_cache as cache_wire
 from hearth.api.wire import sessions as session_wire
