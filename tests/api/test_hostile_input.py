@@ -12,7 +12,8 @@ import pytest
 
 from hearth.api.app import create_app
 from hearth.api.context import node_of
-from hearth.api.openapi import OPERATIONS, openapi_path
+from hearth.api.openapi import openapi_path
+from hearth.api.operations import OPERATIONS
 from hearth.chat.types import Message
 from hearth.config import Settings
 from hearth.jsonsafe import MAX_DEPTH

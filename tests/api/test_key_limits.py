@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hearth.api import wire
 from hearth.api.context import node_of
+from hearth.api.wire import usage as usage_wire
 from hearth.tenants import ApiKey
 from tests.api.conftest import Harness, serve
 from tests.helpers import sample
@@ -115,7 +115,7 @@ async def test_usage_per_key_on_metrics_and_the_admin_route(tmp_path: Path, cloc
         assert 'key="ka"' not in text and 'key="kb"' not in text  # names, never the keys
         assert (await h.client.get("/admin/keys/usage", headers=ALICE)).status_code == 403
         listed = (await h.client.get("/admin/keys/usage", headers=ADMIN)).json()
-        wire.KeyUsageList.model_validate(listed)
+        usage_wire.KeyUsageList.model_validate(listed)
         data = {row["name"]: row for row in listed["data"]}
         assert data["alice"]["requests"] == 2 and data["alice"]["limited"] == 1 and data["alice"]["in_flight"] == 0
         assert data["alice"]["prompt_tokens"] == prompt and data["alice"]["limits"]["rpm"] == 2

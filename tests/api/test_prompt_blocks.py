@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hearth.api import wire
+from hearth.api.wire import prompt_cache as cache_wire
 from hearth.gateway.fleet.cache_state import RequestBlocks, parse_digest
 from tests.api.conftest import Harness, serve
 from tests.fakes import scripted_backend
@@ -42,14 +42,15 @@ def chain(parent_hex: str, tokens: list[int]) -> list[str]:
     return out
 
 
-async def blocks_of(h: Harness, path: str, body: dict[str, Any]) -> wire.PromptCacheBlocks:
+async def blocks_of(h: Harness, path: str, body: dict[str, Any]) -> cache_wire.PromptCacheBlocks:
     r = await h.post("/v1/prompt-cache/blocks", {"path": path, "body": body})
     assert r.status_code == 200, r.text
-    return wire.PromptCacheBlocks.model_validate(r.json())
+    return cache_wire.PromptCacheBlocks.model_validate(r.json())
 
 
-async def digest(h: Harness) -> wire.ModelDigest:
-    return wire.PromptCacheDigest.model_validate((await h.client.get("/v1/prompt-cache/digest")).json()).models["fake"]
+async def digest(h: Harness) -> cache_wire.ModelDigest:
+    answer = (await h.client.get("/v1/prompt-cache/digest")).json()
+    return cache_wire.PromptCacheDigest.model_validate(answer).models["fake"]
 
 
 def cached(tmp_path: Path, **settings: Any) -> Any:

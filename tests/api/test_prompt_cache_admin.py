@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hearth.api import wire
+from hearth.api.wire import prompt_cache as cache_wire
 from hearth.backends.base import PrefixCacheStats
 from hearth.hashing import sampled_digest
 from tests.api.conftest import Harness, serve
@@ -73,7 +73,7 @@ def chain(parent_hex: str, tokens: list[int]) -> str:
 
 async def test_stats_entries_digest_and_clear(tmp_path: Path) -> None:
     async with cached(tmp_path) as h:
-        empty = wire.PromptCacheStats.model_validate((await h.client.get("/admin/prompt-cache")).json())
+        empty = cache_wire.PromptCacheStats.model_validate((await h.client.get("/admin/prompt-cache")).json())
         fake = empty.models["fake"]
         assert fake.block_tokens == BLOCK and set(fake.tiers) == {"slot", "ram", "disk"}
         assert fake.tiers["ram"].blocks == fake.tiers["disk"].blocks == 0
@@ -81,20 +81,20 @@ async def test_stats_entries_digest_and_clear(tmp_path: Path) -> None:
 
         await chat(h)
         await settled(h, 3)
-        stats = wire.PromptCacheStats.model_validate((await h.client.get("/admin/prompt-cache")).json())
+        stats = cache_wire.PromptCacheStats.model_validate((await h.client.get("/admin/prompt-cache")).json())
         fake = stats.models["fake"]
         assert fake.tiers["ram"].blocks == fake.tiers["disk"].blocks >= 3 and fake.written_blocks >= 3
         assert fake.tiers["disk"].bytes > fake.tiers["ram"].bytes > 0  # files carry a header and the tokens
         assert fake.misses == 1  # the first request found nothing
 
         r = await h.client.get("/admin/prompt-cache/entries")
-        listed = wire.PromptCacheEntries.model_validate(r.json())
+        listed = cache_wire.PromptCacheEntries.model_validate(r.json())
         assert listed.model == "fake" and listed.total == len(listed.data) >= 3 and not listed.has_more
         assert [e.start for e in listed.data[:3]] == [0, BLOCK, 2 * BLOCK]
         assert all(e.ram and e.disk and not e.kept for e in listed.data)
         assert [e.n_tokens for e in listed.data[:2]] == [BLOCK, BLOCK]
 
-        digest = wire.PromptCacheDigest.model_validate((await h.client.get("/v1/prompt-cache/digest")).json())
+        digest = cache_wire.PromptCacheDigest.model_validate((await h.client.get("/v1/prompt-cache/digest")).json())
         assert digest.version == 3
         d = digest.models["fake"]
         assert d.block_tokens == BLOCK
@@ -118,7 +118,7 @@ async def test_stats_entries_digest_and_clear(tmp_path: Path) -> None:
 
         r = await h.client.delete("/admin/prompt-cache", params={"model": "fake"})
         assert r.status_code == 200, r.text
-        cleared = wire.PromptCacheCleared.model_validate(r.json())
+        cleared = cache_wire.PromptCacheCleared.model_validate(r.json())
         assert cleared.model == "fake" and cleared.dropped == listed.total
         after = (await h.client.get("/admin/prompt-cache/entries")).json()
         assert after["data"] == [] and after["total"] == 0

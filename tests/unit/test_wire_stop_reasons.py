@@ -1,4 +1,4 @@
-"""The OpenAPI document's answer shapes (hearth.api.wire) name every stop reason the engine gives:
+"""The OpenAPI document's answer shapes (hearth.api.openai.wire) name every stop reason the engine gives:
 a client validating answers against the document must accept an answer the time cap ended (the
 fuzzer found `stop_reason: "timeout"` outside the schema)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from hearth.api.wire import ChatChoice, Response, TextChoice
+from hearth.api.openai.wire import ChatChoice, Response, TextChoice
 from hearth.engine.types import StopKind
 
 

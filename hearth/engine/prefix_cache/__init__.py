@@ -1,6 +1,7 @@
 """The durable prompt cache: KV of prompt prefixes in blocks, in host RAM and on disk.
 
-See cache.py for the design (blocks, hash chain, tiers, the writer) and files.py for the file
+`PrefixCache` (cache.py) composes the parts: the block index (index.py), the RAM and disk tiers
+(tiers.py), the writer thread (writer.py) and what it shows (digest.py); files.py is the file
 format."""
 
 from hearth.engine.prefix_cache.cache import KVCodec, Match, PrefixCache

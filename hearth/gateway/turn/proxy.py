@@ -41,6 +41,7 @@ from hearth.gateway.turn.settle import NodeUsage
 from hearth.gateway.turn.watch import TurnWatch
 from hearth.gateway.upstream.headers import passed_headers
 from hearth.gateway.upstream.http import Answer, Sender
+from hearth.gateway.upstream.node_client import NodeClient
 from hearth.observability.logging import request_id
 from hearth.observability.tracing import Tracing
 
@@ -49,7 +50,7 @@ log = logging.getLogger("hearth.gateway")
 
 class Proxy:
     def __init__(self, settings: GatewaySettings, pool: Pool, store: GatewayStore, metrics: GatewayMetrics,
-                 client: httpx.AsyncClient, http: Sender) -> None:
+                 client: NodeClient, http: Sender) -> None:
         self.settings = settings
         self.pool = pool
         self.store = store

@@ -19,8 +19,7 @@ from typing import Any
 import httpx
 
 from hearth.gateway.fleet.pool import Pool
-from hearth.gateway.tenancy import upstream_headers
-from hearth.gateway.upstream.client import node_url
+from hearth.gateway.upstream.node_client import NodeClient
 from hearth.tenants import Caller
 
 DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)  # seconds between lookups (6.35 s in all)
@@ -30,7 +29,7 @@ TIMEOUT = 5.0
 class NodeUsage:
     """Looks up one answer's row in a node's usage ledger."""
 
-    def __init__(self, pool: Pool, client: httpx.AsyncClient) -> None:
+    def __init__(self, pool: Pool, client: NodeClient) -> None:
         self.pool = pool
         self.client = client
 
@@ -41,14 +40,12 @@ class NodeUsage:
             if node is None or node.up.kind != "hearth":
                 return None
             try:
-                r = await self.client.get(node_url(node.up, "/admin/usage"),
-                                          params={"request_id": answer_id, "limit": "1"},
-                                          headers=upstream_headers(node.up, who), timeout=TIMEOUT)
+                r = await self.client.usage_row(node.up, answer_id, who, TIMEOUT)
             except httpx.HTTPError:
                 return None
-            if r.status_code != 200:
+            if r.status != 200:
                 return None
-            rows = r.json().get("data")
+            rows = r.obj.get("data")
             if isinstance(rows, list) and rows and isinstance(rows[0], dict):
                 return rows[0]
             if delay is None:
