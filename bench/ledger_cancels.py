@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             proc.terminate()
             proc.wait(30)
+        log = (Path(tmp) / "hearth" / "server.log").read_text(errors="replace")
+        late = log.count("recorded before its run's last engine output came")
     for s in done:
         row = rows.get(s.answer_id)
         if row is not None:
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine_generated_tokens": after - before,
         "per_stream_exact": len(exact),
         "in_flight_at_close": len(in_flight),
+        "rows_written_before_the_last_engine_output": late,
         "engine_exact": ledger_sum == after - before,
         "totals_exact": ledger_sum == after - before and len(exact) == len(done),
         "mismatches": [asdict(s) for s in done if s not in exact][:20],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Mapping
 
@@ -27,7 +28,11 @@ from hearth.observability.metrics import RequestTimer
 from hearth.observability.tracing import RunTrace, Tracing
 from hearth.tenants import Caller
 
-COUNT_WAIT = 5.0  # seconds a closed stream's record waits for its run's last engine output at most
+log = logging.getLogger("hearth.api")
+
+# Seconds a closed stream's record waits for its run's last engine output at most: an abort is
+# applied at the next step, but on an oversubscribed machine one step can take seconds.
+COUNT_WAIT = 30.0
 OPERATIONS = {"completions": "text_completion", "ollama_generate": "text_completion", "embeddings": "embeddings",
               "ollama_embed": "embeddings", "ollama_embeddings": "embeddings"}  # any other: chat
 
@@ -92,7 +97,7 @@ class UsageTap:
         exporter. A stream closed before its totals, whose run is still in the engine (the
         step in which its abort arrived may have sampled one more token for it, handed over
         after the stream closed), is recorded once the engine's last output for it was counted
-        (`CancelToken.when_counted`; at most COUNT_WAIT seconds later)."""
+        (`CancelToken.when_counted`; at most COUNT_WAIT seconds later, logged)."""
         end = time.monotonic()
         if self.done is None and token.counting:
             try:
@@ -109,7 +114,13 @@ class UsageTap:
                         late.cancel()
                         self._close(token, timer, end)
 
-                late = loop.call_later(COUNT_WAIT, record)
+                def too_late() -> None:
+                    if not recorded:
+                        log.warning("usage ledger: %s recorded before its run's last engine output came (%d tokens "
+                                    "counted)", self.request_id, token.generated)
+                    record()
+
+                late = loop.call_later(COUNT_WAIT, too_late)
                 token.when_counted(record)
                 return
         self._close(token, timer, end)
