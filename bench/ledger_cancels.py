@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--seed", type=int, default=41)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=RESULTS / "ledger_cancels.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "latest-ledger-cancels.json")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     streams = [Stream(n, "disconnect" if n % 2 == 0 else "cancel_call", rng.randint(1, args.max_tokens - 8))
