@@ -6,9 +6,10 @@ exactly in its ledger (hearth/api/http/usage_tap.py; the tokens sampled after th
 are its `discarded`). So the gateway's row for such a turn waits, off the request path, for the
 node's row of the same answer (`GET /admin/usage?request_id=ID`, as the turn's own tenant: the
 one /admin/ path a tenant key may read) and takes its counts. The node writes that row when its
-stream closes, moments after the gateway left it: the lookup is retried a few times over a few
-seconds, then the gateway's row is written with what it saw (0 tokens: a node without a
-ledger, an older node, one that went away).
+stream closes, moments after the gateway left it: the lookup is retried with growing waits over
+about 25 s (a node waits for its run's last engine output before it writes), then the gateway's
+row is written with what it saw (0 tokens: a node without a ledger, an older node, one that went
+away).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.upstream.node_client import NodeClient
 from hearth.tenants import Caller
 
-DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)  # seconds between lookups (6.35 s in all)
+DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8)  # seconds between lookups (25.5 s in all)
 TIMEOUT = 5.0
 
 
