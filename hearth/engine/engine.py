@@ -73,17 +73,9 @@ class Engine:
         # Stateless prompts' KV in blocks, in RAM and on disk. `prefetch` (any thread but this
         # one) reads a prompt's blocks from disk before the request is submitted.
         self.cache = prefix_cache
+        # Session KV for the backend (`engine.residency.export_kv`, ...): engine thread only
+        # (run them through `call`), except `kv_where`, a racy read from any thread.
         self.residency = Residency(runner, self.slots, self.swap, self.stats, prefix_cache)
-        # Session KV for the backend: engine thread only (run them through `call`), except
-        # `kv_where`, a racy read from any thread. See Residency.
-        self.kv_where = self.residency.kv_where
-        self.sessions_where = self.residency.sessions_where
-        self.slots_digest = self.residency.slots_digest
-        self.export_kv = self.residency.export_kv
-        self.import_kv = self.residency.import_kv
-        self.drop_kv = self.residency.drop_kv
-        self.trim_kv = self.residency.trim_kv
-        self.spill_all = self.residency.spill_all
         # Lower classes pause for higher ones at step boundaries, KV to RAM (preempt.py).
         self.preempt = Preemptor(runner, self.slots, self.scheduler, self.residency)
         self.queue = RequestQueue(runner.interrupt, runner.clear_interrupt)
@@ -112,7 +104,7 @@ class Engine:
             self.queue.wait_drained(timeout)
         if self.swap.dir is not None and self._thread.is_alive():
             try:
-                n = self.call(self.spill_all).result(timeout)
+                n = self.call(self.residency.spill_all).result(timeout)
                 log.info("wrote the KV of %d resident session(s) to disk", n)
             except Exception:
                 log.exception("could not write session KV to disk")
