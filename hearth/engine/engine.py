@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
 
+from hearth.engine.handoff import Mailbox, for_loop
 from hearth.engine.kv import Slot, SlotTable
 from hearth.engine.output import StepOutputs, emit
 from hearth.engine.preempt import Preemptor
@@ -193,10 +194,11 @@ class Engine:
         `after_submit` runs once the engine knows the request (abort() works from then on);
         `validated` as in `submit`."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        queue: Mailbox[RequestOutput] = Mailbox(loop)
+        handoff = for_loop(loop)  # one loop wakeup per step for all its streams (handoff.py)
 
         def sink(out: RequestOutput) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, out)
+            handoff.put(queue, out)
 
         self.submit(req, sink, validated=validated)
         if after_submit is not None:
