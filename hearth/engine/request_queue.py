@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
 
+from hearth.engine.handoff import Mailbox, for_loop
 from hearth.engine.output import StepOutputs
 from hearth.engine.sequence import ActiveRequest, Sink
 from hearth.engine.types import FinishReason, RequestOutput
@@ -202,10 +203,11 @@ async def outputs(submit: Callable[[Sink], None], abort: Callable[[], None],
     until it finishes; leaving early (aclose, cancellation, an exception in the consumer) calls
     `abort`. `after_submit` runs once the request is submitted."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+    queue: Mailbox[RequestOutput] = Mailbox(loop)
+    handoff = for_loop(loop)  # one loop wakeup per step for all its streams (handoff.py)
 
     def sink(out: RequestOutput) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, out)
+        handoff.put(queue, out)
 
     submit(sink)
     if after_submit is not None:
