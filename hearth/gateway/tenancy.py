@@ -27,7 +27,7 @@ from hearth.gateway.routing.affinity import key_of
 from hearth.gateway.settings import Upstream
 from hearth.gateway.store.base import GatewayStore
 from hearth.http import auth
-from hearth.tenants import ADMIN, ADMIN_CALLER, OPEN, Caller, tenant_headers
+from hearth.tenants import ADMIN, ADMIN_CALLER, OPEN, Caller, class_header, tenant_headers
 
 
 def upstream_headers(up: Upstream, who: Caller, admin: bool = False) -> dict[str, str]:
@@ -41,7 +41,9 @@ def upstream_headers(up: Upstream, who: Caller, admin: bool = False) -> dict[str
         return up.headers(admin=True)
     if admin and up.admin_key and up.admin_key != up.api_key:
         return up.headers(admin=True)
-    return {**up.headers(), **tenant_headers(who.tenant, who.shared_cache)}
+    # the client key's weight and classes go too: the node's fair share and preemption see the
+    # real tenants, not the gateway's one key (capped there by the gateway key's line)
+    return {**up.headers(), **tenant_headers(who.tenant, who.shared_cache), **class_header(who)}
 
 
 def owner_caller(owner: str | None, tenants: bool) -> Caller:
