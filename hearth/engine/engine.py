@@ -85,7 +85,9 @@ class Engine:
         self.trim_kv = self.residency.trim_kv
         self.spill_all = self.residency.spill_all
         # Lower classes pause for higher ones at step boundaries, KV to RAM (preempt.py).
-        self.preempt = Preemptor(runner, self.slots, self.scheduler, self.residency)
+        # the clock of time caps (a test moves it); a paused request's cap stops meanwhile (preempt.py)
+        self.clock: Callable[[], float] = time.monotonic
+        self.preempt = Preemptor(runner, self.slots, self.scheduler, self.residency, lambda: self.clock())
         self._cv = threading.Condition()
         self._inbox: list[ActiveRequest] = []
         self._aborts: dict[str, FinishReason] = {}
@@ -270,7 +272,7 @@ class Engine:
                 self._end(found, reason, out)
 
     def _expire(self, out: StepOutputs) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for ar in self.scheduler.running:  # only decoding requests have a deadline
             if ar.deadline is not None and now >= ar.deadline:
                 # The time cap ends the output as max_tokens does ("length" on every protocol),
@@ -395,7 +397,7 @@ class Engine:
         self.residency.fork(ar.seqs[0].slot, [s.slot for s in ar.seqs[1:]])  # n > 1: they share the prompt's KV
         ar.phase = Phase.DECODE
         if ar.req.max_time is not None and ar.deadline is None:  # a re-prefill keeps the first
-            ar.deadline = time.monotonic() + ar.req.max_time
+            ar.deadline = self.clock() + ar.req.max_time
         speculate = self.spec is not None and ar.req.params.speculative is not False
         for seq in ar.seqs:
             token = self._sample(seq, logits_index)
