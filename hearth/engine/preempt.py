@@ -143,7 +143,7 @@ class Preemptor:
         placement = self.slots.acquire(p.tokens, 1, False, None, None, p.ns)
         self.residency.evict(placement)
         slot = placement.slots[0]
-        slot.owner, slot.key, slot.ns = None, None, p.ns
+        slot.owner, slot.key, slot.ns, slot.priority = None, None, p.ns, ar.req.priority
         self.runner.kv_remove(slot.seq_id, 0, -1)
         self.runner.state_set(slot.seq_id, p.data)
         slot.tokens[:] = p.tokens

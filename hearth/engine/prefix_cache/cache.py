@@ -84,6 +84,9 @@ class _Block:
     header: BlockHeader | None = None  # once on disk: what reading the payload back checks
     writing: bool = False  # the writer holds its payload and is writing it
     kept: bool = False
+    # the highest admission class (fair_share.Priority) of the requests whose KV it is: a
+    # `flex` batch line's blocks are evicted before an interactive conversation's
+    priority: int = 1
     last_used: float = field(default_factory=time.time)
     from_disk: bool = False  # read from disk since it last served a prompt (reports the tier)
     tail: list[bytes] | None = None  # its tail keys (a partial block's), hashed once for digests
@@ -110,6 +113,7 @@ class _Offer:
     data: bytes
     keep: int  # tokens [0, keep) are kept (evicted last)
     ns: str = ""
+    priority: int = 1  # the class of the request whose KV it is
 
 
 class PrefixCache:
@@ -269,12 +273,13 @@ class PrefixCache:
     # ---- writes ----------------------------------------------------------------------------
 
     def offer(self, tokens: Sequence[int], get_data: Callable[[], bytes], *, keep: int = 0,
-              counted: int = 0, ns: str = "") -> int:
+              counted: int = 0, ns: str = "", priority: int = 1) -> int:
         """Engine thread: cache the KV of `tokens` (what a finished request's slot holds).
         `get_data()` (the slot's `state_get`) is called only when at least `min_new` tokens are
         not cached yet. Tokens [0, keep) are kept (evicted last). Returns how many of tokens
         [0, counted) this offer writes (were not cached before): what a client's breakpoints
-        wrote."""
+        wrote. `priority`: the admission class of the request whose KV it is (its blocks are
+        evicted before those of a higher class; a block several offers share keeps the highest)."""
         keep, counted = min(keep, len(tokens)), min(counted, len(tokens))
         with self._lock:
             if self._closed:
@@ -289,7 +294,7 @@ class PrefixCache:
             if self._backlog + len(data) > self.max_backlog:
                 self._stats.dropped_offers += 1
                 return 0
-            self._queue.append(_Offer(list(tokens), data, keep, ns))
+            self._queue.append(_Offer(list(tokens), data, keep, ns, priority))
             self._backlog += len(data)
             self._lock.notify_all()
         return max(0, counted - have)
@@ -343,7 +348,10 @@ class PrefixCache:
                 if b is None or not (b.data is not None or b.on_disk or b.writing):
                     if b is not None:
                         self._remove(b)
-                    new.append(_Block(key, h, start, list(chunk), 0, kept=start < offer.keep))
+                    new.append(_Block(key, h, start, list(chunk), 0, kept=start < offer.keep,
+                                      priority=offer.priority))
+                else:
+                    b.priority = max(b.priority, offer.priority)
                 h = key
         if not new:
             return
@@ -426,8 +434,8 @@ class PrefixCache:
                 block_path(self.dir, x.key).unlink(missing_ok=True)
 
     @staticmethod
-    def _order(b: _Block) -> tuple[bool, float, int]:
-        return b.kept, b.last_used, -b.start  # evicted first: not kept, oldest, deepest
+    def _order(b: _Block) -> tuple[bool, int, float, int]:
+        return b.kept, b.priority, b.last_used, -b.start  # evicted first: not kept, lowest class, oldest, deepest
 
     def _evict_ram(self) -> None:
         if self._ram <= self.ram_budget:
