@@ -52,7 +52,7 @@ OPEN_PATHS = ("/health", "/", "/openapi.json")  # the API document holds no data
 OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
 ADMIN_PREFIX = "/admin/"  # every path under it needs the admin key (when one is set)
 CALLER = "hearth.caller"  # the scope key the middleware records the caller under
-# The scope key of a request the node makes to itself (a batch's lines, api/batches/dispatch.py):
+# The scope key of a request the node makes to itself (a batch's lines, http/batches/dispatch.py):
 # the caller it runs as, recorded when the batch was created with a checked key. Only code in
 # this process builds such a scope; an HTTP server never puts this key in one.
 INPROCESS_CALLER = "hearth.inprocess_caller"
