@@ -28,6 +28,10 @@ EXPIRED = {"code": "batch_expired",
 SERVICE_TIER = "flex"  # every batch line runs in the lowest class
 
 
+def new_file_id() -> str:
+    return "file-" + secrets.token_hex(16)
+
+
 def new_batch_id() -> str:
     return "batch_" + secrets.token_hex(16)
 
