@@ -28,6 +28,7 @@ from hearth.gateway.state import gateway_of
 from hearth.tenants import ApiKey
 from tests.api.conftest import Harness, serve
 from tests.helpers import until
+from tests.helpers.postgres import Postgres
 
 ALICE = {"Authorization": "Bearer ka"}
 BOB = {"Authorization": "Bearer kb"}
@@ -98,15 +99,16 @@ class World:
 
 
 @contextlib.asynccontextmanager
-async def world(tmp_path: Path, concurrency: int = 4) -> AsyncIterator[World]:
-    (tmp_path / "a").mkdir()
+async def world(tmp_path: Path, concurrency: int = 4, database: str | None = None) -> AsyncIterator[World]:
+    (tmp_path / "a").mkdir(parents=True)
     (tmp_path / "b").mkdir()
     async with serve(tmp_path / "a", named_keys=NODE_KEYS) as a, serve(tmp_path / "b", named_keys=NODE_KEYS) as b:
         fleet = Fleet({PORTS["a"]: a, PORTS["b"]: b})
         ups = [Upstream(name=n, url=f"http://127.0.0.1:{port}", api_key="node-gw", models={"smol": "fake"},
                         max_in_flight=4) for n, port in PORTS.items()]
         settings = GatewaySettings(upstreams=ups, data_dir=tmp_path / "gw", named_keys=GW_KEYS, probe_interval=60,
-                                   digest_interval=0, heartbeat=0.05, batch_concurrency=concurrency)
+                                   digest_interval=0, heartbeat=0.05, batch_concurrency=concurrency,
+                                   database=database)
         app = create_gateway_app(settings, transport=fleet)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
@@ -211,3 +213,31 @@ async def test_a_cancelled_batch_keeps_what_finished(tmp_path: Path, monkeypatch
         out = await w.output(done["output_file_id"])
         assert [o["custom_id"] for o in out] == ["c0"] and done["error_file_id"] is None
         assert sum(w.fleet.served.values()) == 1
+
+
+async def test_two_gateways_on_one_postgres_see_and_cancel_the_same_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres: Postgres) -> None:
+    """Gateway 1 runs the batch (held before line 1); gateway 2, on the same database, lists it,
+    reads it and cancels it; gateway 1's run sees the cancel before its next line, and gateway 2
+    reads the final batch and its output file."""
+    folder = tmp_path / "gates"
+    folder.mkdir()
+    monkeypatch.setenv(test_gate.ENV, str(folder))
+    hold = test_gate.hold_path(folder, "gateway-batch-line-1")
+    hold.touch()
+    url = postgres.create_database()
+    async with world(tmp_path / "one", concurrency=1, database=url) as w1, \
+            world(tmp_path / "two", concurrency=1, database=url) as w2:
+        batch = await w1.submit([line(f"p{i}") for i in range(3)])
+        await until(test_gate.waiting_path(folder, "gateway-batch-line-1").exists, "held before line 1")
+        seen = (await w2.gw.get(f"/v1/batches/{batch['id']}", headers=ALICE)).json()
+        assert seen["status"] == "in_progress" and seen["request_counts"]["completed"] == 1
+        assert [b["id"] for b in (await w2.gw.get("/v1/batches", headers=ALICE)).json()["data"]] == [batch["id"]]
+        assert (await w2.gw.get(f"/v1/batches/{batch['id']}", headers=BOB)).status_code == 404
+        r = await w2.gw.post(f"/v1/batches/{batch['id']}/cancel", headers=ALICE)
+        assert r.status_code == 200 and r.json()["status"] == "cancelling"
+        hold.unlink()
+        await gateway_of(w1.app).batches.idle()
+        done = await w2.done(batch["id"])
+        assert done["status"] == "cancelled" and done["request_counts"]["completed"] == 1
+        assert [o["custom_id"] for o in await w2.output(done["output_file_id"])] == ["p0"]
