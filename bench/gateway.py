@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 
 from bench.config import DEFAULT_PROMPT, RESULTS_DIR
+from bench.gateway_load import load
 from bench.machine import machine_info
 from bench.multiturn import stream_turn, user_message
 from bench.servers import free_port
@@ -108,6 +109,17 @@ def start_gateway(tmp: Path, nodes: dict[str, Proc], args: argparse.Namespace, *
     toml.write_text("".join(f'[[upstream]]\nname = "{n}"\nurl = "{p.url}"\nmodels = {{ "smol" = "{MODEL_ID}" }}\n'
                             f"max_in_flight = {getattr(args, 'max_in_flight', None) or args.parallel}\n\n"
                             for n, p in nodes.items()))
+    env = {**os.environ, "HEARTH_GATEWAY_HOME": str(tmp / f"gw-{port}")}
+    argv = [sys.executable, "-m", "hearth.cli.main", "gateway", "--upstreams", str(toml), "--port", str(port),
+            "--log-level", "warning", *extra]
+    return Proc(argv, port, env, tmp / f"gateway-{port}.log")
+
+
+def start_gateway_toml(tmp: Path, toml_text: str, *extra: str) -> Proc:
+    """A gateway over the fleet file `toml_text`."""
+    port = free_port()
+    toml = tmp / f"fleet-{port}.toml"
+    toml.write_text(toml_text)
     env = {**os.environ, "HEARTH_GATEWAY_HOME": str(tmp / f"gw-{port}")}
     argv = [sys.executable, "-m", "hearth.cli.main", "gateway", "--upstreams", str(toml), "--port", str(port),
             "--log-level", "warning", *extra]
@@ -296,10 +308,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                               "machine": machine_info(), "settings": vars(args).copy()}
     with tempfile.TemporaryDirectory(prefix="hearth-gw-bench-") as d:
         tmp = Path(d)
-        for part in args.only or ["overhead", "multiturn", "drain"]:
+        for part in args.only or ["overhead", "multiturn", "drain", "load"]:
             (tmp / part).mkdir()
             t0 = time.perf_counter()
-            result[part] = await {"overhead": overhead, "multiturn": multiturn, "drain": drain}[part](tmp / part, args)
+            if part == "load":
+                result[part] = await load(tmp / part, args, start_gateway_toml)
+            else:
+                result[part] = await {"overhead": overhead, "multiturn": multiturn, "drain": drain}[part](tmp / part,
+                                                                                                        args)
             log(f"{part} took {time.perf_counter() - t0:.0f} s")
     return result
 
@@ -325,7 +341,7 @@ def overhead_medians(paths: list[Path]) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--medians", type=Path, nargs="+", help="summarize the overhead of these result files")
-    ap.add_argument("--only", action="append", choices=["overhead", "multiturn", "drain"])
+    ap.add_argument("--only", action="append", choices=["overhead", "multiturn", "drain", "load"])
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads per node (multiturn, drain)")
     ap.add_argument("--overhead-threads", type=int, nargs="+", default=[2, 1],
                     help="overhead: the node's llama.cpp threads, one run each")
@@ -340,6 +356,16 @@ def main() -> int:
     ap.add_argument("--words", type=int, default=120, help="multiturn: words per user message")
     ap.add_argument("--drain-tokens", type=int, default=3000, help="drain: session size to build, tokens")
     ap.add_argument("--drain-words", type=int, default=400)
+    ap.add_argument("--load-concurrency", type=int, nargs="+", default=[16, 64, 256],
+                    help="load: concurrent clients, one case each")
+    ap.add_argument("--load-seconds", type=float, default=5.0, help="load: seconds per round")
+    ap.add_argument("--load-rounds", type=int, default=2, help="load: rounds per target (direct, gateway) and case")
+    ap.add_argument("--load-chunks", type=int, default=32, help="load: content chunks per streamed answer")
+    ap.add_argument("--load-max-in-flight", type=int, default=128, help="load: the fake engine's max_in_flight")
+    ap.add_argument("--load-default-limits", action="store_true",
+                    help="load: the client keeps httpx's default pool (100 connections, 20 kept alive)")
+    ap.add_argument("--load-one-client", action="store_true",
+                    help="load: one httpx client for all workers (else one per 16 workers)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = ap.parse_args()
     if args.medians:

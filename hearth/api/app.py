@@ -31,7 +31,7 @@ from hearth.api.http.cancels import CancelRegistry
 from hearth.api.ollama import embed as ollama_embed
 from hearth.api.ollama.routes import routes as ollama_routes
 from hearth.api.openai import chat, completions, responses
-from hearth.api.openai.responses_events import BackgroundRuns
+from hearth.api.openai.background_runs import BackgroundRuns
 from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings

@@ -18,7 +18,7 @@ from starlette.requests import Request
 
 from hearth.api.batches.runner import Batches
 from hearth.api.http.cancels import CancelRegistry
-from hearth.api.openai.responses_events import BackgroundRuns
+from hearth.api.openai.background_runs import BackgroundRuns
 from hearth.api.openai.responses_store import ResponseStore
 from hearth.backends.base import Backend
 from hearth.config import Settings

@@ -22,6 +22,7 @@ from hearth.cli.common import (
     print_json,
     required_keys,
 )
+from hearth.http.serving import GRACEFUL_SHUTDOWN_S, KEEP_ALIVE_S
 
 app = typer.Typer(help="One front door over a fleet of Hearth nodes and OpenAI-compatible engines.",
                   invoke_without_command=True)
@@ -148,7 +149,7 @@ def serve(
     joins = "; nodes may join" if join_key or admin_key else ""
     typer.echo(f"hearth gateway on http://{host}:{port} over {names}{joins}", err=True)
     uvicorn.run(create_gateway_app(settings), host=host, port=port, log_level=log_level.lower(), log_config=None,
-                access_log=False, timeout_graceful_shutdown=5)
+                access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S)
 
 
 @app.command()

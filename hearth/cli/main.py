@@ -193,6 +193,7 @@ def serve(
     from hearth.api.context import node_of
     from hearth.backends.build import build_backend, startup_models
     from hearth.config import Settings, default_data_dir, parse_duration, parse_origins
+    from hearth.http.serving import GRACEFUL_SHUTDOWN_S, KEEP_ALIVE_S
     from hearth.models import resolve_model
     from hearth.observability.logging import setup_logging
     from hearth.tenants import read_key_file
@@ -247,8 +248,8 @@ def serve(
                err=True)
     node_app = create_app(backend, settings)
     config = uvicorn.Config(node_app, host=settings.host, port=settings.port,
-                            log_level=settings.log_level.lower(), timeout_graceful_shutdown=5, log_config=None,
-                            access_log=False)
+                            log_level=settings.log_level.lower(), timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                            timeout_keep_alive=KEEP_ALIVE_S, log_config=None, access_log=False)
     server = uvicorn.Server(config)
     uvicorn_exit = server.handle_exit
 

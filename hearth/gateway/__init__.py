@@ -8,7 +8,7 @@
     routing/    which node: affinity keys (the one spelling of a store key), prefixes, the cost model
     fleet/      which nodes exist and how each is: pool (admission), probes, health, digests,
                 membership, moves (a session moved with its KV), leases (several gateways)
-    upstream/   talking to a node: the fast HTTP client for generation, headers
+    upstream/   talking to a node: the fast HTTP client for generation, NodeClient for the rest, headers
     failover/   what happens when a node fails: retry (before the first byte), resume (after it,
                 with a protocol's cut: cuts/), restore (a session or chain on another node),
                 record (a turn kept from the relay), openai (foreign engines' text continuation)

@@ -20,7 +20,7 @@ from hearth.api import keys, web
 from hearth.api.anthropic import messages as anthropic
 from hearth.api.app import create_app
 from hearth.config import Settings
-from hearth.gateway.background import BackgroundRuns
+from hearth.gateway.background import RelayedBackground
 from hearth.gateway.batches.runner import GatewayBatches
 from hearth.gateway.edge import admin, generate, models, ollama, resources
 from hearth.gateway.edge import batches as batch_routes
@@ -37,6 +37,7 @@ from hearth.gateway.store import create_store
 from hearth.gateway.store.batches import BatchTables
 from hearth.gateway.turn.proxy import Proxy
 from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp
+from hearth.gateway.upstream.node_client import NodeClient
 from hearth.http.access import AccessSettings
 from hearth.http.app import assemble
 from hearth.http.key_usage import KeyAccounts, KeyUsageCollector
@@ -55,30 +56,31 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     limit = max(sum(u.max_in_flight for u in settings.upstreams) * 2 + 16, 256)
     client = httpx.AsyncClient(transport=transport, limits=httpx.Limits(max_connections=limit,
                                                                         max_keepalive_connections=limit))
-    pool = Pool(settings, store, metrics, client)
+    nodes = NodeClient(client)  # every call to a node but generation and pass-through routes
+    pool = Pool(settings, store, metrics, nodes)
     # Generation requests go over the fast client (upstream/http.py; httpx for https upstreams),
     # unless a test hands in an httpx transport standing for the fleet.
     http: UpstreamHttp | HttpxSender = UpstreamHttp(HttpxSender(client)) if transport is None \
         else HttpxSender(client)
-    proxy = Proxy(settings, pool, store, metrics, client, http)
+    proxy = Proxy(settings, pool, store, metrics, nodes, http)
     # Usage and limits per client key: the node's accounts (hearth/http/key_usage.py), fed by the
     # usage the proxy reads from the answers it relays.
     accounts = KeyAccounts(settings.keyring)
     proxy.after.accounts = accounts
     metrics.registry.register(KeyUsageCollector(accounts))
-    background = BackgroundRuns(proxy, store, settings.heartbeat)
+    background = RelayedBackground(proxy, store, settings.heartbeat)
     batches = GatewayBatches(BatchTables(store), settings.batch_concurrency, settings.lease_ttl)
     # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
     # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.
-    translated = OpenAIUpstreamBackend(pool, client)
+    translated = OpenAIUpstreamBackend(pool, client, http)
     # CORS is the gateway's; usage is counted by the gateway per key (a ledger here would keep a
     # second, partial count of the same requests in translated/usage.db).
     inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[], usage_ledger=False)
     translator = create_app(translated, inner) if translated.aliases() else None
-    mover = Mover(pool, store, client, metrics)
+    mover = Mover(pool, store, nodes, metrics)
     leases = Leases(mover, min(settings.probe_interval, settings.lease_ttl / 3))
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
-    prober = Prober(settings, client, metrics, lambda: list(pool.nodes.values()), pool.wake)
+    prober = Prober(settings, nodes, metrics, lambda: list(pool.nodes.values()), pool.wake)
     membership = Membership(settings, pool, store, mover, prober)
     translated_aliases = frozenset(translated.aliases())
 
@@ -116,7 +118,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
 
     route_list = _routes(metrics_endpoint, accounts)
     app = assemble(route_list, lifespan, metrics.requests, AccessSettings.of(settings, settings.join_key), accounts)
-    attach(app, Gateway(settings=settings, pool=pool, store=store, proxy=proxy, client=client, mover=mover,
+    attach(app, Gateway(settings=settings, pool=pool, store=store, proxy=proxy, client=client, nodes=nodes, mover=mover,
                         started=int(time.time()), translator=translator, translated=translated_aliases,
                         background=background, membership=membership, batches=batches))
     return app

@@ -6,7 +6,7 @@ kept) through the proxy's normal path: routing, retries before the first byte, s
 after it (a node that dies mid-run is continued on another, same response id, item ids and
 sequence numbers). A task of the gateway's, tied to no client, reads that relayed stream and
 records its events in an `EventLog` per response (the node's own class and caps,
-`responses_events`), each response object in them marked `background: true`.
+`hearth.protocols.responses_log`), each response object in them marked `background: true`.
 
 - The creating request waits for the first event (`response.created`), or gets the refusal the
   proxy answered (a node's 4xx, the fleet's 429 / 503) and nothing is kept. Non-streamed it is
@@ -39,15 +39,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hearth.api.openai.responses_background import SHUTDOWN_MESSAGE
-from hearth.api.openai.responses_events import (
-    KEEP_AFTER_END,
-    SHUTDOWN_GRACE,
-    EventLog,
-    EventLogs,
-    EventsExpired,
-    stream_query,
-)
 from hearth.errors import BadRequest, HearthError, Unavailable
 from hearth.gateway.failover.cuts.responses import TERMINAL, ResponsesCut
 from hearth.gateway.protocols import parse
@@ -55,13 +46,21 @@ from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, owns
 from hearth.gateway.turn.proxy import Proxy
 from hearth.http.sse import EventStreamResponse
+from hearth.protocols.responses_log import (
+    KEEP_AFTER_END,
+    SHUTDOWN_ERROR,
+    SHUTDOWN_GRACE,
+    EventLog,
+    EventLogs,
+    EventsExpired,
+    stream_query,
+)
 from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")
 
 CANCEL_SETTLE_SECONDS = 5.0  # how long a cancel waits for the run to record its end (as a node's)
 RESPONSES_PATHS = ("/v1/responses", "/responses")
-SHUTDOWN_ERROR = {"code": "server_shutdown", "message": SHUTDOWN_MESSAGE}  # as a node's (responses_background)
 
 
 def is_background(path: str, body: dict[str, Any]) -> bool:
@@ -69,7 +68,7 @@ def is_background(path: str, body: dict[str, Any]) -> bool:
 
 
 @dataclass(eq=False, slots=True)
-class Run:
+class RelayedRun:
     """One background response the gateway runs: its log, what the client has been sent of it
     (`cut`, for the output so far and a cancel's closing events) and its latest object."""
 
@@ -88,12 +87,15 @@ class Run:
                                        for p in i.get("content") or [] if p.get("type") == "output_text")}
 
 
-class BackgroundRuns:
+class RelayedBackground:
+    """Background responses the gateway runs on Hearth upstreams (relayed from a node's stream;
+    the node's own are `hearth.api.openai.background_runs.BackgroundRuns`)."""
+
     def __init__(self, proxy: Proxy, store: GatewayStore, heartbeat: float | None,
                  logs: EventLogs | None = None) -> None:
         self.proxy, self.store, self.heartbeat = proxy, store, heartbeat
         self.logs = logs or EventLogs()
-        self._runs: dict[str, Run] = {}  # live runs, by response id
+        self._runs: dict[str, RelayedRun] = {}  # live runs, by response id
         self._tasks: set[asyncio.Task[None]] = set()  # every task, before its first event too
 
     async def running(self, response_id: str, who: Caller) -> bool:
@@ -107,7 +109,7 @@ class BackgroundRuns:
                              param="background")
         upstream = {k: v for k, v in body.items() if k != "background"}
         turn = await self.proxy.turn(request, {**upstream, "stream": True})
-        begun: asyncio.Future[Run | Response] = asyncio.get_running_loop().create_future()
+        begun: asyncio.Future[RelayedRun | Response] = asyncio.get_running_loop().create_future()
         begun.add_done_callback(lambda f: f.cancelled() or f.exception())  # its creator may have left
         task = asyncio.create_task(self._drive(turn, begun), name="gateway background response")
         self._tasks.add(task)
@@ -119,7 +121,7 @@ class BackgroundRuns:
             return EventStreamResponse(first.log.follow(), heartbeat=self.heartbeat)
         return JSONResponse(first.response if first.log.closed else first.current())
 
-    async def _drive(self, turn: Any, begun: asyncio.Future[Run | Response]) -> None:
+    async def _drive(self, turn: Any, begun: asyncio.Future[RelayedRun | Response]) -> None:
         try:
             answer = await self.proxy.serve(turn)
         except BaseException as e:
@@ -165,21 +167,22 @@ class BackgroundRuns:
                 begun.set_exception(Unavailable("the upstream ended the stream before the response began",
                                                 code="upstream_failed", retry_after=2))
 
-    async def _begin(self, first: dict[str, Any], begun: asyncio.Future[Run | Response], owner: str) -> Run:
+    async def _begin(self, first: dict[str, Any], begun: asyncio.Future[RelayedRun | Response],
+                     owner: str) -> RelayedRun:
         response = first.get("response")
         if first.get("type") != "response.created" or not isinstance(response, dict) or \
                 not isinstance(response.get("id"), str):
             raise ValueError(f"the stream began with {first.get('type')!r}, not response.created")
         task = asyncio.current_task()
         assert task is not None
-        run = Run({**response, "background": True}, self.logs.open(response["id"]), task)
+        run = RelayedRun({**response, "background": True}, self.logs.open(response["id"]), task)
         await self.store.save_background(run.response)  # a database away: no run (the creator's 503)
         self._runs[response["id"]] = run
         await self.store.set_owner("background", response["id"], owner)
         begun.set_result(run)
         return run
 
-    async def _record(self, run: Run, events: list[dict[str, Any]]) -> None:
+    async def _record(self, run: RelayedRun, events: list[dict[str, Any]]) -> None:
         """Append one read's events; the terminal one's response stored first."""
         for d in events:
             if isinstance(d.get("response"), dict):
@@ -197,7 +200,7 @@ class BackgroundRuns:
         if run.cut.done:
             self.logs.close(run.log)
 
-    async def _end(self, run: Run, status: str, error: dict[str, str]) -> None:
+    async def _end(self, run: RelayedRun, status: str, error: dict[str, str]) -> None:
         """End `run` here, as a node ends a background run cut short: its open item closed as
         incomplete, then `response.incomplete` (status cancelled) or `response.failed`."""
         if run.log.closed:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from hearth.api.anthropic.stream import error_event
 from hearth.http.sse import DONE, json_bytes, sse_data, sse_event
+from hearth.protocols.anthropic_events import error_event
 
 Event = bytes  # one SSE event, without its blank line
 

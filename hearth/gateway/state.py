@@ -13,7 +13,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
-from hearth.gateway.background import BackgroundRuns
+from hearth.gateway.background import RelayedBackground
 from hearth.gateway.batches.runner import GatewayBatches
 from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
@@ -21,6 +21,7 @@ from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.turn.proxy import Proxy
+from hearth.gateway.upstream.node_client import NodeClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,14 +30,15 @@ class Gateway:
     pool: Pool
     store: GatewayStore  # the database (the pool keeps its own reference for binding-key reads only)
     proxy: Proxy
-    client: httpx.AsyncClient  # every upstream call that is not a generation request
+    client: httpx.AsyncClient  # routes that pass a client's request through to a node as it is
+    nodes: NodeClient  # every other call to a node that is not a generation request
     mover: Mover
     started: int  # unix time the gateway started: `created` of its model cards
     # The node's protocol layer over the openai-kind upstreams, and the aliases it serves
     # (None and empty when no upstream is of that kind).
     translator: Starlette | None
     translated: frozenset[str]
-    background: BackgroundRuns  # the background responses the gateway runs on Hearth upstreams
+    background: RelayedBackground  # the background responses the gateway runs on Hearth upstreams
     membership: Membership  # nodes joining and leaving, the fleet file reloaded
     batches: GatewayBatches  # the Batch API's runs (its state: `batches.tables`, in the store)
 

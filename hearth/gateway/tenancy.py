@@ -3,7 +3,7 @@ gateway sends a node for it, and whose the gateway's own records are.
 
 The gateway checks its clients' keys as a node does (the same key file format, the same
 `Caller`, hearth/http/auth.py) and never forwards them: every node gets the upstream's own key.
-For a tenant's request that key goes with `X-Hearth-Tenant` (hearth.tenants.tenant_headers),
+For a tenant's request that key goes with `X-Hearth-Tenant` (`upstream/headers.py: upstream_headers`),
 which a node believes only from a key its key file marks `role=gateway`: the node then scopes
 sessions, snapshots, responses, the prompt cache and usage to that tenant as if the tenant's own
 key had called. The gateway's admin key acts upstream with the upstream's admin key (the node's
@@ -24,26 +24,9 @@ from __future__ import annotations
 from starlette.requests import Request
 
 from hearth.gateway.routing.affinity import key_of
-from hearth.gateway.settings import Upstream
 from hearth.gateway.store.base import GatewayStore
 from hearth.http import auth
-from hearth.tenants import ADMIN, ADMIN_CALLER, OPEN, Caller, class_header, tenant_headers
-
-
-def upstream_headers(up: Upstream, who: Caller, admin: bool = False) -> dict[str, str]:
-    """The node's credentials (and tenant) for a request of `who`. `admin`: an operation the
-    node keeps for its admin key (a DELETE, a forced load); for a tenant it goes with the admin
-    key only where the upstream has a distinct one, and only after the gateway checked that the
-    tenant sees the object (the node's admin key speaks for no tenant)."""
-    if who.key_name is None:  # a gateway without keys: the upstream's key, as it always was
-        return up.headers(admin)
-    if who.admin:
-        return up.headers(admin=True)
-    if admin and up.admin_key and up.admin_key != up.api_key:
-        return up.headers(admin=True)
-    # the client key's weight and classes go too: the node's fair share and preemption see the
-    # real tenants, not the gateway's one key (capped there by the gateway key's line)
-    return {**up.headers(), **tenant_headers(who.tenant, who.shared_cache), **class_header(who)}
+from hearth.tenants import ADMIN, ADMIN_CALLER, OPEN, Caller
 
 
 def owner_caller(owner: str | None, tenants: bool) -> Caller:

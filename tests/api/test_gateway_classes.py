@@ -28,7 +28,7 @@ from hearth.chat.template import ChatTemplate
 from hearth.engine.runner import BatchEntry
 from hearth.gateway.app import create_gateway_app
 from hearth.gateway.settings import GatewaySettings, Upstream
-from hearth.gateway.tenancy import upstream_headers
+from hearth.gateway.upstream.headers import upstream_headers
 from hearth.models import ModelSpec
 from hearth.tenants import OPEN, TENANT_CLASS_HEADER, TENANT_HEADER, ApiKey, Caller
 from tests.api.conftest import Harness, serve

@@ -26,12 +26,14 @@ FLOORS: list[set[str]] = [
     {"backends.llamacpp", "backends.local", "backends.build"},  # the concrete backend and its composition
     {"sessions", "observability"},
     {"http"},  # the HTTP edge the node and the gateway share
+    {"protocols"},  # protocol facts both products speak (event logs, error events, names)
     {"api"},  # a node's HTTP server
     {"gateway"},  # HTTP in front of a fleet of nodes
     {"cli"},  # the top: nothing imports it
 ]
 FLOOR = {package: i for i, floor in enumerate(FLOORS) for package in floor}
-ABOVE = ("hearth.api", "hearth.http", "hearth.sessions", "hearth.observability", "hearth.gateway", "hearth.cli")
+ABOVE = ("hearth.api", "hearth.http", "hearth.protocols", "hearth.sessions", "hearth.observability", "hearth.gateway",
+         "hearth.cli")
 COMPOSITION_ROOT = "hearth.cli.main"  # builds the backend for `serve`
 
 

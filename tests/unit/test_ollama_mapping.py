@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from hearth.api.ollama import names
 from hearth.api.ollama.bodies import chat_request, generate_request, read_chat, read_generate
 from hearth.api.ollama.replies import Clock, gather, stream_lines
 from hearth.chat.types import (
@@ -26,6 +25,7 @@ from hearth.chat.types import (
     Usage,
 )
 from hearth.errors import BadRequest
+from hearth.protocols import ollama_names as names
 
 USER = [{"role": "user", "content": "Hi"}]
 

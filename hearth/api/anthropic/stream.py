@@ -26,6 +26,7 @@ from hearth.chat.types import (
     new_id,
 )
 from hearth.http.sse import sse_event
+from hearth.protocols.anthropic_events import error_event
 
 log = logging.getLogger("hearth.api")
 
@@ -59,10 +60,6 @@ def usage_dict(u: Usage) -> dict[str, int]:
     written = max(0, min(u.cache_write_tokens, u.prompt_tokens - u.cached_tokens))
     return {"input_tokens": u.prompt_tokens - u.cached_tokens - written, "output_tokens": u.completion_tokens,
             "cache_creation_input_tokens": written, "cache_read_input_tokens": u.cached_tokens}
-
-
-def error_event(message: str, type_: str = "api_error") -> bytes:
-    return sse_event("error", {"type": "error", "error": {"type": type_, "message": message}})
 
 
 def tool_use_id(call_id: str | None) -> str:

@@ -26,7 +26,7 @@ PENDING_TTL = 30.0
 
 
 @dataclass(eq=False, slots=True)
-class Run:
+class LiveRun:
     """One in-flight generation as the cancel endpoint sees it."""
 
     token: CancelToken
@@ -39,7 +39,7 @@ class Run:
 class CancelRegistry:
     def __init__(self, clock: Callable[[], float] = time.monotonic, ttl: float = PENDING_TTL) -> None:
         self._lock = threading.Lock()
-        self._runs: set[Run] = set()
+        self._runs: set[LiveRun] = set()
         self._pending: dict[tuple[str | None, str], float] = {}  # (scope, cancel_id) -> expiry
         self._clock = clock
         self._ttl = ttl
@@ -54,12 +54,12 @@ class CancelRegistry:
             return len(self._pending)
 
     def open(self, *, cancel_id: str | None = None, session_id: str | None = None,
-             ids: Iterable[str] = (), owner: str = ADMIN) -> Run:
-        run = Run(CancelToken(), cancel_id, session_id, frozenset(ids), owner)
+             ids: Iterable[str] = (), owner: str = ADMIN) -> LiveRun:
+        run = LiveRun(CancelToken(), cancel_id, session_id, frozenset(ids), owner)
         self.register(run)
         return run
 
-    def register(self, run: Run) -> None:
+    def register(self, run: LiveRun) -> None:
         with self._lock:
             self._purge()
             self._runs.add(run)
@@ -68,7 +68,7 @@ class CancelRegistry:
         if early:
             run.token.cancel("cancel_call")
 
-    def close(self, run: Run) -> None:
+    def close(self, run: LiveRun) -> None:
         with self._lock:
             self._runs.discard(run)
 

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 
 from hearth.api.context import NodeContext, node
-from hearth.api.http.cancels import CancelRegistry, Run
+from hearth.api.http.cancels import CancelRegistry, LiveRun
 from hearth.api.http.usage_tap import UsageTap, trace_input
 from hearth.backends.base import Backend, EventStream
 from hearth.chat.cancel import CancelToken
@@ -29,7 +29,7 @@ from hearth.tenants import run_class as resolve_class
 
 
 class Generation:
-    def __init__(self, run: Run, events: EventStream, timer: RequestTimer, registry: CancelRegistry,
+    def __init__(self, run: LiveRun, events: EventStream, timer: RequestTimer, registry: CancelRegistry,
                  heartbeat: float | None = None, tap: UsageTap | None = None) -> None:
         self.run, self.events, self.timer, self._registry = run, events, timer, registry
         self.heartbeat = heartbeat
@@ -131,7 +131,7 @@ def run_class(who: Caller, asked: str | None) -> str:
     return resolve_class(asked, who.priority, who.max_priority)
 
 
-async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run: Run, arrived: float,
+async def start_detached(ctx: NodeContext, endpoint: str, creq: ChatRequest, run: LiveRun, arrived: float,
                          key_name: str | None = None, tenant: str | None = None) -> Generation:
     """`start_chat` for a run no client holds (a background response): `run` (opened by the
     caller in `ctx.cancels`, so that it can be cancelled before it is admitted) waits for a slot

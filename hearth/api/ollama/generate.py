@@ -21,22 +21,14 @@ from starlette.responses import JSONResponse, Response
 from hearth.api.context import node
 from hearth.api.http import runs
 from hearth.api.http.run_options import keep_alive
-from hearth.api.ollama import names
 from hearth.api.ollama.bodies import OllamaFields, chat_request, generate_request, read_chat, read_generate
 from hearth.api.ollama.replies import Clock, Kind, gather, stream_lines
 from hearth.chat.types import ChatEvent, CompletionRequest, new_id
 from hearth.errors import GenerationFailed
 from hearth.http.auth import caller
 from hearth.http.parsing import read_json
-from hearth.http.sse import EventStreamResponse
-
-
-class NdjsonResponse(EventStreamResponse):
-    """Ollama's stream: one JSON object a line. No heartbeat: NDJSON has no comment line, and
-    Ollama's clients parse every line."""
-
-    media_type = "application/x-ndjson"
-    content_type = b"application/x-ndjson"
+from hearth.protocols import ollama_names as names
+from hearth.protocols.ollama_wire import NdjsonResponse
 
 
 async def chat(request: Request) -> Response:

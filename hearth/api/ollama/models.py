@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 from datetime import UTC, datetime, timedelta
-from importlib import metadata as dist
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +23,12 @@ from starlette.responses import JSONResponse, Response
 
 from hearth import catalog, gguf
 from hearth.api.context import node
-from hearth.api.ollama import names
 from hearth.backends.base import ModelCard
 from hearth.errors import BadRequest
 from hearth.http.parsing import OpenBody, read_json, validate
+from hearth.protocols import ollama_names as names
+from hearth.protocols.ollama_wire import OLLAMA_API_VERSION, hearth_version
 
-OLLAMA_API_VERSION = "0.12.0"
 EMBEDDING_ARCHS = ("bert", "nomic-bert", "jina-bert-v2", "nomic-bert-moe")
 
 _headers: dict[tuple[str, int], dict[str, Any]] = {}
@@ -195,13 +194,6 @@ async def show(request: Request) -> Response:
         "details": details(card, meta), "model_info": model_info(meta, body.verbose),
         "capabilities": capabilities(meta), "modified_at": _modified(card, path),
     })
-
-
-def hearth_version() -> str:
-    try:
-        return dist.version("hearth")
-    except dist.PackageNotFoundError:
-        return "unknown"
 
 
 async def version(request: Request) -> Response:

@@ -27,14 +27,14 @@ from starlette.responses import JSONResponse, Response
 
 from hearth import catalog
 from hearth.api.context import node
-from hearth.api.ollama import names
-from hearth.api.ollama.generate import NdjsonResponse
 from hearth.api.ollama.replies import line
 from hearth.backends.base import Backend
 from hearth.errors import BadRequest, NotFound
 from hearth.http.auth import require_admin
 from hearth.http.parsing import OpenBody, read_json, validate
 from hearth.models import DEFAULT_ALIASES, ModelSpec
+from hearth.protocols import ollama_names as names
+from hearth.protocols.ollama_wire import NdjsonResponse
 
 UNKNOWN = "pull model manifest: file does not exist"
 

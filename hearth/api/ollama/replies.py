@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hearth.api.http.run_options import stop_fields
-from hearth.api.ollama.names import timestamp
 from hearth.chat.types import ChatEvent, Done, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from hearth.http.sse import json_bytes
+from hearth.protocols.ollama_names import timestamp
 
 Kind = Literal["chat", "generate"]
 

@@ -24,8 +24,16 @@ from hearth.api.context import node
 from hearth.api.http import runs
 from hearth.api.http.run_options import ConversationFields, OpenAIRunFields, SessionFields, run_limits, shape
 from hearth.api.openai import responses_background as background
-from hearth.api.openai.responses_events import KEEP_AFTER_END, EventsExpired, stream_query
-from hearth.api.openai.responses_input import (
+from hearth.api.openai.responses_store import ScopedResponses, valid_id
+from hearth.api.openai.responses_stream import ResponseAssembler, collect, sse_events
+from hearth.chat.types import ChatRequest, Message, new_id
+from hearth.config import Settings
+from hearth.errors import BadRequest, GenerationFailed, HearthError, NotFound
+from hearth.http.auth import caller
+from hearth.http.cache_keys import body_key
+from hearth.http.parsing import OpenBody, read_json, validate
+from hearth.http.sse import EventStreamResponse, until_disconnect
+from hearth.protocols.responses_input import (
     ToolSet,
     check_call_outputs,
     check_metadata,
@@ -39,15 +47,7 @@ from hearth.api.openai.responses_input import (
     to_tool_choice,
     to_tools,
 )
-from hearth.api.openai.responses_store import ScopedResponses, valid_id
-from hearth.api.openai.responses_stream import ResponseAssembler, collect, sse_events
-from hearth.chat.types import ChatRequest, Message, new_id
-from hearth.config import Settings
-from hearth.errors import BadRequest, GenerationFailed, HearthError, NotFound
-from hearth.http.auth import caller
-from hearth.http.cache_keys import body_key
-from hearth.http.parsing import OpenBody, read_json, validate
-from hearth.http.sse import EventStreamResponse, until_disconnect
+from hearth.protocols.responses_log import KEEP_AFTER_END, EventsExpired, stream_query
 
 log = logging.getLogger("hearth.api")
 

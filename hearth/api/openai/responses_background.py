@@ -3,7 +3,7 @@
 The request is checked as any other; then its run is a task of the node's (`BackgroundRuns`):
 it waits for a slot like any run (the stored response says `queued` meanwhile), runs under the
 request's time cap, and can be cancelled by `POST /v1/responses/{id}/cancel` or `/v1/cancel`.
-Its events go to an `EventLog` (`responses_events`), its state to the store: `in_progress` once
+Its events go to an `EventLog` (`hearth.protocols.responses_log`), its state to the store: `in_progress` once
 admitted, the final object at its end (the store first, then the terminal event, so a reader
 who saw the end reads the final object).
 
@@ -32,16 +32,15 @@ from typing import Any
 
 from hearth.api.context import NodeContext
 from hearth.api.http import runs
-from hearth.api.http.cancels import Run
-from hearth.api.openai.responses_events import EventLog
+from hearth.api.http.cancels import LiveRun
 from hearth.api.openai.responses_stream import ResponseAssembler
 from hearth.chat.types import ChatRequest
 from hearth.errors import HearthError
+from hearth.protocols.responses_log import SHUTDOWN_ERROR, SHUTDOWN_MESSAGE, EventLog
 from hearth.tenants import OPEN, Caller
 
 log = logging.getLogger("hearth.api")
 
-SHUTDOWN_MESSAGE = "the server shut down before the response finished"
 
 
 @dataclass(eq=False, slots=True)
@@ -67,7 +66,7 @@ def launch(ctx: NodeContext, creq: ChatRequest, cancel_id: str | None, asm: Resp
     return launched
 
 
-async def _drive(ctx: NodeContext, creq: ChatRequest, run: Run, asm: ResponseAssembler, launched: Launched,
+async def _drive(ctx: NodeContext, creq: ChatRequest, run: LiveRun, asm: ResponseAssembler, launched: Launched,
                  settle: Callable[[], None], arrived: float, who: Caller) -> None:
     store, events_log = ctx.responses, launched.log
 
@@ -120,5 +119,5 @@ async def _drive(ctx: NodeContext, creq: ChatRequest, run: Run, asm: ResponseAss
         with contextlib.suppress(Exception):
             await asyncio.shield(gen.events.aclose())  # the slot goes back even if this task is cancelled
         if asm.error == SHUTDOWN_MESSAGE:
-            asm.response["error"] = {"code": "server_shutdown", "message": SHUTDOWN_MESSAGE}
+            asm.response["error"] = dict(SHUTDOWN_ERROR)
         end(tail)

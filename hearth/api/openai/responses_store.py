@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hearth.db import add_owner_column, connect
+from hearth.protocols.responses_log import ORPHAN_ERROR
 from hearth.tenants import ADMIN, Caller
 
 RESPONSE_ID = re.compile(r"^resp_[0-9a-f]{32}$")
@@ -59,7 +60,6 @@ _SCHEMA = (
 # response is failed, not left running forever.
 _ORPHANS = """UPDATE responses SET response = json_set(response, '$.status', 'failed', '$.error', json(?))
 WHERE json_extract(response, '$.status') IN ('queued', 'in_progress')"""
-ORPHAN_ERROR = {"code": "server_restarted", "message": "the server stopped before the response finished"}
 
 
 def valid_id(response_id: str) -> bool:

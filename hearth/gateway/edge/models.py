@@ -24,18 +24,18 @@ from hearth.errors import NotFound
 from hearth.gateway.edge.common import pool_of
 from hearth.gateway.fleet.pool import Node
 from hearth.gateway.state import Gateway, gateway_of
-from hearth.gateway.upstream.client import node_url
+from hearth.gateway.upstream.node_client import NodeClient
 
 RANK = {"loaded": 0, "loading": 1, "unloading": 2, "unloaded": 3}  # best first
 
 
-async def node_statuses(client: httpx.AsyncClient, node: Node, timeout: float) -> dict[str, str]:
+async def node_statuses(client: NodeClient, node: Node, timeout: float) -> dict[str, str]:
     """Model id (and each of its aliases) -> status on a Hearth node; {} if it did not answer so."""
     try:
-        r = await client.get(node_url(node.up, "/v1/models"), headers=node.up.headers(), timeout=timeout)
-        data = r.json().get("data") if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
+        r = await client.models(node.up, timeout)
+    except httpx.HTTPError:
         return {}
+    data = r.obj.get("data") if r.status == 200 else None
     out: dict[str, str] = {}
     for card in data if isinstance(data, list) else []:
         status = card.get("status") if isinstance(card, dict) else None
@@ -51,7 +51,7 @@ async def node_statuses(client: httpx.AsyncClient, node: Node, timeout: float) -
 
 async def model_cards(gw: Gateway) -> list[dict[str, Any]]:
     asked = [n for n in gw.pool.nodes.values() if n.up.kind == "hearth" and n.live.up]
-    answers = await asyncio.gather(*(node_statuses(gw.client, n, gw.settings.digest_timeout) for n in asked))
+    answers = await asyncio.gather(*(node_statuses(gw.nodes, n, gw.settings.digest_timeout) for n in asked))
     statuses = {n.name: a for n, a in zip(asked, answers, strict=True)}
     cards = []
     for alias, upstreams in gw.pool.aliases().items():

@@ -28,18 +28,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hearth.api.ollama import names
-from hearth.api.ollama.generate import NdjsonResponse
-from hearth.api.ollama.models import OLLAMA_API_VERSION, hearth_version
 from hearth.errors import BadRequest, NotFound
 from hearth.gateway.edge.forward import live
 from hearth.gateway.fleet.pool import Lease, Node, Pool
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.state import gateway_of
-from hearth.gateway.tenancy import caller, upstream_headers
+from hearth.gateway.tenancy import caller
 from hearth.gateway.upstream.client import node_url
-from hearth.gateway.upstream.headers import forwarded_headers
+from hearth.gateway.upstream.headers import forwarded_headers, upstream_headers
 from hearth.http.parsing import read_json
+from hearth.protocols import ollama_names as names
+from hearth.protocols.ollama_wire import OLLAMA_API_VERSION, NdjsonResponse, hearth_version
 
 # The paths forwarded to a node that serves the named model.
 BY_MODEL = ("/api/chat", "/api/generate", "/api/show", "/api/embed", "/api/embeddings", "/v1/embeddings")

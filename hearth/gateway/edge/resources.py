@@ -28,8 +28,9 @@ from hearth.gateway.fleet.pool import Node
 from hearth.gateway.routing.affinity import Affinity, key_of
 from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.state import gateway_of
-from hearth.gateway.tenancy import caller, hidden, session_hidden, upstream_headers
+from hearth.gateway.tenancy import caller, hidden, session_hidden
 from hearth.gateway.upstream.client import node_url
+from hearth.gateway.upstream.headers import upstream_headers
 from hearth.http.parsing import read_json, read_json_or_empty
 from hearth.sessions.ids import stored_session_id
 

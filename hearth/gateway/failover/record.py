@@ -18,10 +18,10 @@ from typing import Any
 
 from hearth.api.anthropic.messages import read_messages
 from hearth.api.openai.chat import read_chat
-from hearth.api.openai.responses_input import normalize_input, partial_message, split_partial, to_messages, to_tools
 from hearth.chat.types import Message
 from hearth.errors import HearthError
 from hearth.gateway.protocols import Protocol
+from hearth.protocols.responses_input import normalize_input, partial_message, split_partial, to_messages, to_tools
 from hearth.sessions.transcript import message_to_json
 
 log = logging.getLogger("hearth.gateway")

@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 
 from hearth.errors import BadRequest, HearthError
-from hearth.fleet_protocol import SESSIONS_PATH, SessionCreate, history_path, session_path
+from hearth.fleet_protocol import SessionCreate
 from hearth.gateway.fleet.pool import Node
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.affinity import key_of
 from hearth.gateway.store.base import GatewayStore
-from hearth.gateway.tenancy import owner_caller, owns, upstream_headers
-from hearth.gateway.upstream.client import node_url
+from hearth.gateway.tenancy import owner_caller, owns
+from hearth.gateway.upstream.node_client import NodeClient
 from hearth.tenants import Caller
 
 log = logging.getLogger("hearth.gateway")
@@ -38,7 +38,7 @@ def input_items(value: Any) -> list[Any]:
 
 
 class Continuity:
-    def __init__(self, store: GatewayStore, client: httpx.AsyncClient, metrics: GatewayMetrics,
+    def __init__(self, store: GatewayStore, client: NodeClient, metrics: GatewayMetrics,
                  keyed: bool = False) -> None:
         self.store = store
         self.keyed = keyed  # the gateway carries tenants: what it does for a session, it does as its owner
@@ -65,17 +65,14 @@ class Continuity:
         if owner is None or (owner == node.name and not lost):
             return owner == node.name
         body = SessionCreate(session_id=sid, model=node.up.models[alias], messages=history)
-        url = node_url(node.up, SESSIONS_PATH)
         who = await self.as_owner(sid)  # re-created as its owner's, as it was
-        headers = upstream_headers(node.up, who)
-        r = await self.client.post(url, json=body, headers=headers, timeout=30)
-        if r.status_code == 409:  # a stale copy from an earlier stay on this node
-            await self.client.delete(node_url(node.up, session_path(sid)),
-                                     headers=upstream_headers(node.up, who, admin=True), timeout=30)
-            r = await self.client.post(url, json=body, headers=headers, timeout=30)
-        if r.status_code >= 500:
-            raise httpx.TransportError(f"creating the session answered {r.status_code}")
-        if r.status_code >= 400:
+        r = await self.client.create_session(node.up, body, who)
+        if r.status == 409:  # a stale copy from an earlier stay on this node
+            await self.client.delete_session(node.up, sid, who)
+            r = await self.client.create_session(node.up, body, who)
+        if r.status >= 500:
+            raise httpx.TransportError(f"creating the session answered {r.status}")
+        if r.status >= 400:
             raise BadRequest(f"could not continue session {sid} on {node.name}: {r.text[:300]}")
         self.metrics.reprefills.inc()
         log.info("session %s continues on %s from the gateway's transcript (%d messages)", sid, node.name,
@@ -142,14 +139,13 @@ class Continuity:
 
     async def copy_transcript(self, node: Node, sid: str, alias: str) -> bool:
         try:
-            r = await self.client.get(node_url(node.up, history_path(sid)),
-                                      headers=upstream_headers(node.up, await self.as_owner(sid)), timeout=30)
-            data = r.json().get("data") if r.status_code == 200 else None
+            r = await self.client.history(node.up, sid, await self.as_owner(sid))
+            data = r.obj.get("data") if r.status == 200 else None
             if isinstance(data, list):
                 await self.store.save_transcript(sid, alias, data)
                 return True
             log.warning("could not copy session %s's transcript from %s: it answered %d", sid, node.name,
-                        r.status_code)
+                        r.status)
         except (httpx.HTTPError, ValueError, HearthError) as e:  # HearthError: the database is away
             log.warning("could not copy session %s's transcript from %s: %s", sid, node.name, e)
         return False

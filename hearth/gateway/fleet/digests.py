@@ -22,19 +22,19 @@ from typing import Any
 
 import httpx
 
-from hearth.fleet_protocol import BLOCKS_PATH, DIGEST_PATH, BlocksQuery
+from hearth.fleet_protocol import BlocksQuery
 from hearth.gateway.fleet.cache_state import Digest, RequestBlocks, parse_digest
 from hearth.gateway.fleet.periodic import Periodic
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.settings import GatewaySettings
-from hearth.gateway.upstream.client import node_url
+from hearth.gateway.upstream.node_client import NodeClient
 
 log = logging.getLogger("hearth.gateway")
 
 
 class Digests:
-    def __init__(self, settings: GatewaySettings, client: httpx.AsyncClient, metrics: GatewayMetrics,
+    def __init__(self, settings: GatewaySettings, client: NodeClient, metrics: GatewayMetrics,
                  nodes: Callable[[], Iterable[Any]], clock: Callable[[], float]) -> None:
         self.settings = settings
         self.client = client
@@ -51,17 +51,16 @@ class Digests:
 
     async def poll(self, node: Any) -> None:
         try:
-            r = await self.client.get(node_url(node.up, DIGEST_PATH), headers=node.up.headers(),
-                                      timeout=self.settings.digest_timeout)
+            r = await self.client.digest(node.up, self.settings.digest_timeout)
         except httpx.HTTPError as e:
             self._failed(node, f"{type(e).__name__}: {e}")
             return
-        if r.status_code == 404:  # no prompt cache there: it publishes nothing
+        if r.status == 404:  # no prompt cache there: it publishes nothing
             node.digest = None
             return
-        models = parse_digest(_json(r)) if r.status_code == 200 else None
+        models = parse_digest(r.doc) if r.status == 200 else None
         if models is None:
-            self._failed(node, f"answered {r.status_code} without a digest this gateway reads")
+            self._failed(node, f"answered {r.status} without a digest this gateway reads")
             return
         node.digest = Digest(models, self.clock())
 
@@ -113,10 +112,9 @@ class Digests:
     async def _ask(self, node: Any, alias: str, path: str, body: dict[str, Any]) -> RequestBlocks | None:
         payload = BlocksQuery(path=path, body={**body, "model": node.up.models[alias]})
         try:
-            r = await self.client.post(node_url(node.up, BLOCKS_PATH), json=payload,
-                                       headers=node.up.headers(), timeout=self.settings.digest_timeout)
-            found = RequestBlocks.parse(_json(r)) if r.status_code == 200 else None
-            why = f"answered {r.status_code}"
+            r = await self.client.blocks(node.up, payload, self.settings.digest_timeout)
+            found = RequestBlocks.parse(r.doc) if r.status == 200 else None
+            why = f"answered {r.status}"
         except httpx.HTTPError as e:
             found, why = None, f"{type(e).__name__}: {e}"
         if found is None:
@@ -125,9 +123,3 @@ class Digests:
             self.metrics.digest_failures.labels(node.name, "blocks").inc()
         return found
 
-
-def _json(r: httpx.Response) -> Any:
-    try:
-        return r.json()
-    except ValueError:
-        return None

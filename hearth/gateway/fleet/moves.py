@@ -25,8 +25,8 @@ from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.affinity import key_of, value_of
 from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.store.base import GatewayStore, Move
-from hearth.gateway.tenancy import owner_caller, upstream_headers
-from hearth.gateway.upstream.client import node_url
+from hearth.gateway.tenancy import owner_caller
+from hearth.gateway.upstream.node_client import NodeClient, Reply
 from hearth.tenants import OPEN, Caller
 
 log = logging.getLogger("hearth.gateway")
@@ -35,7 +35,7 @@ BUSY_WAIT = 60.0
 
 
 class Mover:
-    def __init__(self, pool: Pool, store: GatewayStore, client: httpx.AsyncClient, metrics: GatewayMetrics) -> None:
+    def __init__(self, pool: Pool, store: GatewayStore, client: NodeClient, metrics: GatewayMetrics) -> None:
         self.pool = pool
         self.store = store
         self.client = client
@@ -71,14 +71,13 @@ class Mover:
         return least_loaded(options)
 
     async def _call(self, node: Node, method: str, path: str, *, admin: bool = False, ok: tuple[int, ...] = (200, 201),
-                    who: Caller = OPEN, **kw: Any) -> httpx.Response:
+                    who: Caller = OPEN, **kw: Any) -> Reply:
         """One call to `node`, as `who` (a session's owner: what a move makes on the destination
         is the owner's, tenancy.py)."""
-        r = await self.client.request(method, node_url(node.up, path), headers=upstream_headers(node.up, who, admin),
-                                      timeout=600, **kw)
-        if r.status_code not in ok:
-            raise _MoveFailed(f"{method} {path} on {node.name} answered {r.status_code}: {r.text[:300]}",
-                              busy=r.status_code == 409 and "session_busy" in r.text)
+        r = await self.client.call(node.up, method, path, who=who, admin=admin, **kw)
+        if r.status not in ok:
+            raise _MoveFailed(f"{method} {path} on {node.name} answered {r.status}: {r.text[:300]}",
+                              busy=r.status == 409 and "session_busy" in r.text)
         return r
 
     async def move(self, sid: str, to: str | None = None, src: Node | None = None) -> dict[str, Any]:
@@ -88,7 +87,7 @@ class Mover:
         started = time.monotonic()
         who = owner_caller(await self.store.owner_of("session", sid), self.pool.settings.tenants)
         try:
-            info = (await self._call(src, "GET", f"/v1/sessions/{sid}", who=who)).json()
+            info = (await self._call(src, "GET", f"/v1/sessions/{sid}", who=who)).obj
         except _MoveFailed as e:
             raise NotFound(f"session {sid} is not on {src.name}: {e}", code="session_not_found") from e
         dst = self.destination(src, info.get("model", ""), to)
@@ -106,7 +105,7 @@ class Mover:
         while True:
             try:
                 snap = (await self._call(src, "POST", f"/v1/sessions/{sid}/save", json={}, who=who)
-                        ).json()["snapshot_id"]
+                        ).obj["snapshot_id"]
                 break
             except _MoveFailed as e:
                 if not e.busy or time.monotonic() > deadline:
@@ -116,8 +115,7 @@ class Mover:
                 delay = min(1.0, delay * 2)
         await self.store.move_saved(sid, snap)
         try:
-            async with self.client.stream("GET", node_url(src.up, f"/v1/snapshots/{snap}/archive"),
-                                          headers=upstream_headers(src.up, who), timeout=600) as archive:
+            async with self.client.archive(src.up, snap, who) as archive:
                 if archive.status_code != 200:
                     raise _MoveFailed(f"archive answered {archive.status_code}")
                 await self._call(dst, "POST", "/v1/snapshots/import", content=archive.aiter_raw(), ok=(201, 409),
@@ -187,7 +185,7 @@ class Mover:
         moved, failed, stale = [], [], []
         if node.up.kind == "hearth":
             r = await self._call(node, "GET", "/v1/sessions")
-            for sid in {s["session_id"] for s in r.json().get("data", []) if isinstance(s, dict)} - sids:
+            for sid in {s["session_id"] for s in r.obj.get("data", []) if isinstance(s, dict)} - sids:
                 owner = await self.store.node_of(key_of("session", sid))
                 if owner is None or owner == name:
                     sids.add(sid)

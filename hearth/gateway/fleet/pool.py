@@ -20,8 +20,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from hearth.errors import NotFound, TooManyRequests, Unavailable
 from hearth.gateway.fleet.cache_state import Digest, ModelState, RequestBlocks
 from hearth.gateway.fleet.digests import Digests
@@ -32,6 +30,7 @@ from hearth.gateway.routing.policy import Candidate, Chooser, Decision
 from hearth.gateway.routing.prefixes import PrefixTable
 from hearth.gateway.settings import GatewaySettings, Upstream, aliases_of
 from hearth.gateway.store.base import GatewayStore
+from hearth.gateway.upstream.node_client import NodeClient
 
 log = logging.getLogger("hearth.gateway")
 
@@ -80,7 +79,7 @@ class Lease:
 
 class Pool:
     def __init__(self, settings: GatewaySettings, store: GatewayStore, metrics: GatewayMetrics,
-                 client: httpx.AsyncClient, chooser: Chooser | None = None,
+                 client: NodeClient, chooser: Chooser | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.nodes = {u.name: Node(u) for u in settings.upstreams}

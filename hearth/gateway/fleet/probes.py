@@ -19,13 +19,13 @@ from hearth.gateway.fleet.periodic import Periodic
 from hearth.gateway.fleet.pool import Node
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.settings import GatewaySettings
-from hearth.gateway.upstream.client import node_url
+from hearth.gateway.upstream.node_client import NodeClient
 
 log = logging.getLogger("hearth.gateway")
 
 
 class Prober:
-    def __init__(self, settings: GatewaySettings, client: httpx.AsyncClient, metrics: GatewayMetrics,
+    def __init__(self, settings: GatewaySettings, client: NodeClient, metrics: GatewayMetrics,
                  nodes: Callable[[], list[Node]], wake: Callable[[], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
@@ -37,11 +37,9 @@ class Prober:
         self._periodic = Periodic(settings.probe_interval, self.probe_all, "liveness probe")
 
     async def probe(self, node: Node) -> None:
-        path = "/health" if node.up.kind == "hearth" else "/v1/models"
         try:
-            r = await self.client.get(node_url(node.up, path), headers=node.up.headers(),
-                                      timeout=self.settings.probe_timeout)
-            ok, error = r.status_code == 200, f"{path} answered {r.status_code}"
+            path, status = await self.client.probe(node.up, self.settings.probe_timeout)
+            ok, error = status == 200, f"{path} answered {status}"
         except httpx.TimeoutException as e:
             # A slow probe of a node that is working on our requests is busy, not dead (some engines
             # serialise every request, probes included, behind the running one): inconclusive while

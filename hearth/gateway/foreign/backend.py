@@ -6,7 +6,7 @@ chains (`previous_response_id`) in the gateway's data dir.
 
 Routing, admission and retries before the first byte are the pool's, as for Hearth nodes.
 Once the stream is returned, a chat answer whose upstream breaks goes on on another upstream
-of its alias where one can continue it (failover/openai.py); otherwise, and for an error the
+of its alias where one can continue it (foreign/stream.py, failover/openai.py); otherwise, and for an error the
 engine reports itself, it becomes `Finish(reason="error")` + `Done(error=...)`, which each
 protocol's serializer turns into its own terminal error.
 These engines keep no sessions: `session_kv` is None, so `session_id` is a 404
@@ -16,10 +16,9 @@ These engines keep no sessions: `session_kv` is None, so `session_id` is a 404
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -36,28 +35,20 @@ from hearth.backends.base import (
 )
 from hearth.chat.cancel import CancelToken
 from hearth.chat.types import (
-    ChatEvent,
     ChatRequest,
     CompletionRequest,
-    Done,
-    Finish,
     Message,
-    ReasoningDelta,
-    Started,
-    StopKind,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
 )
 from hearth.errors import BadRequest, NotFound, Unavailable
-from hearth.gateway.failover.openai import Continuer, Echo, Held, joined_usage, post_stream
+from hearth.gateway.failover.openai import Continuer, Held, post_stream
 from hearth.gateway.failover.retry import RETRY_STATUSES
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Pool
-from hearth.gateway.foreign.wire import chat_json, chunk_events, refusal, sampling_json, usage_of
+from hearth.gateway.foreign.stream import UpstreamStream
+from hearth.gateway.foreign.wire import chat_json, refusal, sampling_json
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.routing.prefixes import prefix_hashes
-from hearth.gateway.upstream.http import Stalled, within
+from hearth.gateway.upstream.http import Answer, HttpxSender, Sender
 from hearth.sessions.transcript import message_to_json
 
 log = logging.getLogger("hearth.gateway")
@@ -69,9 +60,10 @@ NO_TOKENIZER = "token counting is not available for models served by OpenAI-comp
 class OpenAIUpstreamBackend:
     """The backend contract over the pool's `openai`-kind nodes."""
 
-    def __init__(self, pool: Pool, client: httpx.AsyncClient) -> None:
+    def __init__(self, pool: Pool, client: httpx.AsyncClient, http: Sender | None = None) -> None:
         self.pool = pool
         self.client = client
+        self.http = http or HttpxSender(client)  # generation requests (the app's fast client)
         self._created = int(time.time())
         self._closing: set[asyncio.Future[None]] = set()
 
@@ -123,7 +115,7 @@ class OpenAIUpstreamBackend:
             return chat_json(req, model)
 
         # One answer per request can go on elsewhere (failover/openai.py); n > 1 cannot.
-        go_on = Continuer(self.pool, self.client, alias, body, hashes, req.continue_final) \
+        go_on = Continuer(self.pool, self.http, alias, body, hashes, req.continue_final) \
             if req.n == 1 and self.pool.settings.migration_limit else None
         return await self._open(alias, "/v1/chat/completions", body, hashes, completion=False, cancel=req.cancel,
                                 timeout=req.timeout, choices=req.n, go_on=go_on)
@@ -151,7 +143,7 @@ class OpenAIUpstreamBackend:
             node = lease.node
             tried.add(node.name)
             try:
-                resp = await post_stream(self.client, self.pool, node, path, body(node.up.models[alias]))
+                resp = await post_stream(self.http, self.pool, node, path, body(node.up.models[alias]))
             except httpx.TransportError as e:
                 self.pool.release(lease, False)
                 last = f"{node.name}: {type(e).__name__}"
@@ -174,116 +166,15 @@ class OpenAIUpstreamBackend:
             held = Held(self.pool, lease)  # released by the EventStream's close, even if it never starts
             if go_on is not None:
                 go_on.tried.add(node.name)
-            events = self._events(held, resp, completion, cancel or CancelToken(), timeout, choices, go_on)
-            return EventStream(events, on_close=[held.close])
+            stream = UpstreamStream(self.pool, held, completion, cancel or CancelToken(), timeout, choices, go_on,
+                                    self._spawn_close)
+            return EventStream(stream.events(resp), on_close=[held.close])
         raise Unavailable(f"every upstream failed: {last}", code="upstream_failed", retry_after=2)
 
-    def _spawn_close(self, resp: httpx.Response) -> None:
+    def _spawn_close(self, resp: Answer) -> None:
         task = asyncio.ensure_future(resp.aclose())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
-
-    async def _events(self, held: Held, resp: httpx.Response, completion: bool, cancel: CancelToken,
-                      timeout: float | None, choices: int, go_on: Continuer | None) -> AsyncIterator[ChatEvent]:
-        """`held.ok` tells the stream's close how it ended. A cancel (or the time cap) closes the
-        upstream response, which stops the upstream's work; the stream then ends `cancelled`
-        (`length` with stop reason `timeout` for the cap, counted from the first generated token).
-        A stream that breaks (transport error, stall, closed without a finish) goes on on
-        another upstream through `go_on` where it can (failover/openai.py), at most
-        --migration-limit times; else it ends with Finish(error) + Done(error)."""
-        loop = asyncio.get_running_loop()
-        node = held.node
-        current = [resp]  # the response a cancel closes: the continuation's once there is one
-        cancel.on_cancel(lambda: loop.call_soon_threadsafe(lambda: self._spawn_close(current[0])))
-        # The time cap counts from the first generated token, as on a Hearth node (its prefill is never cut).
-        cap: asyncio.TimerHandle | None = None
-        metrics = self.pool.metrics
-        usage = Usage()  # the current part's report
-        finished: set[int] = set()
-        chunks = 0  # the current part's content chunks: its completion tokens when it reports no usage
-        before = 0  # content chunks of the earlier parts (the partial answer a continuation was given)
-        text = ""  # the answer's text so far (choice 0): what a continuation is given
-        plain = True  # only text so far: reasoning and tool calls are not continued
-        moves = 0
-        echo = Echo("")  # a continuation's repetition of the partial answer it was given, dropped
-        cut_at: float | None = None
-        try:
-            yield Started(0)
-            while True:
-                stall = self.pool.settings.stall_timeout_for(node.up)  # none unless the TOML sets one
-                try:
-                    async for line in within(current[0].aiter_lines(), stall):
-                        node.last_bytes = self.pool.clock()
-                        if not line.startswith("data:"):
-                            continue
-                        payload = line[5:].strip()
-                        if payload == "[DONE]":
-                            break
-                        data = json.loads(payload)
-                        if isinstance(data, dict) and data.get("error"):
-                            raise _UpstreamError(str(data["error"]))
-                        for ev in (e for raw in chunk_events(data, completion) for e in echo.feed(raw)):
-                            if cut_at is not None:
-                                metrics.stream_migration_seconds.observe(time.monotonic() - cut_at)
-                                cut_at = None
-                            if isinstance(ev, Finish):
-                                finished.add(ev.index)
-                            elif isinstance(ev, TextDelta | ReasoningDelta | ToolCallDelta):
-                                if cap is None and timeout:
-                                    cap = loop.call_later(timeout, cancel.cancel, "timeout")
-                                chunks += 1
-                                if isinstance(ev, TextDelta) and ev.index == 0:
-                                    text += ev.text
-                                else:
-                                    plain = False
-                            yield ev
-                        usage = usage_of(data) or usage
-                    if not finished:
-                        raise _Cut("the upstream ended the stream without a finish reason")
-                    held.ok = True
-                    yield Done(joined_usage(usage, before, chunks))
-                    return
-                except (httpx.HTTPError, ValueError, _Cut, _UpstreamError, Stalled, RuntimeError) as e:
-                    if cancel.cancelled:
-                        # The time cap ends the output as max_tokens does: "length", named.
-                        cut = (Finish(i, "length", StopKind.TIMEOUT) if cancel.reason == "timeout"
-                               else Finish(i, "cancelled") for i in range(choices) if i not in finished)
-                        for fin in cut:
-                            yield fin
-                        yield Done(joined_usage(usage, before, chunks))
-                        return
-                    message = f"the upstream node {node.name} failed mid-stream: {e}"
-                    # An in-band error is the engine's own answer, not a dead engine: not continued.
-                    stop = isinstance(e, _UpstreamError) or go_on is None
-                    if not stop and (finished or not plain or moves >= self.pool.settings.migration_limit):
-                        metrics.stream_migrations.labels("limit" if plain and not finished
-                                                         else "nothing_to_continue").inc()
-                        stop = True
-                    if stop or go_on is None:
-                        held.ok = False
-                        yield Finish(0, "error")
-                        yield Done(joined_usage(usage, before, chunks), error=message)
-                        return
-                    log.warning("upstream %s broke mid-stream: %s", node.name, e)
-                    cut_at = time.monotonic()
-                    held.release(False)
-                    await current[0].aclose()
-                    moved = await go_on.open(text, before + chunks)
-                    if moved is None:
-                        yield Finish(0, "error")
-                        yield Done(joined_usage(usage, before, chunks), error=message)
-                        return
-                    log.info("the stream from %s continues on %s", node.name, moved[0].node.name)
-                    held.lease, current[0], echo = moved
-                    node = moved[0].node
-                    moves += 1
-                    before, chunks, usage = before + chunks, 0, Usage()
-                    if cancel.cancelled:  # it came while the continuation was opening
-                        self._spawn_close(current[0])
-        finally:
-            if cap is not None:
-                cap.cancel()
-            await current[0].aclose()
 
     # tokens: these engines' tokenizers are not reachable through the OpenAI API
     async def tokenize(self, model: str | None, text: str, *, add_special: bool = True) -> list[int]:
@@ -319,11 +210,3 @@ class OpenAIUpstreamBackend:
     @property
     def embeddings(self) -> Embeddings | None:
         return None  # not through this backend: the gateway routes /v1/embeddings to a node over HTTP
-
-
-class _UpstreamError(Exception):
-    """The engine reported an error in its stream."""
-
-
-class _Cut(Exception):
-    """The stream ended without its finish."""

@@ -35,9 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hearth.api.openai.responses_store import ORPHAN_ERROR
 from hearth.gateway.routing.affinity import KeyKind, key_of
 from hearth.gateway.store.schema import MIGRATIONS
+from hearth.protocols.responses_log import ORPHAN_ERROR
 
 RUNNING = ("queued", "in_progress")
 MAX_CHAIN = 1000
@@ -223,7 +223,7 @@ class GatewayStore:
 
     async def fail_orphans(self) -> int:
         """Runs left `queued` / `in_progress` by a gateway that is gone (killed, its lease
-        expired): failed, as a node fails its own (`responses_store.ORPHAN_ERROR`). One
+        expired): failed, as a node fails its own (`hearth.protocols.responses_log.ORPHAN_ERROR`). One
         transaction: each row is read and rewritten under it."""
         n = 0
         async with self._tx() as tx:

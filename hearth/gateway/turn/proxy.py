@@ -35,13 +35,14 @@ from hearth.gateway.turn.request import Turn, read_turn
 from hearth.gateway.turn.send import TurnSender
 from hearth.gateway.upstream.headers import passed_headers
 from hearth.gateway.upstream.http import Answer, Sender
+from hearth.gateway.upstream.node_client import NodeClient
 
 log = logging.getLogger("hearth.gateway")
 
 
 class Proxy:
     def __init__(self, settings: GatewaySettings, pool: Pool, store: GatewayStore, metrics: GatewayMetrics,
-                 client: httpx.AsyncClient, http: Sender) -> None:
+                 client: NodeClient, http: Sender) -> None:
         self.settings = settings
         self.pool = pool
         self.store = store

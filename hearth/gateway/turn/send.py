@@ -8,23 +8,21 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
-from hearth.fleet_protocol import session_path
 from hearth.gateway.failover.restore import Continuity
 from hearth.gateway.fleet.pool import Node
 from hearth.gateway.settings import GatewaySettings
-from hearth.gateway.tenancy import upstream_headers
 from hearth.gateway.turn.request import Turn
 from hearth.gateway.upstream.client import node_url
+from hearth.gateway.upstream.headers import upstream_headers
 from hearth.gateway.upstream.http import Answer, Buffered, Sender
+from hearth.gateway.upstream.node_client import NodeClient
 from hearth.http.sse import json_bytes
 
 log = logging.getLogger("hearth.gateway")
 
 
 class TurnSender:
-    def __init__(self, settings: GatewaySettings, continuity: Continuity, client: httpx.AsyncClient,
+    def __init__(self, settings: GatewaySettings, continuity: Continuity, client: NodeClient,
                  http: Sender, clock: Callable[[], float]) -> None:
         self.settings = settings
         self.continuity = continuity
@@ -57,10 +55,9 @@ class TurnSender:
         assert turn.session_id is not None
         content = await resp.aread()
         await resp.aclose()
-        r = await self.client.get(node_url(node.up, session_path(turn.session_id)),
-                                  headers=upstream_headers(node.up, await self.continuity.as_owner(turn.session_id)),
-                                  timeout=30)
-        if r.status_code != 404:
+        status = await self.client.session_status(node.up, turn.session_id,
+                                                  await self.continuity.as_owner(turn.session_id))
+        if status != 404:
             return Buffered(resp.status_code, resp.headers, content)
         log.warning("upstream %s lost session %s; restoring it from the gateway's transcript", node.name,
                     turn.session_id)

@@ -22,7 +22,9 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import codecs
 import collections
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol, TypeVar, cast
@@ -34,9 +36,13 @@ import httpx
 T = TypeVar("T")
 
 IDLE_REUSE = 4.0  # seconds an idle connection may be reused (uvicorn closes idle ones after 5 s)
-MAX_IDLE = 64  # idle connections kept per node
+# Idle connections kept per node: past any node's max_in_flight (128 at most in practice), so a
+# node whose every slot finished at once keeps its connections (closed ones were reopened on the
+# next burst: a connect, and a socket in TIME_WAIT, per request past the limit).
+MAX_IDLE = 256
 HIGH_WATER = 1 << 20  # buffered body bytes past which reading from the node pauses
 _BREAKS = frozenset("\r\n\0")
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 class Stalled(Exception):
@@ -73,6 +79,28 @@ class Answer(Protocol):
     async def aread(self) -> bytes: ...
 
     async def aclose(self) -> None: ...
+
+
+async def lines_of(answer: Answer) -> AsyncIterator[str]:
+    """The body's lines (SSE's line ends: CRLF, CR, LF), without their ends, as UTF-8 text. An
+    httpx response keeps httpx's own reader (it undoes a content encoding; the fast client asks
+    for none)."""
+    if isinstance(answer, httpx.Response):
+        async for line in answer.aiter_lines():
+            yield line
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    async for raw in answer.aiter_raw():
+        text = pending + decoder.decode(raw)
+        parts = _LINE_END.split(text[:-1] if text.endswith("\r") else text)  # a CR may be half a CRLF
+        pending = parts.pop() + ("\r" if text.endswith("\r") else "")
+        for line in parts:
+            yield line
+    pending += decoder.decode(b"", final=True)
+    for line in _LINE_END.split(pending):
+        if line:
+            yield line
 
 
 class Sender(Protocol):

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from hearth.api.openai.responses_events import EventLog, EventLogs, EventsExpired, stream_query
 from hearth.errors import BadRequest
+from hearth.protocols.responses_log import EventLog, EventLogs, EventsExpired, stream_query
 
 
 def ev(i: int) -> dict[str, object]:

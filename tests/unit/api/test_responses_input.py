@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from hearth.api.openai.responses_input import (
+from hearth.chat.types import Message, Tool, ToolCall
+from hearth.errors import BadRequest
+from hearth.protocols.responses_input import (
     check_metadata,
     normalize_input,
     to_messages,
@@ -15,8 +17,6 @@ from hearth.api.openai.responses_input import (
     to_tool_choice,
     to_tools,
 )
-from hearth.chat.types import Message, Tool, ToolCall
-from hearth.errors import BadRequest
 
 
 def test_a_string_is_one_user_message() -> None:

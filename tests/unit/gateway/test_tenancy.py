@@ -13,7 +13,8 @@ from hearth.config import Settings
 from hearth.errors import BadRequest, Forbidden, TooManyRequests
 from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.store.sqlite import SqliteStore
-from hearth.gateway.tenancy import hidden, owner_caller, owns, upstream_headers
+from hearth.gateway.tenancy import hidden, owner_caller, owns
+from hearth.gateway.upstream.headers import upstream_headers
 from hearth.http.access import AccessSettings
 from hearth.http.auth import AuthMiddleware
 from hearth.http.key_usage import KeyAccounts

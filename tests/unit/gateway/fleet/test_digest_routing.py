@@ -22,6 +22,7 @@ from hearth.gateway.routing.policy import Chooser
 from hearth.gateway.routing.prefixes import conversation, prefix_hashes
 from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.store.sqlite import SqliteStore
+from hearth.gateway.upstream.node_client import NodeClient
 from tests.helpers import sample
 
 B = 256
@@ -61,7 +62,7 @@ async def make_pool(tmp_path: Path, handler: Handler | None = None, n: int = 3, 
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler or (lambda r: httpx.Response(404))))
     store = SqliteStore(tmp_path / "g.sqlite3")
     await store.open()
-    pool = Pool(gs, store, GatewayMetrics(), client,
+    pool = Pool(gs, store, GatewayMetrics(), NodeClient(client),
                 chooser=Chooser(rng=random.Random(7)), **({"clock": clock} if clock else {}))
     for node in pool.nodes.values():
         node.live.probed(True)

@@ -21,6 +21,7 @@ from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.settings import GatewaySettings, Upstream, load_upstreams
 from hearth.gateway.store.sqlite import SqliteStore
+from hearth.gateway.upstream.node_client import NodeClient
 from tests.helpers import until
 
 NONE = Affinity("none")
@@ -53,14 +54,15 @@ async def gateway(tmp_path: Path, ups: list[Upstream], wall: Wall, db: str = "g.
     client = httpx.AsyncClient(transport=httpx.MockTransport(fleet_node))
     store = SqliteStore(tmp_path / db)
     await store.open()
-    pool = Pool(settings, store, GatewayMetrics(), client)
+    pool = Pool(settings, store, GatewayMetrics(), NodeClient(client))
     pool.metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
     for n in pool.nodes.values():
         n.live.probed(True)
     # The store writes unix time; the fake wall starts there and moves only when a test moves it.
     wall.now = wall.now or time.time()
-    prober = Prober(settings, client, pool.metrics, lambda: list(pool.nodes.values()), pool.wake)
-    return Membership(settings, pool, store, Mover(pool, store, client, GatewayMetrics()), prober, wall=wall)
+    nodes = NodeClient(client)
+    prober = Prober(settings, nodes, pool.metrics, lambda: list(pool.nodes.values()), pool.wake)
+    return Membership(settings, pool, store, Mover(pool, store, nodes, GatewayMetrics()), prober, wall=wall)
 
 
 def registration(name: str, **spec: Any) -> dict[str, Any]:

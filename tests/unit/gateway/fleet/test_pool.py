@@ -15,6 +15,7 @@ from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.store.sqlite import SqliteStore
+from hearth.gateway.upstream.node_client import NodeClient
 
 NONE = Affinity("none")
 
@@ -29,7 +30,7 @@ async def make_pool(tmp_path: Path, *, caps: tuple[int, ...] = (1, 1), max_waiti
                                default_model=default_model)
     store = SqliteStore(tmp_path / "g.sqlite3")
     await store.open()
-    pool = Pool(settings, store, GatewayMetrics(), httpx.AsyncClient())
+    pool = Pool(settings, store, GatewayMetrics(), NodeClient(httpx.AsyncClient()))
     for n in pool.nodes.values():
         n.live.probed(True)
     return pool
@@ -130,7 +131,7 @@ async def test_a_slow_probe_of_a_node_streaming_answers_is_inconclusive(tmp_path
 
     pool = await make_pool(tmp_path)
     pool.clock = lambda: 5000.0  # frozen: "just now" stays within BUSY_GRACE however slow the probes run
-    prober = Prober(pool.settings, httpx.AsyncClient(transport=httpx.MockTransport(slow)), pool.metrics,
+    prober = Prober(pool.settings, NodeClient(httpx.AsyncClient(transport=httpx.MockTransport(slow))), pool.metrics,
                     lambda: list(pool.nodes.values()), pool.wake, pool.clock)
     busy, idle = pool.nodes["n0"], pool.nodes["n1"]
     busy.in_flight, busy.last_bytes = 1, pool.clock()  # bytes just arrived from it

@@ -12,12 +12,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from hearth.api.openai.responses_store import ORPHAN_ERROR
 from hearth.errors import Unavailable
 from hearth.gateway.store.base import MAX_CHAIN, GatewayStore
 from hearth.gateway.store.postgres import PostgresStore, redacted
 from hearth.gateway.store.schema import VERSION
 from hearth.gateway.store.sqlite import SqliteStore
+from hearth.protocols.responses_log import ORPHAN_ERROR
 from tests.helpers.postgres import PASSWORD, Postgres
 
 

@@ -1,6 +1,7 @@
-"""The recorded stream events of background responses, for `GET /v1/responses/{id}?stream=true
-&starting_after=N`: each run appends its numbered SSE events to an `EventLog`, and any number of
-readers replay it from a sequence number and then follow it live until its terminal event.
+"""The recorded stream events of background responses (a node's and the gateway's), for
+`GET /v1/responses/{id}?stream=true&starting_after=N`: each run appends its numbered SSE events
+to an `EventLog`, and any number of readers replay it from a sequence number and then follow it
+live until its terminal event.
 
 Bounds (a log lives in memory; the response itself is in SQLite, `responses_store`):
 - one log keeps at most `max_bytes` of encoded events (MAX_EVENT_BYTES); past that its oldest
@@ -24,7 +25,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from hearth.chat.cancel import CancelToken
 from hearth.errors import BadRequest, HearthError
 from hearth.http.sse import sse_event
 
@@ -168,40 +168,12 @@ class EventLogs:
             self._ended_bytes -= log.nbytes
 
 
-SHUTDOWN_GRACE = 10.0  # seconds a shutting-down node waits for its background runs to record their end
-
-
-class BackgroundRuns:
-    """The node's background responses: each live run's task and cancel token, and the event
-    logs (`logs`) of live and recently ended ones. The tasks are held here (the event loop keeps
-    only weak references) until they end."""
-
-    def __init__(self, logs: EventLogs | None = None) -> None:
-        self.logs = logs or EventLogs()
-        self._runs: dict[str, tuple[asyncio.Task[None], CancelToken]] = {}
-
-    def add(self, response_id: str, task: asyncio.Task[None], token: CancelToken) -> None:
-        self._runs[response_id] = (task, token)
-        task.add_done_callback(lambda t: self._runs.pop(response_id, None) if self._runs.get(
-            response_id, (None,))[0] is t else None)
-
-    def __len__(self) -> int:
-        return len(self._runs)
-
-    async def shutdown(self, grace: float = SHUTDOWN_GRACE) -> None:
-        """Cancel every background run ("shutdown": each records itself `failed`) and wait up to
-        `grace` seconds for them to end; any still running then is cancelled as a task (its
-        `finally` records the end). Its slot is released either way."""
-        runs = list(self._runs.values())
-        for _, token in runs:
-            token.cancel("shutdown")
-        tasks = [task for task, _ in runs]
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=grace)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+SHUTDOWN_GRACE = 10.0  # seconds a shutting-down server waits for its background runs to record their end
+# The error of a background response cut by its server's shutdown (node or gateway)...
+SHUTDOWN_MESSAGE = "the server shut down before the response finished"
+SHUTDOWN_ERROR = {"code": "server_shutdown", "message": SHUTDOWN_MESSAGE}
+# ... and of one its server never finished recording (it stopped; found at the next start).
+ORPHAN_ERROR = {"code": "server_restarted", "message": "the server stopped before the response finished"}
 
 
 def stream_query(query: Mapping[str, str]) -> tuple[bool, int]:
