@@ -1,4 +1,4 @@
-"""The Batch API's tables in the gateway's database (schema.py, migration 4), so every gateway on
+"""The Batch API's tables in the gateway's database (schema.py, migration 3), so every gateway on
 one PostgreSQL sees the same files and batches (gateway/batches/ runs them):
 
 - `batch_files`: each file's object, owner (a tenant) and content (UTF-8 JSONL: an input file a
