@@ -77,7 +77,9 @@ class Engine:
         # (run them through `call`), except `kv_where`, a racy read from any thread.
         self.residency = Residency(runner, self.slots, self.swap, self.stats, prefix_cache)
         # Lower classes pause for higher ones at step boundaries, KV to RAM (preempt.py).
-        self.preempt = Preemptor(runner, self.slots, self.scheduler, self.residency)
+        # the clock of time caps (a test moves it); a paused request's cap stops meanwhile (preempt.py)
+        self.clock: Callable[[], float] = time.monotonic
+        self.preempt = Preemptor(runner, self.slots, self.scheduler, self.residency, lambda: self.clock())
         self.queue = RequestQueue(runner.interrupt, runner.clear_interrupt)
         self._busy = lambda: self.scheduler.has_work() or bool(self.preempt.paused)  # work beyond the queue's
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -199,7 +201,7 @@ class Engine:
                 self._end(found, reason, out)
 
     def _expire(self, out: StepOutputs) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for ar in self.scheduler.running:  # only decoding requests have a deadline
             if ar.deadline is not None and now >= ar.deadline:
                 # The time cap ends the output as max_tokens does ("length" on every protocol),
@@ -299,7 +301,7 @@ class Engine:
         self.residency.fork(ar.seqs[0].slot, [s.slot for s in ar.seqs[1:]])  # n > 1: they share the prompt's KV
         ar.phase = Phase.DECODE
         if ar.req.max_time is not None and ar.deadline is None:  # a re-prefill keeps the first
-            ar.deadline = time.monotonic() + ar.req.max_time
+            ar.deadline = self.clock() + ar.req.max_time
         speculate = self.spec is not None and ar.req.params.speculative is not False
         for seq in ar.seqs:
             token = self._sample(seq, logits_index)
