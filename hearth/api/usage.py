@@ -1,6 +1,7 @@
 """`GET /admin/usage`: the usage ledger's rows or sums (docs/api.md, "Usage ledger").
 
-Filters: `tenant`, `key` (a key's name), `model`, `since` and `until` (unix seconds or an ISO
+Filters: `tenant`, `key` (a key's name), `model`, `request_id` (the answer's id: one request),
+`since` and `until` (unix seconds or an ISO
 8601 date or time, UTC unless it says otherwise; `until` exclusive), `limit` (rows, newest
 first; 1000 by default). `group=day,key,model,tenant` (any of them, comma-separated; empty:
 one row of totals) sums instead of listing. The admin (and a node without keys) sees every
@@ -46,7 +47,8 @@ async def usage(request: Request) -> Response:
     q = request.query_params
     tenant = q.get("tenant") if who.admin else who.tenant
     f = UsageFilter(tenant=tenant, key=q.get("key"), model=q.get("model"),
-                    since=parse_time(q.get("since"), "since"), until=parse_time(q.get("until"), "until"))
+                    since=parse_time(q.get("since"), "since"), until=parse_time(q.get("until"), "until"),
+                    request_id=q.get("request_id"))
     limit_text = q.get("limit", "1000")
     if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_ROWS:
         raise BadRequest(f"limit must be a whole number from 1 to {MAX_ROWS}", param="limit")

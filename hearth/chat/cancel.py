@@ -14,8 +14,13 @@ class CancelToken:
         self._reason: str | None = None
         self._callbacks: list[Callable[[], object]] = []
         # Tokens the backend's run has generated so far: the usage ledger counts a stream
-        # closed before its totals (a disconnect) from it (api/http/usage_tap.py).
+        # closed before its totals (a disconnect) from it (api/http/usage_tap.py). The local
+        # backend counts them as the engine hands its outputs over, read or not; while
+        # `counting`, the run is in the engine and its last output (the one that ends it, after
+        # an abort) has not come yet. Both are touched on the event loop only.
         self.generated = 0
+        self.counting = False
+        self._settled: list[Callable[[], object]] = []
 
     @property
     def cancelled(self) -> bool:
@@ -35,6 +40,20 @@ class CancelToken:
         for cb in callbacks:
             cb()
         return True
+
+    def counted(self) -> None:
+        """The run's last output was counted: `generated` is final."""
+        self.counting = False
+        callbacks, self._settled = self._settled, []
+        for cb in callbacks:
+            cb()
+
+    def when_counted(self, cb: Callable[[], object]) -> None:
+        """Run `cb` once `generated` is final (at once if it is)."""
+        if self.counting:
+            self._settled.append(cb)
+        else:
+            cb()
 
     def on_cancel(self, cb: Callable[[], object]) -> None:
         with self._lock:

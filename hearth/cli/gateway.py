@@ -100,6 +100,13 @@ def serve(
     batch_concurrency: Annotated[int, typer.Option(
         envvar="HEARTH_GATEWAY_BATCH_CONCURRENCY", min=1,
         help="Batch API lines the gateway runs at once over its nodes (all batches).")] = 4,
+    usage_ledger: Annotated[bool, typer.Option(
+        "--usage-ledger/--no-usage-ledger", envvar="HEARTH_USAGE_LEDGER",
+        help="Keep one row per turn in the gateway's database (GET /admin/usage, hearth usage).")] = True,
+    otlp_endpoint: Annotated[str | None, typer.Option(
+        envvar="HEARTH_OTLP_ENDPOINT",
+        help="Export OpenTelemetry traces over OTLP/HTTP to this collector (the standard OTEL_EXPORTER_OTLP_* "
+             "variables work too); the trace context goes on to the nodes. Off by default.")] = None,
     log_level: Annotated[str, typer.Option(envvar="HEARTH_LOG_LEVEL")] = "info",
     log_format: Annotated[str, typer.Option(envvar="HEARTH_LOG_FORMAT")] = "text",
 ) -> None:
@@ -136,7 +143,7 @@ def serve(
             heartbeat=heartbeat, stall_timeout=stall_timeout, log_level=log_level, data_dir=home, routing=routing,
             database=database or None, lease_ttl=lease_ttl, batch_concurrency=batch_concurrency,
             migration_limit=migration_limit, digest_interval=digest_interval, digest_timeout=digest_timeout,
-            digest_max_age=digest_max_age)
+            digest_max_age=digest_max_age, usage_ledger=usage_ledger, otlp_endpoint=otlp_endpoint)
     except (ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e

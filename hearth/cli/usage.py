@@ -28,7 +28,8 @@ def table(rows: list[dict[str, Any]], cols: tuple[str, ...], title: str) -> Tabl
 
 def usage(url: UrlOpt = None, api_key: AdminKeyOpt = None, as_json: JsonOpt = False,
           group: Annotated[str, typer.Option(
-              help="Sum by these, comma-separated: day, key, model, tenant ('' : one total; 'none': list rows).")
+              help="Sum by these, comma-separated: day, key, model, tenant, node (a gateway's) ('' : one total; "
+                   "'none': list rows).")
           ] = "day",
           tenant: Annotated[str | None, typer.Option(help="Only this tenant (the admin's choice).")] = None,
           key: Annotated[str | None, typer.Option(help="Only this key (its name).")] = None,

@@ -152,13 +152,16 @@ class Engine:
         self.queue.abort(request_id, reason)
 
     def generate(self, req: EngineRequest, after_submit: Callable[[], None] | None = None, *,
-                 validated: bool = False) -> AsyncIterator[RequestOutput]:
+                 validated: bool = False,
+                 observe: Callable[[RequestOutput], None] | None = None) -> AsyncIterator[RequestOutput]:
         """Submit (on the first iteration) and yield outputs until the request finishes. Leaving
         the iterator early (aclose, cancellation, an exception in the consumer) aborts the
         request. `after_submit` runs once the engine knows the request (abort() works from then
-        on); `validated` as in `submit`."""
+        on); `validated` as in `submit`. `observe` sees every output on the loop as it arrives,
+        also those after the consumer left (the step in which an abort arrived, the abort's own):
+        what the usage ledger counts a cancelled run from."""
         return outputs(lambda sink: self.submit(req, sink, validated=validated),
-                       lambda: self.abort(req.request_id), after_submit)
+                       lambda: self.abort(req.request_id), after_submit, observe)
 
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run `fn` on the engine thread before the next step; its result or exception

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -26,15 +27,18 @@ T = TypeVar("T")
 class Mailbox(Generic[T]):
     """One consumer's items on the loop (a lighter asyncio.Queue: one waiter, no task counts)."""
 
-    __slots__ = ("_items", "_loop", "_waiter")
+    __slots__ = ("_items", "_loop", "_observe", "_waiter")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, observe: Callable[[T], None] | None = None) -> None:
         self._loop = loop
+        self._observe = observe  # sees every item as it arrives, read or not (the usage ledger)
         self._items: deque[T] = deque()
         self._waiter: asyncio.Future[None] | None = None
 
     def put(self, item: T) -> None:
         """Loop thread only."""
+        if self._observe is not None:
+            self._observe(item)
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None:

@@ -198,12 +198,13 @@ def fail_calls(calls: list[Call]) -> None:
 
 
 async def outputs(submit: Callable[[Sink], None], abort: Callable[[], None],
-                  after_submit: Callable[[], None] | None = None) -> AsyncIterator[RequestOutput]:
+                  after_submit: Callable[[], None] | None = None,
+                  observe: Callable[[RequestOutput], None] | None = None) -> AsyncIterator[RequestOutput]:
     """`submit` a request with a sink that crosses to this event loop, and yield its outputs
     until it finishes; leaving early (aclose, cancellation, an exception in the consumer) calls
     `abort`. `after_submit` runs once the request is submitted."""
     loop = asyncio.get_running_loop()
-    queue: Mailbox[RequestOutput] = Mailbox(loop)
+    queue: Mailbox[RequestOutput] = Mailbox(loop, observe)
     handoff = for_loop(loop)  # one loop wakeup per step for all its streams (handoff.py)
 
     def sink(out: RequestOutput) -> None:

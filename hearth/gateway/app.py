@@ -22,7 +22,7 @@ from hearth.api.app import create_app
 from hearth.config import Settings
 from hearth.gateway.background import RelayedBackground
 from hearth.gateway.batches.runner import GatewayBatches
-from hearth.gateway.edge import admin, generate, models, ollama, resources
+from hearth.gateway.edge import admin, generate, models, ollama, resources, usage
 from hearth.gateway.edge import batches as batch_routes
 from hearth.gateway.fleet.leases import Leases
 from hearth.gateway.fleet.membership import Membership
@@ -35,12 +35,14 @@ from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.state import Gateway, attach
 from hearth.gateway.store import create_store
 from hearth.gateway.store.batches import BatchTables
+from hearth.gateway.store.usage import GatewayLedger
 from hearth.gateway.turn.proxy import Proxy
 from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp
 from hearth.gateway.upstream.node_client import NodeClient
 from hearth.http.access import AccessSettings
 from hearth.http.app import assemble
 from hearth.http.key_usage import KeyAccounts, KeyUsageCollector
+from hearth.observability.tracing import Tracing, configured_endpoint, otlp_processor
 
 log = logging.getLogger("hearth.gateway")
 
@@ -48,9 +50,14 @@ GENERATION = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/
               "/v1/responses", "/responses")
 
 
-def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None,
+                       tracing: Tracing | None = None) -> Starlette:
     metrics = GatewayMetrics()
     store = create_store(settings)
+    ledger = GatewayLedger(store) if settings.usage_ledger else None
+    owned: Tracing | None = None  # a test's own tracing is its to shut down
+    if tracing is None and configured_endpoint(settings.otlp_endpoint) is not None:
+        tracing = owned = Tracing(otlp_processor(settings.otlp_endpoint), service="hearth-gateway")
     # One client for every upstream call; its connection pool is sized past every node's cap
     # (with room for nodes that join later).
     limit = max(sum(u.max_in_flight for u in settings.upstreams) * 2 + 16, 256)
@@ -67,6 +74,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     # usage the proxy reads from the answers it relays.
     accounts = KeyAccounts(settings.keyring)
     proxy.after.accounts = accounts
+    proxy.ledger, proxy.tracing = ledger, tracing
     metrics.registry.register(KeyUsageCollector(accounts))
     background = RelayedBackground(proxy, store, settings.heartbeat)
     batches = GatewayBatches(BatchTables(store), settings.batch_concurrency, settings.lease_ttl)
@@ -90,6 +98,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
+        if ledger is not None:
+            ledger.start()
         await membership.start()  # the nodes that joined, from the store, before the pool starts
         await prober.start()  # nodes probed first: a drain continued here needs to know which are up
         await pool.start()
@@ -114,6 +124,10 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
             await proxy.continuity.idle()
             await http.aclose()
             await client.aclose()
+            if ledger is not None:
+                await ledger.close()  # what is queued is written before the store closes
+            if owned is not None:
+                owned.shutdown()  # flushes the spans it holds
             await store.close()
 
     route_list = _routes(metrics_endpoint, accounts)
@@ -152,6 +166,7 @@ def _routes(metrics_endpoint: Callable[[Request], Awaitable[Response]], accounts
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/admin/status", admin.status, methods=["GET"]),
         Route("/admin/keys/usage", keys.usage_of(accounts), methods=["GET"]),
+        Route("/admin/usage", usage.usage, methods=["GET"]),
         Route("/admin/nodes/{node}/drain", admin.drain, methods=["POST"]),
         Route("/admin/nodes/{node}/undrain", admin.undrain, methods=["POST"]),
         Route("/admin/fleet/join", admin.fleet_join, methods=["POST"]),

@@ -122,6 +122,11 @@ class GatewaySettings:
     join_key: str | None = None
     member_ttl: float = 15.0
     member_grace: float = 60.0
+    # Observability (docs/gateway.md, "Usage ledger and traces"): one row per turn in the store,
+    # and OTLP/HTTP traces continued from the client and propagated to the nodes (None: off,
+    # unless OTEL_EXPORTER_OTLP_* names an endpoint).
+    usage_ledger: bool = True
+    otlp_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         check_fleet(self.upstreams)

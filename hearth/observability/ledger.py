@@ -81,10 +81,11 @@ class UsageFilter:
     model: str | None = None
     since: float | None = None  # wall-clock seconds, inclusive
     until: float | None = None  # exclusive
+    request_id: str | None = None  # one request's row (a gateway settling a cancelled turn)
 
     def where(self) -> tuple[str, list[Any]]:
         clauses, args = [], []
-        for column in ("tenant", "key", "model"):
+        for column in ("tenant", "key", "model", "request_id"):
             value = getattr(self, column)
             if value is not None:
                 clauses.append(f"{column} = ?")

@@ -83,7 +83,7 @@ async def test_a_disconnected_stream_counts_what_was_generated(tmp_path: Path) -
         h.runner.gate_generating = True
         gone = asyncio.Event()
         sent: list[Message] = []
-        messages = [{"type": "http.request", "body": json.dumps({**CHAT, "stream": True}).encode(),
+        messages = [{"type": "http.request", "body": json.dumps({**CHAT, "stream": True, "logprobs": True}).encode(),
                      "more_body": False}]
 
         async def receive() -> Message:
@@ -106,11 +106,16 @@ async def test_a_disconnected_stream_counts_what_was_generated(tmp_path: Path) -
         gone.set()
         await asyncio.wait_for(task, 10)
         await until(lambda: h.backend.stats()["fake"].slots_busy == 0)
+        await until(lambda: len(rows(h)) == 1, "the row, once the engine's last output was counted")
         [row] = rows(h)
         assert row["cancelled"] == "disconnect"
-        # the backend's count when the stream closed: at least the token sampled before the hold
-        assert row["generated_tokens"] == run.token.generated >= 1
-        assert row["discarded_tokens"] <= row["generated_tokens"]
+        # exact: every token the engine sampled for it, the one of the step in which the stop
+        # arrived (the held decode, released by the cancel) included, and what the client got
+        engine = h.backend.stats()["fake"].generated_tokens
+        assert row["generated_tokens"] == run.token.generated == engine >= 2
+        delivered = sum(len((d["choices"][0].get("logprobs") or {}).get("content") or [])
+                        for d in _events(sent))
+        assert row["discarded_tokens"] == row["generated_tokens"] - delivered
 
 
 async def test_admin_usage_filters_groups_and_tenants(tmp_path: Path) -> None:
@@ -158,3 +163,9 @@ async def test_no_ledger_when_off(tmp_path: Path) -> None:
         r = await h.client.get("/admin/usage")
         assert r.status_code == 404, r.text
     assert not (tmp_path / "usage.db").exists()
+
+
+def _events(sent: list[Message]) -> list[dict[str, Any]]:
+    """The chunks of a raw ASGI stream (its data lines)."""
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
+    return [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]

@@ -53,3 +53,20 @@ def test_usage_sums_and_rows(tc: TestClient) -> None:
     assert [(c[0], c[1]) for c in rows] == [("team-a", "2"), ("team-b", "1")]
     bad = run("usage", "--url", URL, "--since", "someday", env={"HEARTH_ADMIN_KEY": "adm"})
     assert bad.exit_code != 0 and "since" in bad.output
+
+
+def test_usage_against_a_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same command reads a gateway's ledger (its rows, `node` as a grouping)."""
+    from tests.helpers.fake_fleet import Fleet, gateway
+
+    with gateway(tmp_path, Fleet()) as gw:
+        monkeypatch.setattr(usage_cli, "Client", lambda url, key: Client(url, key, transport=bridge(gw)))
+        for _ in range(2):
+            assert gw.post("/v1/chat/completions", json={"model": "smol", **CHAT}).status_code == 200
+        out = run("usage", "--url", URL, "--group", "model", "--json", env={"HEARTH_ADMIN_KEY": "gw-key"})
+        assert out.exit_code == 0, out.output
+        [sums] = json.loads(out.stdout)
+        assert (sums["model"], sums["requests"], sums["prompt_tokens"], sums["generated_tokens"]) == ("smol", 2, 10, 2)
+        by_node = run("usage", "--url", URL, "--group", "node", "--json", env={"HEARTH_ADMIN_KEY": "gw-key"})
+        assert by_node.exit_code == 0, by_node.output
+        assert sum(r["requests"] for r in json.loads(by_node.stdout)) == 2

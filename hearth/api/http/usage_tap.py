@@ -6,13 +6,17 @@ run's stream closes, hands one `UsageRecord` to the ledger's queue and, when tra
 spans to the exporter's. The counts come from the run's `Done` when it passed; a stream closed
 before it (a client that disconnected, a cancel whose totals were never read) counts what the
 backend's run had generated when it stopped (`CancelToken.generated`): tokens sampled after
-the last delivery are in `generated` and `discarded`, never lost, never counted twice. Nothing
+the last delivery are in `generated` and `discarded`, never lost, never counted twice: the
+record waits for the engine's last output of the run (the abort's), so a token sampled in the
+step during which the stop arrived is counted too. Nothing
 here exists when both the ledger and tracing are off (`runs.tap` returns None).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import Mapping
 
@@ -24,6 +28,11 @@ from hearth.observability.metrics import RequestTimer
 from hearth.observability.tracing import RunTrace, Tracing
 from hearth.tenants import Caller
 
+log = logging.getLogger("hearth.api")
+
+# Seconds a closed stream's record waits for its run's last engine output at most: an abort is
+# applied at the next step, but on an oversubscribed machine one step can take seconds.
+COUNT_WAIT = 30.0
 OPERATIONS = {"completions": "text_completion", "ollama_generate": "text_completion", "embeddings": "embeddings",
               "ollama_embed": "embeddings", "ollama_embeddings": "embeddings"}  # any other: chat
 
@@ -84,8 +93,39 @@ class UsageTap:
             self.done = ev
 
     def close(self, token: CancelToken, timer: RequestTimer) -> None:
-        """The run's stream closed: its record goes to the ledger's queue, its spans to the exporter."""
+        """The run's stream closed: its record goes to the ledger's queue, its spans to the
+        exporter. A stream closed before its totals, whose run is still in the engine (the
+        step in which its abort arrived may have sampled one more token for it, handed over
+        after the stream closed), is recorded once the engine's last output for it was counted
+        (`CancelToken.when_counted`; at most COUNT_WAIT seconds later, logged)."""
         end = time.monotonic()
+        if self.done is None and token.counting:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is not None:
+                recorded = False
+
+                def record() -> None:
+                    nonlocal recorded
+                    if not recorded:
+                        recorded = True
+                        late.cancel()
+                        self._close(token, timer, end)
+
+                def too_late() -> None:
+                    if not recorded:
+                        log.warning("usage ledger: %s recorded before its run's last engine output came (%d tokens "
+                                    "counted)", self.request_id, token.generated)
+                    record()
+
+                late = loop.call_later(COUNT_WAIT, too_late)
+                token.when_counted(record)
+                return
+        self._close(token, timer, end)
+
+    def _close(self, token: CancelToken, timer: RequestTimer, end: float) -> None:
         done = self.done
         prompt_ms = None
         if done is not None:

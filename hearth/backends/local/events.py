@@ -12,7 +12,7 @@ from hearth.chat.cancel import CancelToken
 from hearth.chat.output import OutputParser
 from hearth.chat.types import ChatEvent, Done, Finish, Started, TextDelta, Timings, Usage
 from hearth.engine import Engine, EngineRequest
-from hearth.engine.types import FinishReason
+from hearth.engine.types import FinishReason, RequestOutput
 
 
 async def admit(admission: AdmissionQueue, n: int, cancel: CancelToken | None, timeout: float | None,
@@ -55,9 +55,25 @@ async def engine_events(engine: Engine, ereq: EngineRequest,
 
     def watch_cancel() -> None:
         if cancel is not None:
+            cancel.counting = True
             cancel.on_cancel(lambda: engine.abort(ereq.request_id))
 
-    async for out in engine.generate(ereq, after_submit=watch_cancel, validated=True):
+    observe = None
+    if cancel is not None:
+        token = cancel
+        generated = 0
+
+        def observe(out: RequestOutput) -> None:
+            """Every output as the engine hands it over, read or not: the count is exact even
+            for the step in which an abort arrived, after the stream closed."""
+            nonlocal generated
+            for d in out.deltas:
+                generated += len(d.token_ids)
+            token.generated = generated
+            if out.finished:
+                token.counted()
+
+    async for out in engine.generate(ereq, after_submit=watch_cancel, validated=True, observe=observe):
         now = time.monotonic()
         if not started:
             started, placed = True, now
@@ -67,8 +83,6 @@ async def engine_events(engine: Engine, ereq: EngineRequest,
             if d.token_ids:
                 first_token, last_token = first_token or now, now
             usage.completion_tokens += len(d.token_ids)
-            if cancel is not None:
-                cancel.generated = usage.completion_tokens
             if d.text or d.logprobs:
                 yield TextDelta(d.index, d.text, d.logprobs, len(d.token_ids))
             if d.finish_reason is not None:

@@ -75,6 +75,7 @@ class Lease:
 
     node: Node
     decision: Decision
+    candidates: tuple[str, ...] = ()  # the nodes it was chosen among (a turn's trace shows them)
 
 
 class Pool:
@@ -201,7 +202,7 @@ class Pool:
         node.breaker.started()
         self.metrics.route(decision.branch)
         self.metrics.route_sources.labels(decision.source).inc()
-        return Lease(node, decision)
+        return Lease(node, decision, tuple(c.name for c in candidates))
 
     async def acquire(self, alias: str, affinity: Affinity, hashes: Sequence[tuple[str, int]],
                       prompt_tokens: int, exclude: set[str] | None = None,

@@ -86,6 +86,7 @@ class GatewayStore:
     instance: str  # this gateway's id in `gateways`, `background.gateway` and `moves.gateway`
     orphans: int = 0  # background runs failed because their gateway was gone, when this one opened
     lease_ttl: float = GATEWAY_TTL
+    day_sql = "date(at, 'unixepoch')"  # a unix time's UTC day, YYYY-MM-DD (the usage ledger's grouping)
 
     def _tx(self, migrate: bool = False) -> contextlib.AbstractAsyncContextManager[Tx]:
         """A transaction: committed when the block ends, rolled back if it raises. `migrate`:

@@ -70,6 +70,8 @@ class _PgTx(Tx):
 
 
 class PostgresStore(GatewayStore):
+    day_sql = "to_char(to_timestamp(at) AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
+
     def __init__(self, url: str, instance: str, pool_size: int = POOL_SIZE) -> None:
         self.url = url
         self.instance = instance

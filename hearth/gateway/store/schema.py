@@ -47,6 +47,18 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "CREATE TABLE IF NOT EXISTS batch_results (batch_id TEXT NOT NULL, custom_id TEXT NOT NULL, "
         "ok INTEGER NOT NULL, line TEXT NOT NULL, seq DOUBLE PRECISION NOT NULL, PRIMARY KEY (batch_id, custom_id))",
     ]),
+    # 4: the usage ledger (store/usage.py): one row per generation turn, every gateway's
+    (4, [
+        "CREATE TABLE IF NOT EXISTS usage (at DOUBLE PRECISION NOT NULL, request_id TEXT NOT NULL, "
+        "gateway TEXT NOT NULL, tenant TEXT NOT NULL, key TEXT, via TEXT, model TEXT NOT NULL, "
+        "endpoint TEXT NOT NULL, node TEXT, nodes TEXT NOT NULL, failovers INTEGER NOT NULL, "
+        "retries INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, "
+        "generated_tokens INTEGER NOT NULL, discarded_tokens INTEGER NOT NULL, finish_reason TEXT, cancelled TEXT, "
+        "error TEXT, status INTEGER, "
+        "ttft_ms DOUBLE PRECISION, total_ms DOUBLE PRECISION NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS usage_at ON usage (at)",
+        "CREATE INDEX IF NOT EXISTS usage_tenant_at ON usage (tenant, at)",
+    ]),
 ]
 
 VERSION = MIGRATIONS[-1][0]

@@ -11,6 +11,8 @@ headers go to the node as `upstream.headers.forwarded_headers` says.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -19,7 +21,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
-from hearth.errors import TooManyRequests
+from hearth.errors import HearthError, TooManyRequests
 from hearth.gateway.failover.cuts import cut_for
 from hearth.gateway.failover.restore import Continuity
 from hearth.gateway.failover.resume import Resumer
@@ -29,13 +31,19 @@ from hearth.gateway.fleet.pool import Lease, Node, Pool, Release
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.store.base import GatewayStore
+from hearth.gateway.store.usage import GatewayLedger
 from hearth.gateway.turn.after import AfterTurn, TurnEnd
 from hearth.gateway.turn.relay import Relay
 from hearth.gateway.turn.request import Turn, read_turn
+from hearth.gateway.turn.scan import Scan
 from hearth.gateway.turn.send import TurnSender
+from hearth.gateway.turn.settle import NodeUsage
+from hearth.gateway.turn.watch import TurnWatch
 from hearth.gateway.upstream.headers import passed_headers
 from hearth.gateway.upstream.http import Answer, Sender
 from hearth.gateway.upstream.node_client import NodeClient
+from hearth.observability.logging import request_id
+from hearth.observability.tracing import Tracing
 
 log = logging.getLogger("hearth.gateway")
 
@@ -51,6 +59,9 @@ class Proxy:
         self.sender = TurnSender(settings, self.continuity, client, http, pool.clock)
         self.after = AfterTurn(settings, pool, store, metrics, self.continuity)
         self.relay = Relay(settings, metrics, pool.clock)
+        self.node_usage = NodeUsage(pool, client)
+        self.ledger: GatewayLedger | None = None  # the usage ledger and traces, when the app keeps them
+        self.tracing: Tracing | None = None
 
     async def turn(self, request: Request, body: dict[str, Any]) -> Turn:
         return await read_turn(request, body, self.pool, self.store)
@@ -60,19 +71,47 @@ class Proxy:
 
     async def serve(self, turn: Turn) -> Response:
         """The turn sent, retried and relayed; needs nothing of the client's request (a
-        background run's turn is served by a task of the gateway's, `background.py`)."""
+        background run's turn is served by a task of the gateway's, `background.py`). Its
+        ledger row and spans (watch.py) end here when no stream is relayed, else with the relay."""
+        if turn.watch is None:
+            turn.watch = TurnWatch.begin(self.ledger, self.tracing, self.store.instance, request_id.get(), turn.key,
+                                         turn.alias, turn.path, turn.started, turn.headers)
+            if turn.watch is not None:
+                turn.watch.counts = functools.partial(self.node_usage.row, turn.who)
+        watch = turn.watch
+        try:
+            return await self._serve(turn)
+        except HearthError as e:
+            if watch is not None:
+                watch.finish(None, e.status, error=e.message)
+            raise
+        except asyncio.CancelledError:  # the client left before an answer began (waiting for a node)
+            if watch is not None:
+                watch.finish(None, 499, cancelled="disconnect")
+            raise
+        except BaseException as e:
+            if watch is not None:
+                watch.finish(None, 500, error=type(e).__name__)
+            raise
+
+    async def _serve(self, turn: Turn) -> Response:
         tried: set[str] = set()
         failures: list[Retry] = []
         # What the nodes hold of this prompt (routing/): asked once, kept across retries.
         blocks = {} if turn.session_id is not None else await self.pool.request_blocks(
             turn.alias, turn.affinity, turn.path, turn.body)
         for _ in range(len(self.pool.nodes)):
+            since = time.monotonic()
             lease = await self.pool.acquire(turn.alias, turn.affinity, turn.hashes, turn.prompt_tokens, tried,
                                             blocks)
+            if turn.watch is not None:
+                turn.watch.routed(lease, since)
             tried.add(lease.node.name)
             try:
                 answer = await self._attempt(lease, turn)
             except Retry as e:
+                if turn.watch is not None:
+                    turn.watch.retried(lease.node.name, e.reason)
                 failures.append(e)
                 self.metrics.retries.labels(e.label).inc()
                 log.warning("upstream %s failed before the first byte (%s); trying another", lease.node.name, e.reason)
@@ -121,6 +160,7 @@ class Proxy:
         finally:
             await resp.aclose()
         ok = None if resp.status_code < 500 else False
+        scan: Scan | None = None
         if resp.status_code < 300:
             content, scan = self.relay.whole(content, node, turn.alias, turn.protocol)
             if not await self.after.record(lease, turn, scan):
@@ -131,6 +171,10 @@ class Proxy:
             ok = True
         release(ok)
         self.metrics.ttft.observe(time.monotonic() - turn.started)
+        if turn.watch is not None:
+            turn.watch.relayed()
+            turn.watch.finish(scan, resp.status_code,
+                              error=None if resp.status_code < 400 else f"upstream answered {resp.status_code}")
         return Response(content, status_code=resp.status_code,
                         media_type=resp.headers.get("content-type", "application/json"),
                         headers=passed_headers(resp, node.name))

@@ -147,8 +147,13 @@ class Relay:
 
         outcome: bool | None = None
         cut_at: float | None = None
+        watch = end.turn.watch
+        gone = False  # the client left before the end
+        failed: str | None = None
         try:
             self.metrics.ttft.observe(time.monotonic() - started)
+            if watch is not None:
+                watch.relayed()
             batches: AsyncIterator[list[bytes]] = _chain(first.task if first.ready is None else None, stream,
                                                          first.ready)  # lazy: runs once the loop below reads it
             if first.ready is None:  # a long prefill: keep the client's connection warm until it ends
@@ -171,6 +176,8 @@ class Relay:
                             yield _joined(out[:at])
                         scan.migrated = state.moves > 0
                         outcome = await end.record(scan, current)
+                        if not outcome:
+                            failed = "the node that wrote this answer failed before the gateway could record it"
                         yield _joined(out[at:]) if outcome else self._failed(
                             protocol, state, "the node that wrote this answer failed before the gateway could "
                             "record it; send the turn again")
@@ -185,20 +192,30 @@ class Relay:
                     cut_at = time.monotonic()
                     await _abandon(first.task, stream, upstream)
                     done(False)
+                    if watch is not None:
+                        watch.broke(current.node.name, str(e))
                     moved = await self._resume(e, current.node, state, cut, resumer)
                     if moved is None:
                         outcome = None  # the failed node's lease is back already
+                        failed = f"the upstream node failed mid-stream ({e})"
                         yield self._failed(protocol, state, f"the upstream node failed mid-stream ({e}); the "
                                            "partial answer above is all there is: send the turn again")
                         return
                     state.moves += 1
+                    if watch is not None:
+                        watch.moved()
                     current, upstream, done = moved.lease, moved.resp, moved.release
                     stream = _events(upstream, current.node, self.clock,
                                      self.settings.stall_timeout_for(current.node.up))
                     batches = stream
+        except (GeneratorExit, asyncio.CancelledError):
+            gone = outcome is None and failed is None
+            raise
         finally:
             await _abandon(first.task, stream, upstream)
             done(outcome)
+            if watch is not None:
+                watch.finish(scan, 200, cancelled="disconnect" if gone else None, error=failed)
 
     async def _resume(self, e: Broken, failed: Node, state: RelayState, cut: Cut | None,
                       resumer: Resumer | None) -> Moved | None:

@@ -17,6 +17,7 @@ from hearth.gateway.routing.affinity import Affinity, affinity_of
 from hearth.gateway.routing.prefixes import conversation, prefix_hashes
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.tenancy import caller, hidden, owns, session_hidden
+from hearth.gateway.turn.watch import TurnWatch
 from hearth.gateway.upstream.headers import forwarded_headers
 from hearth.http import auth
 from hearth.sessions.ids import stored_session_id
@@ -41,6 +42,7 @@ class Turn:
     who: Caller = OPEN  # the client's tenant (tenancy.py): what the node is told, whose records these are
     key: Caller = OPEN  # the client's key, as the key check found it: whose usage this is
     started: float = field(default_factory=time.monotonic)
+    watch: TurnWatch | None = None  # its ledger row and spans (watch.py); None: both off
 
 
 async def read_turn(request: Request, body: dict[str, Any], pool: Pool, store: GatewayStore) -> Turn:

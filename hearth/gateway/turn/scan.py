@@ -14,6 +14,10 @@ _PROMPT = re.compile(rb'"(?:prompt_tokens|input_tokens)":(\d+)')
 _CREATED = re.compile(rb'"cache_creation_input_tokens":(\d+)')
 _COMPLETION = re.compile(rb'"(?:completion_tokens|output_tokens)":(\d+)')
 _RESPONSE_ID = re.compile(rb'"id":"(resp_[A-Za-z0-9_-]+)"')
+_ANSWER_ID = re.compile(rb'"id": ?"((?:chatcmpl|cmpl|msg|resp)[-_][A-Za-z0-9_-]+)"')
+# A Hearth node's llama.cpp-style `timings` (the last chunk of every chat or completions stream,
+# whether or not the client asked for usage): tokens reused, prefilled and generated.
+_TIMINGS = re.compile(rb'"cache_n":(\d+),"prompt_n":(\d+),.*?"predicted_n":(\d+)')
 
 
 @dataclass(slots=True)
@@ -29,6 +33,8 @@ class Scan:
     migrated: bool = False  # the answer was finished by another node than the one that began it
     anthropic_usage: bool = False  # `prompt` is Anthropic's input_tokens: the part not read from cache
     created: int = 0  # Anthropic's cache_creation_input_tokens
+    answer_id: str | None = None  # the first answer id seen: the node's ledger row (turn/settle.py)
+    looks: int = 0  # events searched for it
 
     @property
     def whole_prompt(self) -> int | None:
@@ -54,9 +60,15 @@ class Scan:
             self.output = r["output"]
 
     def feed(self, data: bytes) -> None:
+        if self.looks < 3:  # the id is in the first event or two: not looked for past them
+            self.looks += 1
+            if self.answer_id is None and (a := _ANSWER_ID.search(data)):
+                self.answer_id = a.group(1).decode()
         if self.responses and self.response_id is None and (r := _RESPONSE_ID.search(data)):
             self.response_id = r.group(1).decode()
         if b'"usage"' not in data:  # most events: text deltas
+            if b'"timings"' in data and (t := _TIMINGS.search(data)):  # a stream without usage: its counts
+                self.cached, self.prompt, self.completion = int(t[1]), int(t[1]) + int(t[2]), int(t[3])
             return
         if m := _CACHED.findall(data):
             self.cached = int(m[-1])

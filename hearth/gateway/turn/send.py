@@ -39,6 +39,8 @@ class TurnSender:
         if held:  # the node must not start it afresh if it lost it (a node replaced with an empty disk)
             payload["session_create"] = False
         headers = {**turn.headers, "content-type": "application/json", **upstream_headers(node.up, turn.who)}
+        if turn.watch is not None:  # the gateway's span as the node's parent (watch.py)
+            headers.update(turn.watch.sending(node.name))
         resp = await self.http.send("POST", node_url(node.up, turn.path), headers, json_bytes(payload),
                                     self.settings.connect_timeout)
         if held and resp.status_code == 404 and turn.session_id is not None:

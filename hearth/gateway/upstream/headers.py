@@ -17,7 +17,7 @@ from hearth.tenants import Caller, class_header, tenant_headers
 # The conversation-key headers (Claude Code's, Codex's) go on too: the node keeps the
 # conversation's KV warm by them, and the gateway routes by them.
 FORWARD_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta", "openai-beta", "x-request-id",
-                   "x-session-id", "idempotency-key", *KEY_HEADERS)
+                   "x-session-id", "idempotency-key", "traceparent", "tracestate", *KEY_HEADERS)
 
 
 def forwarded_headers(request: Request) -> dict[str, str]:

@@ -105,6 +105,15 @@ class NodeClient:
         return Reply.of(await self.client.get(node_url(up, history_path(sid)), headers=upstream_headers(up, who),
                                               timeout=SESSION_TIMEOUT))
 
+    # ---- the usage ledger ----------------------------------------------------------------------------
+
+    async def usage_row(self, up: Upstream, answer_id: str, who: Caller, timeout: float) -> Reply:
+        """The node's usage-ledger rows for one answer (`data`: [] until the node wrote it), as
+        `who` (GET /admin/usage is the one admin path a tenant reads: its own rows)."""
+        return Reply.of(await self.client.get(node_url(up, "/admin/usage"), params={"request_id": answer_id,
+                                                                                    "limit": "1"},
+                                              headers=upstream_headers(up, who), timeout=timeout))
+
     # ---- a session's move (snapshots) --------------------------------------------------------------
 
     async def call(self, up: Upstream, method: str, path: str, *, who: Caller = OPEN, admin: bool = False,
