@@ -78,19 +78,12 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     metrics.registry.register(KeyUsageCollector(accounts))
     background = RelayedBackground(proxy, store, settings.heartbeat)
     batches = GatewayBatches(BatchTables(store), settings.batch_concurrency, settings.lease_ttl)
-    # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
-    # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.
-    translated = OpenAIUpstreamBackend(pool, client, http)
-    # CORS is the gateway's; usage is counted by the gateway per key (a ledger here would keep a
-    # second, partial count of the same requests in translated/usage.db).
-    inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[], usage_ledger=False)
-    translator = create_app(translated, inner) if translated.aliases() else None
+    translator, translated_aliases = _translator(settings, pool, client, http)
     mover = Mover(pool, store, nodes, metrics)
     leases = Leases(mover, min(settings.probe_interval, settings.lease_ttl / 3))
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
     prober = Prober(settings, nodes, metrics, lambda: list(pool.nodes.values()), pool.wake)
     membership = Membership(settings, pool, store, mover, prober)
-    translated_aliases = frozenset(translated.aliases())
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -136,6 +129,19 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
                         started=int(time.time()), translator=translator, translated=translated_aliases,
                         background=background, membership=membership, batches=batches))
     return app
+
+
+def _translator(settings: GatewaySettings, pool: Pool, client: httpx.AsyncClient,
+                http: UpstreamHttp | HttpxSender) -> tuple[Starlette | None, frozenset[str]]:
+    """Models on openai-kind upstreams are served by the node's own protocol layer over a backend
+    that speaks OpenAI chat to them: Anthropic and Responses clients are translated there. Its
+    app (None without such upstreams) and the aliases it serves."""
+    translated = OpenAIUpstreamBackend(pool, client, http)
+    # CORS is the gateway's; usage is counted by the gateway per key (a ledger here would keep a
+    # second, partial count of the same requests in translated/usage.db).
+    inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[], usage_ledger=False)
+    aliases = frozenset(translated.aliases())
+    return (create_app(translated, inner) if aliases else None), aliases
 
 
 def _routes(metrics_endpoint: Callable[[Request], Awaitable[Response]], accounts: KeyAccounts) -> list[Route]:
