@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
                          "(default: this checkout)")
     a = ap.parse_args(argv)
     procs: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` too stops the servers (finally)
     try:
         for src in a.src or [""]:
             port = free_port()
