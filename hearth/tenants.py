@@ -248,3 +248,57 @@ ADMIN_CALLER = Caller(ADMIN, "admin", admin=True, max_priority="priority")  # th
 def tenant_headers(tenant: str, shared_cache: bool = False) -> dict[str, str]:
     """What a gateway sends a node (with its own `role=gateway` key) to act for `tenant`."""
     return {TENANT_HEADER: tenant, **({TENANT_CACHE_HEADER: "shared"} if shared_cache else {})}
+
+
+# What a gateway says of the client key it forwards for (docs/gateway.md, "Tenants through the
+# gateway"): `weight=W;priority=CLASS;max_priority=CLASS`, that key's line. A node believes it
+# only from a `role=gateway` key and caps it by that key's own line (`gateway_class`), so a
+# gateway can pass on its tenants' differences but never claim more than its node granted it.
+TENANT_CLASS_HEADER = "x-hearth-tenant-class"
+_CLASS_FIELDS = ("weight", "priority", "max_priority")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantClass:
+    weight: float = 1.0
+    priority: str = "default"
+    max_priority: str = "default"
+
+
+def class_header(who: Caller) -> dict[str, str]:
+    """The TENANT_CLASS_HEADER a gateway sends with `who`'s request (`who` is a tenant's key)."""
+    return {TENANT_CLASS_HEADER: f"weight={who.weight:g};priority={who.priority};max_priority={who.max_priority}"}
+
+
+def parse_class_header(value: str) -> TenantClass:
+    """The fields of a TENANT_CLASS_HEADER; ValueError naming what is wrong. Every field is
+    optional (a missing one is the key-file default); an unknown or repeated one is an error."""
+    fields: dict[str, str] = {}
+    for part in value.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        name, eq, val = part.partition("=")
+        name, val = name.strip(), val.strip()
+        if not eq or name not in _CLASS_FIELDS or name in fields:
+            raise ValueError(f"{TENANT_CLASS_HEADER} takes weight=W;priority=CLASS;max_priority=CLASS, got {part!r}")
+        fields[name] = val
+    try:
+        weight = float(fields.get("weight", "1"))
+    except ValueError:
+        raise ValueError(f"{TENANT_CLASS_HEADER}: weight must be a number") from None
+    if not (0.0 < weight <= MAX_WEIGHT):  # also NaN
+        raise ValueError(f"{TENANT_CLASS_HEADER}: weight must be above 0 and at most {MAX_WEIGHT:g}")
+    priority, ceiling = fields.get("priority", "default"), fields.get("max_priority", "default")
+    for what, name in (("priority", priority), ("max_priority", ceiling)):
+        if name not in CLASSES:
+            raise ValueError(f"{TENANT_CLASS_HEADER}: {what} must be one of {', '.join(CLASSES)}")
+    return TenantClass(weight, priority, ceiling)
+
+
+def gateway_class(claimed: TenantClass, gateway: ApiKey) -> TenantClass:
+    """What a node grants a gateway's tenant: the class the gateway claims, capped by the
+    gateway key's own line (its weight and max_priority are the ceiling of what it forwards);
+    the default class never above the ceiling."""
+    ceiling = min(claimed.max_priority, gateway.max_priority, key=_class_rank)
+    return TenantClass(min(claimed.weight, gateway.weight), min(claimed.priority, ceiling, key=_class_rank), ceiling)

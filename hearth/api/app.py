@@ -99,7 +99,10 @@ def create_app(backend: Backend, settings: Settings | None = None, tracing: Trac
 
     routes = [
         Route("/v1/chat/completions", chat.chat_completions, methods=["POST"]),
+        # Starlette tries routes in order (a regex each): the small, frequent requests go first
+        Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
         Route("/chat/completions", chat.chat_completions, methods=["POST"]),
+        Route("/embeddings", embeddings.embeddings, methods=["POST"]),
         Route("/v1/completions", completions.completions, methods=["POST"]),
         Route("/completions", completions.completions, methods=["POST"]),
         Route("/v1/messages", messages.messages, methods=["POST"]),
@@ -146,8 +149,6 @@ def create_app(backend: Backend, settings: Settings | None = None, tracing: Trac
         Route("/admin/usage", usage.usage, methods=["GET"]),
         Route("/admin/journal/{request_id}", usage.journal_record, methods=["GET"]),
         Route("/v1/cancel", control.cancel, methods=["POST"]),
-        Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
-        Route("/embeddings", embeddings.embeddings, methods=["POST"]),
         Route("/api/embed", ollama_embed.embed, methods=["POST"]),  # Ollama's
         Route("/api/embeddings", ollama_embed.embeddings, methods=["POST"]),
         Route("/v1/models", control.list_models, methods=["GET"]),

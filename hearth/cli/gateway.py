@@ -97,6 +97,9 @@ def serve(
         envvar="HEARTH_LEASE_TTL", help="Seconds after its last renewal (every --probe-interval) that a gateway "
         "counts as gone: others on the database then settle its moves and drains and fail its background "
         "runs.")] = 15.0,
+    batch_concurrency: Annotated[int, typer.Option(
+        envvar="HEARTH_GATEWAY_BATCH_CONCURRENCY", min=1,
+        help="Batch API lines the gateway runs at once over its nodes (all batches).")] = 4,
     usage_ledger: Annotated[bool, typer.Option(
         "--usage-ledger/--no-usage-ledger", envvar="HEARTH_USAGE_LEDGER",
         help="Keep one row per turn in the gateway's database (GET /admin/usage, hearth usage).")] = True,
@@ -138,7 +141,7 @@ def serve(
             cors_origins=parse_origins(cors_origins),
             max_waiting=max_waiting, max_wait=max_wait, probe_interval=probe_interval, probe_timeout=probe_timeout,
             heartbeat=heartbeat, stall_timeout=stall_timeout, log_level=log_level, data_dir=home, routing=routing,
-            database=database or None, lease_ttl=lease_ttl,
+            database=database or None, lease_ttl=lease_ttl, batch_concurrency=batch_concurrency,
             migration_limit=migration_limit, digest_interval=digest_interval, digest_timeout=digest_timeout,
             digest_max_age=digest_max_age, usage_ledger=usage_ledger, otlp_endpoint=otlp_endpoint)
     except (ValueError, OSError) as e:

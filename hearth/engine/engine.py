@@ -4,9 +4,11 @@
            admit and place (and tell the placed) → draft → schedule one batch → decode once
            → sample, detokenize, finish → deliver
 
-The loop lives here; what each KV slot holds, and where a session's KV goes when it leaves
-its slot, is `Residency` (residency.py); which requests run and which tokens go into a
-decode is the `Scheduler`; the per-token decision is `output.emit`.
+The loop lives here; what comes in from other threads (requests, aborts, calls) and what
+goes back out to each request's sink is the `RequestQueue` (request_queue.py); what each KV
+slot holds, and where a session's KV goes when it leaves its slot, is `Residency`
+(residency.py); which requests run and which tokens go into a decode is the `Scheduler`; the
+per-token decision is `output.emit`.
 
 Threads: `submit`, `abort`, `abort_all`, `generate`, `call`, `validate`, `stop` and the
 counters are safe from any thread. Only the engine thread touches the runner, the scheduler,
@@ -30,7 +32,6 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -42,6 +43,7 @@ from hearth.engine.kv import Slot, SlotTable
 from hearth.engine.output import StepOutputs, emit
 from hearth.engine.preempt import Preemptor
 from hearth.engine.prefix_cache import PrefixCache
+from hearth.engine.request_queue import RequestQueue, Taken, fail_calls, outputs, run_calls
 from hearth.engine.residency import Residency
 from hearth.engine.runner import BatchEntry, DecodeAborted, Runner
 from hearth.engine.scheduler import Admission, Scheduler, Work
@@ -52,8 +54,6 @@ from hearth.engine.swap import SwapStore
 from hearth.engine.types import EngineRequest, EngineStats, FinishReason, RequestOutput, StopKind, check_request
 
 log = logging.getLogger("hearth.engine")
-
-_Call = tuple[Callable[[], Any], Future[Any]]
 
 
 class Engine:
@@ -73,26 +73,15 @@ class Engine:
         # Stateless prompts' KV in blocks, in RAM and on disk. `prefetch` (any thread but this
         # one) reads a prompt's blocks from disk before the request is submitted.
         self.cache = prefix_cache
+        # Session KV for the backend (`engine.residency.export_kv`, ...): engine thread only
+        # (run them through `call`), except `kv_where`, a racy read from any thread.
         self.residency = Residency(runner, self.slots, self.swap, self.stats, prefix_cache)
-        # Session KV for the backend: engine thread only (run them through `call`), except
-        # `kv_where`, a racy read from any thread. See Residency.
-        self.kv_where = self.residency.kv_where
-        self.sessions_where = self.residency.sessions_where
-        self.slots_digest = self.residency.slots_digest
-        self.export_kv = self.residency.export_kv
-        self.import_kv = self.residency.import_kv
-        self.drop_kv = self.residency.drop_kv
-        self.trim_kv = self.residency.trim_kv
-        self.spill_all = self.residency.spill_all
         # Lower classes pause for higher ones at step boundaries, KV to RAM (preempt.py).
-        self.preempt = Preemptor(runner, self.slots, self.scheduler, self.residency)
-        self._cv = threading.Condition()
-        self._inbox: list[ActiveRequest] = []
-        self._aborts: dict[str, FinishReason] = {}
-        self._calls: list[_Call] = []
-        self._known: set[str] = set()  # request ids submitted and not yet ended
-        self._in_decode: frozenset[str] = frozenset()  # requests of the interruptible decode running now
-        self._stopping = False
+        # the clock of time caps (a test moves it); a paused request's cap stops meanwhile (preempt.py)
+        self.clock: Callable[[], float] = time.monotonic
+        self.preempt = Preemptor(runner, self.slots, self.scheduler, self.residency, lambda: self.clock())
+        self.queue = RequestQueue(runner.interrupt, runner.clear_interrupt)
+        self._busy = lambda: self.scheduler.has_work() or bool(self.preempt.paused)  # work beyond the queue's
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # ---- public, thread-safe API ------------------------------------------------------
@@ -107,34 +96,23 @@ class Engine:
 
     def abort_all(self) -> None:
         """Cancel every request in flight (at the next step); the engine keeps running."""
-        with self._cv:
-            for rid in self._known:
-                self._aborts.setdefault(rid, FinishReason.CANCELLED)
-            if self._in_decode:
-                self.runner.interrupt()
-            self._cv.notify()
+        self.queue.abort_all()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel everything in flight, write sessions' KV to disk (when the swap store has a
         directory: they survive a graceful restart), and stop the thread."""
         self.abort_all()
         if self._thread.is_alive():
-            with self._cv:  # _deliver notifies when the last request has ended
-                self._cv.wait_for(lambda: not self._known, timeout)
+            self.queue.wait_drained(timeout)
         if self.swap.dir is not None and self._thread.is_alive():
             try:
-                n = self.call(self.spill_all).result(timeout)
+                n = self.call(self.residency.spill_all).result(timeout)
                 log.info("wrote the KV of %d resident session(s) to disk", n)
             except Exception:
                 log.exception("could not write session KV to disk")
         if self.cache is not None:
             self.cache.close(timeout)  # what requests offered is written before the process ends
-        with self._cv:
-            self._stopping = True
-            calls, self._calls = self._calls, []
-            self._cv.notify()
-        for _, fut in calls:
-            fut.cancel()
+        self.queue.close()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -144,11 +122,11 @@ class Engine:
 
     @property
     def waiting(self) -> int:
-        return len(self.scheduler.waiting) + len(self._inbox)
+        return len(self.scheduler.waiting) + self.queue.new
 
     @property
     def in_flight(self) -> int:
-        return len(self._known)
+        return self.queue.in_flight
 
     def validate(self, req: EngineRequest) -> None:
         """Raise ValueError (ContextOverflow for size) if the request cannot run. Linear in the
@@ -165,103 +143,51 @@ class Engine:
         `validate` on the request as it is now (so the checks run once, off its event loop)."""
         if not validated:
             self.validate(req)
-        ar = ActiveRequest(req, sink, max_len=self._max_len(req))
-        with self._cv:
-            if self._stopping:
-                raise RuntimeError("the engine is stopping")
-            if req.request_id in self._known:
-                raise ValueError(f"request id {req.request_id!r} is already in flight")
-            self._known.add(req.request_id)
-            self._inbox.append(ar)
-            self._cv.notify()
+        self.queue.put(ActiveRequest(req, sink, max_len=self._max_len(req)))
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
         """Stop a request at the start of the next step, and the decode running now if it holds
         a prompt chunk and this request (see the module invariants). Unknown or finished ids
         are ignored."""
-        with self._cv:
-            if request_id in self._known:
-                self._aborts.setdefault(request_id, reason)
-                if request_id in self._in_decode:
-                    self.runner.interrupt()
-                self._cv.notify()
+        self.queue.abort(request_id, reason)
 
-    async def generate(self, req: EngineRequest, after_submit: Callable[[], None] | None = None, *,
-                       validated: bool = False,
-                       observe: Callable[[RequestOutput], None] | None = None) -> AsyncIterator[RequestOutput]:
-        """Submit and yield outputs until the request finishes. Leaving the iterator early
-        (aclose, cancellation, an exception in the consumer) aborts the request.
-        `after_submit` runs once the engine knows the request (abort() works from then on);
-        `validated` as in `submit`. `observe` sees every output on the loop as it arrives, also
-        those after the consumer left (the step in which an abort arrived, the abort's own):
+    def generate(self, req: EngineRequest, after_submit: Callable[[], None] | None = None, *,
+                 validated: bool = False,
+                 observe: Callable[[RequestOutput], None] | None = None) -> AsyncIterator[RequestOutput]:
+        """Submit (on the first iteration) and yield outputs until the request finishes. Leaving
+        the iterator early (aclose, cancellation, an exception in the consumer) aborts the
+        request. `after_submit` runs once the engine knows the request (abort() works from then
+        on); `validated` as in `submit`. `observe` sees every output on the loop as it arrives,
+        also those after the consumer left (the step in which an abort arrived, the abort's own):
         what the usage ledger counts a cancelled run from."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        put: Callable[[RequestOutput], None] = queue.put_nowait
-        if observe is not None:
-            def put(out: RequestOutput) -> None:
-                observe(out)
-                queue.put_nowait(out)
-
-        def sink(out: RequestOutput) -> None:
-            loop.call_soon_threadsafe(put, out)
-
-        self.submit(req, sink, validated=validated)
-        if after_submit is not None:
-            after_submit()
-        finished = False
-        try:
-            while not finished:
-                out = await queue.get()
-                finished = out.finished
-                yield out
-        finally:
-            if not finished:
-                self.abort(req.request_id)
+        return outputs(lambda sink: self.submit(req, sink, validated=validated),
+                       lambda: self.abort(req.request_id), after_submit, observe)
 
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run `fn` on the engine thread before the next step; its result or exception
         lands in the returned future. Only the engine thread touches the runner."""
-        fut: Future[Any] = Future()
-        with self._cv:
-            if self._stopping:
-                raise RuntimeError("the engine is stopping")
-            self._calls.append((fn, fut))
-            self._cv.notify()
-        return fut
+        return self.queue.call(fn)
 
     # ---- engine thread ------------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not (self._stopping or self._inbox or self._aborts or self._calls
-                           or self.scheduler.has_work() or self.preempt.paused):
-                    self._cv.wait()
-                if self._stopping:
-                    break
-                new, self._inbox = self._inbox, []
-                aborts, self._aborts = self._aborts, {}
-                calls, self._calls = self._calls, []
+        while (taken := self.queue.take(self._busy)) is not None:
             out = StepOutputs()
             try:
-                self._step(new, aborts, calls, out)
+                self._step(taken, out)
             except Exception:  # the loop must survive anything one step does
                 log.exception("engine step failed; failing the running requests")
                 self._fail_all("internal engine error", out)
             finally:
-                self._deliver(out)
-                for _, fut in calls:  # never leave a caller waiting
-                    if not fut.done():
-                        fut.set_exception(RuntimeError("the engine step failed before this call ran"))
+                self.queue.deliver(out)
+                fail_calls(taken.calls)  # never leave a caller waiting
 
-    def _step(self, new: list[ActiveRequest], aborts: dict[str, FinishReason], calls: list[_Call],
-              out: StepOutputs) -> None:
-        for ar in new:
+    def _step(self, taken: Taken, out: StepOutputs) -> None:
+        for ar in taken.new:
             self.scheduler.add(ar)
-        self._apply_aborts(aborts, out)
+        self._apply_aborts(taken.aborts, out)
         self._expire(out)
-        self._run_calls(calls)  # after aborts, so a session whose turn was just aborted is idle for them
+        run_calls(taken.calls)  # after aborts, so a session whose turn was just aborted is idle for them
         self.preempt.make_room()
         self._admit(out)
         self.preempt.resume()
@@ -278,21 +204,12 @@ class Engine:
                 self._end(found, reason, out)
 
     def _expire(self, out: StepOutputs) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for ar in self.scheduler.running:  # only decoding requests have a deadline
             if ar.deadline is not None and now >= ar.deadline:
                 # The time cap ends the output as max_tokens does ("length" on every protocol),
                 # named by its stop reason.
                 self._end(ar, FinishReason.LENGTH, out, stop_reason=StopKind.TIMEOUT)
-
-    @staticmethod
-    def _run_calls(calls: list[_Call]) -> None:
-        for fn, fut in calls:
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn())
-                except BaseException as e:
-                    fut.set_exception(e)
 
     def _admit(self, out: StepOutputs) -> None:
         admitted = self.scheduler.admit()
@@ -301,7 +218,7 @@ class Engine:
         if admitted:
             # A placed request hears of it before its first prefill chunk runs, so its stream
             # opens (and can be cancelled by id) while a long prefill is still ahead.
-            self._deliver(out)
+            self.queue.deliver(out)
             out.by_request.clear()
 
     def _setup(self, adm: Admission, out: StepOutputs) -> None:
@@ -335,31 +252,11 @@ class Engine:
         entries = [w.entry for w in work]
         if not any(w.seq is None for w in work):
             return self.runner.decode(entries)
-        with self._cv:
-            self._in_decode = frozenset(w.ar.request_id for w in work)
-            if not self._in_decode.isdisjoint(self._aborts):  # arrived since this step began
-                self.runner.interrupt()
+        self.queue.decode_begins(frozenset(w.ar.request_id for w in work))
         try:
             return self.runner.decode(entries)
         finally:
-            with self._cv:
-                self._in_decode = frozenset()
-                self.runner.clear_interrupt()
-
-    def _reprefill(self, ar: ActiveRequest) -> bool:
-        """After a failed decode (its slots already emptied): a session turn still prefilling on
-        KV it did not compute itself (swapped in, or loaded from a snapshot, which a hostile
-        archive may have crafted) starts its prefill again from the first token, once, instead
-        of failing: the turn answers as if the session had no KV. True if it does."""
-        if ar.req.owner is None or ar.phase is not Phase.PREFILL or ar.cached_tokens == 0 or ar.reprefilled:
-            return False
-        log.warning("session %s: a decode on its restored KV failed; the KV is dropped and the transcript "
-                    "prefilled again", ar.req.owner)
-        ar.reprefilled = True
-        ar.prefill_pos = ar.cached_tokens = 0
-        ar.cache_tier = None
-        self.stats.kv_reprefills += 1
-        return True
+            self.queue.decode_ends()
 
     def _run_batch(self, work: list[Work], out: StepOutputs) -> None:
         cost = self.step_cost if all(w.seq is not None for w in work) else None  # decode-only steps
@@ -381,7 +278,11 @@ class Engine:
             for ar in {id(w.ar): w.ar for w in work}.values():
                 for seq in ar.seqs:  # the KV state of these sequences is unknown now
                     self.residency.truncate(seq.slot, 0)
-                if not self._reprefill(ar):
+                if ar.restart_prefill():  # its restored KV failed: the transcript is prefilled again
+                    log.warning("session %s: a decode on its restored KV failed; the KV is dropped and the "
+                                "transcript prefilled again", ar.req.owner)
+                    self.stats.kv_reprefills += 1
+                else:
                     self._end(ar, FinishReason.ERROR, out, error=f"decode failed: {e}")
             return
         self.stats.steps += 1
@@ -403,7 +304,7 @@ class Engine:
         self.residency.fork(ar.seqs[0].slot, [s.slot for s in ar.seqs[1:]])  # n > 1: they share the prompt's KV
         ar.phase = Phase.DECODE
         if ar.req.max_time is not None and ar.deadline is None:  # a re-prefill keeps the first
-            ar.deadline = time.monotonic() + ar.req.max_time
+            ar.deadline = self.clock() + ar.req.max_time
         speculate = self.spec is not None and ar.req.params.speculative is not False
         for seq in ar.seqs:
             token = self._sample(seq, logits_index)
@@ -480,20 +381,6 @@ class Engine:
         self.stats.finished += 1
         if reason is FinishReason.CANCELLED:
             self.stats.cancelled += 1
-
-    def _deliver(self, out: StepOutputs) -> None:
-        for ar, result in out.by_request.values():
-            if result.finished:
-                with self._cv:
-                    self._known.discard(ar.request_id)
-                    if not self._known:
-                        self._cv.notify_all()  # stop() may be waiting for the engine to drain
-            try:
-                ar.sink(result)
-            except Exception:  # the consumer is gone (e.g. its event loop closed)
-                log.debug("sink for %s failed; aborting it", ar.request_id, exc_info=True)
-                if not result.finished:
-                    self.abort(ar.request_id)
 
     def _fail_all(self, error: str, out: StepOutputs) -> None:
         for ar in [*self.scheduler.running, *self.scheduler.waiting]:

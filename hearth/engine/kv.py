@@ -22,6 +22,10 @@ class Slot:
     owner: str | None = None  # the session whose KV this is (kept between its turns)
     key: str | None = None  # the conversation key of the stateless request that filled it last
     ns: str = ""  # the prompt-cache namespace of what it holds: only that namespace reuses it
+    # the admission class of the request that filled it last (fair_share.Priority: 0 flex, 1
+    # default, 2 priority; set by residency.place): a free slot of a lower class is overwritten
+    # before a higher one's
+    priority: int = 1
 
 
 @dataclass(slots=True)
@@ -78,7 +82,9 @@ class SlotTable:
         many prompt tokens the first slot already holds (at most len(prompt) - 1, so the last
         prompt token is decoded for its logits). The caller swaps out `evict`, then trims each
         slot's KV to what its `tokens` say. A slot of another namespace (`ns`) shares nothing
-        with the prompt, whatever its tokens."""
+        with the prompt, whatever its tokens. Classes come before recency: of the unowned
+        slots to overwrite, one a lower class (`Slot.priority`: a `flex` batch line's) filled goes
+        before one an interactive request's KV keeps warm, however recently either was used."""
         free = [s for s in self.slots if not s.busy]
         if len(free) < n:
             raise RuntimeError("not enough free slots")
@@ -94,7 +100,8 @@ class SlotTable:
             return common_prefix_len(s.tokens, prompt) if s.ns == ns else 0
 
         strangers = [s for s in unowned if not keyed(s)] or unowned
-        sessions = sorted((s for s in free if s.owner is not None and s is not mine), key=lambda s: s.last_used)
+        sessions = sorted((s for s in free if s.owner is not None and s is not mine),
+                          key=lambda s: (s.priority, s.last_used))
         if mine is not None:
             first = mine
         elif unowned and reuse_prefix:
@@ -105,12 +112,12 @@ class SlotTable:
             if 2 * shared(best) >= len(best.tokens) > 0:
                 first = best
             else:
-                first = min(unowned, key=lambda s: (bool(s.tokens), keyed(s), s.last_used))
+                first = min(unowned, key=lambda s: (bool(s.tokens), s.priority, keyed(s), s.last_used))
         elif unowned:
-            first = min(unowned, key=lambda s: (keyed(s), s.last_used))
+            first = min(unowned, key=lambda s: (s.priority, keyed(s), s.last_used))
         else:
             first = sessions[0]
-        others = sorted((s for s in unowned if s is not first), key=lambda s: (keyed(s), s.last_used))
+        others = sorted((s for s in unowned if s is not first), key=lambda s: (s.priority, keyed(s), s.last_used))
         others += [s for s in sessions if s is not first]
         chosen = [first, *others[: n - 1]]
         evict = [(s, s.owner) for s in chosen if s.owner is not None and s is not mine]

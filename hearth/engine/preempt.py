@@ -13,7 +13,10 @@ sequence, sampler and pending token untouched; its stream stays open (the HTTP l
 heartbeats keep it alive), no token is emitted while it waits. Resume: a free slot gets the
 KV back with `Runner.state_set`, and decoding goes on from the pending token: the same
 sampler state, the same KV, so the output is the one an unpaused run gives (at temperature 0,
-and with a seed: the sampler's RNG is the sequence's own and was never touched).
+and with a seed: the sampler's RNG is the sequence's own and was never touched). Its time cap
+(`max_time`, counted from its first token) does not run while it is paused: the deadline moves
+on by the time it spent paused, so a request paused for a long `priority` run is not ended on
+resume by a cap it never had the time to use.
 
 Who may be paused (`victim`): a stateless request (no session: a session's slot is its
 warm KV, which the session manager tracks), with one candidate, decoding (not prefilling:
@@ -30,6 +33,7 @@ paused requests as running, so resumes never crowd out what it admitted).
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +55,7 @@ class Paused:
     data: bytes  # that KV (Runner.state_get)
     ns: str  # the slot's prompt-cache namespace
     order: int
+    at: float  # when it was paused (the engine's clock): its deadline moves on by the pause
 
 
 def detached(seq_id: int) -> Slot:
@@ -60,8 +65,10 @@ def detached(seq_id: int) -> Slot:
 
 
 class Preemptor:
-    def __init__(self, runner: Runner, slots: SlotTable, scheduler: Scheduler, residency: Residency) -> None:
+    def __init__(self, runner: Runner, slots: SlotTable, scheduler: Scheduler, residency: Residency,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.runner = runner
+        self.clock = clock
         self.slots = slots
         self.scheduler = scheduler
         self.residency = residency
@@ -112,7 +119,7 @@ class Preemptor:
         slot = seq.slot
         data = self.runner.state_get(slot.seq_id)
         self._order += 1
-        self.paused.append(Paused(ar, list(slot.tokens), data, slot.ns, self._order))
+        self.paused.append(Paused(ar, list(slot.tokens), data, slot.ns, self._order, self.clock()))
         self.scheduler.running.remove(ar)
         self.slots.release(slot)
         seq.slot = detached(slot.seq_id)
@@ -136,12 +143,14 @@ class Preemptor:
         placement = self.slots.acquire(p.tokens, 1, False, None, None, p.ns)
         self.residency.evict(placement)
         slot = placement.slots[0]
-        slot.owner, slot.key, slot.ns = None, None, p.ns
+        slot.owner, slot.key, slot.ns, slot.priority = None, None, p.ns, ar.req.priority
         self.runner.kv_remove(slot.seq_id, 0, -1)
         self.runner.state_set(slot.seq_id, p.data)
         slot.tokens[:] = p.tokens
         seq.slot = slot
         ar.phase = Phase.DECODE
+        if ar.deadline is not None:  # the time cap does not run while paused
+            ar.deadline += self.clock() - p.at
         self.scheduler.running.append(ar)
         self.resumes += 1
 

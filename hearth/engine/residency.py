@@ -181,13 +181,17 @@ class Residency:
             self._swap_out(slot, old)
         first = placement.slots[0]
         first.owner, first.key = owner, None
+        held_class = first.priority  # the class of what it held (offered below), then the new one's
+        for s in placement.slots:
+            s.priority = req.priority
         limit = len(prompt) - 1
         if placement.resident:  # the session's own KV, in the namespace it was made in
             return self._served("slot", placement.reuse)
         here = min(common_prefix_len(first.tokens, prompt), limit) if first.ns == ns else 0
         if len(first.tokens) - here >= MIN_COPY and self.cache is not None:
             seq_id = first.seq_id
-            self.cache.offer(list(first.tokens), lambda: self.runner.state_get(seq_id), ns=first.ns)
+            self.cache.offer(list(first.tokens), lambda: self.runner.state_get(seq_id), ns=first.ns,
+                             priority=held_class)
         if first.ns != ns:  # another namespace's KV (offered to the cache under its own): none serves here
             self.truncate(first, 0)
             first.ns = ns
@@ -264,7 +268,8 @@ class Residency:
         seq_id = slot.seq_id
         keep = len(slot.tokens) if req.cache_key is not None else req.keep_tokens
         return self.cache.offer(list(slot.tokens), lambda: self.runner.state_get(seq_id), keep=keep,
-                                counted=min(req.keep_tokens, len(req.prompt_tokens)), ns=slot.ns)
+                                counted=min(req.keep_tokens, len(req.prompt_tokens)), ns=slot.ns,
+                                priority=req.priority)
 
     def unplace(self, req: EngineRequest, placement: Placement) -> None:
         """After a failed `place`: the placement's slots hold nothing (a session keeps its slot,

@@ -73,7 +73,7 @@ class ActiveRequest:
     cache_tier: str | None = None  # where the cached prefix came from (RequestOutput.cache_tier)
     arrived: float = field(default_factory=time.monotonic)
     deadline: float | None = None  # set at its first generated token from req.max_time (Engine._expire)
-    reprefilled: bool = False  # its restored KV failed a decode and was dropped (Engine._reprefill)
+    reprefilled: bool = False  # its restored KV failed a decode and was dropped (restart_prefill)
 
     @property
     def request_id(self) -> str:
@@ -85,6 +85,18 @@ class ActiveRequest:
 
     def live_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if s.finish is None]
+
+    def restart_prefill(self) -> bool:
+        """After a failed decode (its slots already emptied): a session turn still prefilling on
+        KV it did not compute itself (swapped in, or loaded from a snapshot, which a hostile
+        archive may have crafted) starts its prefill again from the first token, once, instead
+        of failing: the turn answers as if the session had no KV. True if it does."""
+        if self.req.owner is None or self.phase is not Phase.PREFILL or self.cached_tokens == 0 or self.reprefilled:
+            return False
+        self.reprefilled = True
+        self.prefill_pos = self.cached_tokens = 0
+        self.cache_tier = None
+        return True
 
 
 class _NullSampler:

@@ -13,7 +13,8 @@
                 with a protocol's cut: cuts/), restore (a session or chain on another node),
                 record (a turn kept from the relay), openai (foreign engines' text continuation)
     foreign/    openai-kind engines behind the node's own protocol layer
-    store/      the database: interface, SQLite, PostgreSQL, schema
+    store/      the database: interface, SQLite, PostgreSQL, schema, the Batch API's tables
+    batches/    the Batch API's runs: lines through the gateway's own turn path, as flex
 
 and, at the top, settings (the fleet file and flags), state (what routes see), metrics,
 protocols (the client protocols' streams as the gateway reads them), tenancy (who owns what),
@@ -21,4 +22,4 @@ background (gateway-run background responses) and app (the composition root).
 
 A package imports only from its own floor or below (tests/unit/test_layering.py):
 settings, metrics, protocols < routing < store < tenancy, upstream < fleet < failover
-< turn, foreign < background < state < edge < app."""
+< turn, foreign < background, batches < state < edge < app."""

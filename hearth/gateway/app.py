@@ -21,7 +21,9 @@ from hearth.api.anthropic import messages as anthropic
 from hearth.api.app import create_app
 from hearth.config import Settings
 from hearth.gateway.background import RelayedBackground
+from hearth.gateway.batches.runner import GatewayBatches
 from hearth.gateway.edge import admin, generate, models, ollama, resources, usage
+from hearth.gateway.edge import batches as batch_routes
 from hearth.gateway.fleet.leases import Leases
 from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
@@ -32,6 +34,7 @@ from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.state import Gateway, attach
 from hearth.gateway.store import create_store
+from hearth.gateway.store.batches import BatchTables
 from hearth.gateway.store.usage import GatewayLedger
 from hearth.gateway.turn.proxy import Proxy
 from hearth.gateway.upstream.http import HttpxSender, UpstreamHttp
@@ -74,19 +77,13 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     proxy.ledger, proxy.tracing = ledger, tracing
     metrics.registry.register(KeyUsageCollector(accounts))
     background = RelayedBackground(proxy, store, settings.heartbeat)
-    # Models on openai-kind upstreams are served by the node's own protocol layer over a backend
-    # that speaks OpenAI chat to them: Anthropic and Responses clients are translated there.
-    translated = OpenAIUpstreamBackend(pool, client, http)
-    # CORS is the gateway's; usage is counted by the gateway per key (a ledger here would keep a
-    # second, partial count of the same requests in translated/usage.db).
-    inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[], usage_ledger=False)
-    translator = create_app(translated, inner) if translated.aliases() else None
+    batches = GatewayBatches(BatchTables(store), settings.batch_concurrency, settings.lease_ttl)
+    translator, translated_aliases = _translator(settings, pool, client, http)
     mover = Mover(pool, store, nodes, metrics)
     leases = Leases(mover, min(settings.probe_interval, settings.lease_ttl / 3))
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
     prober = Prober(settings, nodes, metrics, lambda: list(pool.nodes.values()), pool.wake)
     membership = Membership(settings, pool, store, mover, prober)
-    translated_aliases = frozenset(translated.aliases())
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -106,8 +103,10 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
             async with contextlib.AsyncExitStack() as stack:
                 if translator is not None:
                     await stack.enter_async_context(translator.router.lifespan_context(translator))
+                await batches.start(app)  # its lines go through this app (the turn path)
                 yield
         finally:
+            await batches.shutdown()  # before the pool stops: its lines in flight run again later
             await leases.stop()
             if hup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
@@ -128,8 +127,21 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     app = assemble(route_list, lifespan, metrics.requests, AccessSettings.of(settings, settings.join_key), accounts)
     attach(app, Gateway(settings=settings, pool=pool, store=store, proxy=proxy, client=client, nodes=nodes, mover=mover,
                         started=int(time.time()), translator=translator, translated=translated_aliases,
-                        background=background, membership=membership))
+                        background=background, membership=membership, batches=batches))
     return app
+
+
+def _translator(settings: GatewaySettings, pool: Pool, client: httpx.AsyncClient,
+                http: UpstreamHttp | HttpxSender) -> tuple[Starlette | None, frozenset[str]]:
+    """Models on openai-kind upstreams are served by the node's own protocol layer over a backend
+    that speaks OpenAI chat to them: Anthropic and Responses clients are translated there. Its
+    app (None without such upstreams) and the aliases it serves."""
+    translated = OpenAIUpstreamBackend(pool, client, http)
+    # CORS is the gateway's; usage is counted by the gateway per key (a ledger here would keep a
+    # second, partial count of the same requests in translated/usage.db).
+    inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[], usage_ledger=False)
+    aliases = frozenset(translated.aliases())
+    return (create_app(translated, inner) if aliases else None), aliases
 
 
 def _routes(metrics_endpoint: Callable[[Request], Awaitable[Response]], accounts: KeyAccounts) -> list[Route]:
@@ -153,6 +165,7 @@ def _routes(metrics_endpoint: Callable[[Request], Awaitable[Response]], accounts
         Route("/v1/snapshots/{snapshot_id}/{action}", resources.snapshot_route, methods=["GET", "POST"]),
         *ollama.routes(),  # Ollama's /api/* and /v1/embeddings, to nodes that serve the model
         Route("/v1/cancel", resources.cancel, methods=["POST"]),
+        *batch_routes.ROUTES,
         Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", models.get_model, methods=["GET"]),
         Route("/health", models.health, methods=["GET"]),

@@ -80,6 +80,9 @@ class GatewaySettings:
     # postgresql:// URL, PostgreSQL (any number of gateways). Not in the repr: it may hold a password.
     database: str | None = field(default=None, repr=False)
     lease_ttl: float = 15.0  # seconds a gateway's lease outlives its last renewal (leases.py)
+    # Batch API lines the gateway runs at once, all batches together (batches/runner.py): spread
+    # over the nodes by routing; each node admits them as `flex`, after interactive work
+    batch_concurrency: int = 4
     default_model: str | None = None  # an alias: what unknown model names are served by
     api_keys: list[str] = field(default_factory=list)  # bare keys (--api-key): each a tenant of its own
     named_keys: list[ApiKey] = field(default_factory=list)  # --api-key-file, a node's format (hearth.tenants)

@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
 from hearth.gateway.background import RelayedBackground
+from hearth.gateway.batches.runner import GatewayBatches
 from hearth.gateway.fleet.membership import Membership
 from hearth.gateway.fleet.moves import Mover
 from hearth.gateway.fleet.pool import Pool
@@ -39,6 +40,7 @@ class Gateway:
     translated: frozenset[str]
     background: RelayedBackground  # the background responses the gateway runs on Hearth upstreams
     membership: Membership  # nodes joining and leaving, the fleet file reloaded
+    batches: GatewayBatches  # the Batch API's runs (its state: `batches.tables`, in the store)
 
 
 def attach(app: Starlette, gateway: Gateway) -> None:

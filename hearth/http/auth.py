@@ -15,9 +15,10 @@
 
 Which key matched decides the request's `Caller` (hearth.tenants): its tenant, or the admin.
 A key whose line says `role=gateway` may name the tenant it calls for in `X-Hearth-Tenant`
-(the caller is then that tenant, `via_gateway`); the header from any other key, or not a tenant
-name, is refused with 403 / 400 before anything runs (a node without keys ignores it: nothing
-is scoped there).
+(the caller is then that tenant, `via_gateway`), and in `X-Hearth-Tenant-Class` that tenant's
+key's weight and classes (capped by the gateway key's own line: hearth.tenants.gateway_class);
+the header from any other key, or not a tenant name, is refused with 403 / 400 before anything
+runs (a node without keys ignores them: nothing is scoped there).
 The middleware records it in the ASGI scope; handlers read it with `caller(request)`. A node
 without keys makes every request the admin's (`OPEN`): nothing is scoped.
 """
@@ -33,13 +34,25 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from hearth.errors import BadRequest, Forbidden, HearthError, Unauthorized
 from hearth.http.access import AccessSettings
 from hearth.http.errors import ApiError, respond
-from hearth.tenants import ADMIN_CALLER, NAME, OPEN, TENANT_CACHE_HEADER, TENANT_HEADER, ApiKey, Caller
+from hearth.tenants import (
+    ADMIN_CALLER,
+    NAME,
+    OPEN,
+    TENANT_CACHE_HEADER,
+    TENANT_CLASS_HEADER,
+    TENANT_HEADER,
+    ApiKey,
+    Caller,
+    TenantClass,
+    gateway_class,
+    parse_class_header,
+)
 
 OPEN_PATHS = ("/health", "/", "/openapi.json")  # the API document holds no data
 OPEN_PREFIXES = ("/web/",)  # the chat page's static files: they hold no data
 ADMIN_PREFIX = "/admin/"  # every path under it needs the admin key (when one is set)
 CALLER = "hearth.caller"  # the scope key the middleware records the caller under
-# The scope key of a request the node makes to itself (a batch's lines, api/batches/dispatch.py):
+# The scope key of a request the node makes to itself (a batch's lines, http/batches/dispatch.py):
 # the caller it runs as, recorded when the batch was created with a checked key. Only code in
 # this process builds such a scope; an HTTP server never puts this key in one.
 INPROCESS_CALLER = "hearth.inprocess_caller"
@@ -142,16 +155,24 @@ class AuthMiddleware:
         headers = headers or {}
         claimed = headers.get(TENANT_HEADER.encode())
         found = which(key, self.keyring)
-        if claimed is not None:
+        if claimed is not None or TENANT_CLASS_HEADER.encode() in headers:
             if found is None or found.role != "gateway":  # the admin key included: it is no gateway's
-                return Forbidden(f"{TENANT_HEADER} is accepted only from a gateway's key (role=gateway)")
-            tenant = claimed.decode("latin-1").strip()
+                return Forbidden(f"{TENANT_HEADER} and {TENANT_CLASS_HEADER} are accepted only from a gateway's key "
+                                 "(role=gateway)")
+            tenant = (claimed or b"").decode("latin-1").strip()
             if not NAME.fullmatch(tenant):
                 return BadRequest(f"{TENANT_HEADER} must be a tenant name")
             shared = headers.get(TENANT_CACHE_HEADER.encode(), b"").strip().lower() == b"shared"
-            # the gateway's own key line sets the weight and classes of what it forwards
-            return Caller(tenant, found.name, shared_cache=shared, via_gateway=True, weight=found.weight,
-                          priority=found.priority, max_priority=found.max_priority)
+            # the client key's class as the gateway says it, capped by the gateway key's line;
+            # without the header, the gateway key's own line (a gateway before it existed)
+            said = headers.get(TENANT_CLASS_HEADER.encode())
+            try:
+                cls = gateway_class(parse_class_header(said.decode("latin-1")) if said is not None
+                                    else TenantClass(found.weight, found.priority, found.max_priority), found)
+            except ValueError as e:
+                return BadRequest(str(e))
+            return Caller(tenant, found.name, shared_cache=shared, via_gateway=True, weight=cls.weight,
+                          priority=cls.priority, max_priority=cls.max_priority)
         if self.admin_key and matches(key, [self.admin_key]):
             return ADMIN_CALLER
         # No key matched: an open path (/health, the page) or /metrics by its token; nothing

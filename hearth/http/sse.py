@@ -62,20 +62,38 @@ async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope, on_disco
 
 async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]],
                            on_disconnect: OnDisconnect = None) -> T:
-    """Run `work()`; if the client disconnects first, cancel it and raise ClientGone."""
-    result: list[T] = []
+    """Run `work()`; if the client disconnects first, cancel it and raise ClientGone.
+
+    `work` runs in the calling task; a watcher task cancels that task when the disconnect
+    arrives. Plain asyncio rather than an anyio task group: this runs once per request (twice
+    for a non-streamed generation), and the group's scope, its task and its cancel cost ~0.3 ms
+    of the event loop's CPU, on the machine's critical path for a small request (a one-input
+    embedding, issue 37). A disconnect that arrives after `work` returned changes nothing."""
+    task = asyncio.current_task()
+    if task is None:  # not in a task (never so under an ASGI server): nothing to cancel
+        return await work()
+    state = [False, False]  # [work finished, the client left and the task was cancelled]
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        if state[0]:
+            return
+        state[1] = True
+        if on_disconnect is not None:
+            on_disconnect()
+        task.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_disconnect, request.receive, tg.cancel_scope, on_disconnect)
-            result.append(await work())
-            tg.cancel_scope.cancel()
-    except BaseExceptionGroup as group:  # the task group wraps what work() raised: unwrap it
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
+        return await work()
+    except asyncio.CancelledError:
+        if state[1] and task.uncancel() == 0:  # ours alone: anyone else's cancel goes on
+            raise ClientGone() from None
         raise
-    if not result:
-        raise ClientGone()
-    return result[0]
+    finally:
+        state[0] = True
+        watcher.cancel()
 
 
 # Sent when a stream has been silent for the heartbeat interval (a long prefill, a tool call's

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from hearth import test_gate
-from hearth.api.batches import dispatch, routes
 from hearth.api.batches.runner import Batches
 from hearth.api.context import node_of
+from hearth.http.batches import dispatch, requests
 from hearth.tenants import OPEN, ApiKey
 from tests.api.conftest import Harness, serve
 from tests.helpers import until
@@ -143,7 +143,7 @@ async def test_upload_errors(h: Harness, monkeypatch: pytest.MonkeyPatch) -> Non
     assert r.status_code == 400
     r = await h.post("/v1/files", {"purpose": "batch"})
     assert r.status_code == 400 and "multipart/form-data" in r.json()["error"]["message"]
-    monkeypatch.setattr(routes, "MAX_FILE_BYTES", 100)
+    monkeypatch.setattr(requests, "MAX_FILE_BYTES", 100)
     r = await upload(h, jsonl([line("a"), line("b")]))
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
 

@@ -93,7 +93,7 @@ GATEWAY_FLOORS: list[set[str]] = [
     {"fleet"},  # which nodes exist and how each one is doing
     {"failover"},  # what happens when a node fails
     {"turn", "foreign"},  # one generation request; engines behind the node's protocol layer
-    {"background"},  # gateway-run background responses
+    {"background", "batches"},  # gateway-run background responses and Batch API lines
     {"state"},  # what the routes see
     {"edge"},  # HTTP in and out
     {"app"},  # the composition root

@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import time
 from pathlib import Path
 from typing import Any
 
 from hearth.api.batches.durable import read_json, write_atomic, write_json
 from hearth.errors import NotFound
+from hearth.http.batches.requests import new_file_id
 from hearth.tenants import Caller
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
 PURPOSES = ("batch", "batch_output")  # what a client uploads; what a batch writes
 MAX_FILENAME = 255
-
-
-def new_file_id() -> str:
-    return "file-" + secrets.token_hex(16)
 
 
 def file_not_found(file_id: str) -> NotFound:

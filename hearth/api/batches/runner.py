@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,25 +40,17 @@ from typing import Any
 from starlette.types import ASGIApp
 
 from hearth import test_gate
-from hearth.api.batches import dispatch
 from hearth.api.batches.files import FileStore
-from hearth.api.batches.lines import Line, dumps
 from hearth.api.batches.store import LIVE, Batch, BatchStore
 from hearth.errors import Conflict
+from hearth.http.batches import dispatch
+from hearth.http.batches.lines import Line, dumps
+from hearth.http.batches.requests import EXPIRED, SERVICE_TIER, derived_file_id, line_out
 
 log = logging.getLogger("hearth.api")
 
 RETRY_FIRST = 0.25  # seconds before the first retry of a 429 / 503; doubled up to RETRY_MAX
 RETRY_MAX = 8.0
-EXPIRED = {"code": "batch_expired",
-           "message": "This request could not be executed before the completion window expired."}
-SERVICE_TIER = "flex"
-
-
-def derived_file_id(batch_id: str, kind: str) -> str:
-    return "file-" + hashlib.sha256(f"{batch_id}/{kind}".encode()).hexdigest()[:32]
-
-
 class Batches:
     """The Batch API's state on one node: files, batches and their runs."""
 
@@ -168,7 +158,7 @@ class Batches:
         elif expired:
             for line in lines:
                 if line.custom_id not in b.done:
-                    await self._record(b, line.custom_id, False, self._line_out(line, None, EXPIRED))
+                    await self._record(b, line.custom_id, False, line_out(line, None, EXPIRED))
             await self._finish(b, "expired")
         else:
             if b.status != "finalizing":
@@ -224,7 +214,7 @@ class Batches:
             return
         who = b.caller
         if self.key_names and not who.admin and who.key_name is not None and who.key_name not in self.key_names:
-            await self._record(b, line.custom_id, False, self._line_out(line, {
+            await self._record(b, line.custom_id, False, line_out(line, {
                 "status_code": 401, "request_id": None, "body": {"error": {
                     "message": f"the API key {who.key_name!r} that created this batch is no longer configured",
                     "type": "authentication_error", "param": None, "code": "invalid_api_key"}}}, None))
@@ -236,7 +226,7 @@ class Batches:
                 answer = await dispatch.call(self.app, b.caller, line.url, body)
             except Exception as e:  # the app answers every error itself; this is a defect: record it
                 log.exception("batch %s line %s failed", b.id, line.custom_id)
-                await self._record(b, line.custom_id, False, self._line_out(
+                await self._record(b, line.custom_id, False, line_out(
                     line, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}))
                 return
             if self.stopping:
@@ -249,12 +239,7 @@ class Batches:
             delay = min(delay * 2, RETRY_MAX)
         ok = 200 <= answer.status < 300
         response = {"status_code": answer.status, "request_id": answer.request_id, "body": answer.body}
-        await self._record(b, line.custom_id, ok, self._line_out(line, response, None))
-
-    @staticmethod
-    def _line_out(line: Line, response: dict[str, Any] | None, error: dict[str, Any] | None) -> dict[str, Any]:
-        return {"id": "batch_req_" + secrets.token_hex(16), "custom_id": line.custom_id,
-                "response": response, "error": error}
+        await self._record(b, line.custom_id, ok, line_out(line, response, None))
 
     async def _record(self, b: Batch, custom_id: str, ok: bool, out: dict[str, Any]) -> None:
         async with self._locks.setdefault(b.id, asyncio.Lock()):  # one append at a time per batch

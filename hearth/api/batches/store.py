@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,17 +21,13 @@ from typing import Any
 
 from hearth import jsonsafe
 from hearth.api.batches.durable import append_record, read_json, read_records, write_atomic, write_json
-from hearth.api.batches.lines import Line, dumps
 from hearth.errors import NotFound
+from hearth.http.batches.lines import Line, dumps
 from hearth.tenants import Caller
 
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
 TERMINAL = ("failed", "completed", "expired", "cancelled")
 LIVE = ("validating", "in_progress", "finalizing", "cancelling")
-
-
-def new_batch_id() -> str:
-    return "batch_" + secrets.token_hex(16)
 
 
 def batch_not_found(batch_id: str) -> NotFound:

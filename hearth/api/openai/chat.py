@@ -264,7 +264,11 @@ async def stream_chunks(events: AsyncIterator[ChatEvent], cid: str, model: str, 
                 for i in range(n):
                     yield chunk([choice(i, {"role": "assistant", "content": ""})])
             elif isinstance(ev, TextDelta):
-                lps = [logprob_entry(lp) for lp in ev.logprobs or []] if want_logprobs else None
+                if not want_logprobs:
+                    if ev.text:
+                        yield chunk.content(ev.index, ev.text)  # the per-token path: a prebuilt envelope
+                    continue
+                lps = [logprob_entry(lp) for lp in ev.logprobs or []]
                 if ev.text or lps:
                     yield chunk([choice(ev.index, {"content": ev.text}, logprobs=lps)])
             elif isinstance(ev, ReasoningDelta):

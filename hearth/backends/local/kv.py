@@ -45,15 +45,15 @@ class LocalSessionKV:
                 n_tokens = None
             return KVInfo("disk", n_tokens) if n_tokens is not None else KVInfo("none", 0)
         # A racy read of the engine's tables from this thread: good enough for reporting.
-        where, n_tokens = m.engine.kv_where(session_id)
+        where, n_tokens = m.engine.residency.kv_where(session_id)
         return KVInfo(_RESIDENCY.get(where, "none"), n_tokens)
 
     async def export_kv(self, model: str, session_id: str) -> KVState | None:
-        got = await self._on_engine(model, session_id, lambda e: e.export_kv(session_id))
+        got = await self._on_engine(model, session_id, lambda e: e.residency.export_kv(session_id))
         return KVState(*got) if got is not None else None
 
     async def import_kv(self, model: str, session_id: str, state: KVState) -> None:
-        await self._on_engine(model, session_id, lambda e: e.import_kv(session_id, state.tokens, state.data))
+        await self._on_engine(model, session_id, lambda e: e.residency.import_kv(session_id, state.tokens, state.data))
 
     async def drop_kv(self, model: str, session_id: str) -> None:
         if self._models.loader.entry(self._models.resolve(model)).state == "unloaded":
@@ -62,10 +62,10 @@ class LocalSessionKV:
             if path is not None:
                 path.unlink(missing_ok=True)
             return
-        await self._on_engine(model, session_id, lambda e: e.drop_kv(session_id))
+        await self._on_engine(model, session_id, lambda e: e.residency.drop_kv(session_id))
 
     async def trim_kv(self, model: str, session_id: str, tokens: list[int]) -> int:
-        return await self._on_engine(model, session_id, lambda e: e.trim_kv(session_id, tokens))
+        return await self._on_engine(model, session_id, lambda e: e.residency.trim_kv(session_id, tokens))
 
     async def kv_identity(self, model: str) -> KVIdentity:
         async with self._models.using(model) as m:

@@ -43,13 +43,13 @@ class LocalPromptCache:
         for mid, m in list(self._models().items()):
             cache = m.engine.cache
             d = cache.digest(ns) if cache is not None else {"block_tokens": 0, "ram": [], "disk": []}
-            slot, slot_tails, keys = m.engine.slots_digest(ns)
+            slot, slot_tails, keys = m.engine.residency.slots_digest(ns)
             # The root lets a router hash a prompt's blocks itself (docs/api.md); "" with no cache.
             root = str(d.get("root", ""))
             out[mid] = {"block_tokens": d["block_tokens"], "root": root,
                         "blocks": {"slot": slot, "ram": d["ram"], "disk": d["disk"]},
                         "tails": {"slot": slot_tails, "ram": d.get("tails_ram", []), "disk": d.get("tails_disk", [])},
-                        "keys": {"slot": keys}, "sessions": m.engine.sessions_where()}
+                        "keys": {"slot": keys}, "sessions": m.engine.residency.sessions_where()}
         return out
 
     async def cache_blocks(self, model: str | None, tokens: list[int], ns: str = "") -> PromptBlocks:

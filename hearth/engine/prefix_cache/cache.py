@@ -135,12 +135,13 @@ class PrefixCache:
     # ---- writes ----------------------------------------------------------------------------
 
     def offer(self, tokens: Sequence[int], get_data: Callable[[], bytes], *, keep: int = 0,
-              counted: int = 0, ns: str = "") -> int:
+              counted: int = 0, ns: str = "", priority: int = 1) -> int:
         """Engine thread: cache the KV of `tokens` (what a finished request's slot holds).
         `get_data()` (the slot's `state_get`) is called only when at least `min_new` tokens are
         not cached yet. Tokens [0, keep) are kept (evicted last). Returns how many of tokens
         [0, counted) this offer writes (were not cached before): what a client's breakpoints
-        wrote."""
+        wrote. `priority`: the admission class of the request whose KV it is (its blocks are
+        evicted before those of a higher class; a block several offers share keeps the highest)."""
         keep, counted = min(keep, len(tokens)), min(counted, len(tokens))
         with self._lock:
             if self._writer.closed:
@@ -150,7 +151,7 @@ class PrefixCache:
                 self._index.mark_kept(tokens[:keep], ns)
             if len(tokens) - have < self.min_new:
                 return 0
-        if not self._writer.put(Offer(list(tokens), get_data(), keep, ns)):
+        if not self._writer.put(Offer(list(tokens), get_data(), keep, ns, priority)):
             return 0
         return max(0, counted - have)
 

@@ -47,6 +47,9 @@ class Block:
     header: BlockHeader | None = None  # once on disk: what reading the payload back checks
     writing: bool = False  # the writer holds its payload and is writing it
     kept: bool = False
+    # the highest admission class (fair_share.Priority) of the requests whose KV it is: a
+    # `flex` batch line's blocks are evicted before an interactive conversation's
+    priority: int = 1
     last_used: float = field(default_factory=time.time)
     from_disk: bool = False  # read from disk since it last served a prompt (reports the tier)
     tail: list[bytes] | None = None  # its tail keys (a partial block's), hashed once for digests

@@ -30,8 +30,8 @@ from hearth.engine.prefix_cache.index import Block, BlockIndex
 log = logging.getLogger("hearth.prefix_cache")
 
 
-def _order(b: Block) -> tuple[bool, float, int]:
-    return b.kept, b.last_used, -b.start  # evicted first: not kept, oldest, deepest
+def _order(b: Block) -> tuple[bool, int, float, int]:
+    return b.kept, b.priority, b.last_used, -b.start  # evicted first: not kept, lowest class, oldest, deepest
 
 
 class Tiers:

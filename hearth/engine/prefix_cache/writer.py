@@ -33,6 +33,7 @@ class Offer:
     data: bytes
     keep: int  # tokens [0, keep) are kept (evicted last)
     ns: str = ""
+    priority: int = 1  # the class of the request whose KV it is
 
 
 # `KVCodec.kv_split`: a sequence's KV bytes cut into per-block payloads, one per token range.
@@ -118,7 +119,10 @@ class Writer:
                 if b is None or not (b.data is not None or b.on_disk or b.writing):
                     if b is not None:
                         ix.remove(b)
-                    new.append(Block(key, h, start, list(chunk), 0, kept=start < offer.keep))
+                    new.append(Block(key, h, start, list(chunk), 0, kept=start < offer.keep,
+                                     priority=offer.priority))
+                else:
+                    b.priority = max(b.priority, offer.priority)
                 h = key
         if not new:
             return

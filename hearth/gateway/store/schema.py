@@ -36,8 +36,19 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "CREATE TABLE IF NOT EXISTS members (name TEXT PRIMARY KEY, url TEXT NOT NULL, spec TEXT NOT NULL, "
         "expires DOUBLE PRECISION NOT NULL)",
     ]),
-    # 3: the usage ledger (store/usage.py): one row per generation turn, every gateway's
+    # 3: the Batch API through the gateway (store/batches.py): files (content as UTF-8 JSONL),
+    # batches (the object, its input lines, the gateway running it) and each finished line
     (3, [
+        "CREATE TABLE IF NOT EXISTS batch_files (id TEXT PRIMARY KEY, owner TEXT NOT NULL, obj TEXT NOT NULL, "
+        "content TEXT NOT NULL, created DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, owner TEXT NOT NULL, caller TEXT NOT NULL, "
+        "status TEXT NOT NULL, obj TEXT NOT NULL, input TEXT NOT NULL, gateway TEXT NOT NULL, "
+        "created DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS batch_results (batch_id TEXT NOT NULL, custom_id TEXT NOT NULL, "
+        "ok INTEGER NOT NULL, line TEXT NOT NULL, seq DOUBLE PRECISION NOT NULL, PRIMARY KEY (batch_id, custom_id))",
+    ]),
+    # 4: the usage ledger (store/usage.py): one row per generation turn, every gateway's
+    (4, [
         "CREATE TABLE IF NOT EXISTS usage (at DOUBLE PRECISION NOT NULL, request_id TEXT NOT NULL, "
         "gateway TEXT NOT NULL, tenant TEXT NOT NULL, key TEXT, via TEXT, model TEXT NOT NULL, "
         "endpoint TEXT NOT NULL, node TEXT, nodes TEXT NOT NULL, failovers INTEGER NOT NULL, "

@@ -125,26 +125,6 @@ class Relay:
         scan = Scan(responses=protocol == "responses")
         state = RelayState()
 
-        def forward(batch: list[bytes], node: Node) -> list[bytes]:
-            """The events of one upstream read as the client gets them (a continuation's
-            rewritten by `cut`); `state.terminal` is set to the terminal event's place."""
-            rename = renamer(node.up.models[alias], alias)
-            out: list[bytes] = []
-            for raw in batch:
-                for event in cut.rewrite(rename(raw)) if cut is not None and state.moves else [rename(raw)]:
-                    if cut is not None:
-                        cut.feed(event)
-                    scan.feed(event)
-                    state.events += 1
-                    if state.response is None and protocol == "responses":
-                        state.response = first_response(event)
-                    if state.terminal is None and is_terminal(protocol, event):
-                        state.terminal = len(out)
-                        if protocol == "responses":
-                            scan.feed_response(event)
-                    out.append(event)
-            return out
-
         outcome: bool | None = None
         cut_at: float | None = None
         watch = end.turn.watch
@@ -163,7 +143,7 @@ class Relay:
             while True:
                 try:
                     async for batch in batches:
-                        out = forward(batch, current.node)
+                        out = _forward(batch, current.node, alias, protocol, cut, scan, state)
                         if cut_at is not None and out:
                             self.metrics.stream_migration_seconds.observe(time.monotonic() - cut_at)
                             cut_at = None
@@ -295,3 +275,25 @@ def renamer(upstream_id: str, alias: str) -> Callable[[bytes], bytes]:
     old = b'"model":' + json.dumps(upstream_id).encode()
     new = b'"model":' + json.dumps(alias).encode()
     return lambda data: data.replace(old, new)
+
+
+def _forward(batch: list[bytes], node: Node, alias: str, protocol: Protocol, cut: Cut | None, scan: Scan,
+             state: RelayState) -> list[bytes]:
+    """The events of one upstream read as the client gets them (a continuation's rewritten by
+    `cut`); `state.terminal` is set to the terminal event's place."""
+    rename = renamer(node.up.models[alias], alias)
+    out: list[bytes] = []
+    for raw in batch:
+        for event in cut.rewrite(rename(raw)) if cut is not None and state.moves else [rename(raw)]:
+            if cut is not None:
+                cut.feed(event)
+            scan.feed(event)
+            state.events += 1
+            if state.response is None and protocol == "responses":
+                state.response = first_response(event)
+            if state.terminal is None and is_terminal(protocol, event):
+                state.terminal = len(out)
+                if protocol == "responses":
+                    scan.feed_response(event)
+            out.append(event)
+    return out

@@ -12,7 +12,7 @@ from hearth.gateway.settings import Upstream
 from hearth.gateway.upstream.http import Answer
 from hearth.http.cache_keys import KEY_HEADERS
 from hearth.observability.logging import request_id
-from hearth.tenants import Caller, tenant_headers
+from hearth.tenants import Caller, class_header, tenant_headers
 
 # The conversation-key headers (Claude Code's, Codex's) go on too: the node keeps the
 # conversation's KV warm by them, and the gateway routes by them.
@@ -47,4 +47,6 @@ def upstream_headers(up: Upstream, who: Caller, admin: bool = False) -> dict[str
         return up.headers(admin=True)
     if admin and up.admin_key and up.admin_key != up.api_key:
         return up.headers(admin=True)
-    return {**up.headers(), **tenant_headers(who.tenant, who.shared_cache)}
+    # the client key's weight and classes go too: the node's fair share and preemption see the
+    # real tenants, not the gateway's one key (capped there by the gateway key's line)
+    return {**up.headers(), **tenant_headers(who.tenant, who.shared_cache), **class_header(who)}

@@ -61,10 +61,10 @@ async def test_twelve_sessions_on_four_slots_all_keep_their_kv() -> None:
         for sid, p in prompts.items():
             await run(eng, sreq(f"{sid}-1", p, sid))
             kv_consistent(eng, runner)
-        where = [eng.kv_where(sid)[0] for sid in prompts]
+        where = [eng.residency.kv_where(sid)[0] for sid in prompts]
         assert where.count("resident") == 4 and where.count("host") == 8
         for sid, p in prompts.items():
-            _, n = eng.kv_where(sid)
+            _, n = eng.residency.kv_where(sid)
             assert n == 32
             runner.calls.clear()
             _, _, outs = await run(eng, sreq(f"{sid}-2", [*p, 7, 7], sid))
@@ -87,7 +87,7 @@ async def test_swapped_sessions_spill_to_disk_past_the_ram_budget_and_come_back(
         # The spill thread runs in the background: wait until it has brought RAM use under the
         # budget (a fixed 1 s of polling was a race with that thread on a loaded machine).
         wait_until(lambda: swap.ram_bytes() <= swap.ram_budget)
-        kinds = [eng.kv_where(f"s{i}")[0] for i in range(6)]
+        kinds = [eng.residency.kv_where(f"s{i}")[0] for i in range(6)]
         assert kinds[5] == "resident" and "disk" in kinds and "host" in kinds
         assert swap.ram_bytes() <= swap.ram_budget
         disk_one = kinds.index("disk")
@@ -108,12 +108,12 @@ async def test_stateless_requests_reuse_a_prefix_from_an_idle_or_swapped_session
         await run(eng, sreq("a", [*system, 5], "a"))
         await run(eng, sreq("b", [*system, 6], "b"))
         await run(eng, sreq("c", [*system, 8], "c"))  # "a" is swapped out to make room
-        assert eng.kv_where("a")[0] == "host"
+        assert eng.residency.kv_where("a")[0] == "host"
         _, _, outs = await run(eng, sreq("x", [*system, 9, 9], None))
         assert outs[0].cached_tokens == 30
         kv_consistent(eng, runner)
         for sid in "abc":  # the sessions' own KV is untouched
-            assert eng.kv_where(sid)[1] == 33
+            assert eng.residency.kv_where(sid)[1] == 33
     finally:
         eng.stop()
 
@@ -122,14 +122,14 @@ async def test_export_import_and_drop() -> None:
     eng, runner = make(2)
     try:
         await run(eng, sreq("a", [3] * 10, "a"))
-        tokens, data = eng.call(lambda: eng.export_kv("a")).result(5)
+        tokens, data = eng.call(lambda: eng.residency.export_kv("a")).result(5)
         assert tokens == eng.slots.owned_by("a").tokens  # type: ignore[union-attr]
-        eng.call(lambda: eng.import_kv("copy", tokens, data)).result(5)
-        assert eng.kv_where("copy") == ("host", 12)
+        eng.call(lambda: eng.residency.import_kv("copy", tokens, data)).result(5)
+        assert eng.residency.kv_where("copy") == ("host", 12)
         _, _, outs = await run(eng, sreq("c", [*tokens, 4], "copy"))
         assert outs[0].cached_tokens == 12
-        eng.call(lambda: eng.drop_kv("a")).result(5)
-        assert eng.kv_where("a") == ("none", 0)
+        eng.call(lambda: eng.residency.drop_kv("a")).result(5)
+        assert eng.residency.kv_where("a") == ("none", 0)
         kv_consistent(eng, runner)
     finally:
         eng.stop()
@@ -221,16 +221,16 @@ async def test_trim_cuts_resident_and_swapped_kv_to_the_kept_transcript() -> Non
     try:
         prompt = list(range(1, 31))
         await run(eng, sreq("a", prompt, "a"))
-        assert eng.kv_where("a") == ("resident", 32)
-        kept = eng.call(lambda: eng.trim_kv("a", [*prompt[:20], 77, 78])).result(5)
-        assert kept == 20 and eng.kv_where("a") == ("resident", 20)
+        assert eng.residency.kv_where("a") == ("resident", 32)
+        kept = eng.call(lambda: eng.residency.trim_kv("a", [*prompt[:20], 77, 78])).result(5)
+        assert kept == 20 and eng.residency.kv_where("a") == ("resident", 20)
         kv_consistent(eng, runner)
         _, _, outs = await run(eng, sreq("a2", [*prompt[:20], 5, 6], "a"))  # continues from the cut
         assert outs[0].cached_tokens == 20
         await run(eng, sreq("b", [9] * 12, "b"))  # one slot: "a" is swapped out to RAM
-        assert eng.kv_where("a")[0] == "host"
-        kept = eng.call(lambda: eng.trim_kv("a", prompt[:10])).result(5)
-        assert kept == 10 and eng.kv_where("a") == ("host", 10)
+        assert eng.residency.kv_where("a")[0] == "host"
+        kept = eng.call(lambda: eng.residency.trim_kv("a", prompt[:10])).result(5)
+        assert kept == 10 and eng.residency.kv_where("a") == ("host", 10)
         _, _, outs = await run(eng, sreq("a3", [*prompt[:10], 4, 4], "a"))
         assert outs[0].cached_tokens == 10
         kv_consistent(eng, runner)
@@ -277,7 +277,7 @@ async def test_a_decode_that_fails_on_restored_kv_drops_it_and_prefills_again() 
     try:
         prompt = list(range(1, 41))
         await run(eng, sreq("t1", prompt, "s"))
-        eng.call(eng.spill_all).result(10)  # its KV now comes back from the swap
+        eng.call(eng.residency.spill_all).result(10)  # its KV now comes back from the swap
         slot = eng.slots.owned_by("s")
         assert slot is None or not slot.tokens
         runner.fail_decodes = 1

@@ -150,3 +150,39 @@ async def test_no_fairness_pause_when_nobody_runs_several_or_the_tenant_runs_alr
     both_a = [tenant_request("a1", "a", "first of a"), tenant_request("a2", "a", "second one of a")]
     _, more_a, eng = await paused_run(both_a, tenant_request("a3", "a", "third", tokens=4), slots=2)
     assert eng.preempt.pauses == 0 and more_a.finish == "length"
+
+
+async def test_a_paused_requests_time_cap_does_not_run_while_it_is_paused() -> None:
+    """The victim has a time cap of 600 s (of the engine's clock). While it is paused (the
+    urgent request's first output, when it certainly waits in RAM), the clock jumps an hour:
+    time it spent paused, not running. It resumes and produces every token it asked for, and
+    its deadline moved on by exactly the pause. (Counted while paused, the cap would end it at
+    once on resume, with fewer tokens and the time cap's stop reason.)"""
+    eng = Engine(FakeRunner(n_seq_max=1), seq_ctx=256)
+    skew = [0.0]
+    base = eng.clock
+    eng.clock = lambda: base() + skew[0]
+    eng.start()
+    try:
+        deadlines: list[float] = []
+
+        def paused_now() -> None:
+            (p,) = eng.preempt.paused
+            assert p.ar.request_id == "victim" and p.ar.deadline is not None
+            deadlines.append(p.ar.deadline)
+            skew[0] += 3600.0
+
+        urgent_sink = Collect(after=1, hook=paused_now)
+        urgent = request("urgent", "u", PRIORITY, tokens=5)
+        victim = Collect(after=2, hook=lambda: eng.submit(urgent, urgent_sink))
+        capped = request("victim", "victim prompt", FLEX, tokens=30)
+        capped.max_time = 600.0
+        eng.submit(capped, victim)
+        assert await asyncio.to_thread(victim.done.wait, 10)
+        assert await asyncio.to_thread(urgent_sink.done.wait, 10)
+        assert eng.preempt.pauses == 1 and eng.preempt.resumes == 1
+        assert victim.finish == "length" and len(victim.ids) == 30, (victim.finish, len(victim.ids))
+        assert deadlines and deadlines[0] < base() + 600.0  # before the pause: still the original cap
+    finally:
+        eng.stop()
+

@@ -51,7 +51,8 @@ def test_what_the_gateway_sends_a_node_for_each_caller() -> None:
     assert upstream_headers(UP, OPEN) == {"Authorization": "Bearer node-gw"}  # no tenants: as before
     assert upstream_headers(UP, OPEN, admin=True) == {"Authorization": "Bearer node-adm"}
     assert upstream_headers(UP, ADMIN_CALLER) == {"Authorization": "Bearer node-adm"}  # the node's admin sees all
-    assert upstream_headers(UP, ALICE) == {"Authorization": "Bearer node-gw", "x-hearth-tenant": "team-a"}
+    assert upstream_headers(UP, ALICE) == {"Authorization": "Bearer node-gw", "x-hearth-tenant": "team-a",
+                                           "x-hearth-tenant-class": "weight=1;priority=default;max_priority=default"}
     shared = Caller("team-a", "alice", shared_cache=True)
     assert upstream_headers(UP, shared)["x-hearth-tenant-cache"] == "shared"
     # an admin operation for a tenant (checked first by the caller): the admin key, no tenant

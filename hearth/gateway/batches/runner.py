@@ -1,0 +1,293 @@
+"""The gateway's batch runner: each batch a task that sends its lines through the gateway's own
+app (hearth/http/batches/dispatch.py: the route, its checks, the caller's tenant and key limits,
+then the turn path that picks a node, retries on another before the first byte and moves a
+broken stream), as `service_tier: "flex"`, and records each answer in the store before counting
+it (store/batches.py). So a batch's lines spread over every node that serves the model, as the
+gateway's routing places them, and fill what interactive traffic leaves (the nodes admit `flex`
+last and pause it for others).
+
+Statuses and files are the node's (hearth/api/batches/runner.py; OpenAI's): `validating` →
+`in_progress` → `finalizing` → `completed`, or `cancelling` → `cancelled`, `expired` past the
+completion window (unstarted lines in the error file as `batch_expired`), `failed` when the
+saved input cannot be read.
+
+A node's death: the lines it had finished are recorded and never sent again; a line in flight
+on it is retried by the turn path on another node, or its answer is a 429 / 502 / 503 / 504 (no
+node could take it yet, or it broke where it cannot be continued), which is not the line's
+answer: the runner sends it again, backing off, until the batch is cancelled or expires.
+
+Several gateways on one database: the batch is run by the gateway that created it
+(`batches.gateway`); a batch whose gateway is gone (its lease in `gateways` ran out, or this
+gateway before a restart) is adopted at start and every `adopt_interval` seconds, and resumes
+where the records say. A cancel on any gateway writes `cancelling` to the store; the running
+gateway reads the status before each line.
+
+Test gate (hearth/test_gate.py): before line `i` (0-based) starts, `gateway-batch-line-<i>`
+(the batch's task waits there holding its slot, so no later line starts either).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from starlette.types import ASGIApp
+
+from hearth import test_gate
+from hearth.errors import Conflict
+from hearth.gateway.fleet.periodic import Periodic
+from hearth.gateway.store.batches import LIVE, BatchRow, BatchTables
+from hearth.http.batches import dispatch
+from hearth.http.batches.lines import Line, dumps
+from hearth.http.batches.requests import EXPIRED, SERVICE_TIER, derived_file_id, line_out
+from hearth.tenants import Caller
+
+log = logging.getLogger("hearth.gateway")
+
+RETRY_FIRST = 0.25  # seconds before the first retry of a refused line; doubled up to RETRY_MAX
+RETRY_MAX = 8.0
+RETRY_STATUSES = (429, 502, 503, 504)  # not a line's answer: nothing could run it yet
+
+
+def caller_json(who: Caller) -> dict[str, Any]:
+    """The caller a batch's lines run as (no key: its name, tenant and class)."""
+    return {"tenant": who.tenant, "key_name": who.key_name, "admin": who.admin, "shared_cache": who.shared_cache,
+            "weight": who.weight, "priority": who.priority, "max_priority": who.max_priority}
+
+
+def caller_of(obj: dict[str, Any]) -> Caller:
+    return Caller(str(obj.get("tenant", "")), obj.get("key_name"), bool(obj.get("admin")),
+                  bool(obj.get("shared_cache")), weight=float(obj.get("weight", 1.0)),
+                  priority=str(obj.get("priority", "default")), max_priority=str(obj.get("max_priority", "default")))
+
+
+def read_lines(raw: bytes) -> list[Line]:
+    out = []
+    for i, line in enumerate(raw.splitlines()):
+        rec = json.loads(line)
+        out.append(Line(i, str(rec["custom_id"]), str(rec["url"]), dict(rec["body"])))
+    return out
+
+
+def input_jsonl(lines: list[Line]) -> bytes:
+    return b"".join(dumps({"custom_id": ln.custom_id, "url": ln.url, "body": ln.body}) for ln in lines)
+
+
+class GatewayBatches:
+    def __init__(self, tables: BatchTables, concurrency: int = 4, adopt_interval: float = 15.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.tables = tables
+        self.concurrency = max(1, concurrency)
+        self.clock = clock
+        self.app: ASGIApp | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._adopter = Periodic(adopt_interval, self.adopt, "adopting batches")
+        self.stopping = False  # set by `shutdown`: answers from now on may be cut short, not recorded
+
+    def now(self) -> int:
+        return int(self.clock())
+
+    async def public(self, row: BatchRow) -> dict[str, Any]:
+        """The batch object with its counts as the records say."""
+        completed, failed = await self.tables.counts(row.obj["id"])
+        counts = {"total": row.obj["request_counts"]["total"], "completed": completed, "failed": failed}
+        return {**row.obj, "request_counts": counts}
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self, app: ASGIApp) -> None:
+        """Bind the gateway's app (the lines' path) and run every live batch no live gateway runs."""
+        self.app = app
+        await self.adopt()
+        self._adopter.start()
+
+    async def adopt(self) -> None:
+        for batch_id in await self.tables.adopt():
+            self.launch(batch_id)
+
+    async def shutdown(self) -> None:
+        """Stop every run where it is: its recorded lines stay; a later start (here or on another
+        gateway of the database) resumes it."""
+        self.stopping = True
+        await self._adopter.stop()
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+    def launch(self, batch_id: str) -> None:
+        if self.app is None or self.stopping or batch_id in self._tasks:
+            return
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.concurrency)
+        task = asyncio.create_task(self._run(batch_id), name=f"batch {batch_id}")
+        self._tasks[batch_id] = task
+        task.add_done_callback(lambda t: self._ended(batch_id, t))
+
+    def _ended(self, batch_id: str, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(batch_id, None)
+        if not task.cancelled() and (e := task.exception()) is not None:
+            log.error("batch %s stopped: %s: %s", batch_id, type(e).__name__, e)
+
+    async def idle(self) -> None:
+        """Wait until no batch runs here (tests)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def cancel(self, row: BatchRow) -> dict[str, Any]:
+        obj = dict(row.obj)
+        if obj["status"] not in ("cancelling", "cancelled"):
+            if obj["status"] not in ("validating", "in_progress"):
+                raise Conflict(f"Cannot cancel a batch with status '{obj['status']}'.", code="batch_not_cancellable")
+            obj["status"], obj["cancelling_at"] = "cancelling", self.now()
+            if not await self.tables.save(obj, only_if=("validating", "in_progress")):
+                fresh = await self.tables.batch(obj["id"])  # it moved on meanwhile: answer what it is
+                return await self.public(fresh) if fresh is not None else obj
+            if row.gateway == self.tables.store.instance:
+                self.launch(obj["id"])  # not running here (a batch is resumed by its gateway): finish it
+        return await self.public(BatchRow(obj, row.owner, row.caller, row.gateway))
+
+    # ---- the run -------------------------------------------------------------------------------
+
+    async def _set(self, obj: dict[str, Any], status: str) -> None:
+        obj["status"] = status
+        obj[f"{status}_at"] = self.now()
+        await self.tables.save(obj)
+
+    async def _status(self, batch_id: str) -> str:
+        row = await self.tables.batch(batch_id)
+        return str(row.obj["status"]) if row is not None else "cancelled"
+
+    async def _run(self, batch_id: str) -> None:
+        row = await self.tables.batch(batch_id)
+        if row is None or row.obj["status"] not in LIVE:
+            return
+        obj = row.obj
+        if obj["status"] == "validating":
+            await self._set(obj, "in_progress")
+        try:
+            lines = read_lines(await self.tables.input(batch_id))
+        except (ValueError, KeyError, TypeError) as e:
+            obj["errors"] = {"object": "list", "data": [{"code": "invalid_input", "message": f"the batch's saved "
+                                                         f"input cannot be read: {e}", "param": None, "line": None}]}
+            await self._set(obj, "failed")
+            return
+        who = caller_of(row.caller)
+        expired = False
+        if obj["status"] == "in_progress":
+            expired = await self._send_all(obj, who, lines)
+        if self.stopping:
+            return
+        fresh = await self.tables.batch(batch_id)  # a cancel on any gateway is in the store
+        obj = fresh.obj if fresh is not None else obj
+        if obj["status"] == "cancelling":
+            await self._finish(obj, row.owner, lines, "cancelled")
+        elif expired:
+            done = {r.custom_id for r in await self.tables.results(batch_id)}
+            for line in lines:
+                if line.custom_id not in done:
+                    await self.tables.record(batch_id, line.custom_id, False, line_out(line, None, EXPIRED))
+            await self._finish(obj, row.owner, lines, "expired")
+        else:
+            if obj["status"] != "finalizing":
+                await self._set(obj, "finalizing")
+            await self._finish(obj, row.owner, lines, "completed")
+
+    def _expired(self, obj: dict[str, Any]) -> bool:
+        return self.now() >= int(obj["expires_at"])
+
+    async def _send_all(self, obj: dict[str, Any], who: Caller, lines: list[Line]) -> bool:
+        """Run every line not yet recorded, at most `concurrency` at once over all batches; True
+        when the window ran out first."""
+        assert self._slots is not None
+        slots, batch_id = self._slots, str(obj["id"])
+        done = {r.custom_id for r in await self.tables.results(batch_id)}
+        running: set[asyncio.Task[None]] = set()
+        try:
+            for line in lines:
+                if line.custom_id in done:
+                    continue
+                if self.stopping or await self._status(batch_id) != "in_progress":
+                    break
+                if self._expired(obj):
+                    break
+                await slots.acquire()
+                try:
+                    if os.environ.get(test_gate.ENV):
+                        await asyncio.to_thread(test_gate.wait_at_gate, f"gateway-batch-line-{line.index}")
+                except BaseException:
+                    slots.release()
+                    raise
+                if self.stopping or await self._status(batch_id) != "in_progress":  # cancelled meanwhile
+                    slots.release()
+                    break
+                task = asyncio.create_task(self._one(obj, who, line), name=f"batch {batch_id} line {line.index}")
+                running.add(task)
+                task.add_done_callback(lambda t: self._line_ended(running, t, slots))
+            if running:
+                await asyncio.gather(*list(running))
+        finally:
+            for t in list(running):  # shutting down: stop the lines in flight (they run again)
+                t.cancel()
+            for t in list(running):
+                with contextlib.suppress(BaseException):
+                    await t
+        if not self._expired(obj):
+            return False
+        recorded = {r.custom_id for r in await self.tables.results(batch_id)}
+        return any(ln.custom_id not in recorded for ln in lines)
+
+    @staticmethod
+    def _line_ended(running: set[asyncio.Task[None]], t: asyncio.Task[None], slots: asyncio.Semaphore) -> None:
+        running.discard(t)
+        slots.release()
+
+    async def _one(self, obj: dict[str, Any], who: Caller, line: Line) -> None:
+        assert self.app is not None
+        body = {**line.body, "service_tier": SERVICE_TIER}
+        delay = RETRY_FIRST
+        while True:
+            try:
+                answer = await dispatch.call(self.app, who, line.url, body)
+            except Exception as e:  # the app answers every error itself; this is a defect: record it
+                log.exception("batch %s line %s failed", obj["id"], line.custom_id)
+                await self.tables.record(obj["id"], line.custom_id, False, line_out(
+                    line, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}))
+                return
+            if self.stopping:
+                return  # the gateway's shutdown may have cut this answer short: it runs again
+            if answer.status not in RETRY_STATUSES:
+                break
+            if self._expired(obj) or await self._status(str(obj["id"])) != "in_progress":
+                return  # not answered: a cancelled batch leaves it out, an expired one marks it
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+        ok = 200 <= answer.status < 300
+        response = {"status_code": answer.status, "request_id": answer.request_id, "body": answer.body}
+        await self.tables.record(obj["id"], line.custom_id, ok, line_out(line, response, None))
+
+    async def _finish(self, obj: dict[str, Any], owner: str, lines: list[Line], status: str) -> None:
+        """Write the output and error files from the recorded lines (in input order), then the
+        final status."""
+        order = {ln.custom_id: ln.index for ln in lines}
+        results = sorted(await self.tables.results(obj["id"]), key=lambda r: order.get(r.custom_id, len(order)))
+        for kind, key, ok in (("output", "output_file_id", True), ("errors", "error_file_id", False)):
+            chosen = [r.line for r in results if r.ok == ok]
+            if chosen:
+                fid = derived_file_id(obj["id"], kind)
+                content = b"".join(dumps(x) for x in chosen)
+                await self.tables.put_file(
+                    {"id": fid, "object": "file", "bytes": len(content), "created_at": self.now(),
+                     "expires_at": None, "filename": f"{obj['id']}_{kind}.jsonl", "purpose": "batch_output",
+                     "status": "processed", "status_details": None}, owner, content)
+                obj[key] = fid
+        await self._set(obj, status)

@@ -1,0 +1,149 @@
+"""The Batch API's tables in the gateway's database (schema.py, migration 3), so every gateway on
+one PostgreSQL sees the same files and batches (gateway/batches/ runs them):
+
+- `batch_files`: each file's object, owner (a tenant) and content (UTF-8 JSONL: an input file a
+  client uploaded, or a batch's output or error file, whose id is derived from the batch's);
+- `batches`: each batch's object (`status` copied out for queries), owner, the caller its lines
+  run as (tenant, key name and class, never a key), its own copy of the input lines, and the
+  gateway that runs it (`gateway`, one of `gateways`: a batch whose gateway is gone is adopted
+  by a live one);
+- `batch_results`: one row per finished line, keyed by (batch, custom_id): a line is done once
+  its row is in, and a second answer for it is never recorded (INSERT ... ON CONFLICT DO
+  NOTHING), so a resumed batch neither loses a line nor writes one twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hearth.gateway.store.base import GatewayStore
+
+LIVE = ("validating", "in_progress", "finalizing", "cancelling")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRow:
+    obj: dict[str, Any]
+    owner: str
+    caller: dict[str, Any]
+    gateway: str
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    custom_id: str
+    ok: bool
+    line: dict[str, Any]
+
+
+class BatchTables:
+    def __init__(self, store: GatewayStore) -> None:
+        self.store = store
+
+    # ---- files ---------------------------------------------------------------------------------
+
+    async def put_file(self, obj: dict[str, Any], owner: str, content: bytes) -> None:
+        """Store a file (a derived output file's id again: replaced, never a second one)."""
+        async with self.store._tx() as tx:
+            await tx.execute("INSERT INTO batch_files VALUES (?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                             "owner = excluded.owner, obj = excluded.obj, content = excluded.content",
+                             (obj["id"], owner, json.dumps(obj), content.decode("utf-8"), time.time()))
+
+    async def file(self, file_id: str) -> tuple[dict[str, Any], str] | None:
+        """A file's object and owner."""
+        async with self.store._tx() as tx:
+            row = await tx.fetchone("SELECT obj, owner FROM batch_files WHERE id = ?", (file_id,))
+        return (json.loads(row[0]), str(row[1])) if row else None
+
+    async def file_content(self, file_id: str) -> bytes | None:
+        async with self.store._tx() as tx:
+            row = await tx.fetchone("SELECT content FROM batch_files WHERE id = ?", (file_id,))
+        return str(row[0]).encode("utf-8") if row else None
+
+    async def delete_file(self, file_id: str) -> None:
+        async with self.store._tx() as tx:
+            await tx.execute("DELETE FROM batch_files WHERE id = ?", (file_id,))
+
+    async def files(self, owner: str | None) -> list[dict[str, Any]]:
+        """The files of `owner` (None: every owner's), newest first."""
+        where, params = ("WHERE owner = ?", (owner,)) if owner is not None else ("", ())
+        async with self.store._tx() as tx:
+            rows = await tx.fetchall(f"SELECT obj FROM batch_files {where} ORDER BY created DESC", params)
+        return [json.loads(r[0]) for r in rows]
+
+    # ---- batches -------------------------------------------------------------------------------
+
+    async def create(self, obj: dict[str, Any], owner: str, caller: dict[str, Any], lines: bytes) -> None:
+        """A new batch, run by this gateway."""
+        async with self.store._tx() as tx:
+            await tx.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             (obj["id"], owner, json.dumps(caller), obj["status"], json.dumps(obj),
+                              lines.decode("utf-8"), self.store.instance, time.time()))
+
+    async def batch(self, batch_id: str) -> BatchRow | None:
+        async with self.store._tx() as tx:
+            row = await tx.fetchone("SELECT obj, owner, caller, gateway FROM batches WHERE id = ?", (batch_id,))
+        return BatchRow(json.loads(row[0]), str(row[1]), json.loads(row[2]), str(row[3])) if row else None
+
+    async def batches(self, owner: str | None) -> list[BatchRow]:
+        where, params = ("WHERE owner = ?", (owner,)) if owner is not None else ("", ())
+        async with self.store._tx() as tx:
+            rows = await tx.fetchall(f"SELECT obj, owner, caller, gateway FROM batches {where} "
+                                     "ORDER BY created DESC", params)
+        return [BatchRow(json.loads(r[0]), str(r[1]), json.loads(r[2]), str(r[3])) for r in rows]
+
+    async def input(self, batch_id: str) -> bytes:
+        async with self.store._tx() as tx:
+            row = await tx.fetchone("SELECT input FROM batches WHERE id = ?", (batch_id,))
+        return str(row[0]).encode("utf-8") if row else b""
+
+    async def save(self, obj: dict[str, Any], only_if: tuple[str, ...] | None = None) -> bool:
+        """Write the batch's object (and status); with `only_if`, only while its status is one
+        of those (a cancel racing a finish: the first write wins). Whether it was written."""
+        sql = "UPDATE batches SET obj = ?, status = ? WHERE id = ?"
+        params: tuple[Any, ...] = (json.dumps(obj), obj["status"], obj["id"])
+        if only_if:
+            sql += f" AND status IN ({', '.join('?' for _ in only_if)})"
+            params += only_if
+        async with self.store._tx() as tx:
+            return await tx.execute(sql, params) > 0
+
+    async def adopt(self) -> list[str]:
+        """Take over the live batches whose gateway is gone (not in `gateways` any more, or this
+        one's before a restart); the ids this gateway now runs."""
+        me = self.store.instance
+        async with self.store._tx() as tx:
+            alive = {r[0] for r in await tx.fetchall("SELECT id FROM gateways WHERE expires > ?", (time.time(),))}
+            marks = ", ".join("?" for _ in LIVE)
+            rows = await tx.fetchall(f"SELECT id, gateway FROM batches WHERE status IN ({marks})", LIVE)
+            mine = []
+            claim = "UPDATE batches SET gateway = ? WHERE id = ? AND gateway = ?"
+            for batch_id, gateway in rows:
+                if gateway == me or (gateway not in alive and await tx.execute(claim, (me, batch_id, gateway))):
+                    mine.append(str(batch_id))
+        return mine
+
+    # ---- lines ---------------------------------------------------------------------------------
+
+    async def record(self, batch_id: str, custom_id: str, ok: bool, line: dict[str, Any]) -> bool:
+        """Note that line `custom_id` finished with output `line`; False if it already had."""
+        async with self.store._tx() as tx:
+            return await tx.execute("INSERT INTO batch_results VALUES (?, ?, ?, ?, ?) "
+                                    "ON CONFLICT(batch_id, custom_id) DO NOTHING",
+                                    (batch_id, custom_id, int(ok), json.dumps(line), time.time())) > 0
+
+    async def results(self, batch_id: str) -> list[Result]:
+        async with self.store._tx() as tx:
+            rows = await tx.fetchall("SELECT custom_id, ok, line FROM batch_results WHERE batch_id = ?", (batch_id,))
+        return [Result(str(r[0]), bool(r[1]), json.loads(r[2])) for r in rows]
+
+    async def counts(self, batch_id: str) -> tuple[int, int]:
+        """(completed, failed) lines so far."""
+        async with self.store._tx() as tx:
+            rows = await tx.fetchall("SELECT ok, COUNT(*) FROM batch_results WHERE batch_id = ? GROUP BY ok",
+                                     (batch_id,))
+        by = {bool(r[0]): int(r[1]) for r in rows}
+        return by.get(True, 0), by.get(False, 0)
