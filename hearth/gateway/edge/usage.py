@@ -12,8 +12,9 @@ from starlette.responses import JSONResponse, Response
 from hearth.api.usage import MAX_ROWS, parse_time
 from hearth.errors import BadRequest, NotFound
 from hearth.gateway.state import gateway_of
-from hearth.gateway.store.usage import GROUPS, UsageQuery
+from hearth.gateway.store.usage import GROUPS
 from hearth.http.auth import caller
+from hearth.observability.ledger import UsageFilter
 
 
 async def usage(request: Request) -> Response:
@@ -21,7 +22,7 @@ async def usage(request: Request) -> Response:
     if ledger is None:
         raise NotFound("this gateway keeps no usage ledger (started with --no-usage-ledger)")
     q = request.query_params
-    f = UsageQuery(tenant=q.get("tenant") if who.admin else who.tenant, key=q.get("key"), model=q.get("model"),
+    f = UsageFilter(tenant=q.get("tenant") if who.admin else who.tenant, key=q.get("key"), model=q.get("model"),
                    since=parse_time(q.get("since"), "since"), until=parse_time(q.get("until"), "until"))
     limit_text = q.get("limit", "1000")
     if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_ROWS:

@@ -27,6 +27,7 @@ from dataclasses import astuple, dataclass, fields
 from typing import Any
 
 from hearth.gateway.store.base import GatewayStore
+from hearth.observability.ledger import UsageFilter  # the node's filters, one spelling
 
 log = logging.getLogger("hearth.gateway")
 
@@ -72,30 +73,6 @@ _SUMS = ("COUNT(*) AS requests, SUM(prompt_tokens) AS prompt_tokens, SUM(cached_
          "SUM(CASE WHEN cancelled IS NULL THEN 0 ELSE 1 END) AS cancelled")
 _SUM_NAMES = ("requests", "prompt_tokens", "cached_tokens", "generated_tokens", "discarded_tokens", "failovers",
               "cancelled")
-
-
-@dataclass(frozen=True, slots=True)
-class UsageQuery:
-    tenant: str | None = None  # None: every tenant
-    key: str | None = None
-    model: str | None = None
-    since: float | None = None  # wall-clock seconds, inclusive
-    until: float | None = None  # exclusive
-
-    def where(self) -> tuple[str, list[Any]]:
-        clauses, args = [], []
-        for column in ("tenant", "key", "model"):
-            value = getattr(self, column)
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                args.append(value)
-        if self.since is not None:
-            clauses.append("at >= ?")
-            args.append(self.since)
-        if self.until is not None:
-            clauses.append("at < ?")
-            args.append(self.until)
-        return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
 
 class GatewayLedger:
@@ -217,7 +194,7 @@ class GatewayLedger:
 
     # ---- reading ------------------------------------------------------------------------------
 
-    async def rows(self, q: UsageQuery, limit: int = 1000) -> list[dict[str, Any]]:
+    async def rows(self, q: UsageFilter, limit: int = 1000) -> list[dict[str, Any]]:
         """The rows matching `q`, newest first."""
         where, args = q.where()
         async with self.store._tx() as tx:
@@ -225,7 +202,7 @@ class GatewayLedger:
                                       [*args, limit])
         return [dict(zip(COLUMNS, row, strict=True)) for row in found]
 
-    async def totals(self, q: UsageQuery, group: list[str]) -> list[dict[str, Any]]:
+    async def totals(self, q: UsageFilter, group: list[str]) -> list[dict[str, Any]]:
         """Sums over the rows matching `q`, one per value of the `group` columns."""
         if any(g not in GROUPS for g in group):
             raise ValueError(f"group must be among {', '.join(GROUPS)}")

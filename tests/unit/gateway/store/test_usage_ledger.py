@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from hearth.gateway.store.base import GatewayStore
-from hearth.gateway.store.usage import GatewayLedger, TurnUsage, UsageQuery
+from hearth.gateway.store.usage import GatewayLedger, TurnUsage
+from hearth.observability.ledger import UsageFilter
 from tests.unit.gateway.store.test_store import _open
 
 DAY = 86_400.0
@@ -43,24 +44,24 @@ async def test_rows_are_written_in_the_background_and_summed(store: GatewayStore
         ledger.record(row(4, model="big", at=T0 + DAY, failovers=1, nodes="a,b", node="b"))
         assert await ledger.flush()
         assert ledger.written == 4 and ledger.dropped == 0 and ledger.depth == 0
-        rows = await ledger.rows(UsageQuery())
+        rows = await ledger.rows(UsageFilter())
         assert [r["request_id"] for r in rows] == ["chatcmpl-4", "chatcmpl-3", "chatcmpl-2", "chatcmpl-1"]
         assert rows[0]["nodes"] == "a,b" and rows[0]["failovers"] == 1 and rows[1]["cancelled"] == "disconnect"
-        by_day = await ledger.totals(UsageQuery(), ["day"])
+        by_day = await ledger.totals(UsageFilter(), ["day"])
         assert by_day == [
             {"day": "2026-09-21", "requests": 3, "prompt_tokens": 30, "cached_tokens": 12, "generated_tokens": 6,
              "discarded_tokens": 0, "failovers": 0, "cancelled": 1},
             {"day": "2026-09-22", "requests": 1, "prompt_tokens": 10, "cached_tokens": 4, "generated_tokens": 4,
              "discarded_tokens": 0, "failovers": 1, "cancelled": 0}]
-        assert [(r["tenant"], r["node"], r["requests"]) for r in await ledger.totals(UsageQuery(), ["tenant", "node"])
+        assert [(r["tenant"], r["node"], r["requests"]) for r in await ledger.totals(UsageFilter(), ["tenant", "node"])
                 ] == [("team-a", "a", 2), ("team-a", "b", 1), ("team-b", "b", 1)]
-        mine = await ledger.totals(UsageQuery(tenant="team-a", since=T0, until=T0 + DAY), ["key"])
+        mine = await ledger.totals(UsageFilter(tenant="team-a", since=T0, until=T0 + DAY), ["key"])
         assert [(r["key"], r["generated_tokens"]) for r in mine] == [("alice", 1), ("alice-ci", 2)]
-        assert await ledger.totals(UsageQuery(tenant="nobody"), []) == [
+        assert await ledger.totals(UsageFilter(tenant="nobody"), []) == [
             {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "discarded_tokens": 0,
              "failovers": 0, "cancelled": 0}]
         with pytest.raises(ValueError, match="group"):
-            await ledger.totals(UsageQuery(), ["prompt"])
+            await ledger.totals(UsageFilter(), ["prompt"])
     finally:
         await ledger.close()
 
@@ -73,7 +74,7 @@ async def test_a_full_queue_drops_and_counts_and_close_writes_what_is_queued(sto
     ledger.start()
     await ledger.close()  # a clean stop writes what is queued
     assert ledger.written == 3
-    assert [r["requests"] for r in await ledger.totals(UsageQuery(), [])] == [3]
+    assert [r["requests"] for r in await ledger.totals(UsageFilter(), [])] == [3]
 
 
 async def test_a_batch_larger_than_one_statement(store: GatewayStore) -> None:
@@ -83,7 +84,7 @@ async def test_a_batch_larger_than_one_statement(store: GatewayStore) -> None:
         for n in range(700):  # more than BATCH (512) and many CHUNKs
             ledger.record(row(n, at=time.time()))
         assert await ledger.flush()
-        [total] = await ledger.totals(UsageQuery(), [])
+        [total] = await ledger.totals(UsageFilter(), [])
         assert total["requests"] == 700 and total["generated_tokens"] == sum(range(700))
     finally:
         await ledger.close()
@@ -100,7 +101,7 @@ async def test_two_gateways_on_one_postgres_keep_one_ledger(request: pytest.Fixt
         second.record(TurnUsage(**{**_fields(row(2)), "gateway": "g2"}))
         assert await first.flush() and await second.flush()
         for ledger in (first, second):  # each sees both
-            rows = await ledger.rows(UsageQuery())
+            rows = await ledger.rows(UsageFilter())
             assert sorted((r["gateway"], r["generated_tokens"]) for r in rows) == [("g1", 1), ("g2", 2)]
     finally:
         await first.close()
