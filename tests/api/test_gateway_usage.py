@@ -22,7 +22,7 @@ from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.state import gateway_of
 from tests.api.test_gateway_tenants import ADMIN, ALICE, BOB, CHAT, world
 from tests.helpers import until
-from tests.helpers.fake_fleet import Fleet, sse
+from tests.helpers.fake_fleet import NEVER, Fleet, sse
 from tests.unit.gateway.failover.test_migration import chunk, data
 
 STREAM = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -126,7 +126,7 @@ async def test_a_stream_the_client_left_counts_its_nodes_exact_tokens(tmp_path: 
             found = [{"request_id": "chatcmpl-1", "prompt_tokens": 9, "cached_tokens": 2, "generated_tokens": 7,
                       "discarded_tokens": 6, "cancelled": "disconnect"}] if len(asked) > 1 else []
             return httpx.Response(200, json={"object": "list", "data": found})
-        return sse(chunks=[chunk("chatcmpl-1", {"role": "assistant", "content": ""})], stall=60)  # still going
+        return sse(chunks=[chunk("chatcmpl-1", {"role": "assistant", "content": ""})], stall=NEVER)  # still going
 
     fleet.behave["a"] = fleet.behave["b"] = node
     async with gateway(tmp_path, fleet) as (app, gw):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,16 @@ from hearth.gateway.state import gateway_of
 Handler = Callable[[httpx.Request], httpx.Response]
 
 
+NEVER = math.inf  # `prefill` / `stall`: the node never sends (its stream waits until it is closed)
+
+
+async def _silent(seconds: float) -> None:
+    if math.isinf(seconds):
+        await asyncio.Event().wait()  # no clock involved: only the gateway's close ends it
+    else:
+        await asyncio.sleep(seconds)
+
+
 class Events(httpx.AsyncByteStream):
     """An upstream SSE body: these chunks, then (optionally) a broken connection."""
 
@@ -32,10 +43,10 @@ class Events(httpx.AsyncByteStream):
         self.stall = stall
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        await asyncio.sleep(self.prefill)  # a node still prefilling: no bytes yet
+        await _silent(self.prefill)  # a node still prefilling: no bytes yet
         for c in self.chunks:
             yield c
-        await asyncio.sleep(self.stall)  # a stopped node: the connection stays open, nothing comes
+        await _silent(self.stall)  # a stopped node: the connection stays open, nothing comes
         if self.broken:
             raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,12 +38,12 @@ from typing import Any
 
 from starlette.types import ASGIApp
 
-from hearth import test_gate
 from hearth.api.batches.files import FileStore
 from hearth.api.batches.store import LIVE, Batch, BatchStore
 from hearth.errors import Conflict
 from hearth.http.batches import dispatch
 from hearth.http.batches.lines import Line, dumps
+from hearth.http.batches.pace import run_lines
 from hearth.http.batches.requests import EXPIRED, SERVICE_TIER, derived_file_id, line_out
 
 log = logging.getLogger("hearth.api")
@@ -170,44 +169,14 @@ class Batches:
         when the window ran out first."""
         assert self._slots is not None
         slots = self._slots
-        running: set[asyncio.Task[None]] = set()
-        expired = False
-        try:
-            for line in lines:
-                if line.custom_id in b.done:
-                    continue
-                if b.status == "cancelling" or self.stopping:
-                    break
-                if self._expired(b):
-                    expired = True
-                    break
-                await slots.acquire()
-                try:
-                    if os.environ.get(test_gate.ENV):
-                        await asyncio.to_thread(test_gate.wait_at_gate, f"batch-line-{line.index}")
-                except BaseException:
-                    slots.release()
-                    raise
-                if b.status == "cancelling" or self.stopping:
-                    slots.release()
-                    break
-                task = asyncio.create_task(self._one(b, line), name=f"batch {b.id} line {line.index}")
-                running.add(task)
-                task.add_done_callback(lambda t: self._line_ended(running, t, slots))
-            if running:
-                await asyncio.gather(*list(running))
-        finally:
-            for t in list(running):  # shutting down: stop the lines in flight (they run again)
-                t.cancel()
-            for t in list(running):
-                with contextlib.suppress(BaseException):
-                    await t
-        return expired or (self._expired(b) and any(ln.custom_id not in b.done for ln in lines))
 
-    @staticmethod
-    def _line_ended(running: set[asyncio.Task[None]], t: asyncio.Task[None], slots: asyncio.Semaphore) -> None:
-        running.discard(t)
-        slots.release()
+        async def stopped() -> bool:
+            return b.status == "cancelling" or self.stopping
+
+        expired = await run_lines([ln for ln in lines if ln.custom_id not in b.done], slots, stopped,
+                                  lambda: self._expired(b), lambda line: self._one(b, line), "batch-line",
+                                  f"batch {b.id}")
+        return expired or (self._expired(b) and any(ln.custom_id not in b.done for ln in lines))
 
     async def _one(self, b: Batch, line: Line) -> None:
         if self.app is None:

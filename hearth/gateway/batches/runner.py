@@ -32,19 +32,18 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp
 
-from hearth import test_gate
 from hearth.errors import Conflict
 from hearth.gateway.fleet.periodic import Periodic
 from hearth.gateway.store.batches import LIVE, BatchRow, BatchTables
 from hearth.http.batches import dispatch
 from hearth.http.batches.lines import Line, dumps
+from hearth.http.batches.pace import run_lines
 from hearth.http.batches.requests import EXPIRED, SERVICE_TIER, derived_file_id, line_out
 from hearth.tenants import Caller
 
@@ -211,45 +210,17 @@ class GatewayBatches:
         assert self._slots is not None
         slots, batch_id = self._slots, str(obj["id"])
         done = {r.custom_id for r in await self.tables.results(batch_id)}
-        running: set[asyncio.Task[None]] = set()
-        try:
-            for line in lines:
-                if line.custom_id in done:
-                    continue
-                if self.stopping or await self._status(batch_id) != "in_progress":
-                    break
-                if self._expired(obj):
-                    break
-                await slots.acquire()
-                try:
-                    if os.environ.get(test_gate.ENV):
-                        await asyncio.to_thread(test_gate.wait_at_gate, f"gateway-batch-line-{line.index}")
-                except BaseException:
-                    slots.release()
-                    raise
-                if self.stopping or await self._status(batch_id) != "in_progress":  # cancelled meanwhile
-                    slots.release()
-                    break
-                task = asyncio.create_task(self._one(obj, who, line), name=f"batch {batch_id} line {line.index}")
-                running.add(task)
-                task.add_done_callback(lambda t: self._line_ended(running, t, slots))
-            if running:
-                await asyncio.gather(*list(running))
-        finally:
-            for t in list(running):  # shutting down: stop the lines in flight (they run again)
-                t.cancel()
-            for t in list(running):
-                with contextlib.suppress(BaseException):
-                    await t
+
+        async def stopped() -> bool:
+            return self.stopping or await self._status(batch_id) != "in_progress"
+
+        await run_lines([ln for ln in lines if ln.custom_id not in done], slots, stopped,
+                        lambda: self._expired(obj), lambda line: self._one(obj, who, line),
+                        "gateway-batch-line", f"batch {batch_id}")
         if not self._expired(obj):
             return False
         recorded = {r.custom_id for r in await self.tables.results(batch_id)}
         return any(ln.custom_id not in recorded for ln in lines)
-
-    @staticmethod
-    def _line_ended(running: set[asyncio.Task[None]], t: asyncio.Task[None], slots: asyncio.Semaphore) -> None:
-        running.discard(t)
-        slots.release()
 
     async def _one(self, obj: dict[str, Any], who: Caller, line: Line) -> None:
         assert self.app is not None

@@ -13,7 +13,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from hearth.gateway.state import gateway_of
-from tests.helpers.fake_fleet import OK_CHAT, Fleet, chat_chunk, gateway, pool_of, sse, stick, stream_text
+from tests.helpers.fake_fleet import NEVER, OK_CHAT, Fleet, chat_chunk, gateway, pool_of, sse, stick, stream_text
 
 
 @pytest.fixture
@@ -172,7 +172,7 @@ def test_a_stream_silent_past_the_stall_timeout_ends_with_the_terminal_error(tmp
     # stall timeout, then the protocol's terminal error; the node's breaker records a failure.
     # (Not a race: each beat's timer is due before the 0.3 s stall timer armed after the last
     # write, and asyncio runs due timers in deadline order, so a keep-alive precedes the error.)
-    fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("Hel")], stall=60)
+    fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("Hel")], stall=NEVER)
     with gateway(tmp_path, fleet, stall_timeout=0.3, migration_limit=0) as c:
         text = stream_text(c, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(c, "k", "a"))
         events = [e for e in text.split("\n\n") if e]
@@ -186,7 +186,7 @@ def test_a_stream_silent_past_the_stall_timeout_ends_with_the_terminal_error(tmp
 
 def test_a_stream_silent_past_the_stall_timeout_before_its_first_byte_is_retried(tmp_path: Path,
                                                                                  fleet: Fleet) -> None:
-    fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("never")], prefill=60)
+    fleet.behave["a"] = lambda r: sse(chunks=[chat_chunk("never")], prefill=NEVER)
     fleet.behave["b"] = lambda r: sse(chunks=[chat_chunk("ok"), b"data: [DONE]\n\n"])
     with gateway(tmp_path, fleet, stall_timeout=0.2, heartbeat=30) as c:  # nothing reached the client yet
         text = stream_text(c, "/v1/chat/completions", {"model": "smol", "messages": []}, stick(c, "k", "a"))
