@@ -33,7 +33,10 @@ async def test_flush_and_held_reasoning_regroup_the_stream_without_changing_it(t
         content = [d["content"] for d in deltas if d.get("content")]
         assert reasoning == [whole["reasoning_content"]]  # whole, in one event
         assert "".join(content) == whole["content"]
-        assert 1 < len(content) < len(whole["content"].split())  # grouped, the first on its own
+        # Grouped: after the first event, none but the last carries fewer than 5 tokens (the fake
+        # tokenizer is one token a character). How many events that makes depends on how many
+        # engine steps reach the loop together (engine/handoff.py), so the count is not asserted.
+        assert all(len(c) >= 5 for c in content[1:-1]) and len(content) < len(whole["content"])
         final = [d for _, d in events if d != "[DONE]" and d["choices"] and d["choices"][0]["finish_reason"]]
         assert final[-1]["timings"]["predicted_n"] > 0
         user = [{"role": "user", "content": "hi"}]
