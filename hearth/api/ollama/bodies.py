@@ -11,6 +11,12 @@ Decisions:
 - Images, `suffix` (fill-in-the-middle) and a per-request `template` are a clear 400.
 - A tool result names its tool (`tool_name`), not a call id: it is matched to the latest
   assistant call of that name, else given a fresh id (templates read the name and content).
+- Hearth's own fields for continuing a partial answer (the gateway's mid-stream failover sends
+  them; a client may too; docs/api.md, "Continuing a partial answer"): on /api/chat
+  `continue_final_message` (the last message is the assistant's answer so far, as on
+  /v1/chat/completions), on /api/generate `partial_response` and `partial_thinking` (the answer
+  so far, after the templated prompt; not with `raw`), and on both `partial_is_output` (that
+  part is this answer's own output: it counts in `eval_count` and against `num_predict`).
 """
 
 from __future__ import annotations
@@ -124,6 +130,8 @@ class OllamaFields(RunFields):
 class ChatIn(OllamaFields):
     messages: list[MessageIn] = Field(default_factory=list)
     tools: list[ToolIn] | None = None
+    continue_final_message: StrictBool = False  # Hearth's (the module's docstring)
+    partial_is_output: StrictBool = False
 
 
 class GenerateIn(OllamaFields):
@@ -133,6 +141,15 @@ class GenerateIn(OllamaFields):
     template: str | None = None
     raw: StrictBool = False
     context: list[int] | None = None
+    partial_response: str | None = None  # Hearth's (the module's docstring)
+    partial_thinking: str | None = None
+    partial_is_output: StrictBool = False
+
+    def partial(self) -> Message | None:
+        """The answer so far, to continue; None: none given."""
+        if self.partial_response is None and not self.partial_thinking:
+            return None
+        return Message("assistant", self.partial_response or "", reasoning=self.partial_thinking or None)
 
 
 def response_format(fmt: str | dict[str, Any] | None) -> ResponseFormat | None:
@@ -200,7 +217,8 @@ def chat_request(body: ChatIn, model: str, request_id: str, settings: Settings |
         model=model, messages=messages, sampling=sampling, tools=tools, response_format=response_format(body.format),
         reasoning=reasoning(body.think), request_id=request_id, timeout=limits.timeout, keep_alive=limits.keep_alive,
         cache_prompt=body.cache_prompt, repetition=limits.repetition, lenient_tool_calls=limits.lenient_tool_calls,
-        cache_salt=body.cache_salt, priority=limits.priority)
+        cache_salt=body.cache_salt, priority=limits.priority, continue_final=body.continue_final_message,
+        partial_is_output=body.partial_is_output)
 
 
 def generate_request(body: GenerateIn, model: str, request_id: str, settings: Settings | None = None
@@ -218,19 +236,24 @@ def generate_request(body: GenerateIn, model: str, request_id: str, settings: Se
                          "conversation as messages to /api/chat (its prefix is cached either way)",
                          param="context")
     limits = _limits(settings, body)
+    partial = body.partial()
     if body.raw:
         if body.format or body.think:
             raise BadRequest("raw takes no format or think: they need the model's template", param="raw")
+        if partial is not None:
+            raise BadRequest("partial_response: a raw prompt is continued by sending it with the answer so far "
+                             "appended", param="partial_response")
         return CompletionRequest(model=model, prompt=body.prompt, sampling=sampling, request_id=request_id,
                                  timeout=limits.timeout, cache_prompt=body.cache_prompt,
                                  repetition=limits.repetition, keep_alive=limits.keep_alive,
                                  priority=limits.priority)
     messages = ([Message("system", body.system)] if body.system else []) + [Message("user", body.prompt)]
     return ChatRequest(
-        model=model, messages=messages, sampling=sampling, response_format=response_format(body.format),
-        reasoning=reasoning(body.think), request_id=request_id, timeout=limits.timeout,
-        keep_alive=limits.keep_alive, cache_prompt=body.cache_prompt, repetition=limits.repetition,
-        lenient_tool_calls=limits.lenient_tool_calls, cache_salt=body.cache_salt, priority=limits.priority)
+        model=model, messages=messages + ([partial] if partial is not None else []), sampling=sampling,
+        response_format=response_format(body.format), reasoning=reasoning(body.think), request_id=request_id,
+        timeout=limits.timeout, keep_alive=limits.keep_alive, cache_prompt=body.cache_prompt,
+        repetition=limits.repetition, lenient_tool_calls=limits.lenient_tool_calls, cache_salt=body.cache_salt,
+        priority=limits.priority, continue_final=partial is not None, partial_is_output=body.partial_is_output)
 
 
 def read_chat(data: dict[str, Any]) -> ChatIn:

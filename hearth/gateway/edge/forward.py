@@ -18,9 +18,9 @@ from starlette.responses import JSONResponse, Response
 
 from hearth.errors import Unavailable
 from hearth.gateway.fleet.pool import Node, Pool
+from hearth.gateway.protocols import renamer
 from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller
-from hearth.gateway.turn.relay import renamer
 from hearth.gateway.upstream.client import node_url
 from hearth.gateway.upstream.headers import forwarded_headers, upstream_headers
 from hearth.http.sse import EventStreamResponse

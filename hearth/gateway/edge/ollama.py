@@ -1,13 +1,16 @@
 """Ollama's native API (`/api/*`) and embeddings (`/v1/embeddings`) through the gateway.
 
-- A request that names a model (`/api/chat`, `/api/generate`, `/api/show`, `/api/embed`,
-  `/api/embeddings`, `/v1/embeddings`) goes to a Hearth node that serves it, chosen by the
-  pool as any request is (least loaded, in-flight caps, breakers; no prefix affinity), with
-  the model renamed to the node's id on the way in and back to the client's name on the way
-  out. NDJSON is relayed line by line as it comes. A node that cannot be reached, or answers
-  5xx, before the first byte is left for the next one; a failure after the first byte ends
-  the stream (no mid-stream failover for NDJSON, unlike the OpenAI and Anthropic relays).
+- Generation and embeddings (`/api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings`,
+  `/v1/embeddings`) are turns (turn/proxy.py), as the OpenAI and Anthropic endpoints are: routed
+  to a Hearth node that serves the model (prefix and conversation-key affinity, in-flight caps,
+  breakers), the model renamed to the node's id on the way in and back to the client's name on
+  the way out, retried on another node when one fails before the first byte, and counted: one
+  row each in the gateway's usage ledger and, with tracing on, the gateway's spans with the
+  trace carried to the node (turn/watch.py). NDJSON is relayed whole lines at a time; a stream
+  whose node fails after the first line goes on on another node (failover/cuts/ollama.py: the
+  client's stream continues where it was cut, its final object counting the whole answer).
   Ollama's tags are accepted: `name:latest` is the alias `name`, `name:tag` also `name-tag`.
+- `/api/show` goes to a node that serves the model, as it comes.
 - `/api/tags` and `/api/ps`: the union of the live Hearth nodes' answers, each model under
   the gateway's alias; `/api/ps` says which node holds each loaded copy (`node`).
 - `/api/version` answers here. `/api/pull` and `/api/delete` are refused with a 400: a
@@ -18,9 +21,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -30,7 +31,8 @@ from starlette.routing import Route
 
 from hearth.errors import BadRequest, NotFound
 from hearth.gateway.edge.forward import live
-from hearth.gateway.fleet.pool import Lease, Node, Pool
+from hearth.gateway.fleet.pool import Node, Pool
+from hearth.gateway.protocols import ollama_renamer
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller
@@ -38,10 +40,10 @@ from hearth.gateway.upstream.client import node_url
 from hearth.gateway.upstream.headers import forwarded_headers, upstream_headers
 from hearth.http.parsing import read_json
 from hearth.protocols import ollama_names as names
-from hearth.protocols.ollama_wire import OLLAMA_API_VERSION, NdjsonResponse, hearth_version
+from hearth.protocols.ollama_wire import OLLAMA_API_VERSION, hearth_version
 
-# The paths forwarded to a node that serves the named model.
-BY_MODEL = ("/api/chat", "/api/generate", "/api/show", "/api/embed", "/api/embeddings", "/v1/embeddings")
+# The paths served as turns (turn/proxy.py: failover, ledger, traces).
+TURNS = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/v1/embeddings")
 
 
 def resolve(pool: Pool, name: object) -> str:
@@ -57,99 +59,50 @@ def resolve(pool: Pool, name: object) -> str:
     return pool.resolve(name)
 
 
-def renamer(upstream_id: str, alias: str) -> Callable[[bytes], bytes]:
-    """The node names the model as it was sent (`<id>:latest`): back to the client's alias."""
-    old, new = names.tagged(upstream_id), names.tagged(alias)
-    if old == new:
-        return lambda data: data
-    pairs = [(f'"{k}":{sep}{json.dumps(old)}'.encode(), f'"{k}":{sep}{json.dumps(new)}'.encode())
-             for k in ("model", "name") for sep in ("", " ")]  # compact (Hearth's) or spaced JSON
-
-    def rename(data: bytes) -> bytes:
-        for a, b in pairs:
-            data = data.replace(a, b)
-        return data
-
-    return rename
-
-
 def _not_hearth(pool: Pool) -> set[str]:
     return {n.name for n in pool.nodes.values() if n.up.kind != "hearth"}
 
 
-async def by_model(request: Request) -> Response:
+async def turn(request: Request) -> Response:
+    gw = gateway_of(request.app)
+    body = await read_json(request)
+    alias = resolve(gw.pool, body.get("model"))
+    one = await gw.proxy.turn(request, {**body, "model": alias})
+    one.avoid = frozenset(_not_hearth(gw.pool))
+    return await gw.proxy.serve(one)
+
+
+async def show(request: Request) -> Response:
+    """/api/show: to a node that serves the model (any live Hearth one), its answer as it comes."""
     gw = gateway_of(request.app)
     pool = gw.pool
     body = await read_json(request)
-    key = "name" if request.url.path == "/api/show" and not body.get("model") else "model"
+    key = "name" if not body.get("model") else "model"
     alias = resolve(pool, body.get(key))
     tried = _not_hearth(pool)
     while True:
         lease = await pool.acquire(alias, Affinity("none"), (), 0, exclude=tried)  # 503 once none is left
         node = lease.node
         model_id = node.up.models[alias]
-        payload = json.dumps({**body, key: model_id}).encode()
         headers = {**forwarded_headers(request), **upstream_headers(node.up, caller(request)),
                    "content-type": "application/json"}
-        upstream = gw.client.build_request(
-            request.method, node_url(node.up, request.url.path), content=payload, headers=headers,
-            timeout=httpx.Timeout(gw.settings.stall_timeout_for(node.up) or None, connect=gw.settings.connect_timeout))
         try:
-            r = await gw.client.send(upstream, stream=True)
+            r = await gw.client.post(node_url(node.up, request.url.path), content=json.dumps({**body, key: model_id}),
+                                     headers=headers, timeout=httpx.Timeout(gw.settings.digest_timeout,
+                                                                            connect=gw.settings.connect_timeout))
         except httpx.HTTPError:
             pool.release(lease, False)
             tried.add(node.name)
             continue
         if r.status_code >= 500:
-            with contextlib.suppress(httpx.HTTPError):
-                await r.aread()
-            await r.aclose()
             pool.release(lease, False)
             tried.add(node.name)
             continue
-        rename = renamer(model_id, alias)
-        if not r.headers.get("content-type", "").startswith("application/x-ndjson"):
-            try:
-                content = await r.aread()
-            except httpx.HTTPError:
-                pool.release(lease, False)
-                raise
-            finally:
-                await r.aclose()
-            pool.release(lease, True if r.status_code < 400 else None)
-            answer = Response(rename(content), status_code=r.status_code, media_type=r.headers.get("content-type"))
-            answer.headers["X-Hearth-Upstream"] = node.name
-            return answer
-        return _relay(pool, lease, r, rename)
-
-
-def _relay(pool: Pool, lease: Lease, r: httpx.Response, rename: Callable[[bytes], bytes]) -> Response:
-    """The node's NDJSON, whole lines at a time (a model name is never cut in two)."""
-    outcome: list[bool | None] = [None]
-
-    async def lines() -> AsyncIterator[bytes]:
-        buf = b""
-        try:
-            async for chunk in r.aiter_bytes():  # decoded: the node may compress
-                lease.node.last_bytes = pool.clock()
-                buf += chunk
-                end = buf.rfind(b"\n")
-                if end >= 0:
-                    whole, buf = buf[:end + 1], buf[end + 1:]
-                    yield rename(whole)
-            if buf:
-                yield rename(buf)
-            outcome[0] = True
-        except httpx.HTTPError:
-            outcome[0] = False  # the node failed mid-stream: the stream ends here
-
-    async def close() -> None:
-        await r.aclose()
-        pool.release(lease, outcome[0])
-
-    answer = NdjsonResponse(lines(), close=close)
-    answer.extra_headers = {"X-Hearth-Upstream": lease.node.name}
-    return answer
+        pool.release(lease, True if r.status_code < 400 else None)
+        answer = Response(ollama_renamer(model_id, alias)(r.content), status_code=r.status_code,
+                          media_type=r.headers.get("content-type"))
+        answer.headers["X-Hearth-Upstream"] = node.name
+        return answer
 
 
 async def _each_node(request: Request, path: str) -> list[tuple[Node, list[dict[str, Any]]]]:
@@ -207,7 +160,8 @@ async def not_here(request: Request) -> Response:
 
 def routes() -> list[Route]:
     return [
-        *(Route(p, by_model, methods=["POST"]) for p in BY_MODEL),
+        *(Route(p, turn, methods=["POST"]) for p in TURNS),
+        Route("/api/show", show, methods=["POST"]),
         Route("/api/tags", tags, methods=["GET"]),
         Route("/api/ps", ps, methods=["GET"]),
         Route("/api/version", version, methods=["GET"]),

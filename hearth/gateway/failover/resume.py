@@ -31,6 +31,7 @@ from hearth.gateway.failover.retry import RETRY_STATUSES
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Lease, Node, Pool, Release
 from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.protocols import Protocol, is_stream
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.upstream.http import Answer
 
@@ -62,6 +63,7 @@ class Resumer:
     prompt_tokens: int
     send: SendTurn
     tried: set[str] = field(default_factory=set)  # the nodes this stream has been on (each at most once)
+    protocol: Protocol = "chat"  # the stream's (what a continuation's answer must be: SSE, or NDJSON)
 
     async def move(self, cut: Cut, failed: Node, moves: int) -> Moved | None:
         """Another node's continuation of the answer, or None (nothing to continue with, the
@@ -103,7 +105,7 @@ class Resumer:
             except BaseException:
                 release(None)
                 raise
-            if resp.status_code == 200 and resp.headers.get("content-type", "").startswith("text/event-stream"):
+            if resp.status_code == 200 and is_stream(resp.headers.get("content-type", ""), self.protocol):
                 return Moved(resp, lease, release)
             if await self._refused(lease, resp, release):
                 return None

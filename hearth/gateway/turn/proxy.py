@@ -29,6 +29,7 @@ from hearth.gateway.failover.retry import RETRY_STATUSES, Retry, exhausted, refu
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Lease, Node, Pool, Release
 from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.protocols import is_stream
 from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.store.usage import GatewayLedger
@@ -46,6 +47,10 @@ from hearth.observability.logging import request_id
 from hearth.observability.tracing import Tracing
 
 log = logging.getLogger("hearth.gateway")
+
+# The protocols a node's prompt-blocks call reads (hearth/api/prompt_blocks.py): the others
+# (Ollama's, embeddings) are routed by the estimate.
+BLOCKS = ("chat", "completions", "anthropic", "responses")
 
 
 class Proxy:
@@ -95,10 +100,10 @@ class Proxy:
             raise
 
     async def _serve(self, turn: Turn) -> Response:
-        tried: set[str] = set()
+        tried: set[str] = set(turn.avoid)
         failures: list[Retry] = []
         # What the nodes hold of this prompt (routing/): asked once, kept across retries.
-        blocks = {} if turn.session_id is not None else await self.pool.request_blocks(
+        blocks = {} if turn.session_id is not None or turn.protocol not in BLOCKS else await self.pool.request_blocks(
             turn.alias, turn.affinity, turn.path, turn.body)
         for _ in range(len(self.pool.nodes)):
             since = time.monotonic()
@@ -140,12 +145,13 @@ class Proxy:
                 node.cooling_until = self.pool.clock() + retry.retry_after
             release(False if counts_as_failure(resp.status_code) else None)
             raise retry
-        if not (resp.status_code == 200 and resp.headers.get("content-type", "").startswith("text/event-stream")):
+        if not (resp.status_code == 200 and is_stream(resp.headers.get("content-type", ""), turn.protocol)):
             return await self._whole(resp, lease, turn, release)
-        cut = cut_for(turn.protocol, turn.body) if self.settings.migration_limit else None
+        cut = cut_for(turn.protocol, turn.body, turn.started) if self.settings.migration_limit else None
         resumer = None if cut is None else Resumer(
             self.pool, self.metrics, self.settings.migration_limit, turn.body, turn.alias, turn.affinity,
-            turn.hashes, turn.prompt_tokens, _BoundSend(self.sender, turn).send, {node.name})
+            turn.hashes, turn.prompt_tokens, _BoundSend(self.sender, turn).send, {node.name, *turn.avoid},
+            turn.protocol)
         return await self.relay.stream(resp, lease, turn.alias, turn.protocol, turn.started,
                                        TurnEnd(self.after, turn, cut), release, cut, resumer)
 

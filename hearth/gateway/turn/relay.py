@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -32,13 +31,21 @@ from hearth.gateway.failover.resume import Moved, Resumer
 from hearth.gateway.failover.retry import Retry
 from hearth.gateway.fleet.pool import Lease, Node, Release
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.protocols import Protocol, first_response, is_terminal, terminal_error
+from hearth.gateway.protocols import (
+    Protocol,
+    first_response,
+    is_ndjson,
+    is_terminal,
+    renamer,
+    terminal_error,
+)
 from hearth.gateway.settings import GatewaySettings
 from hearth.gateway.turn.after import TurnEnd
 from hearth.gateway.turn.scan import Scan
 from hearth.gateway.upstream.headers import passed_headers
 from hearth.gateway.upstream.http import Answer, Stalled, within
 from hearth.http.sse import EventStreamResponse
+from hearth.protocols.ollama_wire import NdjsonResponse
 
 log = logging.getLogger("hearth.gateway")
 
@@ -77,7 +84,7 @@ class Relay:
 
     def whole(self, content: bytes, node: Node, alias: str, protocol: Protocol) -> tuple[bytes, Scan]:
         """A non-streamed successful answer: renamed, and what it says."""
-        content = renamer(node.up.models[alias], alias)(content)
+        content = renamer(node.up.models[alias], alias, protocol)(content)
         scan = Scan(responses=protocol == "responses")
         scan.feed(content)
         if protocol == "responses":
@@ -94,12 +101,15 @@ class Relay:
         the first byte goes on on another node (`resumer`, at most --migration-limit times) when
         `cut` can say what to send it (failover/cuts/); else it ends with the terminal error."""
         node = lease.node
-        events = _events(resp, node, self.clock, self.settings.stall_timeout_for(node.up))
+        ndjson = is_ndjson(protocol)
+        events = _events(resp, node, self.clock, self.settings.stall_timeout_for(node.up), ndjson)
         # The first read runs as a task so that waiting for it can time out (a heartbeat goes out)
         # without cancelling the read; every later read is awaited by the response body itself.
+        # NDJSON has no comment line to beat with: its first line is awaited whole, so a failure
+        # before it is still retried elsewhere (a long prefill sends nothing, as Ollama does).
         first_read: asyncio.Task[list[bytes]] = asyncio.create_task(_next(events))
         try:  # before the first byte: a failure here is still retried elsewhere
-            await asyncio.wait((first_read,), timeout=self.settings.heartbeat)
+            await asyncio.wait((first_read,), timeout=None if ndjson else self.settings.heartbeat)
             first = _First(first_read, first_read.result() if first_read.done() else None)
         except Broken as e:
             await _abandon(first_read, events, resp)
@@ -114,6 +124,8 @@ class Relay:
             release(None)
             raise
         body = self._body(first, events, resp, lease, release, alias, protocol, started, end, cut, resumer)
+        if ndjson:
+            return NdjsonResponse(body, headers=passed_headers(resp, node.name))
         # Later silences (a slow tool-call argument, a stalled node) get keep-alive comments from
         # the response itself.
         return EventStreamResponse(body, headers=passed_headers(resp, node.name),
@@ -124,6 +136,7 @@ class Relay:
                     end: TurnEnd, cut: Cut | None, resumer: Resumer | None) -> AsyncIterator[bytes]:
         scan = Scan(responses=protocol == "responses")
         state = RelayState()
+        joined = _lines if is_ndjson(protocol) else _joined
 
         outcome: bool | None = None
         cut_at: float | None = None
@@ -150,15 +163,15 @@ class Relay:
                         at = state.terminal
                         if at is None:
                             if out:
-                                yield _joined(out)
+                                yield joined(out)
                             continue
                         if out[:at]:
-                            yield _joined(out[:at])
+                            yield joined(out[:at])
                         scan.migrated = state.moves > 0
                         outcome = await end.record(scan, current)
                         if not outcome:
                             failed = "the node that wrote this answer failed before the gateway could record it"
-                        yield _joined(out[at:]) if outcome else self._failed(
+                        yield joined(out[at:]) if outcome else self._failed(
                             protocol, state, "the node that wrote this answer failed before the gateway could "
                             "record it; send the turn again")
                         return
@@ -186,7 +199,7 @@ class Relay:
                         watch.moved()
                     current, upstream, done = moved.lease, moved.resp, moved.release
                     stream = _events(upstream, current.node, self.clock,
-                                     self.settings.stall_timeout_for(current.node.up))
+                                     self.settings.stall_timeout_for(current.node.up), is_ndjson(protocol))
                     batches = stream
         except (GeneratorExit, asyncio.CancelledError):
             gone = outcome is None and failed is None
@@ -214,6 +227,10 @@ class Relay:
 
 def _joined(out: list[bytes]) -> bytes:
     return b"\n\n".join(out) + b"\n\n"
+
+
+def _lines(out: list[bytes]) -> bytes:
+    return b"\n".join(out) + b"\n"
 
 
 async def _abandon(first_read: asyncio.Task[list[bytes]], events: AsyncGenerator[list[bytes], None],
@@ -245,21 +262,23 @@ async def _next(events: AsyncIterator[list[bytes]]) -> list[bytes]:
 
 
 async def _events(resp: Answer, node: Node, clock: Callable[[], float],
-                  stall: float | None = None) -> AsyncGenerator[list[bytes], None]:
+                  stall: float | None = None, ndjson: bool = False) -> AsyncGenerator[list[bytes], None]:
     """Upstream bytes → the whole SSE events (without their blank line) of each read, never an
-    event cut in two. A transport failure, or `stall` seconds without a byte, raises Broken
-    (only the read is timed: a slow client holding up the relay is not the upstream stalling).
-    Every read marks the node as alive (`Node.last_bytes`)."""
+    event cut in two; `ndjson`: the whole lines (without their newline). A transport failure, or
+    `stall` seconds without a byte, raises Broken (only the read is timed: a slow client holding
+    up the relay is not the upstream stalling). Every read marks the node as alive
+    (`Node.last_bytes`)."""
     buf = b""
+    sep = b"\n" if ndjson else b"\n\n"
     try:
         async for chunk in within(resp.aiter_raw(), stall):
             node.last_bytes = clock()
             buf += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
-            end = buf.rfind(b"\n\n")
+            end = buf.rfind(sep)
             if end < 0:
                 continue
-            whole, buf = buf[:end], buf[end + 2:]
-            batch = [e for e in whole.split(b"\n\n") if e]
+            whole, buf = buf[:end], buf[end + len(sep):]
+            batch = [e for e in whole.split(sep) if e]
             if batch:
                 yield batch
     except httpx.HTTPError as e:
@@ -268,20 +287,11 @@ async def _events(resp: Answer, node: Node, clock: Callable[[], float],
         raise Broken(str(e)) from e
 
 
-def renamer(upstream_id: str, alias: str) -> Callable[[bytes], bytes]:
-    """Answers name the model as the client did (the alias), not the upstream's id."""
-    if upstream_id == alias:
-        return lambda data: data
-    old = b'"model":' + json.dumps(upstream_id).encode()
-    new = b'"model":' + json.dumps(alias).encode()
-    return lambda data: data.replace(old, new)
-
-
 def _forward(batch: list[bytes], node: Node, alias: str, protocol: Protocol, cut: Cut | None, scan: Scan,
              state: RelayState) -> list[bytes]:
     """The events of one upstream read as the client gets them (a continuation's rewritten by
     `cut`); `state.terminal` is set to the terminal event's place."""
-    rename = renamer(node.up.models[alias], alias)
+    rename = renamer(node.up.models[alias], alias, protocol)
     out: list[bytes] = []
     for raw in batch:
         for event in cut.rewrite(rename(raw)) if cut is not None and state.moves else [rename(raw)]:

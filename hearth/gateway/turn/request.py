@@ -43,6 +43,7 @@ class Turn:
     key: Caller = OPEN  # the client's key, as the key check found it: whose usage this is
     started: float = field(default_factory=time.monotonic)
     watch: TurnWatch | None = None  # its ledger row and spans (watch.py); None: both off
+    avoid: frozenset[str] = frozenset()  # nodes never chosen for it (openai-kind ones, for Ollama's API)
 
 
 async def read_turn(request: Request, body: dict[str, Any], pool: Pool, store: GatewayStore) -> Turn:

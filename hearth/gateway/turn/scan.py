@@ -18,6 +18,10 @@ _ANSWER_ID = re.compile(rb'"id": ?"((?:chatcmpl|cmpl|msg|resp)[-_][A-Za-z0-9_-]+
 # A Hearth node's llama.cpp-style `timings` (the last chunk of every chat or completions stream,
 # whether or not the client asked for usage): tokens reused, prefilled and generated.
 _TIMINGS = re.compile(rb'"cache_n":(\d+),"prompt_n":(\d+),.*?"predicted_n":(\d+)')
+# Ollama's counts (/api/chat and /api/generate's final object, /api/embed's answer): the whole
+# prompt (cached tokens included) and the tokens generated.
+_OLLAMA_PROMPT = re.compile(rb'"prompt_eval_count": ?(\d+)')
+_OLLAMA_EVAL = re.compile(rb'"eval_count": ?(\d+)')
 
 
 @dataclass(slots=True)
@@ -69,6 +73,11 @@ class Scan:
         if b'"usage"' not in data:  # most events: text deltas
             if b'"timings"' in data and (t := _TIMINGS.search(data)):  # a stream without usage: its counts
                 self.cached, self.prompt, self.completion = int(t[1]), int(t[1]) + int(t[2]), int(t[3])
+            elif b'eval_count"' in data:  # Ollama's final object (or embeddings answer)
+                if p := _OLLAMA_PROMPT.search(data):
+                    self.prompt = int(p[1])
+                if e := _OLLAMA_EVAL.search(data):
+                    self.completion = int(e[1])
             return
         if m := _CACHED.findall(data):
             self.cached = int(m[-1])

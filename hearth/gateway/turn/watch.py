@@ -32,10 +32,14 @@ from hearth.observability.tracing import PROVIDER, Tracing
 from hearth.tenants import Caller
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-OPERATIONS = {"chat": "chat", "messages": "chat", "responses": "chat", "completions": "text_completion"}
+OPERATIONS = {"chat": "chat", "messages": "chat", "responses": "chat", "completions": "text_completion",
+              "ollama_chat": "chat", "ollama_generate": "text_completion", "embeddings": "embeddings",
+              "ollama_embed": "embeddings", "ollama_embeddings": "embeddings"}
+# As a node names its endpoints in its own ledger rows (hearth/api/usage.py).
 ENDPOINTS = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/completions": "completions",
              "/completions": "completions", "/v1/messages": "messages", "/v1/responses": "responses",
-             "/responses": "responses"}
+             "/responses": "responses", "/api/chat": "ollama_chat", "/api/generate": "ollama_generate",
+             "/v1/embeddings": "embeddings", "/api/embed": "ollama_embed", "/api/embeddings": "ollama_embeddings"}
 
 
 def endpoint_of(path: str) -> str:
