@@ -8,6 +8,9 @@ Invariants:
 - The final line (or the whole answer) carries `done: true`, `done_reason` and the durations in
   nanoseconds; an error ends the stream with one `{"error": ...}` line instead (Ollama's
   in-band error, which its clients raise).
+- Test gate (hearth/test_gate.py): before line `i` (0-based) of a stream goes out,
+  `ollama-line-<i>` (an e2e test holds a node there and kills it mid-stream: the gateway's
+  failover, tests/e2e/gateway/test_ollama_failover.py).
 - `load_duration` is the time before the prompt began when this request found its model
   unloaded (the load, and any wait for a slot), else 0; `prompt_eval_count` counts the whole
   prompt, cached tokens included (what a client needs to track its window).
@@ -15,12 +18,15 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hearth import test_gate
 from hearth.api.http.run_options import stop_fields
 from hearth.chat.types import ChatEvent, Done, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from hearth.http.sse import json_bytes
@@ -143,13 +149,19 @@ async def stream_lines(events: AsyncIterator[ChatEvent], kind: Kind, model: str,
     """The NDJSON lines of a streamed answer (the module's invariants)."""
     calls = Calls()
     finish: Finish | None = None
+    gated = bool(os.environ.get(test_gate.ENV))  # tests only: the module's docstring
+    sent = 0
     try:
         async for ev in events:
+            if gated:
+                await asyncio.to_thread(test_gate.wait_at_gate, f"ollama-line-{sent}")
             if isinstance(ev, TextDelta):
                 if ev.text:
+                    sent += 1
                     yield line(_piece(kind, model, ev.text) | {"done": False})
             elif isinstance(ev, ReasoningDelta):
                 if ev.text:
+                    sent += 1
                     yield line(_piece(kind, model, thinking=ev.text) | {"done": False})
             elif isinstance(ev, ToolCallDelta):
                 calls.add(ev)

@@ -49,7 +49,8 @@ class TurnUsage:
     key: str | None  # the client key's name (never the key)
     via: str | None  # a key that spoke for `tenant` (`on_behalf`): its name
     model: str  # the alias the client asked for
-    endpoint: str  # chat, completions, messages, responses
+    endpoint: str  # chat, completions, messages, responses, ollama_chat, ollama_generate, embeddings, ollama_embed,
+    # ollama_embeddings (turn/watch.py, ENDPOINTS)
     node: str | None  # the node that ended it (None: none answered)
     nodes: str  # every node it ran on, in order, comma-separated (retries and failovers)
     failovers: int = 0  # times it went on on another node mid-answer
