@@ -4,6 +4,7 @@ enter): CPU time of the gateway process from /proc, over many streamed requests.
 
     .venv/bin/python -m bench.gateway_cpu                      # 1-event and 200-event answers
     .venv/bin/python -m bench.gateway_cpu --events 100 --delay 0.003   # one event per upstream read
+    .venv/bin/python -m bench.gateway_cpu --protocol ollama    # Ollama's /api/chat NDJSON lines instead
 
 Prints CPU µs per relayed event and ms per request, and the first-event latency p50 through the
 gateway vs direct to the fake node. Not a test: numbers, no thresholds.
@@ -58,11 +59,31 @@ def fake_node(port: int) -> None:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    app = Starlette(routes=[Route("/health", health), Route("/v1/chat/completions", chat, methods=["POST"])])
+    async def ollama_chat(request: Request) -> Response:
+        body = await request.json()
+        n, delay = int(body["options"]["num_predict"]), float(body.get("delay", 0))
+        base = {"model": f"{body['model']}:latest", "created_at": "2026-11-29T00:00:00Z"}
+
+        def line(d: dict[str, object]) -> bytes:
+            return json.dumps({**base, **d}, separators=(",", ":")).encode() + b"\n"
+
+        async def lines() -> AsyncIterator[bytes]:
+            for _ in range(n):
+                if delay:
+                    await asyncio.sleep(delay)
+                yield line({"message": {"role": "assistant", "content": " tok"}, "done": False})
+            yield line({"message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "length",
+                        "total_duration": 1, "load_duration": 0, "prompt_eval_count": 1, "prompt_eval_duration": 1,
+                        "eval_count": n, "eval_duration": 1})
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    app = Starlette(routes=[Route("/health", health), Route("/v1/chat/completions", chat, methods=["POST"]),
+                            Route("/api/chat", ollama_chat, methods=["POST"])])
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-async def measure(events: int, requests: int, delay: float) -> dict[str, float]:
+async def measure(events: int, requests: int, delay: float, protocol: str = "chat") -> dict[str, float | str]:
     node_port, gw_port = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="hearth-gw-cpu-") as d:
         toml = Path(d) / "fleet.toml"
@@ -85,13 +106,17 @@ async def measure(events: int, requests: int, delay: float) -> dict[str, float]:
                     assert time.monotonic() < deadline, "the gateway did not start"
                     await asyncio.sleep(0.1)
 
+                ollama = protocol == "ollama"
+                path = "/api/chat" if ollama else "/v1/chat/completions"
+                limit = {"options": {"num_predict": events}} if ollama else {"max_tokens": events}
+
                 async def one(url: str, model: str) -> float:
                     t0, first = time.perf_counter(), None
-                    async with c.stream("POST", url + "/v1/chat/completions", json={
-                            "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": events,
+                    async with c.stream("POST", url + path, json={
+                            "model": model, "messages": [{"role": "user", "content": "hi"}], **limit,
                             "stream": True, "delay": delay}) as r:
                         async for line in r.aiter_lines():
-                            if first is None and line.startswith("data: "):
+                            if first is None and (line.startswith("{") if ollama else line.startswith("data: ")):
                                 first = time.perf_counter() - t0
                     assert first is not None
                     return first
@@ -106,8 +131,9 @@ async def measure(events: int, requests: int, delay: float) -> dict[str, float]:
             for p in (gw, node):
                 p.terminate()
                 p.wait(15)
-    relayed = requests * (events + 3)  # the role chunk, the tokens, the finish chunk, [DONE]
-    return {"events_per_answer": events, "requests": requests, "delay_s": delay,
+    # chat: the role chunk, the tokens, the finish chunk, [DONE]; ollama: the tokens, the final object
+    relayed = requests * (events + (1 if protocol == "ollama" else 3))
+    return {"protocol": protocol, "events_per_answer": events, "requests": requests, "delay_s": delay,
             "gateway_cpu_us_per_event": 1e6 * used / relayed, "gateway_cpu_ms_per_request": 1e3 * used / requests,
             "first_event_p50_gateway_ms": 1e3 * through[len(through) // 2],
             "first_event_p50_direct_ms": 1e3 * direct[len(direct) // 2]}
@@ -119,13 +145,15 @@ def main() -> int:
     ap.add_argument("--events", type=int, nargs="+", default=[1, 200])
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--delay", type=float, default=0.0, help="seconds between the fake node's events")
+    ap.add_argument("--protocol", choices=["chat", "ollama"], default="chat",
+                    help="OpenAI chat SSE (default) or Ollama's /api/chat NDJSON")
     args = ap.parse_args()
     if args.fake_node:
         fake_node(args.fake_node)
         return 0
     for n in args.events:
         print(json.dumps(asyncio.run(measure(n, args.requests if n < 50 else max(20, args.requests // 6),
-                                             args.delay))))
+                                             args.delay, args.protocol))))
     return 0
 
 

@@ -8,7 +8,8 @@ server is certainly at that point (cancel a request mid-load, kill the process m
 decide when it goes on: no race with how long the real work takes.
 
 The points: a model's id (its load, `backends/local/model.py`); `snapshot-write` (a snapshot's
-files written to its temporary folder, before its manifest and rename, `sessions/snapshots.py`).
+files written to its temporary folder, before its manifest and rename, `sessions/snapshots.py`);
+`ollama-line-<i>` (before line i of an Ollama NDJSON stream, `api/ollama/replies.py`).
 """
 
 from __future__ import annotations

@@ -88,8 +88,9 @@ async def show(request: Request) -> Response:
                    "content-type": "application/json"}
         try:
             r = await gw.client.post(node_url(node.up, request.url.path), content=json.dumps({**body, key: model_id}),
-                                     headers=headers, timeout=httpx.Timeout(gw.settings.digest_timeout,
-                                                                            connect=gw.settings.connect_timeout))
+                                     headers=headers, timeout=httpx.Timeout(
+                                         gw.settings.stall_timeout_for(node.up) or None,
+                                         connect=gw.settings.connect_timeout))
         except httpx.HTTPError:
             pool.release(lease, False)
             tried.add(node.name)
