@@ -57,8 +57,9 @@ class TurnWatch:
     failovers: int = 0
     first_byte: float | None = None
     ended: bool = False
-    # (node, answer id) -> that node's ledger row for it (turn/settle.py): a cancelled stream's counts
-    counts: Callable[[str, str], Awaitable[dict[str, Any] | None]] | None = None
+    broken: list[str] = field(default_factory=list)  # the node of each part that broke mid-stream, in order
+    # each part's (node, answer id) -> their nodes' rows joined (turn/settle.py): a cancelled stream's counts
+    counts: Callable[[list[tuple[str, str]]], Awaitable[dict[str, Any] | None]] | None = None
     _root: Span | None = None
     _inside: Context | None = None
     _relay: Span | None = None
@@ -135,6 +136,7 @@ class TurnWatch:
     def broke(self, node: str, reason: str) -> None:
         """The stream from `node` broke after the client's first byte: a failover begins."""
         self._end_relay(f"broken: {reason}")
+        self.broken.append(node)
         if self.tracing is not None:
             self._failover = self.tracing.tracer.start_span("hearth.gateway.failover", context=self._inside)
             self._failover.set_attributes({"hearth.failover.from": node, "hearth.failover.reason": reason})
@@ -173,10 +175,11 @@ class TurnWatch:
             ttft_ms=None if self.first_byte is None else round((self.first_byte - self.arrived) * 1000, 3),
             total_ms=round((end - self.arrived) * 1000, 3))
         if self.ledger is not None:
-            if cancelled and self.counts is not None and scan is not None and scan.completion is None \
-                    and scan.answer_id is not None and self.failovers == 0 and self.nodes:
-                # the usage never came: the node's ledger has the exact counts (turn/settle.py)
-                self.ledger.settle(row, self.counts(self.nodes[-1], scan.answer_id))
+            parts = _parts(scan, self.broken, self.nodes) if cancelled and scan is not None \
+                and scan.completion is None else []
+            if parts and self.counts is not None:
+                # the usage never came: each part's node has its exact counts (turn/settle.py)
+                self.ledger.settle(row, self.counts(parts))
             else:
                 self.ledger.record(row)
         if self._root is not None:
@@ -195,6 +198,15 @@ class TurnWatch:
             if error is not None:
                 self._root.set_status(StatusCode.ERROR, error)
             self._root.end()
+
+
+def _parts(scan: Scan, broken: list[str], nodes: list[str]) -> list[tuple[str, str]]:
+    """(node, answer id) of each part of a relayed answer whose id is known, in order: the first
+    on the node that broke first (or the only node), then each continuation (`Scan.parts`)."""
+    if scan.answer_id is None or not nodes:
+        return []
+    first = broken[0] if scan.parts and broken else nodes[-1]
+    return [(first, scan.answer_id), *((str(n), str(a)) for n, a in scan.parts if n is not None and a is not None)]
 
 
 def _ns(mono: float) -> int:
