@@ -112,6 +112,7 @@ class TurnWatch:
             return self._headers
         if not self.nodes or self.nodes[-1] != node or self._relay is None:
             self.nodes.append(node)
+        self._end_relay(None)  # another stream's attempt of the same turn (several prompts, foreign/turn.py)
         self._relay = self.tracing.tracer.start_span("hearth.gateway.relay", context=self._inside,
                                                      kind=SpanKind.CLIENT)
         self._relay.set_attributes({"hearth.node": node, "hearth.attempt": len(self.nodes)})
@@ -153,8 +154,10 @@ class TurnWatch:
 
     # ---- the end ----------------------------------------------------------------------------
 
-    def finish(self, scan: Scan | None, status: int, cancelled: str | None = None, error: str | None = None) -> None:
-        """The turn ended (once; later calls do nothing): its ledger row queued, its spans ended."""
+    def finish(self, scan: Scan | None, status: int, cancelled: str | None = None, error: str | None = None,
+               finish_reason: str | None = None) -> None:
+        """The turn ended (once; later calls do nothing): its ledger row queued, its spans ended.
+        `finish_reason`: the answer's, where the gateway knows it (a foreign engine's turn)."""
         if self.ended:
             return
         self.ended = True
@@ -170,7 +173,7 @@ class TurnWatch:
             node=self.nodes[-1] if self.nodes else None,
             nodes=",".join(self.nodes), failovers=self.failovers, retries=self.retries, prompt_tokens=prompt,
             cached_tokens=cached, generated_tokens=generated,
-            finish_reason="cancelled" if cancelled else ("error" if error else None), cancelled=cancelled,
+            finish_reason="cancelled" if cancelled else ("error" if error else finish_reason), cancelled=cancelled,
             error=error, status=status,
             ttft_ms=None if self.first_byte is None else round((self.first_byte - self.arrived) * 1000, 3),
             total_ms=round((end - self.arrived) * 1000, 3))
@@ -192,7 +195,8 @@ class TurnWatch:
                 "gen_ai.usage.input_tokens": prompt, "gen_ai.usage.output_tokens": generated,
                 "gen_ai.usage.cache_read.input_tokens": cached, "hearth.nodes": self.nodes,
                 "hearth.failovers": self.failovers, "hearth.retries": self.retries,
-                "http.response.status_code": status, **({"hearth.cancelled": cancelled} if cancelled else {})})
+                "http.response.status_code": status, **({"hearth.cancelled": cancelled} if cancelled else {}),
+                **({"gen_ai.response.finish_reasons": [finish_reason]} if finish_reason else {})})
             if self.first_byte is not None:
                 self._root.set_attribute("gen_ai.server.time_to_first_token", round(self.first_byte - self.arrived, 6))
             if error is not None:
