@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ def exporter() -> InMemorySpanExporter:
 
 
 @pytest.fixture
-def tracing(exporter: InMemorySpanExporter) -> AsyncIterator[Tracing]:
+def tracing(exporter: InMemorySpanExporter) -> Iterator[Tracing]:
     t = Tracing(SimpleSpanProcessor(exporter), service="hearth-gateway")
     yield t
     t.shutdown()

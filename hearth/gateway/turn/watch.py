@@ -178,7 +178,7 @@ class TurnWatch:
             ttft_ms=None if self.first_byte is None else round((self.first_byte - self.arrived) * 1000, 3),
             total_ms=round((end - self.arrived) * 1000, 3))
         if self.ledger is not None:
-            parts = _parts(scan, self.broken, self.nodes) if cancelled and scan is not None \
+            parts = answer_parts(scan, self.broken, self.nodes) if cancelled and scan is not None \
                 and scan.completion is None else []
             if parts and self.counts is not None:
                 # the usage never came: each part's node has its exact counts (turn/settle.py)
@@ -204,7 +204,7 @@ class TurnWatch:
             self._root.end()
 
 
-def _parts(scan: Scan, broken: list[str], nodes: list[str]) -> list[tuple[str, str]]:
+def answer_parts(scan: Scan, broken: list[str], nodes: list[str]) -> list[tuple[str, str]]:
     """(node, answer id) of each part of a relayed answer whose id is known, in order: the first
     on the node that broke first (or the only node), then each continuation (`Scan.parts`)."""
     if scan.answer_id is None or not nodes:
