@@ -25,6 +25,7 @@ from hearth.gateway.app import create_gateway_app
 from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.state import gateway_of
 from hearth.observability.tracing import Tracing
+from hearth.tenants import ApiKey
 from tests.api.test_gateway_usage import leave_after_first_event, rows
 from tests.unit.gateway.failover.test_openai_continue import CUT, REST, Engines, Reply, delta, stream
 
@@ -51,11 +52,12 @@ class Seen(Engines):
 
 
 @contextlib.asynccontextmanager
-async def gateway(tmp_path: Path, engines: Engines, tracing: Tracing,
+async def gateway(tmp_path: Path, engines: Engines, tracing: Tracing, **settings: Any,
                   ) -> AsyncIterator[tuple[Starlette, httpx.AsyncClient]]:
     ups = [Upstream(name=f"e{i}", url=f"http://127.0.0.1:{port}", kind="openai", models={"q": "up-model"},
                     continuation="vllm") for i, port in enumerate((9201, 9202, 9203))]
-    gs = GatewaySettings(upstreams=ups, data_dir=tmp_path, probe_interval=60, digest_interval=0, heartbeat=5)
+    gs = GatewaySettings(upstreams=ups, data_dir=tmp_path, probe_interval=60, digest_interval=0, heartbeat=5,
+                         **settings)
     app = create_gateway_app(gs, transport=httpx.MockTransport(engines), tracing=tracing)
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://gw.test", timeout=30) as client:
@@ -193,3 +195,15 @@ async def test_a_refused_foreign_turn_is_one_row_with_its_error(tmp_path: Path, 
     assert "context too long" in newest["error"] and newest["finish_reason"] == "error"
     relays = named(exporter.get_finished_spans(), "hearth.gateway.relay")
     assert len(relays) == 4 and not any(s.status.is_unset for s in relays[:3])
+
+
+async def test_a_foreign_turn_is_its_keys_and_tenants(tmp_path: Path, tracing: Tracing) -> None:
+    alice, admin = {"Authorization": "Bearer ka"}, {"Authorization": "Bearer gw-adm"}
+    async with gateway(tmp_path, Seen(WHOLE), tracing, named_keys=[ApiKey("ka", "alice", "team-a")],
+                       admin_key="gw-adm") as (_, gw):
+        assert (await gw.post("/v1/chat/completions", json=CHAT, headers=alice)).status_code == 200
+        keys = {x["name"]: x for x in (await gw.get("/admin/keys/usage", headers=admin)).json()["data"]}
+        assert (keys["alice"]["requests"], keys["alice"]["prompt_tokens"], keys["alice"]["completion_tokens"]) == (
+            1, 7, 2)  # the translating layer's own accounts know no keys: the gateway's count it, once
+        [row] = (await gw.get("/admin/usage", headers=alice)).json()["data"]
+        assert (row["tenant"], row["key"], row["generated_tokens"]) == ("team-a", "alice", 2)
