@@ -46,12 +46,15 @@ from hearth.sessions.backend import SessionBackend
 from hearth.sessions.manager import SessionManager
 
 
-def create_app(backend: Backend, settings: Settings | None = None, tracing: Tracing | None = None) -> Starlette:
+def create_app(backend: Backend, settings: Settings | None = None, tracing: Tracing | None = None, *,
+               traced: bool = True) -> Starlette:
     """The HTTP server over any backend: it sees only the contract in `hearth.backends.base`.
     Every route reads what it needs from the one `NodeContext` built here (`hearth.api.context`).
-    Traces go to `tracing` (tests), else over OTLP when the settings or OTEL_EXPORTER_OTLP_* say so."""
+    Traces go to `tracing` (tests), else over OTLP when the settings or OTEL_EXPORTER_OTLP_* say so;
+    `traced=False`: none at all, whatever they say (the gateway's translator: the gateway traces
+    those turns itself)."""
     settings = settings or Settings()
-    if tracing is None and configured_endpoint(settings.otlp_endpoint) is not None:
+    if tracing is None and traced and configured_endpoint(settings.otlp_endpoint) is not None:
         tracing = Tracing(otlp_processor(settings.otlp_endpoint), settings.trace_content)
     metrics = Metrics(backend)
     manager = SessionManager(backend, settings.data_dir)

@@ -225,6 +225,7 @@ class Timings:
     predicted_tokens: int = 0
     predicted_ms: float = 0.0
     cache_tier: str | None = None  # where the cached prefix came from: slot, ram, disk (None: nothing)
+    prefill_chunks: int = 0  # prompt chunks the prefill took (chunked prefill: one per engine step)
 
     def as_llama_server(self) -> dict[str, float | int | str | None]:
         """llama-server's `timings` object, field for field, and Hearth's `cache_tier`."""

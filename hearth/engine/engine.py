@@ -294,6 +294,7 @@ class Engine:
                 first = w.ar.seqs[0].slot
                 first.tokens.extend(w.entry.tokens)
                 w.ar.prefill_pos += len(w.entry.tokens)
+                w.ar.prefill_chunks += 1
                 self.stats.prompt_tokens += len(w.entry.tokens)
                 if w.entry.n_logits:
                     self._start_decoding(w.ar, next(idx), out)

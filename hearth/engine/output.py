@@ -24,7 +24,8 @@ class StepOutputs:
     def delta(self, ar: ActiveRequest, index: int) -> SeqDelta:
         _, out = self.by_request.setdefault(
             ar.request_id,
-            (ar, RequestOutput(ar.request_id, [], len(ar.prompt), ar.cached_tokens, cache_tier=ar.cache_tier)))
+            (ar, RequestOutput(ar.request_id, [], len(ar.prompt), ar.cached_tokens, cache_tier=ar.cache_tier,
+                               prefill_chunks=ar.prefill_chunks)))
         for d in out.deltas:
             if d.index == index:
                 return d

@@ -69,6 +69,7 @@ class ActiveRequest:
     phase: Phase = Phase.WAITING
     seqs: list[Sequence] = field(default_factory=list)
     prefill_pos: int = 0  # prompt tokens already in the first slot's KV
+    prefill_chunks: int = 0  # prompt chunks decoded for it (chunked prefill: one per step it prefilled in)
     cached_tokens: int = 0
     cache_tier: str | None = None  # where the cached prefix came from (RequestOutput.cache_tier)
     arrived: float = field(default_factory=time.monotonic)

@@ -168,6 +168,8 @@ class RequestOutput:
     # On the final output: prompt tokens within `keep_tokens` this request wrote to the prompt
     # cache (Anthropic's cache_creation_input_tokens).
     cache_written: int = 0
+    # Prompt chunks decoded for it so far (chunked prefill; the node's `hearth.prefill` span).
+    prefill_chunks: int = 0
 
 
 @dataclass(slots=True)

@@ -137,11 +137,11 @@ def _translator(settings: GatewaySettings, pool: Pool, client: httpx.AsyncClient
     that speaks OpenAI chat to them: Anthropic and Responses clients are translated there. Its
     app (None without such upstreams) and the aliases it serves."""
     translated = OpenAIUpstreamBackend(pool, client, http)
-    # CORS is the gateway's; usage is counted by the gateway per key (a ledger here would keep a
-    # second, partial count of the same requests in translated/usage.db).
+    # CORS is the gateway's; so are these turns' usage (per key, and their ledger rows) and
+    # spans (foreign/turn.py): a ledger or traces here would count each turn a second time.
     inner = Settings(models=[], data_dir=settings.data_dir / "translated", cors_origins=[], usage_ledger=False)
     aliases = frozenset(translated.aliases())
-    return (create_app(translated, inner) if aliases else None), aliases
+    return (create_app(translated, inner, traced=False) if aliases else None), aliases
 
 
 def _routes(metrics_endpoint: Callable[[Request], Awaitable[Response]], accounts: KeyAccounts) -> list[Route]:

@@ -8,6 +8,11 @@ own, so the ledger's writes never queue behind the other stores'). When the queu
 disk cannot keep up) a record is dropped and counted (`dropped`, on /metrics as
 `hearth_usage_ledger_dropped_total`): losing a row is better than slowing every request.
 
+The writer lingers (hearth.observability.linger): woken by the first row after a quiet spell,
+it waits LINGER seconds for more and writes them in one transaction, so a busy server pays one
+thread wakeup and one transaction per LINGER, not per request. `flush()` and `close()` cut the
+wait short.
+
 Invariants: rows are only appended, never updated; `at` is wall-clock seconds (the time the
 request ended), so rows of different processes and restarts sort together; a query sees every
 row recorded before it once `flush()` has returned (tests, shutdown).
@@ -15,12 +20,12 @@ row recorded before it once `flush()` has returned (tests, shutdown).
 
 from __future__ import annotations
 
-import queue
+import operator
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +33,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hearth.db import connect
+from hearth.observability.linger import Lingering
 
 QUEUE = 10_000  # rows waiting for the writer at most; more are dropped (and counted)
 BATCH = 512  # rows per transaction at most
+LINGER = 0.05  # seconds the writer waits for more rows once woken (flush/close: none)
 GROUPS = ("day", "key", "model", "tenant")
 
 
@@ -61,6 +68,7 @@ class UsageRecord:
 
 
 COLUMNS = tuple(f.name for f in fields(UsageRecord))
+_ROW = operator.attrgetter(*COLUMNS)  # a record as its row's values, in COLUMNS order
 _SCHEMA = """CREATE TABLE IF NOT EXISTS usage (
     at REAL NOT NULL, request_id TEXT NOT NULL, tenant TEXT NOT NULL, key TEXT, via TEXT,
     model TEXT NOT NULL, endpoint TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
@@ -100,14 +108,12 @@ class UsageFilter:
 
 
 class Ledger:
-    def __init__(self, path: Path, capacity: int = QUEUE) -> None:
+    def __init__(self, path: Path, capacity: int = QUEUE, linger: float = LINGER) -> None:
         self.path = path
-        self._queue: queue.Queue[UsageRecord | None] = queue.Queue(capacity)
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()  # the connection: the writer's batches, the queries
-        self._writer: threading.Thread | None = None
-        self._idle = threading.Condition()
-        self._pending = 0  # recorded, not yet committed (under _idle)
+        self._writer: Lingering[UsageRecord] = Lingering(self._write, name="hearth-ledger", linger=linger,
+                                                         batch=BATCH, capacity=capacity)
         self.dropped = 0
         self.written = 0
 
@@ -122,68 +128,37 @@ class Ledger:
     # ---- writing ------------------------------------------------------------------------
 
     def record(self, rec: UsageRecord) -> None:
-        """Queue `rec` for the writer; never blocks (a full queue drops it, counted)."""
-        if self._writer is None:
-            with self._idle:
-                if self._writer is None:
-                    self._writer = threading.Thread(target=self._write_loop, name="hearth-ledger", daemon=True)
-                    self._writer.start()
-        with self._idle:
-            self._pending += 1
-        try:
-            self._queue.put_nowait(rec)
-        except queue.Full:
+        """Queue `rec` for the writer; never blocks on the disk (a full queue drops it, counted)."""
+        if not self._writer.put(rec):
             self.dropped += 1
-            with self._idle:
-                self._pending -= 1
-                self._idle.notify_all()
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        return self._writer.depth
 
-    def _write_loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            batch = [first] if first is not None else []
-            stop = first is None
-            while not stop and len(batch) < BATCH:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                else:
-                    batch.append(nxt)
-            if batch:
-                rows = [tuple(asdict(r).values()) for r in batch]
-                try:
-                    with self._lock:
-                        db = self._conn()
-                        db.execute("BEGIN")
-                        db.executemany(_INSERT, rows)
-                        db.execute("COMMIT")
-                    self.written += len(rows)
-                except sqlite3.Error:
-                    self.dropped += len(rows)  # a broken disk must not stop the server
-                with self._idle:
-                    self._pending -= len(batch)
-                    self._idle.notify_all()
-            if stop:
-                return
+    @property
+    def commits(self) -> int:
+        """Transactions the writer made."""
+        return self._writer.batches
+
+    def _write(self, batch: list[UsageRecord]) -> None:
+        rows = [_ROW(r) for r in batch]
+        try:
+            with self._lock:
+                db = self._conn()
+                db.execute("BEGIN")
+                db.executemany(_INSERT, rows)
+                db.execute("COMMIT")
+            self.written += len(rows)
+        except sqlite3.Error:
+            self.dropped += len(rows)  # a broken disk must not stop the server
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every row recorded so far is committed (or dropped); False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+        return self._writer.flush(timeout)
 
     def close(self) -> None:
-        writer = self._writer
-        if writer is not None:
-            self._queue.put(None)
-            writer.join(timeout=10.0)
-            self._writer = None
+        self._writer.close()
         with self._lock:
             if self._db is not None:
                 self._db.close()

@@ -48,6 +48,7 @@ class RunTrace:
     first: float | None = None  # first generated token
     last: float | None = None  # last generated token
     prompt_ms: float | None = None  # the backend's prefill time (`Timings`)
+    prefill_chunks: int = 0  # prompt chunks the prefill took (`Timings`; 0: none, or not known)
     steps: int = 0  # deltas that carried tokens: the decode steps that produced one for it
     tool_calls: int = 0
     tool_first: float | None = None
@@ -151,7 +152,8 @@ class Tracing:
             if t.first is not None:
                 begin = t.admitted if t.prompt_ms is None else max(t.admitted, t.first - t.prompt_ms / 1000)
                 child("hearth.prefill", begin, t.first,
-                      {"hearth.prefill.tokens": r.prompt_tokens - r.cached_tokens})
+                      {"hearth.prefill.tokens": r.prompt_tokens - r.cached_tokens,
+                       "hearth.prefill.chunks": t.prefill_chunks})
                 child("hearth.decode", t.first, t.last if t.last is not None else t.first,
                       {"hearth.decode.tokens": r.generated_tokens, "hearth.decode.steps": t.steps})
         if t.tool_first is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,9 @@ async def gateway(tmp_path: Path, fleet: Fleet) -> AsyncIterator[tuple[Starlette
 
 
 async def leave_after_first_event(app: Starlette, path: str, body: dict[str, Any],
-                                  headers: dict[str, str] | None = None) -> bytes:
-    """POST `body` as a client that disconnects once the first event has arrived (an ASGI
-    driver: httpx's ASGITransport cannot leave mid-stream)."""
+                                  headers: dict[str, str] | None = None, seen: bytes = b"") -> bytes:
+    """POST `body` as a client that disconnects once the first event (with `seen` in what it
+    got, when given) has arrived (an ASGI driver: httpx's ASGITransport cannot leave mid-stream)."""
     got = asyncio.Event()
     sent: list[bytes] = []
     asked = False
@@ -59,7 +59,8 @@ async def leave_after_first_event(app: Starlette, path: str, body: dict[str, Any
     async def send(message: Message) -> None:
         if message["type"] == "http.response.body" and b"data: " in message.get("body", b""):
             sent.append(message["body"])
-            got.set()
+            if seen in b"".join(sent):
+                got.set()
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
@@ -140,6 +141,45 @@ async def test_a_stream_the_client_left_counts_its_nodes_exact_tokens(tmp_path: 
         assert row["cancelled"] == "disconnect" and row["finish_reason"] == "cancelled"
         assert (row["prompt_tokens"], row["cached_tokens"], row["generated_tokens"], row["discarded_tokens"]) == (
             9, 2, 7, 6)
+
+
+async def test_a_failed_over_stream_the_client_left_counts_each_parts_exact_tokens(tmp_path: Path) -> None:
+    # "Hel" on a, which breaks; the continuation "lo" on b, which is still going when the client
+    # leaves. Each node's own row (a: the broken first answer, b: its continuation, which counts
+    # only what it generated) is looked up under that node's answer id; the gateway's row adds them.
+    fleet = Fleet()
+    asked: list[tuple[str, str]] = []
+    node_rows = {"a": {"request_id": "chatcmpl-1", "prompt_tokens": 9, "cached_tokens": 2, "generated_tokens": 4,
+                       "discarded_tokens": 3, "cancelled": "disconnect"},
+                 "b": {"request_id": "chatcmpl-2", "prompt_tokens": 9, "cached_tokens": 9, "generated_tokens": 5,
+                       "discarded_tokens": 4, "cancelled": "disconnect"}}
+
+    def node(name: str) -> Callable[[httpx.Request], httpx.Response]:
+        def answer(r: httpx.Request) -> httpx.Response:
+            if r.url.path == "/admin/usage":
+                asked.append((name, r.url.params["request_id"]))
+                found = [node_rows[name]] if r.url.params["request_id"] == node_rows[name]["request_id"] else []
+                return httpx.Response(200, json={"object": "list", "data": found})
+            if name == "a":
+                return sse(chunks=[chunk("chatcmpl-1", {"role": "assistant", "content": ""}),
+                                   chunk("chatcmpl-1", {"content": "Hel"})], broken=True)
+            return sse(chunks=[chunk("chatcmpl-2", {"role": "assistant", "content": ""}),
+                               chunk("chatcmpl-2", {"content": "lo"})], stall=NEVER)  # still going
+        return answer
+
+    fleet.behave = {"a": node("a"), "b": node("b")}
+    async with gateway(tmp_path, fleet) as (app, gw):
+        gateway_of(app).pool._soft["header:k"] = "a"
+        got = await leave_after_first_event(app, "/v1/chat/completions", STREAM, {"X-Session-Id": "k"}, b'"lo"')
+        assert b"Hel" in got and b"chatcmpl-2" not in got  # the client sees one answer, the first's id
+        ledger = gateway_of(app).proxy.ledger
+        assert ledger is not None
+        await until(lambda: ledger.settling == 0, "the cancelled turn's counts to be settled")
+        [row] = await rows(gw)
+        assert sorted(asked) == [("a", "chatcmpl-1"), ("b", "chatcmpl-2")]
+        assert (row["nodes"], row["failovers"], row["cancelled"]) == ("a,b", 1, "disconnect")
+        assert (row["prompt_tokens"], row["cached_tokens"], row["generated_tokens"], row["discarded_tokens"]) == (
+            9, 2, 4 + 5, 3 + 4)
 
 
 async def test_usage_is_scoped_to_the_callers_tenant_over_real_nodes(tmp_path: Path) -> None:

@@ -109,3 +109,19 @@ async def test_off_makes_no_spans(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert node_of(h.app).tracing is None
         assert (await h.post("/v1/chat/completions", CHAT, headers={"traceparent": TRACEPARENT})).status_code == 200
     assert made == []
+
+
+async def test_the_prefill_span_counts_its_chunks(tmp_path: Path, exporter: InMemorySpanExporter) -> None:
+    # The scripted runner's batch is 64 tokens, the engine's per-step budget: a prompt of P
+    # tokens prefilled alone takes ceil(P / 64) steps, one chunk each.
+    async for h in traced(tmp_path, exporter):
+        for words in (1, 120):
+            exporter.clear()
+            body = {**CHAT, "messages": [{"role": "user", "content": " ".join(["tokens"] * words)}]}
+            usage = (await h.post("/v1/chat/completions", body)).json()["usage"]
+            _, children = tree(exporter.get_finished_spans())
+            prefill = attrs(children["hearth.prefill"])
+            prefilled = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+            assert prefill["hearth.prefill.tokens"] == prefilled > 0
+            assert prefill["hearth.prefill.chunks"] == -(-prefilled // 64)
+            assert (prefill["hearth.prefill.chunks"] > 1) == (words > 1)

@@ -128,11 +128,13 @@ class UsageTap:
     def _close(self, token: CancelToken, timer: RequestTimer, end: float) -> None:
         done = self.done
         prompt_ms = None
+        chunks = 0
         if done is not None:
             u = done.usage
             prompt, cached, generated, error = u.prompt_tokens, u.cached_tokens, u.completion_tokens, done.error
             tier = done.timings.cache_tier if done.timings is not None else None
             prompt_ms = done.timings.prompt_ms if done.timings is not None else None
+            chunks = done.timings.prefill_chunks if done.timings is not None else 0
         else:
             prompt, cached, generated, error, tier = self.prompt, self.cached, token.generated, None, None
         generated = max(generated, self.delivered)
@@ -159,6 +161,7 @@ class UsageTap:
             t = self.trace_in or RunTrace(operation(self.endpoint), rec, arrived, end)
             t.operation, t.record, t.arrived, t.end = operation(self.endpoint), rec, arrived, end
             t.admitted, t.first, t.last, t.prompt_ms = timer.admitted, timer.first, timer.last, prompt_ms
+            t.prefill_chunks = chunks
             t.steps, t.tool_calls = self.steps, self.tool_calls
             t.tool_first, t.tool_last = self.tool_first, self.tool_last
             t.streamed, t.sse_events, t.finish_reasons = self.streamed, self.events, self.finish

@@ -208,7 +208,8 @@ def add_timings(a: Timings | None, b: Timings | None) -> Timings | None:
     if a is None or b is None:
         return a or b
     return Timings(a.cached_tokens + b.cached_tokens, a.prompt_tokens + b.prompt_tokens, max(a.prompt_ms, b.prompt_ms),
-                   a.predicted_tokens + b.predicted_tokens, max(a.predicted_ms, b.predicted_ms))
+                   a.predicted_tokens + b.predicted_tokens, max(a.predicted_ms, b.predicted_ms),
+                   prefill_chunks=a.prefill_chunks + b.prefill_chunks)
 
 
 class Totals:

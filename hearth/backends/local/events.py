@@ -52,6 +52,7 @@ async def engine_events(engine: Engine, ereq: EngineRequest,
     usage = Usage(prompt_tokens=len(ereq.prompt_tokens))
     started = False
     placed = first_token = last_token = 0.0
+    chunks = 0  # prompt chunks its prefill took (counted by the engine, final by the first token)
 
     def watch_cancel() -> None:
         if cancel is not None:
@@ -75,6 +76,7 @@ async def engine_events(engine: Engine, ereq: EngineRequest,
 
     async for out in engine.generate(ereq, after_submit=watch_cancel, validated=True, observe=observe):
         now = time.monotonic()
+        chunks = max(chunks, out.prefill_chunks)
         if not started:
             started, placed = True, now
             usage.cached_tokens = out.cached_tokens
@@ -91,7 +93,8 @@ async def engine_events(engine: Engine, ereq: EngineRequest,
             usage.cache_write_tokens = out.cache_written
             timings = Timings(usage.cached_tokens, usage.prompt_tokens - usage.cached_tokens,
                               ((first_token or now) - placed) * 1000, usage.completion_tokens,
-                              (last_token - first_token) * 1000, cache_tier=out.cache_tier)
+                              (last_token - first_token) * 1000, cache_tier=out.cache_tier,
+                              prefill_chunks=chunks)
             yield Done(usage, error=out.error, timings=timings)
 
 

@@ -5,6 +5,7 @@ tokenize) passed to a node that serves the model."""
 from __future__ import annotations
 
 import json
+import time
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -15,6 +16,7 @@ from hearth.gateway.edge.delegate import Delegate
 from hearth.gateway.edge.forward import (
     send,
 )
+from hearth.gateway.foreign.turn import watched
 from hearth.gateway.routing.policy import least_loaded
 from hearth.gateway.state import gateway_of
 from hearth.gateway.tenancy import caller
@@ -22,11 +24,13 @@ from hearth.http.parsing import read_json
 
 
 async def generate(request: Request) -> Response:
+    arrived = time.monotonic()
     body = await read_json(request)
     gw = gateway_of(request.app)
     alias = gw.pool.resolve(body.get("model"))
     if gw.translator is not None and alias in gw.translated:
-        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode(), caller(request))
+        return Delegate(gw.translator, json.dumps({**body, "model": alias}).encode(), caller(request),
+                        watched(gw.proxy, request, alias, arrived))
     if is_background(request.url.path, body):  # run by the gateway, to survive its node (background.py)
         return await gw.background.create(request, body)
     return await gw.proxy.generate(request, body)

@@ -30,9 +30,10 @@ foreign/backend.py (`joined_usage`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -118,12 +119,24 @@ def joined_usage(last: Usage, before: int, chunks: int) -> Usage:
     return Usage(prompt, before + completion, min(last.cached_tokens, prompt))
 
 
-async def post_stream(http: Sender, pool: Pool, node: Node, path: str, body: dict[str, Any]) -> Answer:
+class Attempts(Protocol):
+    """What is told of each attempt on an upstream (turn/watch.py `TurnWatch`: the turn's ledger
+    row and spans); `sending` answers the headers that carry the turn's trace to the engine."""
+
+    def routed(self, lease: Lease, since: float, urgent: bool = False) -> None: ...
+
+    def sending(self, node: str) -> dict[str, str]: ...
+
+    def retried(self, node: str, reason: str) -> None: ...
+
+
+async def post_stream(http: Sender, pool: Pool, node: Node, path: str, body: dict[str, Any],
+                      trace: Mapping[str, str] | None = None) -> Answer:
     """POST `body` to an openai-kind upstream, its answer streamed (only the connect is timed:
     the stream's silences are `within`'s); the node showed life when its headers came. Over the
     fast client (upstream/http.py) for plain-http upstreams: httpx's pool scans every connection
     on each request, which at 64 concurrent streams took a third of the gateway's CPU."""
-    headers = {**node.up.headers(), "content-type": "application/json"}
+    headers = {**(trace or {}), **node.up.headers(), "content-type": "application/json"}
     resp = await http.send("POST", node_url(node.up, path), headers, json_bytes(body), pool.settings.connect_timeout)
     node.last_bytes = pool.clock()
     return resp
@@ -163,6 +176,7 @@ class Continuer:
     hashes: list[tuple[str, int]]
     continue_final: bool
     tried: set[str] = field(default_factory=set)  # each upstream at most once per stream
+    watch: Attempts | None = None  # the turn's ledger row and spans (foreign/turn.py)
 
     async def open(self, text: str, produced: int) -> tuple[Lease, Answer, Echo] | None:
         """A continuation of `text` (`produced` content chunks so far) on another upstream: its
@@ -170,7 +184,9 @@ class Continuer:
         `hearth_gateway_stream_migrations_total`: `no_node` or `refused`)."""
         metrics = self.pool.metrics.stream_migrations
         unable = {n.name for n in self.pool.nodes.values() if n.up.continuation == "none"} if text else set()
+        watch = self.watch
         for _ in range(len(self.pool.nodes)):
+            since = time.monotonic()
             try:
                 lease = await self.pool.acquire(self.alias, Affinity("none"), self.hashes,
                                                 self.hashes[-1][1] if self.hashes else 1, self.tried | unable,
@@ -179,13 +195,18 @@ class Continuer:
                 break
             node = lease.node
             self.tried.add(node.name)
+            if watch is not None:
+                watch.routed(lease, since, urgent=True)
             body = continuation_body(self.body(node.up.models[self.alias]), text, node.up.continuation,
                                      self.continue_final, produced)
             try:
-                resp = await post_stream(self.http, self.pool, node, "/v1/chat/completions", body)
+                resp = await post_stream(self.http, self.pool, node, "/v1/chat/completions", body,
+                                         watch.sending(node.name) if watch is not None else None)
             except httpx.TransportError as e:
                 self.pool.release(lease, False)
                 log.warning("continuing on %s: %s", node.name, e)
+                if watch is not None:
+                    watch.retried(node.name, f"{type(e).__name__}")
                 continue
             except BaseException:
                 self.pool.release(lease, None)
@@ -200,6 +221,8 @@ class Continuer:
             finally:
                 await resp.aclose()
             self.pool.release(lease, False if counts_as_failure(resp.status_code) else None)
+            if watch is not None:
+                watch.retried(node.name, f"answered {resp.status_code}")
             if resp.status_code in RETRY_STATUSES:
                 continue
             log.warning("%s would not continue the answer (%d): %s", node.name, resp.status_code, said)

@@ -4,7 +4,8 @@ server, Ollama): it speaks OpenAI chat / completions to them, so the node's own 
 Responses clients in front of them, tool calls and reasoning included, and keeps Responses
 chains (`previous_response_id`) in the gateway's data dir.
 
-Routing, admission and retries before the first byte are the pool's, as for Hearth nodes.
+Routing, admission and retries before the first byte are the pool's, as for Hearth nodes, and
+so are the turn's ledger row and spans (foreign/turn.py: each attempt, each failover, the counts).
 Once the stream is returned, a chat answer whose upstream breaks goes on on another upstream
 of its alias where one can continue it (foreign/stream.py, failover/openai.py); otherwise, and for an error the
 engine reports itself, it becomes `Finish(reason="error")` + `Done(error=...)`, which each
@@ -16,6 +17,7 @@ These engines keep no sessions: `session_kv` is None, so `session_id` is a 404
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -39,12 +41,13 @@ from hearth.chat.types import (
     CompletionRequest,
     Message,
 )
-from hearth.errors import BadRequest, NotFound, Unavailable
+from hearth.errors import BadRequest, HearthError, NotFound, Unavailable
 from hearth.gateway.failover.openai import Continuer, Held, post_stream
 from hearth.gateway.failover.retry import RETRY_STATUSES
 from hearth.gateway.fleet.health import counts_as_failure
 from hearth.gateway.fleet.pool import Pool
 from hearth.gateway.foreign.stream import UpstreamStream
+from hearth.gateway.foreign.turn import CURRENT, ForeignTurn, StreamReport
 from hearth.gateway.foreign.wire import chat_json, refusal, sampling_json
 from hearth.gateway.routing.affinity import Affinity
 from hearth.gateway.routing.prefixes import prefix_hashes
@@ -115,7 +118,9 @@ class OpenAIUpstreamBackend:
             return chat_json(req, model)
 
         # One answer per request can go on elsewhere (failover/openai.py); n > 1 cannot.
-        go_on = Continuer(self.pool, self.http, alias, body, hashes, req.continue_final) \
+        turn = CURRENT.get()
+        go_on = Continuer(self.pool, self.http, alias, body, hashes, req.continue_final,
+                          watch=turn.watch if turn is not None else None) \
             if req.n == 1 and self.pool.settings.migration_limit else None
         return await self._open(alias, "/v1/chat/completions", body, hashes, completion=False, cancel=req.cancel,
                                 timeout=req.timeout, choices=req.n, go_on=go_on)
@@ -135,19 +140,40 @@ class OpenAIUpstreamBackend:
     async def _open(self, alias: str, path: str, body: Callable[[str], dict[str, Any]],
                     hashes: list[tuple[str, int]], completion: bool, cancel: CancelToken | None,
                     timeout: float | None, choices: int, go_on: Continuer | None = None) -> EventStream:
-        """Retry before the first byte, as for Hearth nodes; then stream."""
+        """Retry before the first byte, as for Hearth nodes; then stream. The turn watched
+        (foreign/turn.py), if any, is told of each attempt and of a refusal."""
+        turn = CURRENT.get()
+        try:
+            return await self._attempts(alias, path, body, hashes, completion, cancel or CancelToken(), timeout,
+                                        choices, go_on, turn)
+        except HearthError as e:
+            if turn is not None:
+                turn.failed(e.message)
+            raise
+
+    async def _attempts(self, alias: str, path: str, body: Callable[[str], dict[str, Any]],
+                        hashes: list[tuple[str, int]], completion: bool, cancel: CancelToken,
+                        timeout: float | None, choices: int, go_on: Continuer | None,
+                        turn: ForeignTurn | None) -> EventStream:
         tried: set[str] = set()
         last = "no upstream could take the request"
+        watch = turn.watch if turn is not None else None
         for _ in range(len(self.pool.nodes)):
+            since = time.monotonic()
             lease = await self.pool.acquire(alias, Affinity("none"), hashes, hashes[-1][1] if hashes else 1, tried)
             node = lease.node
             tried.add(node.name)
+            if watch is not None:
+                watch.routed(lease, since)
             try:
-                resp = await post_stream(self.http, self.pool, node, path, body(node.up.models[alias]))
+                resp = await post_stream(self.http, self.pool, node, path, body(node.up.models[alias]),
+                                         watch.sending(node.name) if watch is not None else None)
             except httpx.TransportError as e:
                 self.pool.release(lease, False)
                 last = f"{node.name}: {type(e).__name__}"
                 self.pool.metrics.retries.labels("connect").inc()
+                if watch is not None:
+                    watch.retried(node.name, last)
                 continue
             except BaseException:
                 self.pool.release(lease, None)
@@ -159,6 +185,8 @@ class OpenAIUpstreamBackend:
                     self.pool.release(lease, False if counts_as_failure(resp.status_code) else None)
                     last = f"{node.name} answered {resp.status_code}"
                     self.pool.metrics.retries.labels(f"status_{resp.status_code}").inc()
+                    if watch is not None:
+                        watch.retried(node.name, last)
                     continue
                 self.pool.release(lease, False if counts_as_failure(resp.status_code) else None)
                 raise refusal(resp.status_code, text)
@@ -166,9 +194,14 @@ class OpenAIUpstreamBackend:
             held = Held(self.pool, lease)  # released by the EventStream's close, even if it never starts
             if go_on is not None:
                 go_on.tried.add(node.name)
-            stream = UpstreamStream(self.pool, held, completion, cancel or CancelToken(), timeout, choices, go_on,
-                                    self._spawn_close)
-            return EventStream(stream.events(resp), on_close=[held.close])
+            stream = UpstreamStream(self.pool, held, completion, cancel, timeout, choices, go_on,
+                                    self._spawn_close, watch)
+            events = EventStream(stream.events(resp), on_close=[held.close])
+            if turn is not None:  # its counts and how it ended, to the turn's ledger row and spans
+                report = turn.stream()
+                events.observe(report)
+                events.on_close(functools.partial(_closed, report, stream, cancel))
+            return events
         raise Unavailable(f"every upstream failed: {last}", code="upstream_failed", retry_after=2)
 
     def _spawn_close(self, resp: Answer) -> None:
@@ -210,3 +243,8 @@ class OpenAIUpstreamBackend:
     @property
     def embeddings(self) -> Embeddings | None:
         return None  # not through this backend: the gateway routes /v1/embeddings to a node over HTTP
+
+
+def _closed(report: StreamReport, stream: UpstreamStream, cancel: CancelToken) -> None:
+    """A stream's close, to its turn: what it produced (all of it when it closed before its end)."""
+    report.closed(stream.account.done().usage, cancel.reason)

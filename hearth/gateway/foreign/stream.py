@@ -35,6 +35,7 @@ from hearth.chat.types import (
 from hearth.gateway.failover.openai import Continuer, Echo, Held, joined_usage
 from hearth.gateway.fleet.pool import Node, Pool
 from hearth.gateway.foreign.wire import chunk_events, usage_of
+from hearth.gateway.turn.watch import TurnWatch
 from hearth.gateway.upstream.http import Answer, Stalled, lines_of, within
 
 log = logging.getLogger("hearth.gateway")
@@ -99,13 +100,15 @@ class UpstreamStream:
     choices: int
     go_on: Continuer | None
     spawn_close: Callable[[Answer], None]  # closes a response from outside the stream's task
+    watch: TurnWatch | None = None  # the turn's ledger row and spans (foreign/turn.py): its failovers
+    account: Account = field(default_factory=Account)  # what it produced so far (read at its close)
 
     async def events(self, resp: Answer) -> AsyncIterator[ChatEvent]:
         loop = asyncio.get_running_loop()
         node = self.held.node
         current = [resp]  # the response a cancel closes: the continuation's once there is one
         self.cancel.on_cancel(lambda: loop.call_soon_threadsafe(lambda: self.spawn_close(current[0])))
-        acc = Account()
+        acc = self.account
         try:
             yield Started(0)
             while True:
@@ -187,6 +190,8 @@ class UpstreamStream:
         engine's own answer, not a dead engine, and is not continued; nor is an answer with a
         finished choice, reasoning or tool calls, or one past the migration limit."""
         go_on = self.go_on
+        if self.watch is not None and not isinstance(e, UpstreamError):  # the engine broke, not answered
+            self.watch.broke(node.name, str(e) or type(e).__name__)
         if isinstance(e, UpstreamError) or go_on is None:
             self.held.ok = False
             return None
@@ -204,6 +209,8 @@ class UpstreamStream:
             return None
         self.held.lease, new, acc.echo = moved
         acc.moves += 1
+        if self.watch is not None:
+            self.watch.moved()
         acc.before, acc.chunks, acc.usage = acc.before + acc.chunks, 0, Usage()
         return _Moved(moved[0].node, new)
 

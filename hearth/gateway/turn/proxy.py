@@ -82,7 +82,7 @@ class Proxy:
             turn.watch = TurnWatch.begin(self.ledger, self.tracing, self.store.instance, request_id.get(), turn.key,
                                          turn.alias, turn.path, turn.started, turn.headers)
             if turn.watch is not None:
-                turn.watch.counts = functools.partial(self.node_usage.row, turn.who)
+                turn.watch.counts = functools.partial(self.node_usage.joined, turn.who)
         watch = turn.watch
         try:
             return await self._serve(turn)

@@ -195,6 +195,7 @@ class Relay:
                                            "partial answer above is all there is: send the turn again")
                         return
                     state.moves += 1
+                    scan.moved(moved.lease.node.name)
                     if watch is not None:
                         watch.moved()
                     current, upstream, done = moved.lease, moved.resp, moved.release
@@ -294,6 +295,8 @@ def _forward(batch: list[bytes], node: Node, alias: str, protocol: Protocol, cut
     rename = renamer(node.up.models[alias], alias, protocol)
     out: list[bytes] = []
     for raw in batch:
+        if state.moves and scan.part_looks < 3:
+            scan.feed_part(raw)  # the continuation's own id: its node's ledger row (turn/settle.py)
         for event in cut.rewrite(rename(raw)) if cut is not None and state.moves else [rename(raw)]:
             if cut is not None:
                 cut.feed(event)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 _CACHED = re.compile(rb'"(?:cached_tokens|cache_read_input_tokens)":(\d+)')
@@ -39,6 +39,22 @@ class Scan:
     created: int = 0  # Anthropic's cache_creation_input_tokens
     answer_id: str | None = None  # the first answer id seen: the node's ledger row (turn/settle.py)
     looks: int = 0  # events searched for it
+    # Each continuation of a failed-over stream: [its node, its own answer id (None until seen)],
+    # in order: a cancelled turn's parts are each counted from their node's row (turn/settle.py).
+    parts: list[list[str | None]] = field(default_factory=list)
+    part_looks: int = 0
+
+    def moved(self, node: str) -> None:
+        """The stream goes on on `node`: a new part, whose events `feed_part` reads first."""
+        self.parts.append([node, None])
+        self.part_looks = 0
+
+    def feed_part(self, raw: bytes) -> None:
+        """A continuation's own event, before it is rewritten to the first answer's ids."""
+        if self.parts and self.parts[-1][1] is None and self.part_looks < 3:
+            self.part_looks += 1
+            if a := _ANSWER_ID.search(raw):
+                self.parts[-1][1] = a.group(1).decode()
 
     @property
     def whole_prompt(self) -> int | None:

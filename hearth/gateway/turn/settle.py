@@ -10,11 +10,21 @@ stream closes, moments after the gateway left it: the lookup is retried with gro
 about 25 s (a node waits for its run's last engine output before it writes), then the gateway's
 row is written with what it saw (0 tokens: a node without a ledger, an older node, one that went
 away).
+
+A stream that failed over and was then left has a part on each node it ran on (the first
+answer's id on the node that broke, each continuation's own id on its node, turn/scan.py): each
+part is looked up on its node and their counts added, so both parts count once, each exactly as
+its node generated it. Invariant this relies on: a continuation's row, when its stream was
+closed before its totals, counts only what that run generated (`CancelToken.generated`), not
+the partial answer it was sent (`partial_is_output`, counted in its completion tokens only in a
+finished answer's usage). The prompt is the first part's (the prompt as the client sent it); a
+part whose node has no row (it died) adds nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -33,6 +43,18 @@ class NodeUsage:
     def __init__(self, pool: Pool, client: NodeClient) -> None:
         self.pool = pool
         self.client = client
+
+    async def joined(self, who: Caller, parts: Sequence[tuple[str, str]]) -> dict[str, Any] | None:
+        """The counts of an answer's parts ((node, answer id) each, in order) added up from
+        their nodes' rows; None when no node has its part's row."""
+        rows = await asyncio.gather(*(self.row(who, node, answer_id) for node, answer_id in parts))
+        found = [r for r in rows if r is not None]
+        if not found:
+            return None
+        out = dict(found[0])  # the prompt as the client sent it: the first part found
+        for name in ("generated_tokens", "discarded_tokens"):
+            out[name] = sum(v for r in found if isinstance(v := r.get(name), int) and v >= 0)
+        return out
 
     async def row(self, who: Caller, node_name: str, answer_id: str) -> dict[str, Any] | None:
         """The node's row for `answer_id`, or None (no such node, no ledger there, not found in time)."""

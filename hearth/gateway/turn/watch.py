@@ -61,8 +61,9 @@ class TurnWatch:
     failovers: int = 0
     first_byte: float | None = None
     ended: bool = False
-    # (node, answer id) -> that node's ledger row for it (turn/settle.py): a cancelled stream's counts
-    counts: Callable[[str, str], Awaitable[dict[str, Any] | None]] | None = None
+    broken: list[str] = field(default_factory=list)  # the node of each part that broke mid-stream, in order
+    # each part's (node, answer id) -> their nodes' rows joined (turn/settle.py): a cancelled stream's counts
+    counts: Callable[[list[tuple[str, str]]], Awaitable[dict[str, Any] | None]] | None = None
     _root: Span | None = None
     _inside: Context | None = None
     _relay: Span | None = None
@@ -115,6 +116,7 @@ class TurnWatch:
             return self._headers
         if not self.nodes or self.nodes[-1] != node or self._relay is None:
             self.nodes.append(node)
+        self._end_relay(None)  # another stream's attempt of the same turn (several prompts, foreign/turn.py)
         self._relay = self.tracing.tracer.start_span("hearth.gateway.relay", context=self._inside,
                                                      kind=SpanKind.CLIENT)
         self._relay.set_attributes({"hearth.node": node, "hearth.attempt": len(self.nodes)})
@@ -139,6 +141,7 @@ class TurnWatch:
     def broke(self, node: str, reason: str) -> None:
         """The stream from `node` broke after the client's first byte: a failover begins."""
         self._end_relay(f"broken: {reason}")
+        self.broken.append(node)
         if self.tracing is not None:
             self._failover = self.tracing.tracer.start_span("hearth.gateway.failover", context=self._inside)
             self._failover.set_attributes({"hearth.failover.from": node, "hearth.failover.reason": reason})
@@ -155,8 +158,10 @@ class TurnWatch:
 
     # ---- the end ----------------------------------------------------------------------------
 
-    def finish(self, scan: Scan | None, status: int, cancelled: str | None = None, error: str | None = None) -> None:
-        """The turn ended (once; later calls do nothing): its ledger row queued, its spans ended."""
+    def finish(self, scan: Scan | None, status: int, cancelled: str | None = None, error: str | None = None,
+               finish_reason: str | None = None) -> None:
+        """The turn ended (once; later calls do nothing): its ledger row queued, its spans ended.
+        `finish_reason`: the answer's, where the gateway knows it (a foreign engine's turn)."""
         if self.ended:
             return
         self.ended = True
@@ -172,15 +177,16 @@ class TurnWatch:
             node=self.nodes[-1] if self.nodes else None,
             nodes=",".join(self.nodes), failovers=self.failovers, retries=self.retries, prompt_tokens=prompt,
             cached_tokens=cached, generated_tokens=generated,
-            finish_reason="cancelled" if cancelled else ("error" if error else None), cancelled=cancelled,
+            finish_reason="cancelled" if cancelled else ("error" if error else finish_reason), cancelled=cancelled,
             error=error, status=status,
             ttft_ms=None if self.first_byte is None else round((self.first_byte - self.arrived) * 1000, 3),
             total_ms=round((end - self.arrived) * 1000, 3))
         if self.ledger is not None:
-            if cancelled and self.counts is not None and scan is not None and scan.completion is None \
-                    and scan.answer_id is not None and self.failovers == 0 and self.nodes:
-                # the usage never came: the node's ledger has the exact counts (turn/settle.py)
-                self.ledger.settle(row, self.counts(self.nodes[-1], scan.answer_id))
+            parts = answer_parts(scan, self.broken, self.nodes) if cancelled and scan is not None \
+                and scan.completion is None else []
+            if parts and self.counts is not None:
+                # the usage never came: each part's node has its exact counts (turn/settle.py)
+                self.ledger.settle(row, self.counts(parts))
             else:
                 self.ledger.record(row)
         if self._root is not None:
@@ -193,12 +199,22 @@ class TurnWatch:
                 "gen_ai.usage.input_tokens": prompt, "gen_ai.usage.output_tokens": generated,
                 "gen_ai.usage.cache_read.input_tokens": cached, "hearth.nodes": self.nodes,
                 "hearth.failovers": self.failovers, "hearth.retries": self.retries,
-                "http.response.status_code": status, **({"hearth.cancelled": cancelled} if cancelled else {})})
+                "http.response.status_code": status, **({"hearth.cancelled": cancelled} if cancelled else {}),
+                **({"gen_ai.response.finish_reasons": [finish_reason]} if finish_reason else {})})
             if self.first_byte is not None:
                 self._root.set_attribute("gen_ai.server.time_to_first_token", round(self.first_byte - self.arrived, 6))
             if error is not None:
                 self._root.set_status(StatusCode.ERROR, error)
             self._root.end()
+
+
+def answer_parts(scan: Scan, broken: list[str], nodes: list[str]) -> list[tuple[str, str]]:
+    """(node, answer id) of each part of a relayed answer whose id is known, in order: the first
+    on the node that broke first (or the only node), then each continuation (`Scan.parts`)."""
+    if scan.answer_id is None or not nodes:
+        return []
+    first = broken[0] if scan.parts and broken else nodes[-1]
+    return [(first, scan.answer_id), *((str(n), str(a)) for n, a in scan.parts if n is not None and a is not None)]
 
 
 def _ns(mono: float) -> int:

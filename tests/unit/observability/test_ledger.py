@@ -79,6 +79,28 @@ def test_a_full_queue_drops_and_counts_never_blocks(tmp_path: Path) -> None:
     ledger.close()
 
 
+def test_rows_that_come_while_the_writer_lingers_share_one_transaction(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "usage.db", linger=60.0)  # woken by the first row, it waits for more
+    for i in range(50):
+        ledger.record(rec(float(i)))
+    assert ledger.flush(timeout=30.0)  # flush cuts the linger short
+    assert ledger.commits == 1 and ledger.written == 50
+    ledger.record(rec(99.0))
+    assert ledger.flush(timeout=30.0)
+    assert ledger.commits == 2 and len(ledger.rows(UsageFilter())) == 51
+    ledger.close()
+
+
+def test_close_writes_what_waits_without_waiting_out_the_linger(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "usage.db", linger=600.0)
+    for i in range(3):
+        ledger.record(rec(float(i)))
+    ledger.close()  # joins the writer for at most 10 s: only a cut linger writes the rows in time
+    reopened = Ledger(tmp_path / "usage.db")
+    assert len(reopened.rows(UsageFilter())) == 3
+    reopened.close()
+
+
 def test_rows_survive_a_reopen_and_key_accounts_resume(tmp_path: Path) -> None:
     first = Ledger(tmp_path / "usage.db")
     first.record(rec(1000.0, key="alice", gen=7))  # long ago: in the totals, not in the window
