@@ -132,6 +132,13 @@ class PrefixCache:
         `tokens` into RAM; returns the tokens now in RAM (Tiers.prefetch)."""
         return self._tiers.prefetch(tokens, ns)
 
+    def prefetch_recent(self, max_prompts: int, max_bytes: int, deadline: float | None = None) -> tuple[int, int]:
+        """At start, any thread but the engine's: read the blocks of the `max_prompts` most
+        recently used prompts into RAM, at most `max_bytes`, until `deadline` (monotonic), so
+        the first requests after a restart find them there (Tiers.prefetch_recent); returns
+        (prompts now wholly in RAM, bytes read)."""
+        return self._tiers.prefetch_recent(max_prompts, min(max_bytes, self._tiers.ram_budget), deadline)
+
     # ---- writes ----------------------------------------------------------------------------
 
     def offer(self, tokens: Sequence[int], get_data: Callable[[], bytes], *, keep: int = 0,
