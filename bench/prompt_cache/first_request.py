@@ -1,7 +1,7 @@
 """`python -m bench.prompt_cache.first_request`: where the first answer after a restart goes.
 
     .venv/bin/python -m bench.prompt_cache.first_request --runs 3
-    .venv/bin/python -m bench.prompt_cache.first_request --state-dir /tmp/r38t-state --runs 3
+    .venv/bin/python -m bench.prompt_cache.first_request --state-dir /tmp/hearth-fr --runs 3 [--no-warm]
 
 Issue 38 item 4: the first answer after a restart for Claude Code's first request
 (tests/fixtures/agents/claude-code-first.json, as bench/agents.py sends it: streamed,
@@ -21,7 +21,8 @@ named; nothing else changes):
   positions), `sample` (the first sampler call);
 - `ttft` (the first output event on the client) and `done` (the stream's end).
 
-Also the start: `ready_s` (process start to ready: model load, the start scan, and since
+`--no-warm` loads the model as before (no warm-up, no start prefetch: `ready_model` skipped),
+for the comparison. Also the start: `ready_s` (process start to ready: model load, the start scan, and since
 issue 38 the warm-up and the start prefetch), and the prompt cache's counters.
 
 The first run (no `--state-dir`, or one with no blocks) makes the state: a cold request
@@ -135,8 +136,11 @@ async def _serve(state_dir: Path, model: Path, ctx: int, threads: int, body: dic
 
 def child(a: argparse.Namespace) -> None:
     from bench.agents import load_fixture, prepare
+    from hearth.backends.local import model_set
 
     _instrument()
+    if a.no_warm:  # the code before issue 38's start work: no warm-up, no start prefetch
+        setattr(model_set, "ready_model", lambda m, settings: m)  # noqa: B010
     captured = load_fixture("claude-code-first")
     tag = (a.state_dir / "bench-tag.txt").read_text().strip()
     body = prepare(captured, tag, 1, None)
@@ -147,7 +151,8 @@ def child(a: argparse.Namespace) -> None:
 
 def _run_child(a: argparse.Namespace, seed: bool) -> dict[str, Any]:
     argv = [sys.executable, "-m", "bench.prompt_cache.first_request", "--child", "--state-dir", str(a.state_dir),
-            "--model", str(a.model), "--ctx", str(a.ctx), "--threads", str(a.threads)] + (["--seed"] if seed else [])
+            "--model", str(a.model), "--ctx", str(a.ctx), "--threads", str(a.threads)] + (
+        ["--seed"] if seed else []) + (["--no-warm"] if a.no_warm else [])
     p = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HEARTH_LOG_LEVEL": "WARNING"})
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -166,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ctx", type=int, default=32768)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--no-warm", action="store_true",
+                   help="without the warm-up and the start prefetch at load (as before issue 38's change)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--seed", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)

@@ -139,6 +139,19 @@ class PrefixCache:
         (prompts now wholly in RAM, bytes read)."""
         return self._tiers.prefetch_recent(max_prompts, min(max_bytes, self._tiers.ram_budget), deadline)
 
+    def recent_prompts(self, n: int, ns: str = "") -> list[list[int]]:
+        """The tokens of the `n` most recently used prompts of namespace `ns` whose blocks are
+        all in RAM, newest first (what the start fills idle KV slots with)."""
+        root = self.root(ns)
+        out: list[list[int]] = []
+        with self._lock:
+            for chain in self._tiers.recent(len(self._index.blocks), 1 << 62):
+                if len(out) >= n:
+                    break
+                if chain[0].parent == root and all(b.data is not None for b in chain):
+                    out.append([t for b in chain for t in b.tokens])
+        return out
+
     # ---- writes ----------------------------------------------------------------------------
 
     def offer(self, tokens: Sequence[int], get_data: Callable[[], bytes], *, keep: int = 0,

@@ -112,6 +112,60 @@ def test_ready_model_reads_the_most_recent_prompts_into_ram(tmp_path: Path, coun
         # where both could rank first.
         assert sum(got.values()) == count
         assert m.engine.cache.stats().loaded_bytes == count * 4 * len(new)
+        # The prompts read are laid into the idle slots too, each slot's KV exactly its tokens.
+        filled = [s for s in m.engine.slots.slots if s.tokens]
+        assert len(filled) == count
+        for slot in filled:
+            assert slot.tokens in (old, new) and runner_of(m).kv[slot.seq_id] == slot.tokens and slot.ns == ""
+    finally:
+        unload_model(m)
+
+
+def runner_of(m: LocalModel) -> ScriptedRunner:
+    assert isinstance(m.runner, ScriptedRunner)
+    return m.runner
+
+
+def write_prompts(tmp_path: Path, prompts: list[list[int]], ns: str = "") -> None:
+    runner = ScriptedRunner(n_seq_max=2, n_batch=64)
+    first = PrefixCache(runner, {**runner.fingerprint, "weights": None}, directory=tmp_path / model_folder(SPEC),
+                        ram_budget=1 << 20, disk_budget=1 << 20)
+    for p in prompts:
+        first.offer(p, lambda p=p: state(p), ns=ns)  # type: ignore[misc]
+        assert first.flush()
+    first.close()
+
+
+def test_a_corrupt_block_is_neither_prefetched_nor_laid_into_a_slot(tmp_path: Path) -> None:
+    p = [1, *range(1000, 1300)]
+    write_prompts(tmp_path, [p])
+    files = sorted((tmp_path / model_folder(SPEC)).glob("*.kvb"), key=lambda f: f.stat().st_size)
+    raw = bytearray(files[-1].read_bytes())  # the full first block (the larger file)
+    raw[-1] ^= 0xFF  # its payload: found only when read
+    files[-1].write_bytes(bytes(raw))
+    settings = EngineSettings(parallel=2, batch=64, cache_dir=tmp_path)
+    m, runner = loaded(settings)
+    try:
+        ready_model(m, settings)
+        assert m.engine.cache is not None
+        assert m.engine.cache.match(p) is None and m.engine.cache.stats().rejected_files == 1
+        assert all(not s.tokens for s in m.engine.slots.slots)
+        assert all(not kv for kv in runner.kv.values())
+    finally:
+        unload_model(m)
+
+
+def test_another_namespaces_prompt_is_prefetched_but_not_laid_into_a_slot(tmp_path: Path) -> None:
+    p = [1, *range(1000, 1300)]
+    write_prompts(tmp_path, [p], ns="tenant-a")
+    settings = EngineSettings(parallel=2, batch=64, cache_dir=tmp_path)
+    m, _ = loaded(settings)
+    try:
+        ready_model(m, settings)
+        assert m.engine.cache is not None
+        got = m.engine.cache.match(p, "tenant-a")
+        assert got is not None and got.n_tokens == len(p)  # in RAM for its namespace's next request
+        assert all(not s.tokens for s in m.engine.slots.slots)  # a slot would not know its namespace
     finally:
         unload_model(m)
 
