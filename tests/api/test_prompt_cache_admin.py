@@ -32,12 +32,14 @@ USER = {"Authorization": "Bearer user-key"}
 
 
 @contextlib.asynccontextmanager
-async def cached(tmp_path: Path, **settings: Any) -> AsyncIterator[Harness]:
-    """The app over a scripted backend whose prompt cache has a disk tier under tmp_path."""
+async def cached(tmp_path: Path, start_prefetch: int = 4, **settings: Any) -> AsyncIterator[Harness]:
+    """The app over a scripted backend whose prompt cache has a disk tier under tmp_path
+    (`start_prefetch`: recent prompts read into RAM and slots at load; 0: none)."""
     weights = tmp_path / "fake.gguf"
     weights.write_bytes(b"fake weights")
     backend, runner = scripted_backend("Warm and bright.", path=weights)
     backend.settings.cache_dir = tmp_path / "prompt-cache"
+    backend.settings.prompt_cache_prefetch = start_prefetch
     async with serve(tmp_path, backend=backend, runner=runner, **settings) as h:
         yield h
 
@@ -166,8 +168,10 @@ async def test_the_digest_needs_only_an_api_key(tmp_path: Path) -> None:
         assert r.status_code == 200 and r.json()["object"] == "prompt_cache.digest", r.text
 
 
-async def test_metrics_show_the_cache_by_tier_and_a_restart_serves_from_disk(tmp_path: Path) -> None:
-    async with cached(tmp_path) as h:
+@pytest.mark.parametrize("start_prefetch", [0, 4])
+async def test_metrics_show_the_cache_by_tier_and_a_restart_serves_from_disk(tmp_path: Path,
+                                                                              start_prefetch: int) -> None:
+    async with cached(tmp_path, start_prefetch) as h:
         text = (await h.client.get("/metrics")).text
         for tier in ("slot", "ram", "disk"):
             assert sample(text, "hearth_prompt_cache_hits_total", model="fake", tier=tier) == 0
@@ -198,14 +202,16 @@ async def test_metrics_show_the_cache_by_tier_and_a_restart_serves_from_disk(tmp
             (await h.post("/tokenize", {"messages": LONG})).json()["tokens"]) - 1  # all but the last
         assert sample(text, "hearth_prompt_cache_hit_tokens_total", model="fake", tier="disk") == 0
 
-    # A restart over the same directory: the blocks are found on disk, read back, and serve.
-    async with cached(tmp_path) as h:
+    # A restart over the same directory: the blocks are found on disk, read back, and serve: at
+    # the request (from the disk tier), or with the start prefetch at load, laid into a slot then.
+    async with cached(tmp_path, start_prefetch) as h:
         assert cache_stats(h).tiers["disk"].blocks == stats.tiers["disk"].blocks
         again = await chat(h)
         assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
         text = (await h.client.get("/metrics")).text
-        assert sample(text, "hearth_prompt_cache_hits_total", model="fake", tier="disk") == 1
-        assert sample(text, "hearth_prompt_cache_hit_tokens_total", model="fake", tier="disk") > 2 * BLOCK
+        tier = "slot" if start_prefetch else "disk"
+        assert sample(text, "hearth_prompt_cache_hits_total", model="fake", tier=tier) == 1
+        assert sample(text, "hearth_prompt_cache_hit_tokens_total", model="fake", tier=tier) > 2 * BLOCK
         assert sample(text, "hearth_prompt_cache_loaded_bytes_total", model="fake") > 0
         assert sample(text, "hearth_prompt_cache_load_seconds_total", model="fake") > 0
         assert sample(text, "hearth_prompt_cache_misses_total", model="fake") == 0

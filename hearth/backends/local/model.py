@@ -48,6 +48,10 @@ class EngineSettings:
     prompt_cache_mb: int = 1024  # host RAM for the prompt cache (stateless prompts' KV, in blocks)
     prompt_cache_disk_mb: int = 8192  # disk for the prompt cache under cache_dir (0: RAM only)
     cache_dir: Path | None = None  # where the prompt cache keeps its blocks (per model); None: RAM only
+    # At load, before the model counts as loaded: the blocks of this many most recently used
+    # prompts read from disk into RAM, at most prompt_cache_prefetch_mb (hearth.backends.local.warmup).
+    prompt_cache_prefetch: int = 4
+    prompt_cache_prefetch_mb: int = 512
     strict_max_tokens: bool = False  # a max_tokens past the context is a 400 (else lowered to what is left)
 
     def __post_init__(self) -> None:

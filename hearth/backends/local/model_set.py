@@ -37,6 +37,7 @@ from hearth.backends.local.model import (
     process_rss,
     unload_model,
 )
+from hearth.backends.local.warmup import ready_model
 from hearth.chat.cancel import CancelToken
 from hearth.errors import BadRequest, Conflict, NotFound, Unavailable
 from hearth.models import ModelSpec
@@ -72,7 +73,7 @@ class ModelSet:
         def load(spec: ModelSpec) -> AnyModel:
             if self.is_embedding(spec.id):
                 return load_embedding_model(spec, settings, embed_factory)
-            return load_model(spec, settings, factory)
+            return ready_model(load_model(spec, settings, factory), settings)
 
         def unload(m: AnyModel) -> None:
             if isinstance(m, EmbeddingModel):

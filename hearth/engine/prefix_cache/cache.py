@@ -132,6 +132,26 @@ class PrefixCache:
         `tokens` into RAM; returns the tokens now in RAM (Tiers.prefetch)."""
         return self._tiers.prefetch(tokens, ns)
 
+    def prefetch_recent(self, max_prompts: int, max_bytes: int, deadline: float | None = None) -> tuple[int, int]:
+        """At start, any thread but the engine's: read the blocks of the `max_prompts` most
+        recently used prompts into RAM, at most `max_bytes`, until `deadline` (monotonic), so
+        the first requests after a restart find them there (Tiers.prefetch_recent); returns
+        (prompts now wholly in RAM, bytes read)."""
+        return self._tiers.prefetch_recent(max_prompts, min(max_bytes, self._tiers.ram_budget), deadline)
+
+    def recent_prompts(self, n: int, ns: str = "") -> list[list[int]]:
+        """The tokens of the `n` most recently used prompts of namespace `ns` whose blocks are
+        all in RAM, newest first (what the start fills idle KV slots with)."""
+        root = self.root(ns)
+        out: list[list[int]] = []
+        with self._lock:
+            for chain in self._tiers.recent(len(self._index.blocks), 1 << 62):
+                if len(out) >= n:
+                    break
+                if chain[0].parent == root and all(b.data is not None for b in chain):
+                    out.append([t for b in chain for t in b.tokens])
+        return out
+
     # ---- writes ----------------------------------------------------------------------------
 
     def offer(self, tokens: Sequence[int], get_data: Callable[[], bytes], *, keep: int = 0,

@@ -19,7 +19,9 @@ namespace's blocks across restarts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -78,10 +80,22 @@ class Tiers:
     def prefetch(self, tokens: Sequence[int], ns: str = "") -> int:
         """Any thread but the engine's: read from disk the blocks of the longest cached prefix
         of `tokens` that are not in RAM (checking each); returns the tokens now in RAM. A block
-        that fails its check is dropped with its descendants, and the prefix ends before it."""
+        that fails its check is dropped with its descendants, and the prefix ends before it.
+        The chain's last block file is touched (its mtime is when it last served a prompt: what
+        `recent` ranks by after a restart)."""
         ix = self.index
         with ix.lock:
             chain = ix.walk(tokens, in_ram=False, ns=ns)
+        got = self._read(chain)
+        if chain and got and ix.dir is not None and chain[-1][0].on_disk:
+            with contextlib.suppress(OSError):
+                os.utime(block_path(ix.dir, chain[-1][0].key))
+        return got
+
+    def _read(self, chain: Sequence[tuple[Block, int]]) -> int:
+        """Read `chain`'s blocks that are not in RAM, in order, checking each; the tokens now in
+        RAM (of each block, the count given with it), up to the first block that could not be."""
+        ix = self.index
         got = 0
         for b, n in chain:
             with ix.lock:
@@ -116,6 +130,63 @@ class Tiers:
         with ix.lock:
             self.evict_ram()
         return got
+
+    def recent(self, max_prompts: int, max_bytes: int) -> list[list[Block]]:
+        """Lock held: the chains (root first) of the `max_prompts` most recently used prompt
+        ends, newest first, whose blocks not in RAM take at most `max_bytes` together (a chain
+        that does not fit is skipped, an older one that fits may still be taken). A prompt end
+        is any block, ranked by `last_used` (after a restart, the file's mtime: written, or
+        last served by `prefetch`); a block in a chain already ranked (taken or skipped) is
+        not an end of its own."""
+        ix = self.index
+        chosen: list[list[Block]] = []
+        taken: set[bytes] = set()
+        left = max_bytes
+        # Ties (a prompt's blocks written in one second): the deepest first, a prefix is no end.
+        for end in sorted(ix.blocks.values(), key=lambda b: (b.last_used, b.start), reverse=True):
+            if len(chosen) >= max_prompts:
+                break
+            if end.key in taken:
+                continue
+            chain: list[Block] = []
+            b: Block | None = end
+            while b is not None:
+                chain.append(b)
+                b = ix.blocks.get(b.parent) if b.start > 0 else None
+            chain.reverse()
+            if chain[0].start != 0:  # a broken chain (cannot happen after the scan): not a prompt
+                continue
+            cost = sum(b.n_bytes for b in chain if b.data is None and b.key not in taken)
+            taken.update(b.key for b in chain)  # a prompt is read whole or not at all: its prefix is no end either
+            if cost > left:
+                continue
+            left -= cost
+            chosen.append(chain)
+        return chosen
+
+    def prefetch_recent(self, max_prompts: int, max_bytes: int, deadline: float | None = None) -> tuple[int, int]:
+        """Any thread but the engine's (at start): read into RAM the blocks of the most recently
+        used prompts (`recent`), each checked as a request's prefetch checks it (a bad block is
+        dropped with its descendants and never loaded). Stops at `deadline` (time.monotonic()).
+        Returns (prompts whose chain is now wholly in RAM, bytes read)."""
+        ix = self.index
+        with ix.lock:
+            chains = self.recent(max_prompts, max_bytes)
+            before = ix.stats.loaded_bytes
+            # Reading touches a block (last_used): put back what ranked them, so eviction and the
+            # next `recent` still see when each prompt was last used, not the order read here.
+            used = {b.key: b.last_used for chain in chains for b in chain}
+        whole = 0
+        for chain in chains:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            if self._read([(b, len(b.tokens)) for b in chain]) == sum(len(b.tokens) for b in chain):
+                whole += 1
+        with ix.lock:
+            for chain in chains:
+                for b in chain:
+                    b.last_used = used[b.key]
+            return whole, ix.stats.loaded_bytes - before
 
     def scan(self, kv_block_bytes: Callable[[int], int]) -> None:
         """At start, before any other thread uses the index: what is on disk, from headers and
