@@ -15,6 +15,8 @@ cd "$root"
 
 CODEX_VERSION="0.169.0"
 CLAUDE_CODE_VERSION="2.1.330"
+OPENCODE_VERSION="1.18.33"
+QWEN_CODE_VERSION="0.24.4"
 cache="${HEARTH_NPM_CACHE:-$HOME/.cache/hearth/npm}"
 mkdir -p "$cache"
 
@@ -45,4 +47,6 @@ install_cli() {
 
 install_cli "@openai/codex" "$CODEX_VERSION" codex
 install_cli "@anthropic-ai/claude-code" "$CLAUDE_CODE_VERSION" claude
+install_cli opencode-ai "$OPENCODE_VERSION" opencode
+install_cli @qwen-code/qwen-code "$QWEN_CODE_VERSION" qwen
 .venv/bin/hearth models install qwen2.5-coder-0.5b
