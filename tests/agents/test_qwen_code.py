@@ -45,17 +45,21 @@ def test_qwen_code_completes_a_turn_through_hearth_launch(qwen_server: Server, t
         assert s.headers.get("authorization") == f"Bearer {NO_KEY}"
         assert s.body["model"] == MODEL and s.body["stream"] is True
         assert s.status == 200, proxy.report()
+    # every stream ran to its end (a stream Qwen Code cut, by its idle timer or its cap on a
+    # stream's life, has no finish_reason; it retries it as a new request)
+    for s in proxy.requests:
+        assert any(data["choices"][0].get("finish_reason") == "stop" for name, data in s.events()
+                   if data.get("choices")), proxy.report()
     first = proxy.requests[0]
     # its own max_tokens does not fit beside its prompt: without the clamp this was a 400
     usage = first.usage()
     assert usage, proxy.report()
     assert first.body["max_tokens"] + usage["prompt_tokens"] > CONTEXT, (first.body["max_tokens"], usage)
-    assert any(data["choices"][0].get("finish_reason") == "stop" for name, data in first.events()
-               if data.get("choices")), proxy.report()
-    # Qwen Code reports the answer Hearth streamed
+    # Qwen Code reports an answer Hearth streamed (after its turn it may send a request of its own)
     out = json.loads(result.stdout)
     final = [m for m in (out if isinstance(out, list) else [out]) if m.get("type") == "result"]
-    assert final and final[-1]["result"].strip() == proxy.requests[-1].text().strip(), result.stdout[-3000:]
+    assert final and final[-1]["result"].strip() in {s.text().strip() for s in proxy.requests}, \
+        result.stdout[-3000:]
     logged = statuses(qwen_server, log_start)
     assert [s for s in logged if s[:2] == ("POST", "/v1/chat/completions")], logged
     assert [s for s in logged if s[2] >= 400] == []

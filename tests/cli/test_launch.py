@@ -130,6 +130,8 @@ def test_qwen_code_gets_the_openai_variables(fake_bin: Path, url: str) -> None:
     assert (env["OPENAI_BASE_URL"], env["OPENAI_API_KEY"], env["OPENAI_MODEL"]) == (f"{url}/v1", KEY, "fake")
     # its 4-minute stream idle timer (which SSE comments do not reset) would cut a long prefill
     assert env["QWEN_STREAM_IDLE_TIMEOUT_MS"] == "1800000"
+    # and its 15-minute cap on a stream's life (prefill included) would cut the answer after it
+    assert env["QWEN_STREAM_MAX_LIFETIME_MS"] == "0"
     assert got["argv"][1:] == ["--prompt", "hi"]
 
 
