@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Test setup for the agent end-to-end tests (tests/agents): the two stock agent CLIs from npm at
-# pinned versions, and the 32k tool-calling model. Idempotent; scripts/test.sh runs it after
-# scripts/setup.sh. Serving Hearth needs none of this.
+# Test setup for the agent end-to-end tests (tests/agents): the four stock agent CLIs that
+# `hearth launch` knows (Codex, Claude Code, opencode, Qwen Code) from npm at pinned versions, and
+# the 32k tool-calling model. Idempotent; scripts/test.sh runs it after scripts/setup.sh.
+# Serving Hearth needs none of this.
 #
 # Each CLI goes into its own prefix under $HEARTH_NPM_CACHE (default ~/.cache/hearth/npm), like
-# the llama.cpp wheel: installed once per machine (~770 MB for both), reused after. An install
-# is built in a temporary prefix and renamed into place once the binary runs, so an interrupted
-# one is never reused. The model goes into the model cache with its checksum checked
+# the llama.cpp wheel: installed once per machine (~1.3 GB for all four; opencode and Qwen Code,
+# ~500 MB, took 20 s of npm here), reused after (a few seconds). An install is built in a
+# temporary prefix and renamed into place once the binary runs, so an interrupted one is never
+# reused. The model goes into the model cache with its checksum checked
 # (`hearth models install`, ~490 MB).
 set -euo pipefail
 

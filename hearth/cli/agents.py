@@ -109,7 +109,7 @@ def opencode(t: Target) -> AgentConfig:
 
 # How long Qwen Code waits for the next chunk of a stream before it drops the request and
 # retries: 30 minutes, room for a long prompt's prefill on a slow CPU (its default, 4 minutes,
-# cut its own 17k-token first prompt on a loaded two-core machine, and each retry started over).
+# cut its own 13k-token first prompt on a loaded two-core machine, and each retry started over).
 QWEN_STREAM_IDLE_MS = 1_800_000
 # Its cap on a stream's whole life (15 minutes by default) is off (0): it cut the same prompt's
 # answer after a 13-minute prefill. Hearth's own time cap, counted from the first token, ends

@@ -1,5 +1,5 @@
 """Stock Qwen Code (`qwen -p`, Chat Completions) completes a turn against Hearth, started by
-`hearth launch qwen`, on its own default prompt (about 17k tokens with its tools) and its own
+`hearth launch qwen`, on its own default prompt (13,274 tokens with its tools in 0.24.4) and its own
 max_tokens (32,768, past what the 32k window leaves): Hearth lowers the output budget to what
 the window leaves instead of answering 400 (issue 37), and the time cap, counted from the first
 token, leaves the long prefill alone.
