@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Test setup for the agent end-to-end tests (tests/agents): the two stock agent CLIs from npm at
-# pinned versions, and the 32k tool-calling model. Idempotent; scripts/test.sh runs it after
-# scripts/setup.sh. Serving Hearth needs none of this.
+# Test setup for the agent end-to-end tests (tests/agents): the four stock agent CLIs that
+# `hearth launch` knows (Codex, Claude Code, opencode, Qwen Code) from npm at pinned versions, and
+# the 32k tool-calling model. Idempotent; scripts/test.sh runs it after scripts/setup.sh.
+# Serving Hearth needs none of this.
 #
 # Each CLI goes into its own prefix under $HEARTH_NPM_CACHE (default ~/.cache/hearth/npm), like
-# the llama.cpp wheel: installed once per machine (~770 MB for both), reused after. An install
-# is built in a temporary prefix and renamed into place once the binary runs, so an interrupted
-# one is never reused. The model goes into the model cache with its checksum checked
+# the llama.cpp wheel: installed once per machine (~1.3 GB for all four; opencode and Qwen Code,
+# ~500 MB, took 20 s of npm here), reused after (a few seconds). An install is built in a
+# temporary prefix and renamed into place once the binary runs, so an interrupted one is never
+# reused. The model goes into the model cache with its checksum checked
 # (`hearth models install`, ~490 MB).
 set -euo pipefail
 
@@ -15,6 +17,8 @@ cd "$root"
 
 CODEX_VERSION="0.169.0"
 CLAUDE_CODE_VERSION="2.1.330"
+OPENCODE_VERSION="1.18.33"
+QWEN_CODE_VERSION="0.24.4"
 cache="${HEARTH_NPM_CACHE:-$HOME/.cache/hearth/npm}"
 mkdir -p "$cache"
 
@@ -45,4 +49,6 @@ install_cli() {
 
 install_cli "@openai/codex" "$CODEX_VERSION" codex
 install_cli "@anthropic-ai/claude-code" "$CLAUDE_CODE_VERSION" claude
+install_cli opencode-ai "$OPENCODE_VERSION" opencode
+install_cli @qwen-code/qwen-code "$QWEN_CODE_VERSION" qwen
 .venv/bin/hearth models install qwen2.5-coder-0.5b

@@ -83,12 +83,22 @@ def codex(t: Target) -> AgentConfig:
     return AgentConfig(env={KEY_ENV: t.key or NO_KEY}, args=args, secret={KEY_ENV})
 
 
+def opencode_output_limit(context: int) -> int:
+    """The output budget opencode is told for a model of `context` tokens: a quarter of the
+    window. opencode asks for it as max_tokens and also keeps it free in the window: it compacts
+    the conversation (a summarising request) as soon as a turn's tokens pass `context - output`
+    (output capped at its 32,000). Given the whole window as output, as before, every turn
+    of a 32k model passed 768 tokens and opencode compacted after its first answer (seen with
+    opencode 1.18.33 against Hearth)."""
+    return max(1, min(context // 4, 32_000))
+
+
 def opencode(t: Target) -> AgentConfig:
     """opencode with Hearth as an OpenAI-compatible provider, its config given inline (it merges
     it over the user's own)."""
     model: dict[str, object] = {"name": t.model}
     if t.context:
-        model["limit"] = {"context": t.context, "output": t.context}
+        model["limit"] = {"context": t.context, "output": opencode_output_limit(t.context)}
     config = {"$schema": "https://opencode.ai/config.json", "model": f"hearth/{t.model}",
               "provider": {"hearth": {"npm": "@ai-sdk/openai-compatible", "name": "Hearth",
                                       "options": {"baseURL": f"{t.url}/v1", "apiKey": "{env:" + KEY_ENV + "}"},
@@ -97,10 +107,25 @@ def opencode(t: Target) -> AgentConfig:
                        secret={KEY_ENV})
 
 
+# How long Qwen Code waits for the next chunk of a stream before it drops the request and
+# retries: 30 minutes, room for a long prompt's prefill on a slow CPU (its default, 4 minutes,
+# cut its own 13k-token first prompt on a loaded two-core machine, and each retry started over).
+QWEN_STREAM_IDLE_MS = 1_800_000
+# Its cap on a stream's whole life (15 minutes by default) is off (0): it cut the same prompt's
+# answer after a 13-minute prefill. Hearth's own time cap, counted from the first token, ends
+# every answer, so the stream stays bounded.
+QWEN_STREAM_MAX_LIFETIME_MS = 0
+
+
 def qwen_code(t: Target) -> AgentConfig:
     """Qwen Code over OpenAI's Chat Completions. It asks for a fixed max_tokens (32,768) whatever
-    the model: Hearth lowers it to what the context leaves (unless --strict-max-tokens)."""
-    env = {"OPENAI_BASE_URL": f"{t.url}/v1", "OPENAI_API_KEY": t.key or NO_KEY, "OPENAI_MODEL": t.model}
+    the model: Hearth lowers it to what the context leaves (unless --strict-max-tokens). Its
+    stream idle timer counts chunks, not the SSE comments Hearth sends while it processes the
+    prompt, so it is widened (QWEN_STREAM_IDLE_MS), and its cap on a stream's life, which
+    counts the prompt's processing too, is off (QWEN_STREAM_MAX_LIFETIME_MS)."""
+    env = {"OPENAI_BASE_URL": f"{t.url}/v1", "OPENAI_API_KEY": t.key or NO_KEY, "OPENAI_MODEL": t.model,
+           "QWEN_STREAM_IDLE_TIMEOUT_MS": str(QWEN_STREAM_IDLE_MS),
+           "QWEN_STREAM_MAX_LIFETIME_MS": str(QWEN_STREAM_MAX_LIFETIME_MS)}
     return AgentConfig(env=env, secret={"OPENAI_API_KEY"})
 
 

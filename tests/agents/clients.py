@@ -19,6 +19,8 @@ from hearth.cli.agents import Target, claude_code, codex, codex_provider
 
 CODEX_VERSION = "0.169.0"
 CLAUDE_CODE_VERSION = "2.1.330"
+OPENCODE_VERSION = "1.18.33"
+QWEN_CODE_VERSION = "0.24.4"
 MODEL = "qwen2.5-coder-0.5b"
 CONTEXT = 32768  # the model's window, as tests/agents/conftest.py serves it
 DUMMY_KEY = "dummy"  # the server needs none
@@ -34,6 +36,8 @@ def cli_path(package: str, version: str, binary: str) -> Path:
 
 CODEX = cli_path("@openai/codex", CODEX_VERSION, "codex")
 CLAUDE = cli_path("@anthropic-ai/claude-code", CLAUDE_CODE_VERSION, "claude")
+OPENCODE = cli_path("opencode-ai", OPENCODE_VERSION, "opencode")
+QWEN = cli_path("@qwen-code/qwen-code", QWEN_CODE_VERSION, "qwen")
 
 
 def _base_env(home: Path) -> dict[str, str]:
@@ -41,6 +45,7 @@ def _base_env(home: Path) -> dict[str, str]:
     keep = ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_CACHE_HOME=str(home / ".cache"),
+               XDG_DATA_HOME=str(home / ".local" / "share"), XDG_STATE_HOME=str(home / ".local" / "state"),
                NO_COLOR="1")
     return env
 
@@ -120,4 +125,28 @@ def claude_env(home: Path, base_url: str) -> dict[str, str]:
         # room for a cold prefill on a loaded machine (5 min by default)
         CLAUDE_STREAM_IDLE_TIMEOUT_MS="1800000",
     )
+    return env
+
+
+def opencode_env(home: Path) -> dict[str, str]:
+    """opencode on PATH and every switch it has for traffic elsewhere off (the models.dev
+    catalog, updates, sharing, LSP downloads, default plugins) and Claude Code's files unread.
+    Its provider config is not here: the tests take it from `hearth launch opencode`."""
+    env = _base_env(home)
+    env["PATH"] = f"{OPENCODE.parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update(OPENCODE_DISABLE_MODELS_FETCH="1", OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_SHARE="1",
+               OPENCODE_DISABLE_LSP_DOWNLOAD="1", OPENCODE_DISABLE_DEFAULT_PLUGINS="1",
+               OPENCODE_DISABLE_CLAUDE_CODE="1")
+    return env
+
+
+def qwen_env(home: Path) -> dict[str, str]:
+    """Qwen Code on PATH, with a settings.json in its home that turns off usage statistics,
+    telemetry and update checks. Base URL, key and model come from `hearth launch qwen`."""
+    settings = home / ".qwen" / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps({"privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
+                                    "general": {"enableAutoUpdate": False}}))
+    env = _base_env(home)
+    env["PATH"] = f"{QWEN.parent}{os.pathsep}{env.get('PATH', '')}"
     return env

@@ -101,7 +101,14 @@ class Seen:
                 parts.append(data["delta"]["text"])
             elif name == "response.output_text.delta":
                 parts.append(data["delta"])
+            elif not name and data.get("choices"):  # Chat Completions chunks carry no event name
+                parts.append(data["choices"][0].get("delta", {}).get("content") or "")
         return "".join(parts)
+
+    def usage(self) -> dict[str, Any]:
+        """The streamed Chat Completions answer's usage (its last chunk, with include_usage)."""
+        found = [data["usage"] for name, data in self.events() if not name and data.get("usage")]
+        return found[-1] if found else {}
 
 
 @dataclass
@@ -212,3 +219,28 @@ class ForceToolProxy:
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(10)
+
+
+@dataclass
+class AnswerProxy(ForceToolProxy):
+    """For the CLIs that speak Chat Completions (opencode, Qwen Code) in a one-turn run: every
+    request that does not name its own `response_format` gets the ANSWER object as one, and
+    `temperature: 0`; its tools, tool_choice and max_tokens pass as the CLI sent them (the test
+    checks what Hearth does with the CLI's own max_tokens). The grammar can write no tool call
+    and no long text, so each answer ends on its own (`stop`) and the CLI's turn ends with it.
+    A request with its own response_format (a CLI's internal JSON query) passes untouched but
+    for the temperature."""
+
+    tool: str = ""
+    command_key: str = ""
+    command: str = ""
+
+    def rewrite(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        if not path.endswith("/chat/completions"):
+            return body, False
+        out = copy.deepcopy(body)
+        out["temperature"] = 0
+        if not out.get("response_format"):
+            out["response_format"] = {"type": "json_schema",
+                                      "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}
+        return out, False

@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 
 from hearth.api.app import create_app
+from hearth.cli.agents import opencode_output_limit
 from hearth.config import Settings
 from tests.fakes import scripted_backend
 from tests.helpers import free_port, wait_until
@@ -117,7 +118,9 @@ def test_opencode_gets_an_inline_provider_config(fake_bin: Path, url: str) -> No
     provider = config["provider"]["hearth"]
     assert provider["npm"] == "@ai-sdk/openai-compatible"
     assert provider["options"] == {"baseURL": f"{url}/v1", "apiKey": "{env:HEARTH_API_KEY}"}
-    assert provider["models"]["fake"]["limit"]["context"] == N_CTX
+    # opencode keeps `output` free in the window and compacts past `context - output`: a quarter
+    # of the window leaves room for the conversation (the whole window made it compact at once)
+    assert provider["models"]["fake"]["limit"] == {"context": N_CTX, "output": N_CTX // 4}
     assert got["env"]["HEARTH_API_KEY"] == KEY and got["argv"][1:] == []
 
 
@@ -125,6 +128,10 @@ def test_qwen_code_gets_the_openai_variables(fake_bin: Path, url: str) -> None:
     got, _ = started(fake_bin, url, "qwen", "--", "--prompt", "hi")
     env = got["env"]
     assert (env["OPENAI_BASE_URL"], env["OPENAI_API_KEY"], env["OPENAI_MODEL"]) == (f"{url}/v1", KEY, "fake")
+    # its 4-minute stream idle timer (which SSE comments do not reset) would cut a long prefill
+    assert env["QWEN_STREAM_IDLE_TIMEOUT_MS"] == "1800000"
+    # and its 15-minute cap on a stream's life (prefill included) would cut the answer after it
+    assert env["QWEN_STREAM_MAX_LIFETIME_MS"] == "0"
     assert got["argv"][1:] == ["--prompt", "hi"]
 
 
@@ -154,3 +161,7 @@ def test_an_unknown_agent_or_model_is_a_clear_error(fake_bin: Path, url: str) ->
     assert p.returncode == 2 and "choose one of claude, codex, opencode, qwen" in p.stderr
     p = launch("qwen", "--url", url, "--api-key", KEY, "--model", "nope", path=path)
     assert p.returncode == 1 and "no model 'nope'" in p.stderr and "fake" in p.stderr
+
+
+def test_opencodes_output_budget_is_a_quarter_of_the_window_within_its_own_cap() -> None:
+    assert [opencode_output_limit(n) for n in (32768, 4096, 200_000, 3)] == [8192, 1024, 32_000, 1]
