@@ -28,7 +28,9 @@ Both are kept short of lower-class work:
 - *short lower-class chunks*: prompt chunks of `flex` requests (the lowest class) take at
   most `flex_chunk` tokens per step in all, so the step in flight when an interactive request
   arrives is never a full budget of batch prefill. A flex prompt takes more steps; each runs
-  beside the decodes anyway;
+  beside the decodes anyway. And a step holding a flex prompt chunk is interrupted when a
+  request of a higher class than all its work arrives (request_queue.py `put`, the engine's
+  `_decode`): rolled back, it runs again after that request's prompt;
 - *work-conserving*: nothing sits out unless a request of a higher class is prefilling; a
   class alone on the node (a batch with no interactive traffic) gets every step and all of
   the budget except the `flex_chunk` bound on its own prompt chunks.

@@ -10,6 +10,7 @@ on the engine thread, so the step that follows certainly finds the flex work dec
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from hearth.engine import Engine
 from hearth.engine.fair_share import Priority
@@ -18,6 +19,7 @@ from hearth.engine.kv import SlotTable
 from hearth.engine.scheduler import Scheduler, Work
 from hearth.engine.sequence import ActiveRequest, Sequence
 from hearth.engine.types import EngineRequest, SamplingParams
+from tests.helpers import until
 from tests.unit.engine.test_preempt import Collect, alone, request
 from tests.unit.engine.test_scheduler import ran, start_decoding
 
@@ -156,3 +158,57 @@ async def test_on_the_engine_the_interactive_prefill_step_holds_no_flex_work() -
         ref = alone(r)
         assert s.ids == ref.ids and len(s.ids) == 40
     assert urgent_sink.finish == "length" and len(urgent_sink.ids) == 5
+
+
+async def test_an_interactive_arrival_interrupts_a_flex_prompt_chunk_and_goes_first() -> None:
+    """The flex request's prompt chunk is held in its decode (the fake runner's `hold`) until
+    something interrupts it: only the interactive request's arrival can."""
+    hold = threading.Event()
+    hold.set()
+    runner = FakeRunner(n_batch=64, hold=hold, hold_min_tokens=20)  # flex chunks: 32 tokens, held
+    eng = Engine(runner, seq_ctx=512)
+    eng.start()
+    flex = request("flex", "x" * 100, FLEX, tokens=6)
+    urgent = request("urgent", "hi", DEFAULT, tokens=4)
+    flex_sink, urgent_sink = Collect(), Collect()
+    try:
+        eng.submit(flex, flex_sink)
+        assert await asyncio.to_thread(runner.held.wait, 10)  # its first prompt chunk is held
+        eng.submit(urgent, urgent_sink)
+        await until(lambda: len(runner.aborted) == 1, "the held flex chunk interrupted")
+        await until(lambda: len(urgent_sink.ids) >= 1, "the urgent request's first token")
+        hold.clear()
+        for s in (flex_sink, urgent_sink):
+            assert await asyncio.to_thread(s.done.wait, 10)
+    finally:
+        hold.clear()
+        eng.stop()
+    assert [len(e.tokens) for e in runner.aborted[0]] == [32]  # the flex chunk, rolled back
+    after = runner.calls[runner.calls.index(runner.aborted[0]) + 1]
+    assert [e.tokens for e in after] == [urgent.prompt_tokens]  # then the urgent prompt, alone
+    assert eng.stats.interrupted_decodes == 1
+    assert flex_sink.ids == alone(flex).ids and urgent_sink.ids == alone(urgent).ids  # nothing changed
+    for slot in eng.slots.slots:
+        assert runner.kv.get(slot.seq_id, []) == slot.tokens
+
+
+async def test_a_flex_arrival_does_not_interrupt() -> None:
+    hold = threading.Event()
+    hold.set()
+    runner = FakeRunner(n_batch=64, hold=hold, hold_min_tokens=20)
+    eng = Engine(runner, seq_ctx=512)
+    eng.start()
+    first, second = Collect(), Collect()
+    try:
+        eng.submit(request("f1", "x" * 100, FLEX, tokens=3), first)
+        assert await asyncio.to_thread(runner.held.wait, 10)
+        eng.submit(request("f2", "y", FLEX, tokens=3), second)
+        await until(lambda: eng.in_flight == 2 and eng.queue.new == 1, "f2 queued")
+        assert runner.aborted == [] and runner.held.is_set()  # still held: not interrupted
+        hold.clear()
+        for s in (first, second):
+            assert await asyncio.to_thread(s.done.wait, 10)
+    finally:
+        hold.clear()
+        eng.stop()
+    assert runner.aborted == [] and eng.stats.interrupted_decodes == 0
