@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hearth.engine.fair_share import Priority
 from hearth.engine.kv import Placement, SlotTable
 from hearth.engine.runner import BatchEntry
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence
@@ -65,7 +66,7 @@ class Admission:
     placement: Placement
 
 
-FLEX = 0  # the lowest class (hearth.engine.fair_share.Priority.FLEX)
+FLEX = int(Priority.FLEX)  # the lowest class: its prompt chunks are bounded (`flex_chunk`)
 
 
 class Scheduler:
