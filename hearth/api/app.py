@@ -25,6 +25,7 @@ from hearth.api import (
 )
 from hearth.api.anthropic import messages
 from hearth.api.batches import routes as batch_routes
+from hearth.api.batches.metrics import BatchCollector
 from hearth.api.batches.runner import Batches
 from hearth.api.context import NodeContext
 from hearth.api.http.cancels import CancelRegistry
@@ -78,6 +79,7 @@ def create_app(backend: Backend, settings: Settings | None = None, tracing: Trac
                           tracing=tracing, journal=journal,
                           batches=Batches(settings.data_dir, settings.batch_concurrency,
                                           key_names=frozenset(k.name for k in settings.keyring)))
+    metrics.registry.register(BatchCollector(context.batches.store))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -46,7 +46,7 @@ from hearth.engine.prefix_cache import PrefixCache
 from hearth.engine.request_queue import RequestQueue, Taken, fail_calls, outputs, run_calls
 from hearth.engine.residency import Residency
 from hearth.engine.runner import BatchEntry, DecodeAborted, Runner
-from hearth.engine.scheduler import Admission, Scheduler, Work
+from hearth.engine.scheduler import FLEX, Admission, Scheduler, Work
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence, Sink
 from hearth.engine.spec_cost import StepCost
 from hearth.engine.speculate import Drafter, SpecConfig
@@ -248,11 +248,15 @@ class Engine:
 
     def _decode(self, work: list[Work]) -> list[int]:
         """One llama_decode. A batch holding a prompt chunk is long enough to be worth
-        stopping midway: while it runs, `abort` of any request in it interrupts it."""
+        stopping midway: while it runs, `abort` of any request in it interrupts it, and so does
+        the arrival of a request of a higher class than all of its work, when that work holds
+        a `flex` prompt chunk (request_queue.py)."""
         entries = [w.entry for w in work]
         if not any(w.seq is None for w in work):
             return self.runner.decode(entries)
-        self.queue.decode_begins(frozenset(w.ar.request_id for w in work))
+        flex_chunk = any(w.seq is None and w.ar.req.priority <= FLEX for w in work)
+        top = max(w.ar.req.priority for w in work) if flex_chunk else None
+        self.queue.decode_begins(frozenset(w.ar.request_id for w in work), top)
         try:
             return self.runner.decode(entries)
         finally:

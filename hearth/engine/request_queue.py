@@ -12,7 +12,12 @@ request wherever it is (waiting for a slot, running, or paused), before any deco
 a request whose prompt chunk is being decoded now also interrupts that decode: the engine names
 the requests of an interruptible decode (`decode_begins`, `decode_ends`) and the runner's
 interrupt flag is set and cleared under the same lock as the abort is recorded, so an abort
-either interrupts the decode or is seen by the next step, never lost between them.
+either interrupts the decode or is seen by the next step, never lost between them. A new
+request of a higher class than every request of such a decode interrupts it too (`put`): a
+`flex` batch's prompt chunk running when an interactive request arrives is rolled back and
+runs again after that request's prompt (scheduler.py, "Classes within a step"), so the
+interactive request does not wait for it. Each arrival interrupts at most the one decode
+running when it is put.
 
 Which waiting request gets a slot next is not decided here: the scheduler admits FCFS
 (scheduler.py), and the node's admission queue decides the order requests reach `put` in
@@ -62,6 +67,7 @@ class RequestQueue:
         self._calls: list[Call] = []
         self._known: set[str] = set()  # request ids submitted and not yet ended
         self._in_decode: frozenset[str] = frozenset()  # requests of the interruptible decode running now
+        self._decode_class: int | None = None  # the highest class in it: a higher arrival interrupts it
         self._stopping = False
         self._taken = Taken()
 
@@ -86,6 +92,9 @@ class RequestQueue:
                 raise ValueError(f"request id {ar.request_id!r} is already in flight")
             self._known.add(ar.request_id)
             self._inbox.append(ar)
+            if self._decode_class is not None and ar.req.priority > self._decode_class:
+                self._interrupt()
+                self._decode_class = None  # interrupted once: the next arrival waits for the next step
             self._cv.notify()
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
@@ -150,17 +159,20 @@ class RequestQueue:
             t.calls, self._calls = self._calls, []
         return t
 
-    def decode_begins(self, request_ids: frozenset[str]) -> None:
+    def decode_begins(self, request_ids: frozenset[str], top_class: int | None = None) -> None:
         """An interruptible decode of these requests starts: an abort of one of them from now
-        on interrupts it, and so does one that arrived since the step took its aborts."""
+        on interrupts it, and so does one that arrived since the step took its aborts. With
+        `top_class` (the highest class in it), so does a new request of a higher class."""
         with self._cv:
             self._in_decode = request_ids
+            self._decode_class = top_class
             if not request_ids.isdisjoint(self._aborts):
                 self._interrupt()
 
     def decode_ends(self) -> None:
         with self._cv:
             self._in_decode = frozenset()
+            self._decode_class = None
             self._clear_interrupt()
 
     def deliver(self, out: StepOutputs) -> None:

@@ -157,7 +157,7 @@ class Residency:
 
     def _swap_out(self, slot: Slot, owner: str) -> None:
         if slot.tokens:
-            self.swap.put(owner, list(slot.tokens), self.runner.state_get(slot.seq_id))
+            self.swap.put(owner, list(slot.tokens), self.runner.state_get(slot.seq_id), slot.priority)
             self._swap_ns[owner] = slot.ns
             self.stats.swap_outs += 1
         self.truncate(slot, 0)

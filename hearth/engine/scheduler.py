@@ -7,11 +7,36 @@ Pure bookkeeping (no runner calls), so it is unit-tested on its own
 - every decoding sequence gets its one token first (decodes never starve behind prefill),
   followed by the tokens drafted for it this step, if any (speculative decoding: `draft`
   shares out what the budget leaves after those single tokens);
-- the rest of the per-step token budget goes to prompt chunks, oldest request first
-  (chunked prefill: a long prompt is spread over several steps, so running streams keep
-  flowing and aborts are seen between chunks);
+- the rest of the per-step token budget goes to prompt chunks, the highest class first, then
+  the oldest request (chunked prefill: a long prompt is spread over several steps, so running
+  streams keep flowing and aborts are seen between chunks);
 - every token scheduled is `charge`d to its request's tenant (the fair-share tally the
   admission queue picks by, hearth/engine/fair_share.py), prompt chunks and decodes alike.
+
+Classes within a step (issue 40: a `default`/`priority` request's time to first token beside a
+`flex` batch). A request's first token comes out of the step that runs its last prompt chunk,
+so its time to first token is the step in flight when it arrives, plus its own prefill steps.
+Both are kept short of lower-class work:
+- *a higher class's prefill runs alone*: while a running request is still prefilling (it has
+  no first token yet), the work of every running request of a lower class than the highest
+  such prefilling one sits out the step (its decodes and its prompt chunks). Its sequences
+  keep their KV and pending token; they run again the step after;
+- *patience* (no starvation): lower-class work sits out at most `patience` steps in a row;
+  the step after that schedules everyone as if no class were prefilling, so a stream of
+  higher-class arrivals slows lower-class decodes down by at most (patience + 1)x, never
+  stops them;
+- *short lower-class chunks*: prompt chunks of `flex` requests (the lowest class) take at
+  most `flex_chunk` tokens per step in all, so the step in flight when an interactive request
+  arrives is never a full budget of batch prefill. A flex prompt takes more steps; each runs
+  beside the decodes anyway. And a step holding a flex prompt chunk is interrupted when a
+  request of a higher class than all its work arrives (request_queue.py `put`, the engine's
+  `_decode`): rolled back, it runs again after that request's prompt;
+- *work-conserving*: nothing sits out unless a request of a higher class is prefilling; a
+  class alone on the node (a batch with no interactive traffic) gets every step and all of
+  the budget except the `flex_chunk` bound on its own prompt chunks.
+Invariants: a step never schedules a lower-class token while a higher-class request prefills,
+except on a patience step; `sat_out` counts the steps in a row that left lower-class work out
+and is reset by any step that did not.
 """
 
 from __future__ import annotations
@@ -20,6 +45,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hearth.engine.fair_share import Priority
 from hearth.engine.kv import Placement, SlotTable
 from hearth.engine.runner import BatchEntry
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence
@@ -40,12 +66,23 @@ class Admission:
     placement: Placement
 
 
+FLEX = int(Priority.FLEX)  # the lowest class: its prompt chunks are bounded (`flex_chunk`)
+
+
 class Scheduler:
-    def __init__(self, slots: SlotTable, token_budget: int) -> None:
+    def __init__(self, slots: SlotTable, token_budget: int, *, patience: int = 8,
+                 flex_chunk: int | None = None) -> None:
         if token_budget < len(slots.slots):
             raise ValueError("token budget must cover one decode token per slot")
+        if patience < 0:
+            raise ValueError("patience must be >= 0")
         self.slots = slots
         self.token_budget = token_budget
+        self.patience = patience  # steps in a row lower-class work may sit out
+        # prompt tokens of flex requests per step (default: a quarter of the budget, at least 32)
+        self.flex_chunk = flex_chunk if flex_chunk is not None else max(32, token_budget // 4)
+        self.sat_out = 0  # steps in a row that left lower-class work out
+        self.yields = 0  # steps that left lower-class work out, in all (reporting)
         self.waiting: deque[ActiveRequest] = deque()
         self.running: list[ActiveRequest] = []
         self.charge: Callable[[str, int], None] | None = None  # (tenant, tokens) per step: FairShare.charge
@@ -109,11 +146,29 @@ class Scheduler:
                 seq.draft = seq.drafter.propose(limit, len(decoding), fixed_over_token)
                 room -= len(seq.draft)
 
+    def lead(self) -> int | None:
+        """The class whose prefill runs alone this step: the highest class of a running request
+        still prefilling, if some running request is of a lower class; else None."""
+        prefilling = [ar.req.priority for ar in self.running if ar.phase is Phase.PREFILL]
+        if not prefilling:
+            return None
+        top = max(prefilling)
+        return top if any(ar.req.priority < top for ar in self.running) else None
+
     def schedule(self) -> list[Work]:
         work: list[Work] = []
         budget = self.token_budget
+        lead = self.lead()
+        if lead is not None and self.sat_out >= self.patience:
+            lead = None  # patience: lower-class work runs this step
+        left_out = False
         for ar in self.running:
             if ar.phase is not Phase.DECODE:
+                continue
+            if lead is not None and ar.req.priority < lead:
+                for seq in ar.live_seqs():
+                    seq.draft = []
+                left_out = True
                 continue
             for seq in ar.live_seqs():
                 assert seq.pending is not None
@@ -121,16 +176,33 @@ class Scheduler:
                 entry = BatchEntry(seq.slot.seq_id, tokens, len(seq.slot.tokens), len(tokens))
                 work.append(Work(ar, seq, entry))
                 budget -= len(tokens)
-        for ar in self.running:
+        flex_left = self.flex_chunk
+        # the highest class first, then the oldest (sorted is stable)
+        for ar in sorted(self.running, key=lambda ar: -ar.req.priority):
             if budget <= 0:
                 break
             if ar.phase is not Phase.PREFILL:
                 continue
+            if lead is not None and ar.req.priority < lead:
+                left_out = True
+                continue
+            room = budget
+            if ar.req.priority <= FLEX:
+                room = min(room, flex_left)
+                if room <= 0:
+                    continue
             first = ar.seqs[0].slot
-            chunk = ar.prompt[ar.prefill_pos: ar.prefill_pos + budget]
+            chunk = ar.prompt[ar.prefill_pos: ar.prefill_pos + room]
             done = ar.prefill_pos + len(chunk) == len(ar.prompt)
             work.append(Work(ar, None, BatchEntry(first.seq_id, chunk, ar.prefill_pos, int(done))))
             budget -= len(chunk)
+            if ar.req.priority <= FLEX:
+                flex_left -= len(chunk)
+        if left_out:
+            self.sat_out += 1
+            self.yields += 1
+        else:
+            self.sat_out = 0
         if self.charge is not None:
             spent: dict[str, int] = {}
             for w in work:

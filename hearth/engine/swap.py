@@ -1,10 +1,14 @@
 """Swapped-out sequence state: session KV that left its slot, in host RAM, then on disk.
 
 An entry is one session's KV as llama.cpp's seq-state bytes plus the exact token ids they
-hold. `put` keeps it in RAM; past the RAM budget the least recently used entries are written
-to `<dir>/<owner>.kv` by a background thread (the engine thread never waits on disk writes)
-and dropped from RAM once the file is in place. `take` hands an entry back (from RAM, or read
-from disk) and forgets it: the slot it goes into is now where it lives.
+hold, and the class of the turn that left it (`Priority`: 0 flex, 1 default, 2 priority).
+`put` keeps it in RAM; past the RAM budget entries are written to `<dir>/<owner>.kv` by a
+background thread (the engine thread never waits on disk writes) and dropped from RAM once the
+file is in place. Which go first (issue 40): the lowest class, then the least recently used
+within it, so a `flex` owner's KV leaves RAM before any interactive session's, however
+recently either was used. Without a directory the same order says whose KV is forgotten.
+`take` hands an entry back (from RAM, or read from disk) and forgets it: the slot it goes into
+is now where it lives.
 
 File format (no pickle): b"HKV1", u32 LE header length, a JSON header {fingerprint,
 n_tokens, kv_bytes, xxh3_128}, the token ids (int32 LE), then the KV bytes. Written to a
@@ -54,6 +58,13 @@ class _Entry:
     tokens: list[int]
     data: bytes | None  # None: only on disk
     n_bytes: int
+    priority: int = 1  # the class of the turn that left it here: the lowest spills first
+
+
+def _spill_order(entries: OrderedDict[str, _Entry]) -> list[str]:
+    """Owners of the entries in RAM, first to leave first: the lowest class, then the least
+    recently used (`entries` is in recency order; sorted is stable)."""
+    return sorted((o for o, e in entries.items() if e.data is not None), key=lambda o: entries[o].priority)
 
 
 def write_kv_file(path: Path, tokens: list[int], data: bytes, fingerprint: dict[str, Any]) -> None:
@@ -185,11 +196,14 @@ class SwapStore:
 
     # ---- changes -----------------------------------------------------------------------------
 
-    def put(self, owner: str, tokens: list[int], data: bytes) -> None:
+    def put(self, owner: str, tokens: list[int], data: bytes, priority: int | None = None) -> None:
+        """Keep an owner's KV in RAM (the most recently used now). `priority`: the class of the
+        turn that left it (None: the class its entry had, else default)."""
         check_owner(owner)
         with self._lock:
-            self._entries.pop(owner, None)
-            self._entries[owner] = _Entry(list(tokens), data, len(data))
+            old = self._entries.pop(owner, None)
+            cls = priority if priority is not None else (old.priority if old is not None else 1)
+            self._entries[owner] = _Entry(list(tokens), data, len(data), cls)
             self._over_budget()
 
     def peek(self, owner: str) -> tuple[list[int], bytes] | None:
@@ -241,8 +255,8 @@ class SwapStore:
         used = sum(e.n_bytes for e in self._entries.values() if e.data is not None)
         if used <= self.ram_budget:
             return
-        if self.dir is None:  # nowhere to spill: forget the oldest (they will be re-prefilled)
-            for owner in list(self._entries):
+        if self.dir is None:  # nowhere to spill: forget by the spill order (they will be re-prefilled)
+            for owner in _spill_order(self._entries):
                 if used <= self.ram_budget:
                     break
                 used -= self._entries.pop(owner).n_bytes
@@ -255,11 +269,12 @@ class SwapStore:
         while True:
             with self._lock:
                 used = sum(e.n_bytes for e in self._entries.values() if e.data is not None)
-                victim = next(((o, e) for o, e in self._entries.items() if e.data is not None), None)
-                if used <= self.ram_budget or victim is None:
+                order = _spill_order(self._entries)
+                if used <= self.ram_budget or not order:
                     self._writer = None  # under the lock, so the next put starts a new writer
                     return
-                owner, e = victim
+                owner = order[0]
+                e = self._entries[owner]
                 tokens, data = e.tokens, e.data
             assert data is not None
             try:

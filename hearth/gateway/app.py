@@ -21,6 +21,7 @@ from hearth.api.anthropic import messages as anthropic
 from hearth.api.app import create_app
 from hearth.config import Settings
 from hearth.gateway.background import RelayedBackground
+from hearth.gateway.batches.metrics import GatewayBatchCollector
 from hearth.gateway.batches.runner import GatewayBatches
 from hearth.gateway.edge import admin, generate, models, ollama, resources, usage
 from hearth.gateway.edge import batches as batch_routes
@@ -78,6 +79,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     metrics.registry.register(KeyUsageCollector(accounts))
     background = RelayedBackground(proxy, store, settings.heartbeat)
     batches = GatewayBatches(BatchTables(store), settings.batch_concurrency, settings.lease_ttl)
+    batch_metrics = GatewayBatchCollector(batches)
+    metrics.registry.register(batch_metrics)
     translator, translated_aliases = _translator(settings, pool, client, http)
     mover = Mover(pool, store, nodes, metrics)
     leases = Leases(mover, min(settings.probe_interval, settings.lease_ttl / 3))
@@ -86,6 +89,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     membership = Membership(settings, pool, store, mover, prober)
 
     async def metrics_endpoint(request: Request) -> Response:
+        await batch_metrics.refresh()
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @contextlib.asynccontextmanager

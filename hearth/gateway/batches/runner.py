@@ -89,9 +89,16 @@ class GatewayBatches:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._adopter = Periodic(adopt_interval, self.adopt, "adopting batches")
         self.stopping = False  # set by `shutdown`: answers from now on may be cut short, not recorded
+        # lines this gateway recorded, by (tenant, "completed" or "failed"): /metrics (metrics.py)
+        self.lines: dict[tuple[str, str], int] = {}
 
     def now(self) -> int:
         return int(self.clock())
+
+    @property
+    def running(self) -> int:
+        """Batches this gateway runs now."""
+        return len(self._tasks)
 
     async def public(self, row: BatchRow) -> dict[str, Any]:
         """The batch object with its counts as the records say."""
@@ -194,7 +201,7 @@ class GatewayBatches:
             done = {r.custom_id for r in await self.tables.results(batch_id)}
             for line in lines:
                 if line.custom_id not in done:
-                    await self.tables.record(batch_id, line.custom_id, False, line_out(line, None, EXPIRED))
+                    await self._record(obj, row.owner, line.custom_id, False, line_out(line, None, EXPIRED))
             await self._finish(obj, row.owner, lines, "expired")
         else:
             if obj["status"] != "finalizing":
@@ -222,6 +229,12 @@ class GatewayBatches:
         recorded = {r.custom_id for r in await self.tables.results(batch_id)}
         return any(ln.custom_id not in recorded for ln in lines)
 
+    async def _record(self, obj: dict[str, Any], tenant: str, custom_id: str, ok: bool, out: dict[str, Any]) -> None:
+        """Record a line's answer; counted for /metrics when this write was the line's first."""
+        if await self.tables.record(obj["id"], custom_id, ok, out):
+            key = (tenant, "completed" if ok else "failed")
+            self.lines[key] = self.lines.get(key, 0) + 1
+
     async def _one(self, obj: dict[str, Any], who: Caller, line: Line) -> None:
         assert self.app is not None
         body = {**line.body, "service_tier": SERVICE_TIER}
@@ -231,7 +244,7 @@ class GatewayBatches:
                 answer = await dispatch.call(self.app, who, line.url, body)
             except Exception as e:  # the app answers every error itself; this is a defect: record it
                 log.exception("batch %s line %s failed", obj["id"], line.custom_id)
-                await self.tables.record(obj["id"], line.custom_id, False, line_out(
+                await self._record(obj, who.tenant, line.custom_id, False, line_out(
                     line, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}))
                 return
             if self.stopping:
@@ -244,7 +257,7 @@ class GatewayBatches:
             delay = min(delay * 2, RETRY_MAX)
         ok = 200 <= answer.status < 300
         response = {"status_code": answer.status, "request_id": answer.request_id, "body": answer.body}
-        await self.tables.record(obj["id"], line.custom_id, ok, line_out(line, response, None))
+        await self._record(obj, who.tenant, line.custom_id, ok, line_out(line, response, None))
 
     async def _finish(self, obj: dict[str, Any], owner: str, lines: list[Line], status: str) -> None:
         """Write the output and error files from the recorded lines (in input order), then the

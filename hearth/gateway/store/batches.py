@@ -140,6 +140,13 @@ class BatchTables:
             rows = await tx.fetchall("SELECT custom_id, ok, line FROM batch_results WHERE batch_id = ?", (batch_id,))
         return [Result(str(r[0]), bool(r[1]), json.loads(r[2])) for r in rows]
 
+    async def statuses(self) -> dict[str, int]:
+        """How many batches the database holds, by status (for /metrics: one GROUP BY over the
+        batches, not their lines)."""
+        async with self.store._tx() as tx:
+            rows = await tx.fetchall("SELECT status, COUNT(*) FROM batches GROUP BY status", ())
+        return {str(r[0]): int(r[1]) for r in rows}
+
     async def counts(self, batch_id: str) -> tuple[int, int]:
         """(completed, failed) lines so far."""
         async with self.store._tx() as tx:
