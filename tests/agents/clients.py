@@ -142,11 +142,15 @@ def opencode_env(home: Path) -> dict[str, str]:
 
 def qwen_env(home: Path) -> dict[str, str]:
     """Qwen Code on PATH, with a settings.json in its home that turns off usage statistics,
-    telemetry and update checks. Base URL, key and model come from `hearth launch qwen`."""
+    telemetry, update checks and its managed auto-memory (after a turn it sends a request of its
+    own, ~13k tokens more to prefill: ~4 of the test's ~11 minutes on 2 cores, testing nothing
+    of Hearth's that the first request does not; checked against a fake server: with it off,
+    `qwen -p` sends one request). Base URL, key and model come from `hearth launch qwen`."""
     settings = home / ".qwen" / "settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)
     settings.write_text(json.dumps({"privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
-                                    "general": {"enableAutoUpdate": False}}))
+                                    "general": {"enableAutoUpdate": False},
+                                    "memory": {"enableManagedAutoMemory": False}}))
     env = _base_env(home)
     env["PATH"] = f"{QWEN.parent}{os.pathsep}{env.get('PATH', '')}"
     return env
