@@ -50,16 +50,27 @@ class Agent:
         return f"npm install -g {self.package}"
 
 
+# How long an agent CLI waits for the next event of a stream before it drops the request (and
+# retries it from the start): 30 minutes. Their defaults (Claude Code's and Codex's 5 minutes,
+# Qwen Code's 4) count events, not the SSE comments Hearth sends while it processes a prompt,
+# and a cold agent prompt (8-13k tokens) takes 2-7 minutes to prefill on a two-core machine
+# (README, "Agents"): each retry started over, so it never ended. Hearth's own time cap, counted
+# from the first token, still ends every answer.
+STREAM_IDLE_MS = 1_800_000
+
+
 def claude_code(t: Target) -> AgentConfig:
     """Claude Code over Anthropic's Messages API. Every model role is the one model. The
     attribution header is off: Claude Code writes it into the system prompt with a value that
     changes per request, which would make every prompt a cache miss from its first block.
-    Non-essential traffic (telemetry, updates, error reports) is off: it would go to Anthropic."""
+    Non-essential traffic (telemetry, updates, error reports) is off: it would go to Anthropic.
+    Its stream idle timer is widened (STREAM_IDLE_MS)."""
     env = {"ANTHROPIC_BASE_URL": t.url, "ANTHROPIC_AUTH_TOKEN": t.key or NO_KEY, "ANTHROPIC_API_KEY": "",
            "ANTHROPIC_MODEL": t.model, "ANTHROPIC_SMALL_FAST_MODEL": t.model,
            "ANTHROPIC_DEFAULT_HAIKU_MODEL": t.model, "ANTHROPIC_DEFAULT_SONNET_MODEL": t.model,
            "ANTHROPIC_DEFAULT_OPUS_MODEL": t.model,
-           "CLAUDE_CODE_ATTRIBUTION_HEADER": "0", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+           "CLAUDE_CODE_ATTRIBUTION_HEADER": "0", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(STREAM_IDLE_MS)}
     if t.context:
         env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(t.context)
     return AgentConfig(env=env, secret={"ANTHROPIC_AUTH_TOKEN"})
@@ -68,11 +79,13 @@ def claude_code(t: Target) -> AgentConfig:
 def codex_provider(t: Target) -> dict[str, str | int]:
     """Codex's settings for Hearth as its model provider over the Responses API, as config keys
     (a config.toml's, or `-c key=value` overrides). Codex sends a prompt_cache_key per
-    conversation, which Hearth uses to keep that conversation's slot and cached prefix."""
+    conversation, which Hearth uses to keep that conversation's slot and cached prefix. Its
+    stream idle timer is widened (STREAM_IDLE_MS)."""
     out: dict[str, str | int] = {
         "model": t.model, "model_provider": "hearth",
         "model_providers.hearth.name": "Hearth", "model_providers.hearth.base_url": f"{t.url}/v1",
-        "model_providers.hearth.env_key": KEY_ENV, "model_providers.hearth.wire_api": "responses"}
+        "model_providers.hearth.env_key": KEY_ENV, "model_providers.hearth.wire_api": "responses",
+        "model_providers.hearth.stream_idle_timeout_ms": STREAM_IDLE_MS}
     if t.context:
         out["model_context_window"] = t.context
     return out
@@ -107,10 +120,9 @@ def opencode(t: Target) -> AgentConfig:
                        secret={KEY_ENV})
 
 
-# How long Qwen Code waits for the next chunk of a stream before it drops the request and
-# retries: 30 minutes, room for a long prompt's prefill on a slow CPU (its default, 4 minutes,
-# cut its own 13k-token first prompt on a loaded two-core machine, and each retry started over).
-QWEN_STREAM_IDLE_MS = 1_800_000
+# Qwen Code's stream idle timer (4 minutes by default) cut its own 13k-token first prompt on a
+# loaded two-core machine, and each retry started over: it gets STREAM_IDLE_MS too.
+QWEN_STREAM_IDLE_MS = STREAM_IDLE_MS
 # Its cap on a stream's whole life (15 minutes by default) is off (0): it cut the same prompt's
 # answer after a 13-minute prefill. Hearth's own time cap, counted from the first token, ends
 # every answer, so the stream stays bounded.

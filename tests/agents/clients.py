@@ -93,9 +93,6 @@ check_for_update_on_startup = false
 {hearth}
 request_max_retries = 0
 stream_max_retries = 0
-# Codex's idle timer counts SSE events, not the comments Hearth sends while a cold prompt is
-# prefilled: give a loaded CI machine room.
-stream_idle_timeout_ms = 1800000
 
 [analytics]
 enabled = false
@@ -122,8 +119,6 @@ def claude_env(home: Path, base_url: str) -> dict[str, str]:
         DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1",
         DISABLE_ERROR_REPORTING="1", DISABLE_BUG_COMMAND="1", CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY="1",
         CLAUDE_CODE_ENABLE_TELEMETRY="0",
-        # room for a cold prefill on a loaded machine (5 min by default)
-        CLAUDE_STREAM_IDLE_TIMEOUT_MS="1800000",
     )
     return env
 

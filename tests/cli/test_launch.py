@@ -93,6 +93,8 @@ def test_claude_gets_the_base_url_key_model_and_cache_settings(fake_bin: Path, u
                              "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL")} == {"fake"}
     assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0" and env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == str(N_CTX)
+    # its 5-minute stream idle timer (which SSE comments do not reset) would cut a cold prefill
+    assert env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == "1800000"
     assert got["argv"][1:] == ["-p", "hi", "--model", "x"]  # what follows `--` is the CLI's
     assert f"ANTHROPIC_BASE_URL={url}" in printed and "ANTHROPIC_AUTH_TOKEN=(the server's key)" in printed
 
@@ -106,7 +108,9 @@ def test_codex_gets_hearth_as_its_responses_provider(fake_bin: Path, url: str) -
     assert {k: json.loads(v) for k, v in overrides.items()} == {
         "model": "fake", "model_provider": "hearth", "model_providers.hearth.name": "Hearth",
         "model_providers.hearth.base_url": f"{url}/v1", "model_providers.hearth.env_key": "HEARTH_API_KEY",
-        "model_providers.hearth.wire_api": "responses", "model_context_window": N_CTX}
+        "model_providers.hearth.wire_api": "responses", "model_context_window": N_CTX,
+        # its 5-minute stream idle timer counts SSE events, not comments: a cold prefill outlasts it
+        "model_providers.hearth.stream_idle_timeout_ms": 1_800_000}
     assert got["env"]["HEARTH_API_KEY"] == KEY
     assert "HEARTH_API_KEY=(the server's key)" in printed
 
