@@ -1,12 +1,13 @@
-"""A background writer that batches what its callers hand it: the usage ledger's rows, log lines.
+"""A background writer that batches what its callers hand it (the usage ledger's rows).
 
 `put` appends to a bounded queue and returns; it wakes the writer thread only when the thread
 is not already awake. Once woken, the thread waits `linger` seconds for more, then hands all
 that has queued (up to `batch` items a call) to `write`. So a busy server pays one thread
-wakeup and one write per `linger`, not one per item: on 2 cores, a futex wakeup, a write
-syscall and the GIL they take per request cost a one-input embeddings request 1-5 % of its
-requests/s (the ledger's per-request transaction ~4.5 %, the access log line ~1.5 %). `flush`
-and `close` cut the wait short; nothing put before they return is left unwritten.
+wakeup and one write per `linger`, not one per item: on 2 cores the ledger's per-request
+wakeup and transaction (and the GIL they take) cost a one-input embeddings request ~4.5 % of
+its requests/s. `flush` and `close` cut the wait short; nothing put before they return is left
+unwritten. (Not for log lines: a process that dies by the signal uvicorn re-raises after its
+shutdown runs no flush, and its last lines would be lost.)
 
 Invariant (under `_cv`): items wait in the queue only while `_woken` is set or the thread is
 about to look at the queue again; the thread clears `_woken` before it drains, so an item

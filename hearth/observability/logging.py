@@ -7,14 +7,10 @@ import json
 import logging
 import re
 import sys
-import threading
 import time
 import uuid
-from typing import TextIO
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from hearth.observability.linger import Lingering
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 # The error answer of the current request, for its log line: (status, code, reason). A mutable
@@ -40,47 +36,8 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(obj, ensure_ascii=False)
 
 
-class BackgroundStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A StreamHandler whose lines a background thread writes (hearth.observability.linger,
-    no linger: it writes what has queued as soon as it wakes, so lines that come while it writes
-    share one write), keeping the write syscall off the event loop. The order of lines is kept;
-    WARNING and above are written before `emit` returns (an error is on disk before whatever
-    follows it, a crash included); `flush` (logging.shutdown at exit) writes everything queued."""
-
-    def __init__(self, stream: TextIO) -> None:
-        super().__init__(stream)
-        self._io = threading.Lock()  # the stream; never the handler's own lock (emit holds that)
-        self._lines: Lingering[str] = Lingering(self._write, name="hearth-log", linger=0.0, capacity=100_000)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            line = self.format(record) + self.terminator
-        except Exception:
-            self.handleError(record)
-            return
-        if not self._lines.put(line):  # 100k lines behind: write this one here
-            self._write([line])
-        elif record.levelno >= logging.WARNING:
-            self._lines.flush(5.0)
-
-    def _write(self, lines: list[str]) -> None:
-        with self._io:
-            try:
-                self.stream.write("".join(lines))
-                self.stream.flush()
-            except (OSError, ValueError):  # a closed or broken stream: nothing to tell it to
-                pass
-
-    def flush(self) -> None:
-        self._lines.flush(5.0)
-
-    def close(self) -> None:
-        self._lines.close(5.0)
-        super().close()
-
-
 def setup_logging(level: str, fmt: str) -> None:
-    handler = BackgroundStreamHandler(sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
