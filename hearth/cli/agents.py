@@ -120,9 +120,6 @@ def opencode(t: Target) -> AgentConfig:
                        secret={KEY_ENV})
 
 
-# Qwen Code's stream idle timer (4 minutes by default) cut its own 13k-token first prompt on a
-# loaded two-core machine, and each retry started over: it gets STREAM_IDLE_MS too.
-QWEN_STREAM_IDLE_MS = STREAM_IDLE_MS
 # Its cap on a stream's whole life (15 minutes by default) is off (0): it cut the same prompt's
 # answer after a 13-minute prefill. Hearth's own time cap, counted from the first token, ends
 # every answer, so the stream stays bounded.
@@ -133,10 +130,12 @@ def qwen_code(t: Target) -> AgentConfig:
     """Qwen Code over OpenAI's Chat Completions. It asks for a fixed max_tokens (32,768) whatever
     the model: Hearth lowers it to what the context leaves (unless --strict-max-tokens). Its
     stream idle timer counts chunks, not the SSE comments Hearth sends while it processes the
-    prompt, so it is widened (QWEN_STREAM_IDLE_MS), and its cap on a stream's life, which
-    counts the prompt's processing too, is off (QWEN_STREAM_MAX_LIFETIME_MS)."""
+    prompt (4 minutes by default: it cut its own 13k-token first prompt on a loaded two-core
+    machine, each retry starting over), so it is widened (STREAM_IDLE_MS), and its cap on a
+    stream's life, which counts the prompt's processing too, is off
+    (QWEN_STREAM_MAX_LIFETIME_MS)."""
     env = {"OPENAI_BASE_URL": f"{t.url}/v1", "OPENAI_API_KEY": t.key or NO_KEY, "OPENAI_MODEL": t.model,
-           "QWEN_STREAM_IDLE_TIMEOUT_MS": str(QWEN_STREAM_IDLE_MS),
+           "QWEN_STREAM_IDLE_TIMEOUT_MS": str(STREAM_IDLE_MS),
            "QWEN_STREAM_MAX_LIFETIME_MS": str(QWEN_STREAM_MAX_LIFETIME_MS)}
     return AgentConfig(env=env, secret={"OPENAI_API_KEY"})
 
