@@ -3,8 +3,10 @@
 1 and 8 concurrent streams, the same model, threads and slots; and the ledger's own write
 throughput (rows/s it commits, and the queue depth, under a burst far beyond any server's rate).
 
-Both servers stay up; rounds alternate them (off, on, off, on, ...) so drift in the machine's
-load hits both alike. Per round and stream count: every stream sends the same temperature-0
+`--pairs` fresh pairs of servers, started in alternating order (two identical servers differ by
+a few per cent for as long as they live: an A/A calibration is in bench/README.md); within a
+pair, rounds alternate them (off, on, on, off, ...) so drift in the machine's load hits both alike.
+Per round and stream count: every stream sends the same temperature-0
 request (`--tokens` tokens, ignore_eos) and the client measures TTFT (request sent to first
 content chunk) and decode tok/s (tokens after the first / time from the first to the last).
 Reported: medians over rounds, and on/off ratios.
@@ -145,9 +147,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per pair of servers")
+    ap.add_argument("--pairs", type=int, default=2, help="fresh off/on server pairs, started in alternating order")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--calibrate", action="store_true",
+                    help="an A/A run: both servers off, to see the spread the method itself has")
     ap.add_argument("--streams", default="1,8")
     ap.add_argument("--ledger-rows", type=int, default=50_000)
     ap.add_argument("--load", default="", help="a label for the machine's load (e.g. 'under load: 6 helpers')")
@@ -155,32 +160,40 @@ def main() -> None:
     args = ap.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     receiver = Receiver().start()
-    procs = []
     samples: dict[str, dict[str, list[dict[str, float]]]] = {"off": {str(s): [] for s in streams},
                                                              "on": {str(s): [] for s in streams}}
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            off_url, p = start(Path(tmp) / "off", args.threads, max(streams), ["--no-usage-ledger"], {})
-            procs.append(p)
-            on_url, p = start(Path(tmp) / "on", args.threads, max(streams), ["--otlp-endpoint", receiver.url], {})
-            procs.append(p)
-            for url in (off_url, on_url):  # warm-up
-                round_of(url, 1, 8)
-            for r in range(args.rounds):
-                for s in streams:
-                    for mode, url in (("off", off_url), ("on", on_url)) if r % 2 == 0 else \
-                            (("on", on_url), ("off", off_url)):
-                        samples[mode][str(s)].append(round_of(url, s, args.tokens))
-                        print(mode, s, samples[mode][str(s)][-1], flush=True)
-        finally:
-            for p in procs:
-                p.terminate()
-                p.wait(30)
+    for pair in range(args.pairs):
+        # A fresh pair of servers each time, started in alternating order: two identical servers
+        # differ by a few per cent for as long as they live (an A/A run with both off measured
+        # 1.03x at 1 stream, 1.02x at 8), so one pair cannot show a 1 % effect; over pairs that bias
+        # falls on "on" and "off" alike.
+        first_on = pair % 2 == 1
+        with tempfile.TemporaryDirectory() as tmp:
+            procs = []
+            try:
+                urls: dict[str, str] = {}
+                for mode in (("on", "off") if first_on else ("off", "on")):
+                    on = mode == "on" and not args.calibrate
+                    extra = ["--otlp-endpoint", receiver.url] if on else ["--no-usage-ledger"]
+                    urls[mode], p = start(Path(tmp) / mode, args.threads, max(streams), extra, {})
+                    procs.append(p)
+                for url in urls.values():  # warm-up
+                    round_of(url, 1, 8)
+                for r in range(args.rounds):
+                    for s in streams:
+                        for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                            samples[mode][str(s)].append(round_of(urls[mode], s, args.tokens))
+                            print(f"pair {pair}", mode, s, samples[mode][str(s)][-1], flush=True)
+            finally:
+                for p in procs:
+                    p.terminate()
+                    p.wait(30)
     receiver.stop()
     medians = {mode: {s: {m: statistics.median(x[m] for x in runs) for m in ("ttft_ms", "decode_tps_per_stream")}
                       for s, runs in per.items()} for mode, per in samples.items()}
     ratios = per_round_ratios(samples)
-    result = {"settings": {"rounds": args.rounds, "threads": args.threads, "tokens": args.tokens, "streams": streams,
+    result = {"settings": {"calibrate": args.calibrate, "pairs": args.pairs, "rounds": args.rounds,
+                           "threads": args.threads, "tokens": args.tokens, "streams": streams,
                            "load": args.load or "unlabelled"},
               "medians": medians, "on_over_off": ratios, "samples": samples, "spans_received": len(receiver.spans),
               "ledger": ledger_throughput(args.ledger_rows)}
