@@ -348,7 +348,9 @@ def test_2000_cancels_racing_registration_leave_no_run_or_slot_behind() -> None:
 
     runner = FakeRunner(n_seq_max=4)
     eng = make(runner, seq_ctx=100000)
-    registry = CancelRegistry()
+    # A stopped clock: a cancel stashed ahead of its run must not expire however slowly the
+    # launcher runs (a paused or loaded machine once made the 30 s TTL lapse mid-test).
+    registry = CancelRegistry(clock=lambda: 0.0)
     n = 2000
     ended = threading.Semaphore(0)
     reasons: dict[str, FinishReason] = {}
