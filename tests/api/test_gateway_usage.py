@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 from starlette.types import Message
 
@@ -146,10 +147,13 @@ async def test_a_stream_the_client_left_counts_its_nodes_exact_tokens(tmp_path: 
             9, 2, 7, 6)
 
 
-async def test_a_failed_over_stream_the_client_left_counts_each_parts_exact_tokens(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+async def test_a_failed_over_stream_the_client_left_counts_each_parts_exact_tokens(tmp_path: Path, path: str) -> None:
     # "Hel" on a, which breaks; the continuation "lo" on b, which is still going when the client
     # leaves. Each node's own row (a: the broken first answer, b: its continuation, which counts
-    # only what it generated) is looked up under that node's answer id; the gateway's row adds them.
+    # only what it generated) is looked up under that node's answer id (in its events, or for
+    # Ollama in its header); the gateway's row adds them.
+    ollama = path == "/api/chat"
     fleet = Fleet()
     asked: list[tuple[str, str]] = []
     node_rows = {"a": {"request_id": "chatcmpl-1", "prompt_tokens": 9, "cached_tokens": 2, "generated_tokens": 4,
@@ -164,23 +168,27 @@ async def test_a_failed_over_stream_the_client_left_counts_each_parts_exact_toke
                 found = [node_rows[name]] if r.url.params["request_id"] == node_rows[name]["request_id"] else []
                 return httpx.Response(200, json={"object": "list", "data": found})
             if name == "a":
-                return sse(chunks=[chunk("chatcmpl-1", {"role": "assistant", "content": ""}),
-                                   chunk("chatcmpl-1", {"content": "Hel"})], broken=True)
-            return sse(chunks=[chunk("chatcmpl-2", {"role": "assistant", "content": ""}),
-                               chunk("chatcmpl-2", {"content": "lo"})], stall=NEVER)  # still going
+                return ndjson("chatcmpl-1", [piece("Hel")], broken=True) if ollama else sse(
+                    chunks=[chunk("chatcmpl-1", {"role": "assistant", "content": ""}),
+                            chunk("chatcmpl-1", {"content": "Hel"})], broken=True)
+            return ndjson("chatcmpl-2", [piece("lo")]) if ollama else sse(  # still going
+                chunks=[chunk("chatcmpl-2", {"role": "assistant", "content": ""}),
+                        chunk("chatcmpl-2", {"content": "lo"})], stall=NEVER)
         return answer
 
     fleet.behave = {"a": node("a"), "b": node("b")}
     async with gateway(tmp_path, fleet) as (app, gw):
         gateway_of(app).pool._soft["header:k"] = "a"
-        got = await leave_after_first_event(app, "/v1/chat/completions", STREAM, {"X-Session-Id": "k"}, b'"lo"')
+        got = await leave_after_first_event(app, path, STREAM, {"X-Session-Id": "k"}, b'"lo"',
+                                            b'"done"' if ollama else b"data: ")
         assert b"Hel" in got and b"chatcmpl-2" not in got  # the client sees one answer, the first's id
         ledger = gateway_of(app).proxy.ledger
         assert ledger is not None
         await until(lambda: ledger.settling == 0, "the cancelled turn's counts to be settled")
         [row] = await rows(gw)
         assert sorted(asked) == [("a", "chatcmpl-1"), ("b", "chatcmpl-2")]
-        assert (row["nodes"], row["failovers"], row["cancelled"]) == ("a,b", 1, "disconnect")
+        assert (row["request_id"], row["nodes"], row["failovers"], row["cancelled"]) == (
+            "chatcmpl-1", "a,b", 1, "disconnect")
         assert (row["prompt_tokens"], row["cached_tokens"], row["generated_tokens"], row["discarded_tokens"]) == (
             9, 2, 4 + 5, 3 + 4)
 
@@ -220,40 +228,6 @@ async def test_an_ollama_stream_the_client_left_counts_its_nodes_exact_tokens(tm
         assert asked == ["chatcmpl-7"]
         assert (row["request_id"], row["endpoint"], row["cancelled"]) == ("chatcmpl-7", "ollama_chat", "disconnect")
         assert (row["prompt_tokens"], row["generated_tokens"], row["discarded_tokens"]) == (9, 11, 8)
-
-
-async def test_a_failed_over_ollama_stream_the_client_left_counts_each_parts_exact_tokens(tmp_path: Path) -> None:
-    fleet = Fleet()
-    asked: list[tuple[str, str]] = []
-    node_rows = {"a": {"request_id": "chatcmpl-1", "prompt_tokens": 9, "cached_tokens": 0, "generated_tokens": 4,
-                       "discarded_tokens": 3, "cancelled": "disconnect"},
-                 "b": {"request_id": "chatcmpl-2", "prompt_tokens": 12, "cached_tokens": 9, "generated_tokens": 5,
-                       "discarded_tokens": 4, "cancelled": "disconnect"}}
-
-    def node(name: str) -> Callable[[httpx.Request], httpx.Response]:
-        def answer(r: httpx.Request) -> httpx.Response:
-            if r.url.path == "/admin/usage":
-                asked.append((name, r.url.params["request_id"]))
-                found = [node_rows[name]] if r.url.params["request_id"] == node_rows[name]["request_id"] else []
-                return httpx.Response(200, json={"object": "list", "data": found})
-            if name == "a":
-                return ndjson("chatcmpl-1", [piece("Hel")], broken=True)
-            return ndjson("chatcmpl-2", [piece("lo")])  # still going
-        return answer
-
-    fleet.behave = {"a": node("a"), "b": node("b")}
-    async with gateway(tmp_path, fleet) as (app, gw):
-        gateway_of(app).pool._soft["header:k"] = "a"
-        got = await leave_after_first_event(app, "/api/chat", STREAM, {"X-Session-Id": "k"}, b'"lo"', b'"done"')
-        assert b"Hel" in got
-        ledger = gateway_of(app).proxy.ledger
-        assert ledger is not None
-        await until(lambda: ledger.settling == 0, "the cancelled turn's counts to be settled")
-        [row] = await rows(gw)
-        assert sorted(asked) == [("a", "chatcmpl-1"), ("b", "chatcmpl-2")]
-        assert (row["request_id"], row["nodes"], row["failovers"], row["cancelled"]) == (
-            "chatcmpl-1", "a,b", 1, "disconnect")
-        assert (row["prompt_tokens"], row["generated_tokens"], row["discarded_tokens"]) == (9, 4 + 5, 3 + 4)
 
 
 async def test_usage_is_scoped_to_the_callers_tenant_over_real_nodes(tmp_path: Path) -> None:
