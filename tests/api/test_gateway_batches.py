@@ -98,6 +98,16 @@ class World:
         return [json.loads(x) for x in r.text.splitlines()]
 
 
+def held_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: int) -> tuple[Path, Path]:
+    """The test gate's folder, and the hold that keeps a batch before line `index` until removed."""
+    folder = tmp_path / "gates"
+    folder.mkdir()
+    monkeypatch.setenv(test_gate.ENV, str(folder))
+    hold = test_gate.hold_path(folder, f"gateway-batch-line-{index}")
+    hold.touch()
+    return folder, hold
+
+
 @contextlib.asynccontextmanager
 async def world(tmp_path: Path, concurrency: int = 4, database: str | None = None, keys: list[ApiKey] = GW_KEYS,
                 gw_dir: Path | None = None) -> AsyncIterator[World]:
@@ -197,11 +207,7 @@ async def test_tenants_see_only_their_own_and_errors_are_the_nodes(tmp_path: Pat
 
 
 async def test_a_cancelled_batch_keeps_what_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = tmp_path / "gates"
-    folder.mkdir()
-    monkeypatch.setenv(test_gate.ENV, str(folder))
-    hold = test_gate.hold_path(folder, "gateway-batch-line-1")
-    hold.touch()
+    folder, hold = held_before(tmp_path, monkeypatch, 1)
     async with world(tmp_path, concurrency=1) as w:
         batch = await w.submit([line(f"c{i}") for i in range(4)])
         await until(test_gate.waiting_path(folder, "gateway-batch-line-1").exists, "held before line 1")
@@ -221,11 +227,7 @@ async def test_two_gateways_on_one_postgres_see_and_cancel_the_same_batch(
     """Gateway 1 runs the batch (held before line 1); gateway 2, on the same database, lists it,
     reads it and cancels it; gateway 1's run sees the cancel before its next line, and gateway 2
     reads the final batch and its output file."""
-    folder = tmp_path / "gates"
-    folder.mkdir()
-    monkeypatch.setenv(test_gate.ENV, str(folder))
-    hold = test_gate.hold_path(folder, "gateway-batch-line-1")
-    hold.touch()
+    folder, hold = held_before(tmp_path, monkeypatch, 1)
     url = postgres.create_database()
     async with world(tmp_path / "one", concurrency=1, database=url) as w1, \
             world(tmp_path / "two", concurrency=1, database=url) as w2:
@@ -270,11 +272,7 @@ async def test_a_batch_whose_key_was_removed_stops(tmp_path: Path, monkeypatch: 
     """Alice's batch runs line 0, then the gateway stops (held before line 1); it starts again
     with a key file that no longer has her key: it takes the batch up and runs none of its other
     lines: failed, its unrun lines in the error file with the reason."""
-    folder = tmp_path / "gates"
-    folder.mkdir()
-    monkeypatch.setenv(test_gate.ENV, str(folder))
-    hold = test_gate.hold_path(folder, "gateway-batch-line-1")
-    hold.touch()
+    folder, hold = held_before(tmp_path, monkeypatch, 1)
     async with world(tmp_path / "one", concurrency=1, gw_dir=tmp_path / "gw") as w:
         batch = await w.submit([line(f"k{i}") for i in range(4)])
         await until(test_gate.waiting_path(folder, "gateway-batch-line-1").exists, "held before line 1")
@@ -290,11 +288,7 @@ async def test_a_batch_whose_key_one_gateway_lacks_stops_on_every_gateway(
     """Two gateways on one PostgreSQL; the second has no key for alice. The first runs her batch
     (held before line 1) and stops; the second adopts the batch, sees the key gone and stops it;
     both answer it failed (the admin-free read: the store)."""
-    folder = tmp_path / "gates"
-    folder.mkdir()
-    monkeypatch.setenv(test_gate.ENV, str(folder))
-    hold = test_gate.hold_path(folder, "gateway-batch-line-1")
-    hold.touch()
+    folder, hold = held_before(tmp_path, monkeypatch, 1)
     url = postgres.create_database()
     async with world(tmp_path / "two", concurrency=1, database=url, keys=[GW_KEYS[1]]) as w2:
         async with world(tmp_path / "one", concurrency=1, database=url) as w1:
