@@ -78,7 +78,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     proxy.ledger, proxy.tracing = ledger, tracing
     metrics.registry.register(KeyUsageCollector(accounts))
     background = RelayedBackground(proxy, store, settings.heartbeat)
-    batches = GatewayBatches(BatchTables(store), settings.batch_concurrency, settings.lease_ttl)
+    batches = GatewayBatches(BatchTables(store), settings.batch_concurrency, settings.lease_ttl,
+                             key_names=frozenset(k.name for k in settings.keyring))
     batch_metrics = GatewayBatchCollector(batches)
     metrics.registry.register(batch_metrics)
     translator, translated_aliases = _translator(settings, pool, client, http)

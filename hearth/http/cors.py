@@ -33,7 +33,7 @@ ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
 ALLOW_HEADERS = ("authorization", "x-api-key", "content-type", "accept", "anthropic-version", "anthropic-beta",
                  "anthropic-dangerous-direct-browser-access", "openai-beta", "openai-organization",
                  "openai-project", "x-request-id", "x-session-id", "idempotency-key")  # and those asked for
-EXPOSE_HEADERS = "x-request-id, x-hearth-upstream, retry-after, openai-processing-ms"
+EXPOSE_HEADERS = "x-request-id, x-hearth-upstream, x-hearth-answer-id, retry-after, openai-processing-ms"
 MAX_AGE = "600"  # seconds a browser may cache a preflight's answer
 
 

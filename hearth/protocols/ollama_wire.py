@@ -8,6 +8,9 @@ from importlib import metadata as dist
 from hearth.http.sse import EventStreamResponse
 
 OLLAMA_API_VERSION = "0.12.0"  # the Ollama API version answered on /api/version
+# Ollama's objects carry no id, so a node names a generation's answer (its usage-ledger row and
+# journal record) in this header; a gateway reads it to find the row of a stream its client left.
+ANSWER_ID_HEADER = "x-hearth-answer-id"
 
 
 class NdjsonResponse(EventStreamResponse):

@@ -98,16 +98,27 @@ class World:
         return [json.loads(x) for x in r.text.splitlines()]
 
 
+def held_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: int) -> tuple[Path, Path]:
+    """The test gate's folder, and the hold that keeps a batch before line `index` until removed."""
+    folder = tmp_path / "gates"
+    folder.mkdir()
+    monkeypatch.setenv(test_gate.ENV, str(folder))
+    hold = test_gate.hold_path(folder, f"gateway-batch-line-{index}")
+    hold.touch()
+    return folder, hold
+
+
 @contextlib.asynccontextmanager
-async def world(tmp_path: Path, concurrency: int = 4, database: str | None = None) -> AsyncIterator[World]:
+async def world(tmp_path: Path, concurrency: int = 4, database: str | None = None, keys: list[ApiKey] = GW_KEYS,
+                gw_dir: Path | None = None) -> AsyncIterator[World]:
     (tmp_path / "a").mkdir(parents=True)
     (tmp_path / "b").mkdir()
     async with serve(tmp_path / "a", named_keys=NODE_KEYS) as a, serve(tmp_path / "b", named_keys=NODE_KEYS) as b:
         fleet = Fleet({PORTS["a"]: a, PORTS["b"]: b})
         ups = [Upstream(name=n, url=f"http://127.0.0.1:{port}", api_key="node-gw", models={"smol": "fake"},
                         max_in_flight=4) for n, port in PORTS.items()]
-        settings = GatewaySettings(upstreams=ups, data_dir=tmp_path / "gw", named_keys=GW_KEYS, probe_interval=60,
-                                   digest_interval=0, heartbeat=0.05, batch_concurrency=concurrency,
+        settings = GatewaySettings(upstreams=ups, data_dir=gw_dir or tmp_path / "gw", named_keys=keys,
+                                   probe_interval=60, digest_interval=0, heartbeat=0.05, batch_concurrency=concurrency,
                                    database=database)
         app = create_gateway_app(settings, transport=fleet)
         async with app.router.lifespan_context(app):
@@ -196,11 +207,7 @@ async def test_tenants_see_only_their_own_and_errors_are_the_nodes(tmp_path: Pat
 
 
 async def test_a_cancelled_batch_keeps_what_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = tmp_path / "gates"
-    folder.mkdir()
-    monkeypatch.setenv(test_gate.ENV, str(folder))
-    hold = test_gate.hold_path(folder, "gateway-batch-line-1")
-    hold.touch()
+    folder, hold = held_before(tmp_path, monkeypatch, 1)
     async with world(tmp_path, concurrency=1) as w:
         batch = await w.submit([line(f"c{i}") for i in range(4)])
         await until(test_gate.waiting_path(folder, "gateway-batch-line-1").exists, "held before line 1")
@@ -220,11 +227,7 @@ async def test_two_gateways_on_one_postgres_see_and_cancel_the_same_batch(
     """Gateway 1 runs the batch (held before line 1); gateway 2, on the same database, lists it,
     reads it and cancels it; gateway 1's run sees the cancel before its next line, and gateway 2
     reads the final batch and its output file."""
-    folder = tmp_path / "gates"
-    folder.mkdir()
-    monkeypatch.setenv(test_gate.ENV, str(folder))
-    hold = test_gate.hold_path(folder, "gateway-batch-line-1")
-    hold.touch()
+    folder, hold = held_before(tmp_path, monkeypatch, 1)
     url = postgres.create_database()
     async with world(tmp_path / "one", concurrency=1, database=url) as w1, \
             world(tmp_path / "two", concurrency=1, database=url) as w2:
@@ -241,3 +244,60 @@ async def test_two_gateways_on_one_postgres_see_and_cancel_the_same_batch(
         done = await w2.done(batch["id"])
         assert done["status"] == "cancelled" and done["request_counts"]["completed"] == 1
         assert [o["custom_id"] for o in await w2.output(done["output_file_id"])] == ["p0"]
+
+
+async def stopped_for_its_key(w: World, batch_id: str) -> tuple[dict[str, Any], list[Any], list[Any]]:
+    """The batch (read from the store: its key can read it no more), its output and error lines."""
+    batches = gateway_of(w.app).batches
+    await batches.idle()
+    row = await batches.tables.batch(batch_id)
+    assert row is not None
+    done = await batches.public(row)
+    files = [await batches.tables.file_content(done[k]) for k in ("output_file_id", "error_file_id")]
+    out, err = ([json.loads(x) for x in (f or b"").splitlines()] for f in files)
+    return done, out, err
+
+
+def assert_stopped_for_its_key(done: dict[str, Any], out: list[Any], err: list[Any]) -> None:
+    assert done["status"] == "failed" and done["failed_at"] is not None, done
+    [why] = done["errors"]["data"]
+    assert why["code"] == "invalid_api_key" and "'alice'" in why["message"] and "no longer configured" in why["message"]
+    assert done["request_counts"] == {"total": 4, "completed": 1, "failed": 3}
+    assert [o["custom_id"] for o in out] == ["k0"] and out[0]["response"]["status_code"] == 200
+    assert [e["custom_id"] for e in err] == ["k1", "k2", "k3"]
+    assert all(e["response"] is None and e["error"]["code"] == "invalid_api_key" for e in err)
+
+
+async def test_a_batch_whose_key_was_removed_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Alice's batch runs line 0, then the gateway stops (held before line 1); it starts again
+    with a key file that no longer has her key: it takes the batch up and runs none of its other
+    lines: failed, its unrun lines in the error file with the reason."""
+    folder, hold = held_before(tmp_path, monkeypatch, 1)
+    async with world(tmp_path / "one", concurrency=1, gw_dir=tmp_path / "gw") as w:
+        batch = await w.submit([line(f"k{i}") for i in range(4)])
+        await until(test_gate.waiting_path(folder, "gateway-batch-line-1").exists, "held before line 1")
+    hold.unlink()
+    async with world(tmp_path / "two", concurrency=1, keys=[GW_KEYS[1]], gw_dir=tmp_path / "gw") as w:
+        assert (await w.gw.get(f"/v1/batches/{batch['id']}", headers=ALICE)).status_code == 401
+        assert_stopped_for_its_key(*await stopped_for_its_key(w, batch["id"]))
+        assert sum(w.fleet.served.values()) == 0  # nothing more ran
+
+
+async def test_a_batch_whose_key_one_gateway_lacks_stops_on_every_gateway(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres: Postgres) -> None:
+    """Two gateways on one PostgreSQL; the second has no key for alice. The first runs her batch
+    (held before line 1) and stops; the second adopts the batch, sees the key gone and stops it;
+    both answer it failed (the admin-free read: the store)."""
+    folder, hold = held_before(tmp_path, monkeypatch, 1)
+    url = postgres.create_database()
+    async with world(tmp_path / "two", concurrency=1, database=url, keys=[GW_KEYS[1]]) as w2:
+        async with world(tmp_path / "one", concurrency=1, database=url) as w1:
+            batch = await w1.submit([line(f"k{i}") for i in range(4)])
+            await until(test_gate.waiting_path(folder, "gateway-batch-line-1").exists, "held before line 1")
+        hold.unlink()
+        await gateway_of(w2.app).batches.adopt()  # as its periodic adoption would
+        assert_stopped_for_its_key(*await stopped_for_its_key(w2, batch["id"]))
+        assert sum(w2.fleet.served.values()) == 0
+        async with world(tmp_path / "three", concurrency=1, database=url) as w3:  # alice's key again
+            seen = (await w3.gw.get(f"/v1/batches/{batch['id']}", headers=ALICE)).json()
+            assert seen["status"] == "failed" and seen["errors"]["data"][0]["code"] == "invalid_api_key"

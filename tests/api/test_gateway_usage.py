@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 from starlette.types import Message
 
 from hearth.gateway.app import create_gateway_app
 from hearth.gateway.settings import GatewaySettings, Upstream
 from hearth.gateway.state import gateway_of
+from hearth.protocols.ollama_wire import ANSWER_ID_HEADER
 from tests.api.test_gateway_tenants import ADMIN, ALICE, BOB, CHAT, world
 from tests.helpers import until
-from tests.helpers.fake_fleet import NEVER, Fleet, sse
+from tests.helpers.fake_fleet import NEVER, Events, Fleet, sse
 from tests.unit.gateway.failover.test_migration import chunk, data
 
 STREAM = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -41,9 +43,11 @@ async def gateway(tmp_path: Path, fleet: Fleet) -> AsyncIterator[tuple[Starlette
 
 
 async def leave_after_first_event(app: Starlette, path: str, body: dict[str, Any],
-                                  headers: dict[str, str] | None = None, seen: bytes = b"") -> bytes:
-    """POST `body` as a client that disconnects once the first event (with `seen` in what it
-    got, when given) has arrived (an ASGI driver: httpx's ASGITransport cannot leave mid-stream)."""
+                                  headers: dict[str, str] | None = None, seen: bytes = b"",
+                                  event: bytes = b"data: ") -> bytes:
+    """POST `body` as a client that disconnects once the first event (a body with `event` in it;
+    with `seen` in what it got, when given) has arrived (an ASGI driver: httpx's ASGITransport
+    cannot leave mid-stream)."""
     got = asyncio.Event()
     sent: list[bytes] = []
     asked = False
@@ -57,7 +61,7 @@ async def leave_after_first_event(app: Starlette, path: str, body: dict[str, Any
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:
-        if message["type"] == "http.response.body" and b"data: " in message.get("body", b""):
+        if message["type"] == "http.response.body" and event in message.get("body", b""):
             sent.append(message["body"])
             if seen in b"".join(sent):
                 got.set()
@@ -143,10 +147,13 @@ async def test_a_stream_the_client_left_counts_its_nodes_exact_tokens(tmp_path: 
             9, 2, 7, 6)
 
 
-async def test_a_failed_over_stream_the_client_left_counts_each_parts_exact_tokens(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+async def test_a_failed_over_stream_the_client_left_counts_each_parts_exact_tokens(tmp_path: Path, path: str) -> None:
     # "Hel" on a, which breaks; the continuation "lo" on b, which is still going when the client
     # leaves. Each node's own row (a: the broken first answer, b: its continuation, which counts
-    # only what it generated) is looked up under that node's answer id; the gateway's row adds them.
+    # only what it generated) is looked up under that node's answer id (in its events, or for
+    # Ollama in its header); the gateway's row adds them.
+    ollama = path == "/api/chat"
     fleet = Fleet()
     asked: list[tuple[str, str]] = []
     node_rows = {"a": {"request_id": "chatcmpl-1", "prompt_tokens": 9, "cached_tokens": 2, "generated_tokens": 4,
@@ -161,25 +168,66 @@ async def test_a_failed_over_stream_the_client_left_counts_each_parts_exact_toke
                 found = [node_rows[name]] if r.url.params["request_id"] == node_rows[name]["request_id"] else []
                 return httpx.Response(200, json={"object": "list", "data": found})
             if name == "a":
-                return sse(chunks=[chunk("chatcmpl-1", {"role": "assistant", "content": ""}),
-                                   chunk("chatcmpl-1", {"content": "Hel"})], broken=True)
-            return sse(chunks=[chunk("chatcmpl-2", {"role": "assistant", "content": ""}),
-                               chunk("chatcmpl-2", {"content": "lo"})], stall=NEVER)  # still going
+                return ndjson("chatcmpl-1", [piece("Hel")], broken=True) if ollama else sse(
+                    chunks=[chunk("chatcmpl-1", {"role": "assistant", "content": ""}),
+                            chunk("chatcmpl-1", {"content": "Hel"})], broken=True)
+            return ndjson("chatcmpl-2", [piece("lo")]) if ollama else sse(  # still going
+                chunks=[chunk("chatcmpl-2", {"role": "assistant", "content": ""}),
+                        chunk("chatcmpl-2", {"content": "lo"})], stall=NEVER)
         return answer
 
     fleet.behave = {"a": node("a"), "b": node("b")}
     async with gateway(tmp_path, fleet) as (app, gw):
         gateway_of(app).pool._soft["header:k"] = "a"
-        got = await leave_after_first_event(app, "/v1/chat/completions", STREAM, {"X-Session-Id": "k"}, b'"lo"')
+        got = await leave_after_first_event(app, path, STREAM, {"X-Session-Id": "k"}, b'"lo"',
+                                            b'"done"' if ollama else b"data: ")
         assert b"Hel" in got and b"chatcmpl-2" not in got  # the client sees one answer, the first's id
         ledger = gateway_of(app).proxy.ledger
         assert ledger is not None
         await until(lambda: ledger.settling == 0, "the cancelled turn's counts to be settled")
         [row] = await rows(gw)
         assert sorted(asked) == [("a", "chatcmpl-1"), ("b", "chatcmpl-2")]
-        assert (row["nodes"], row["failovers"], row["cancelled"]) == ("a,b", 1, "disconnect")
+        assert (row["request_id"], row["nodes"], row["failovers"], row["cancelled"]) == (
+            "chatcmpl-1", "a,b", 1, "disconnect")
         assert (row["prompt_tokens"], row["cached_tokens"], row["generated_tokens"], row["discarded_tokens"]) == (
             9, 2, 4 + 5, 3 + 4)
+
+
+def ndjson(answer_id: str, lines: list[dict[str, Any]], broken: bool = False) -> httpx.Response:
+    """A node's Ollama stream: these lines, then still going (or broken), named by its header."""
+    return httpx.Response(200, headers={"content-type": "application/x-ndjson", ANSWER_ID_HEADER: answer_id},
+                          stream=Events([json.dumps(x).encode() + b"\n" for x in lines], broken,
+                                        stall=0 if broken else NEVER))
+
+
+def piece(text: str) -> dict[str, Any]:
+    return {"model": "up-model", "message": {"role": "assistant", "content": text}, "done": False}
+
+
+async def test_an_ollama_stream_the_client_left_counts_its_nodes_exact_tokens(tmp_path: Path) -> None:
+    # Ollama's objects carry no id: the node names its answer (its ledger row) in a header.
+    fleet = Fleet()
+    asked: list[str] = []
+
+    def node(r: httpx.Request) -> httpx.Response:
+        if r.url.path == "/admin/usage":
+            asked.append(r.url.params["request_id"])
+            found = [{"request_id": "chatcmpl-7", "prompt_tokens": 9, "cached_tokens": 0, "generated_tokens": 11,
+                      "discarded_tokens": 8, "cancelled": "disconnect"}]
+            return httpx.Response(200, json={"object": "list", "data": found})
+        return ndjson("chatcmpl-7", [piece("Hel"), piece("lo")])
+
+    fleet.behave["a"] = fleet.behave["b"] = node
+    async with gateway(tmp_path, fleet) as (app, gw):
+        got = await leave_after_first_event(app, "/api/chat", {**STREAM, "stream": True}, event=b'"done"')
+        assert b"Hel" in got
+        ledger = gateway_of(app).proxy.ledger
+        assert ledger is not None
+        await until(lambda: ledger.settling == 0, "the cancelled turn's counts to be settled")
+        [row] = await rows(gw)
+        assert asked == ["chatcmpl-7"]
+        assert (row["request_id"], row["endpoint"], row["cancelled"]) == ("chatcmpl-7", "ollama_chat", "disconnect")
+        assert (row["prompt_tokens"], row["generated_tokens"], row["discarded_tokens"]) == (9, 11, 8)
 
 
 async def test_usage_is_scoped_to_the_callers_tenant_over_real_nodes(tmp_path: Path) -> None:

@@ -58,6 +58,25 @@ async def test_one_row_per_request_with_the_answers_counts(tmp_path: Path) -> No
         assert all(r["total_ms"] >= (r["ttft_ms"] or 0) >= (r["queue_ms"] or 0) >= 0 for r in got)
 
 
+async def test_an_ollama_answer_names_its_row_in_a_header(tmp_path: Path) -> None:
+    # Ollama's objects carry no id: the header is how a client (or a gateway) finds the row.
+    async with serve(tmp_path) as h:
+        chat = {"model": "fake", "messages": CHAT["messages"], "options": {"num_predict": 5}}
+        whole = await h.post("/api/chat", {**chat, "stream": False})
+        async with h.client.stream("POST", "/api/chat", json=chat) as r:
+            assert r.status_code == 200
+            lines = [json.loads(x) async for x in r.aiter_lines() if x]
+        generated = await h.post("/api/generate", {"model": "fake", "prompt": "x", "stream": False,
+                                                   "options": {"num_predict": 3}})
+        ids = [whole.headers["x-hearth-answer-id"], r.headers["x-hearth-answer-id"],
+               generated.headers["x-hearth-answer-id"]]
+        got = rows(h)
+        assert [x["request_id"] for x in got] == ids and len(set(ids)) == 3
+        assert [x["endpoint"] for x in got] == ["ollama_chat", "ollama_chat", "ollama_generate"]
+        assert got[1]["generated_tokens"] == lines[-1]["eval_count"]
+        assert got[2]["generated_tokens"] == generated.json()["eval_count"]
+
+
 async def test_a_cancelled_run_counts_its_tokens(tmp_path: Path) -> None:
     async with serve(tmp_path) as h:
         assert h.runner is not None

@@ -28,7 +28,7 @@ from hearth.errors import GenerationFailed
 from hearth.http.auth import caller
 from hearth.http.parsing import read_json
 from hearth.protocols import ollama_names as names
-from hearth.protocols.ollama_wire import NdjsonResponse
+from hearth.protocols.ollama_wire import ANSWER_ID_HEADER, NdjsonResponse
 
 
 async def chat(request: Request) -> Response:
@@ -40,7 +40,7 @@ async def chat(request: Request) -> Response:
     creq = chat_request(body, model, new_id("chatcmpl-"), ctx.settings)
     clock = Clock(was_loaded=not runs.must_load(ctx.backend, model))
     gen = await runs.start_chat(request, "ollama_chat", creq, body.cancel_id, stream=body.stream)
-    return await _answer(request, gen, "chat", names.tagged(body.model), body.stream, clock)
+    return await _answer(request, gen, "chat", names.tagged(body.model), body.stream, clock, creq.request_id)
 
 
 async def generate(request: Request) -> Response:
@@ -60,19 +60,20 @@ async def generate(request: Request) -> Response:
                                cancel_id=body.cancel_id, ids=[creq.request_id], model=model)
     else:
         gen = await runs.start_chat(request, "ollama_generate", creq, body.cancel_id, stream=body.stream)
-    return await _answer(request, gen, "generate", names.tagged(body.model), body.stream, clock)
+    return await _answer(request, gen, "generate", names.tagged(body.model), body.stream, clock, creq.request_id)
 
 
 async def _answer(request: Request, gen: runs.Generation, kind: Kind, model: str, stream: bool,
-                  clock: Clock) -> Response:
+                  clock: Clock, answer_id: str) -> Response:
     events: AsyncIterator[ChatEvent] = gen.events
+    named = {ANSWER_ID_HEADER: answer_id}  # the ledger row's id: Ollama's objects have none
     if stream:
-        return NdjsonResponse(stream_lines(events, kind, model, clock), close=gen.events.aclose,
+        return NdjsonResponse(stream_lines(events, kind, model, clock), named, close=gen.events.aclose,
                               on_disconnect=gen.disconnected)
     whole = await gen.collect(request, lambda: gather(events))
     if whole.done is not None and whole.done.error:
         raise GenerationFailed(whole.done.error)
-    return JSONResponse(whole.body(kind, model, clock))
+    return JSONResponse(whole.body(kind, model, clock), headers=named)
 
 
 async def _load_or_unload(request: Request, body: OllamaFields, model: str, kind: Kind) -> Response:

@@ -22,6 +22,14 @@ gateway before a restart) is adopted at start and every `adopt_interval` seconds
 where the records say. A cancel on any gateway writes `cancelling` to the store; the running
 gateway reads the status before each line.
 
+A batch whose key is gone (removed from the key file the gateway that runs it started with:
+`--api-key-file`, `--api-key`) runs no more lines: when a gateway takes it up (its own at start,
+or one adopted) and before each line, the key's name is looked up; once it is missing the batch
+ends `failed` with an `errors` entry `invalid_api_key`, each line not yet run is in its error
+file with that error, and the lines that finished keep their output. Its status is in the store,
+so every gateway on the database answers it failed. The admin's batches, and any on a gateway
+without keys, are never stopped this way.
+
 Test gate (hearth/test_gate.py): before line `i` (0-based) starts, `gateway-batch-line-<i>`
 (the batch's task waits there holding its slot, so no later line starts either).
 """
@@ -66,6 +74,16 @@ def caller_of(obj: dict[str, Any]) -> Caller:
                   priority=str(obj.get("priority", "default")), max_priority=str(obj.get("max_priority", "default")))
 
 
+def key_gone(who: Caller, key_names: frozenset[str]) -> dict[str, Any] | None:
+    """The error of a batch whose creating key this gateway no longer has (None while it has it,
+    when it has no keys at all, or for the admin)."""
+    if not key_names or who.admin or who.key_name is None or who.key_name in key_names:
+        return None
+    return {"code": "invalid_api_key",
+            "message": f"the API key {who.key_name!r} that created this batch is no longer configured: the batch "
+                       "was stopped, and its lines not yet run were not run"}
+
+
 def read_lines(raw: bytes) -> list[Line]:
     out = []
     for i, line in enumerate(raw.splitlines()):
@@ -80,8 +98,9 @@ def input_jsonl(lines: list[Line]) -> bytes:
 
 class GatewayBatches:
     def __init__(self, tables: BatchTables, concurrency: int = 4, adopt_interval: float = 15.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, key_names: frozenset[str] = frozenset()) -> None:
         self.tables = tables
+        self.key_names = key_names  # the client keys' names this gateway has (key_gone)
         self.concurrency = max(1, concurrency)
         self.clock = clock
         self.app: ASGIApp | None = None
@@ -195,7 +214,9 @@ class GatewayBatches:
             return
         fresh = await self.tables.batch(batch_id)  # a cancel on any gateway is in the store
         obj = fresh.obj if fresh is not None else obj
-        if obj["status"] == "cancelling":
+        if obj["status"] == "in_progress" and (gone := key_gone(who, self.key_names)) is not None:
+            await self._stop_for_key(obj, row.owner, lines, gone)
+        elif obj["status"] == "cancelling":
             await self._finish(obj, row.owner, lines, "cancelled")
         elif expired:
             done = {r.custom_id for r in await self.tables.results(batch_id)}
@@ -219,7 +240,8 @@ class GatewayBatches:
         done = {r.custom_id for r in await self.tables.results(batch_id)}
 
         async def stopped() -> bool:
-            return self.stopping or await self._status(batch_id) != "in_progress"
+            return self.stopping or key_gone(who, self.key_names) is not None \
+                or await self._status(batch_id) != "in_progress"
 
         await run_lines([ln for ln in lines if ln.custom_id not in done], slots, stopped,
                         lambda: self._expired(obj), lambda line: self._one(obj, who, line),
@@ -228,6 +250,16 @@ class GatewayBatches:
             return False
         recorded = {r.custom_id for r in await self.tables.results(batch_id)}
         return any(ln.custom_id not in recorded for ln in lines)
+
+    async def _stop_for_key(self, obj: dict[str, Any], owner: str, lines: list[Line], gone: dict[str, Any]) -> None:
+        """The batch's key is gone (key_gone): every line not yet run goes to the error file with
+        `gone`, and the batch ends `failed` with it in `errors`."""
+        done = {r.custom_id for r in await self.tables.results(obj["id"])}
+        for line in lines:
+            if line.custom_id not in done:
+                await self._record(obj, owner, line.custom_id, False, line_out(line, None, gone))
+        obj["errors"] = {"object": "list", "data": [{**gone, "param": None, "line": None}]}
+        await self._finish(obj, owner, lines, "failed")
 
     async def _record(self, obj: dict[str, Any], tenant: str, custom_id: str, ok: bool, out: dict[str, Any]) -> None:
         """Record a line's answer; counted for /metrics when this write was the line's first."""

@@ -1,5 +1,5 @@
 """`GET /admin/usage` on the gateway: its usage ledger's rows or sums (store/usage.py), with the
-node's filters and grouping (hearth/api/usage.py): `tenant`, `key`, `model`, `since`, `until`,
+node's filters and grouping (hearth/api/usage.py): `tenant`, `key`, `model`, `request_id`, `since`, `until`,
 `limit`, `group=day,key,model,tenant,node`. The admin sees every tenant; any other key its own
 tenant's rows only, whatever `tenant` it asks for (the one /admin/ path a tenant key may read,
 hearth/http/auth.py)."""
@@ -23,7 +23,8 @@ async def usage(request: Request) -> Response:
         raise NotFound("this gateway keeps no usage ledger (started with --no-usage-ledger)")
     q = request.query_params
     f = UsageFilter(tenant=q.get("tenant") if who.admin else who.tenant, key=q.get("key"), model=q.get("model"),
-                   since=parse_time(q.get("since"), "since"), until=parse_time(q.get("until"), "until"))
+                   since=parse_time(q.get("since"), "since"), until=parse_time(q.get("until"), "until"),
+                   request_id=q.get("request_id"))
     limit_text = q.get("limit", "1000")
     if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_ROWS:
         raise BadRequest(f"limit must be a whole number from 1 to {MAX_ROWS}", param="limit")

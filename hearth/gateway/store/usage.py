@@ -4,7 +4,11 @@
 
 `GatewayLedger.record` only appends to a bounded in-memory queue: the answer never waits for the
 database. One background task takes what has queued, up to BATCH rows, and writes them in one
-transaction (multi-row INSERTs of CHUNK rows: one round trip each on PostgreSQL). A full queue
+transaction (multi-row INSERTs of CHUNK rows: one round trip each on PostgreSQL). It lingers as
+the node's writer does (hearth/observability/linger.py): woken by the first row after a quiet
+spell, it waits LINGER seconds for more before it writes, so a busy gateway makes one
+transaction per LINGER, not one per wakeup (on SQLite each is a commit on the event loop, which
+every request in flight waits behind). `flush()` and `close()` cut the wait short. A full queue
 (the database cannot keep up, or is away) drops the row and counts it (`dropped`); a failed
 write drops its batch, counted too: losing a row beats slowing or failing every request.
 
@@ -34,6 +38,7 @@ log = logging.getLogger("hearth.gateway")
 SETTLE_AT_CLOSE = 2.0  # seconds a stopping gateway waits for the node counts of cancelled turns
 QUEUE = 10_000  # rows waiting for the writer at most; more are dropped (and counted)
 BATCH = 512  # rows per transaction at most
+LINGER = 0.05  # seconds the writer waits for more rows once woken (flush/close: none), as the node's
 CHUNK = 64  # rows per INSERT statement
 GROUPS = ("day", "key", "model", "tenant", "node")
 
@@ -77,11 +82,13 @@ _SUM_NAMES = ("requests", "prompt_tokens", "cached_tokens", "generated_tokens", 
 
 
 class GatewayLedger:
-    def __init__(self, store: GatewayStore, capacity: int = QUEUE) -> None:
+    def __init__(self, store: GatewayStore, capacity: int = QUEUE, linger: float = LINGER) -> None:
         self.store = store
         self.capacity = capacity
+        self.linger = linger
         self._queue: collections.deque[TurnUsage] = collections.deque()
         self._wake = asyncio.Event()
+        self._hurry = asyncio.Event()  # flush() or close(): write now, no linger
         self._idle = asyncio.Event()
         self._idle.set()
         self._writing = 0  # rows taken by the writer, not yet committed
@@ -90,6 +97,7 @@ class GatewayLedger:
         self._settling: set[asyncio.Task[None]] = set()
         self.dropped = 0
         self.written = 0
+        self.batches = 0  # transactions written
 
     # ---- writing ------------------------------------------------------------------------------
 
@@ -138,19 +146,26 @@ class GatewayLedger:
         return len(self._queue)
 
     async def _write_loop(self) -> None:
+        more = False  # rows were left after the last batch: write them at once
         while True:
             if not self._queue:
                 self._idle.set()
                 if self._stopping:
                     return
+                self._hurry.clear()  # what a flush waited for is written
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if not (more or self._stopping or self._hurry.is_set()):
+                with contextlib.suppress(TimeoutError):  # linger: let the rows of a busy spell gather
+                    await asyncio.wait_for(self._hurry.wait(), self.linger)
             batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
+            more = bool(self._queue)
             self._writing = len(batch)
             try:
                 await self._write(batch)
                 self.written += len(batch)
+                self.batches += 1
             except Exception as e:  # the database went away: the gateway goes on
                 self.dropped += len(batch)
                 log.warning("usage ledger: %d rows dropped: %s", len(batch), e)
@@ -169,6 +184,8 @@ class GatewayLedger:
         """Wait until every row recorded so far is committed (or dropped); False on timeout."""
         if self._task is None:
             return not self._queue
+        if not self._idle.is_set():
+            self._hurry.set()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
@@ -187,6 +204,7 @@ class GatewayLedger:
         if task is None:
             return
         self._stopping = True
+        self._hurry.set()
         self._wake.set()
         try:
             await asyncio.wait_for(task, 10.0)

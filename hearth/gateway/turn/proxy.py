@@ -45,6 +45,7 @@ from hearth.gateway.upstream.http import Answer, Sender
 from hearth.gateway.upstream.node_client import NodeClient
 from hearth.observability.logging import request_id
 from hearth.observability.tracing import Tracing
+from hearth.protocols.ollama_wire import ANSWER_ID_HEADER
 
 log = logging.getLogger("hearth.gateway")
 
@@ -168,7 +169,8 @@ class Proxy:
         ok = None if resp.status_code < 500 else False
         scan: Scan | None = None
         if resp.status_code < 300:
-            content, scan = self.relay.whole(content, node, turn.alias, turn.protocol)
+            content, scan = self.relay.whole(content, node, turn.alias, turn.protocol,
+                                             resp.headers.get(ANSWER_ID_HEADER))
             if not await self.after.record(lease, turn, scan):
                 # The node answered and died before its transcript was copied: nothing reached
                 # the client, so the turn runs again elsewhere (the node's copy is stale now).

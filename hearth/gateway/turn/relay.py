@@ -45,7 +45,7 @@ from hearth.gateway.turn.scan import Scan
 from hearth.gateway.upstream.headers import passed_headers
 from hearth.gateway.upstream.http import Answer, Stalled, within
 from hearth.http.sse import EventStreamResponse
-from hearth.protocols.ollama_wire import NdjsonResponse
+from hearth.protocols.ollama_wire import ANSWER_ID_HEADER, NdjsonResponse
 
 log = logging.getLogger("hearth.gateway")
 
@@ -82,10 +82,13 @@ class Relay:
         self.metrics = metrics
         self.clock = clock
 
-    def whole(self, content: bytes, node: Node, alias: str, protocol: Protocol) -> tuple[bytes, Scan]:
-        """A non-streamed successful answer: renamed, and what it says."""
+    def whole(self, content: bytes, node: Node, alias: str, protocol: Protocol,
+              answer_id: str | None = None) -> tuple[bytes, Scan]:
+        """A non-streamed successful answer: renamed, and what it says (`answer_id`: as its node
+        named it in `ANSWER_ID_HEADER`)."""
         content = renamer(node.up.models[alias], alias, protocol)(content)
         scan = Scan(responses=protocol == "responses")
+        scan.named(answer_id)
         scan.feed(content)
         if protocol == "responses":
             scan.feed_response(content)
@@ -135,6 +138,7 @@ class Relay:
                     current: Lease, done: Release, alias: str, protocol: Protocol, started: float,
                     end: TurnEnd, cut: Cut | None, resumer: Resumer | None) -> AsyncIterator[bytes]:
         scan = Scan(responses=protocol == "responses")
+        scan.named(upstream.headers.get(ANSWER_ID_HEADER))  # Ollama's: its objects carry no id
         state = RelayState()
         joined = _lines if is_ndjson(protocol) else _joined
 
@@ -195,7 +199,7 @@ class Relay:
                                            "partial answer above is all there is: send the turn again")
                         return
                     state.moves += 1
-                    scan.moved(moved.lease.node.name)
+                    scan.moved(moved.lease.node.name, moved.resp.headers.get(ANSWER_ID_HEADER))
                     if watch is not None:
                         watch.moved()
                     current, upstream, done = moved.lease, moved.resp, moved.release

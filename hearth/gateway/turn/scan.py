@@ -44,9 +44,16 @@ class Scan:
     parts: list[list[str | None]] = field(default_factory=list)
     part_looks: int = 0
 
-    def moved(self, node: str) -> None:
-        """The stream goes on on `node`: a new part, whose events `feed_part` reads first."""
-        self.parts.append([node, None])
+    def named(self, answer_id: str | None) -> None:
+        """The answer's id as its node named it in a header (Ollama's objects carry none:
+        `ANSWER_ID_HEADER`), before any event is read."""
+        if self.answer_id is None and answer_id:
+            self.answer_id = answer_id
+
+    def moved(self, node: str, answer_id: str | None = None) -> None:
+        """The stream goes on on `node`: a new part, named by its node's header (`answer_id`) or
+        else by its own events, which `feed_part` reads first."""
+        self.parts.append([node, answer_id or None])
         self.part_looks = 0
 
     def feed_part(self, raw: bytes) -> None:

@@ -12,12 +12,15 @@ from hearth.gateway.settings import Upstream
 from hearth.gateway.upstream.http import Answer
 from hearth.http.cache_keys import KEY_HEADERS
 from hearth.observability.logging import request_id
+from hearth.protocols.ollama_wire import ANSWER_ID_HEADER
 from hearth.tenants import Caller, class_header, tenant_headers
 
 # The conversation-key headers (Claude Code's, Codex's) go on too: the node keeps the
 # conversation's KV warm by them, and the gateway routes by them.
 FORWARD_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta", "openai-beta", "x-request-id",
                    "x-session-id", "idempotency-key", "traceparent", "tracestate", *KEY_HEADERS)
+# A node's answer headers a client gets too (ANSWER_ID_HEADER: the ledger row of an Ollama answer).
+_PASSED = ("x-request-id", ANSWER_ID_HEADER, "retry-after", "openai-processing-ms")
 
 
 def forwarded_headers(request: Request) -> dict[str, str]:
@@ -32,7 +35,7 @@ def forwarded_headers(request: Request) -> dict[str, str]:
 
 def passed_headers(resp: Answer, node: str) -> dict[str, str]:
     """The upstream's answer headers worth keeping, and which node answered (X-Hearth-Upstream)."""
-    kept = {k: v for k, v in resp.headers.items() if k in ("x-request-id", "retry-after", "openai-processing-ms")}
+    kept = {k: v for k, v in resp.headers.items() if k in _PASSED}
     return {**kept, "X-Hearth-Upstream": node}
 
 

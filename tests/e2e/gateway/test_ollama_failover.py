@@ -201,3 +201,112 @@ def test_bad_input_is_ollamas_4xx_and_embeddings_turns_are_rows(pair: Pair, clie
     assert [(row["endpoint"], row["status"], row["model"]) for row in rows] == [
         ("ollama_chat", 400, "smol"), ("ollama_chat", 400, "smol"), ("ollama_embed", 400, "smol"),
         ("embeddings", 400, "smol")]
+
+
+def node_row(pair: Pair, name: str, answer_id: str) -> dict[str, Any]:
+    r = httpx.get(f"{pair.nodes[name].url}/admin/usage", params={"request_id": answer_id},
+                  headers={"Authorization": f"Bearer node-{name}-admin"}, timeout=30)
+    assert r.status_code == 200, r.text
+    [row] = r.json()["data"]
+    return dict(row)
+
+
+def settled_row(pair: Pair, answer_id: str) -> dict[str, Any]:
+    """The gateway's row of `answer_id`: written once its node's counts were looked up (off the
+    request path: the row is not there before)."""
+    found: list[dict[str, Any]] = []
+
+    def written() -> bool:
+        found[:] = pair.gw.admin("GET", "/admin/usage", params={"request_id": answer_id}).json()["data"]
+        return bool(found)
+
+    wait_until(written, f"the gateway's row of {answer_id}", 60, interval=0.1)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def hold(pair: Pair, names: list[str]) -> None:
+    for name in names:
+        (pair.gates(name) / f"{GATE}.waiting").unlink(missing_ok=True)
+        (pair.gates(name) / f"{GATE}.hold").touch()
+
+
+def held(pair: Pair) -> list[str]:
+    return [n for n in pair.nodes if (pair.gates(n) / f"{GATE}.waiting").exists()]
+
+
+def release(pair: Pair) -> None:
+    for name in pair.nodes:
+        (pair.gates(name) / f"{GATE}.hold").unlink(missing_ok=True)
+
+
+LONG = {"temperature": 0, "num_predict": 300}
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
+def test_an_ollama_stream_its_client_left_counts_the_nodes_exact_tokens(pair: Pair, client: ollama.Client,
+                                                                        path: str) -> None:
+    # The node holds before its fourth line, so the client certainly leaves mid-answer (three
+    # lines read, no final object): the gateway saw no counts, the node's ledger has them.
+    pair.revive()
+    body: dict[str, Any] = {"model": "smol", "options": LONG, "stream": True}
+    body |= {"messages": STORY} if path == "/api/chat" else {"prompt": STORY[0]["content"]}
+    hold(pair, list(pair.nodes))
+    try:
+        with httpx.stream("POST", pair.gw.url + path, json=body, timeout=300,
+                          headers={"Authorization": f"Bearer {GW_KEY}"}) as r:
+            assert r.status_code == 200
+            answer_id = r.headers["x-hearth-answer-id"]  # the node's name for the answer, passed on
+            lines = r.iter_lines()
+            read = [next(lines) for _ in range(3)]
+            assert all('"done":false' in x.replace(" ", "") for x in read)
+            wait_until(lambda: bool(held(pair)), "the node to hold before its fourth line", 120)
+            [node] = held(pair)
+        # the client has left; the node goes on and sees the gateway close its stream
+    finally:
+        release(pair)
+    row = settled_row(pair, answer_id)
+    theirs = node_row(pair, node, answer_id)
+    assert (row["node"], row["cancelled"], theirs["cancelled"]) == (node, "disconnect", "disconnect")
+    assert (row["prompt_tokens"], row["cached_tokens"], row["generated_tokens"], row["discarded_tokens"]) == (
+        theirs["prompt_tokens"], theirs["cached_tokens"], theirs["generated_tokens"], theirs["discarded_tokens"])
+    assert theirs["generated_tokens"] >= 3 and theirs["prompt_tokens"] > 0
+
+
+def test_a_failed_over_ollama_stream_its_client_left_counts_the_continuations_exact_tokens(
+        pair: Pair, client: ollama.Client) -> None:
+    # The node that takes the stream is killed before its fourth line; the other continues it
+    # and holds before its own fourth line, where the client leaves. The killed node wrote no
+    # row (kill -9 mid-answer): the turn's row is the first answer's id with the continuation's
+    # exact counts, as its node counted them (only what it generated, not the partial it was sent).
+    pair.revive()
+    since = time.time()
+    hold(pair, list(pair.nodes))
+    try:
+        with httpx.stream("POST", pair.gw.url + "/api/chat", timeout=300,
+                          json={"model": "smol", "messages": STORY, "options": LONG, "stream": True},
+                          headers={"Authorization": f"Bearer {GW_KEY}"}) as r:
+            assert r.status_code == 200
+            answer_id = r.headers["x-hearth-answer-id"]
+            lines = r.iter_lines()
+            read = [next(lines) for _ in range(3)]
+            wait_until(lambda: bool(held(pair)), "a node to hold before its fourth line", 120)
+            [victim] = held(pair)
+            pair.nodes[victim].proc.kill()
+            pair.nodes[victim].proc.wait(10)
+            other = next(n for n in pair.nodes if n != victim)
+            (pair.gates(victim) / f"{GATE}.waiting").unlink(missing_ok=True)
+            read += [next(lines) for _ in range(3)]  # the continuation's first three lines
+            wait_until(lambda: held(pair) == [other], "the continuation to hold before its fourth line", 120)
+        assert all('"done":false' in x.replace(" ", "") for x in read)
+    finally:
+        release(pair)
+    row = settled_row(pair, answer_id)
+    assert (row["nodes"], row["failovers"], row["cancelled"]) == (f"{victim},{other}", 1, "disconnect")
+    r = httpx.get(f"{pair.nodes[other].url}/admin/usage", params={"since": str(since)},
+                  headers={"Authorization": f"Bearer node-{other}-admin"}, timeout=30)
+    [theirs] = r.json()["data"]  # the continuation: the one request on that node since
+    assert theirs["request_id"] != answer_id  # the continuation's own answer, on its own node
+    assert (row["generated_tokens"], row["discarded_tokens"]) == (theirs["generated_tokens"],
+                                                                    theirs["discarded_tokens"])
+    assert theirs["generated_tokens"] >= 3

@@ -4,6 +4,7 @@ counts, and two gateways on one PostgreSQL that keep one ledger."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from hearth.gateway.store.base import GatewayStore
 from hearth.gateway.store.usage import GatewayLedger, TurnUsage
 from hearth.observability.ledger import UsageFilter
+from tests.helpers import until
 from tests.unit.gateway.store.test_store import _open
 
 DAY = 86_400.0
@@ -86,6 +88,41 @@ async def test_a_batch_larger_than_one_statement(store: GatewayStore) -> None:
         assert await ledger.flush()
         [total] = await ledger.totals(UsageFilter(), [])
         assert total["requests"] == 700 and total["generated_tokens"] == sum(range(700))
+    finally:
+        await ledger.close()
+
+
+async def test_the_writer_lingers_then_writes_a_busy_spell_in_one_transaction(store: GatewayStore) -> None:
+    ledger = GatewayLedger(store, linger=600)  # it lingers until flushed: what the writer does is not timed
+    ledger.start()
+    try:
+        for n in range(20):  # rows that come one wakeup apart, as requests end
+            ledger.record(row(n))
+            await asyncio.sleep(0)
+        assert (ledger.batches, ledger.written, ledger.depth) == (0, 0, 20)  # none written per wakeup
+        assert await ledger.flush()  # cuts the linger short
+        assert (ledger.batches, ledger.written, ledger.depth) == (1, 20, 0)
+        ledger.record(row(20))
+        await asyncio.sleep(0)
+        assert await ledger.flush()
+        assert (ledger.batches, ledger.written) == (2, 21)
+        for n in range(21, 25):
+            ledger.record(row(n))
+        await asyncio.sleep(0)
+    finally:
+        await ledger.close()  # the lingering rows are written, not lost
+    assert (ledger.batches, ledger.written, ledger.dropped) == (3, 25, 0)
+    assert [r["requests"] for r in await ledger.totals(UsageFilter(), [])] == [25]
+
+
+async def test_rows_are_written_without_a_flush(store: GatewayStore) -> None:
+    ledger = GatewayLedger(store)  # the default linger: written a moment after they come
+    ledger.start()
+    try:
+        ledger.record(row(1))
+        ledger.record(row(2))
+        await until(lambda: ledger.written == 2, "the rows to be written")
+        assert ledger.batches == 1
     finally:
         await ledger.close()
 
