@@ -6,7 +6,9 @@ once (so the gateways are the bottleneck, as in bench/gateway_cpu.py):
    gateway on SQLite vs one on PostgreSQL (a real server, Debian's, tests/helpers/postgres.py):
    p50 / p99 and the difference;
 2. session turns per second with many clients in flight, one gateway vs two (both on the same
-   PostgreSQL, the clients split between them) in front of the same fake nodes;
+   PostgreSQL, the clients split between them) in front of the same fake nodes, and meanwhile
+   the gateways' usage ledgers (one row per turn): the deepest writer queue /metrics showed,
+   rows dropped;
 3. after `kill -9` of one of two gateways, the time until the first successful request through
    the other (a client that switches on its connection error).
 
@@ -127,9 +129,19 @@ async def latencies(url: str, requests: int) -> list[float]:
     return out
 
 
-async def throughput(urls: list[str], requests: int, concurrency: int) -> float:
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+async def throughput(urls: list[str], requests: int, concurrency: int) -> tuple[float, dict[str, float]]:
+    """Turns/s over the gateways at `urls`, and their usage ledgers meanwhile: the deepest queue
+    any /metrics scrape (every 50 ms) saw, rows dropped, rows committed (issue 41: does the
+    writer keep up?)."""
     done = 0
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency * 2)) as c:
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency * 2 + 2)) as c:
         async def client(k: int) -> None:
             nonlocal done
             url = urls[k % len(urls)]
@@ -137,11 +149,36 @@ async def throughput(urls: list[str], requests: int, concurrency: int) -> float:
                 done += 1
                 (await c.post(url + "/v1/chat/completions", json=turn(k * 1000 + done))).raise_for_status()
 
+        async def ledgers() -> dict[str, float]:
+            out = {"written": 0.0, "dropped": 0.0}
+            for u in urls:
+                text = (await c.get(u + "/metrics")).text
+                out["written"] += _metric(text, "hearth_usage_ledger_written_total")
+                out["dropped"] += _metric(text, "hearth_usage_ledger_dropped_total")
+            return out
+
+        peak = 0.0
+        running = True
+
+        async def watch() -> None:
+            nonlocal peak
+            while running:
+                for u in urls:
+                    peak = max(peak, _metric((await c.get(u + "/metrics")).text, "hearth_usage_ledger_queue_depth"))
+                await asyncio.sleep(0.05)
+
         await asyncio.gather(*(client(k) for k in range(concurrency)))  # warm-up
         done = 0
+        before = await ledgers()
+        watcher = asyncio.create_task(watch())
         t0 = time.perf_counter()
         await asyncio.gather(*(client(k) for k in range(concurrency)))
-        return requests / (time.perf_counter() - t0)
+        rps = requests / (time.perf_counter() - t0)
+        running = False
+        await watcher
+        after = await ledgers()
+        return rps, {"peak_queue_depth": peak, "dropped": after["dropped"] - before["dropped"],
+                     "written": after["written"] - before["written"]}
 
 
 async def failover(g: Gateways, database: str) -> float:
@@ -210,12 +247,13 @@ def measure(g: Gateways, pg: Any, args: argparse.Namespace) -> dict[str, Any]:
         proc.wait(15)
     db = pg.create_database()
     (one, p1), (two, p2) = g.gateway(db), g.gateway(db)
-    rps1 = asyncio.run(throughput([one], args.requests, args.concurrency))
-    rps2 = asyncio.run(throughput([one, two], args.requests, args.concurrency))
+    rps1, ledger1 = asyncio.run(throughput([one], args.requests, args.concurrency))
+    rps2, ledger2 = asyncio.run(throughput([one, two], args.requests, args.concurrency))
     for p in (p1, p2):
         p.terminate()
         p.wait(15)
     result["throughput"] = {"concurrency": args.concurrency, "one_gateway_rps": rps1, "two_gateways_rps": rps2}
+    result["ledger"] = {"one_gateway": ledger1, "two_gateways": ledger2}
     kills = [asyncio.run(failover(g, pg.create_database())) for _ in range(args.kills)]
     result["failover"] = {"seconds": kills, "median_s": statistics.median(kills)}
     return result
@@ -232,7 +270,9 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "throughput": {"concurrency": runs[0]["throughput"]["concurrency"],
                            **{k: med(r["throughput"][k] for r in runs) for k in ("one_gateway_rps",
                                                                                   "two_gateways_rps")}},
-            "failover": {"seconds": kills, "median_s": med(kills)}}
+            "failover": {"seconds": kills, "median_s": med(kills)},
+            "ledger": {"peak_queue_depth": max(r["ledger"][k]["peak_queue_depth"] for r in runs for k in r["ledger"]),
+                       "dropped": sum(r["ledger"][k]["dropped"] for r in runs for k in r["ledger"])}}
 
 
 def main() -> int:

@@ -43,6 +43,7 @@ from hearth.gateway.upstream.node_client import NodeClient
 from hearth.http.access import AccessSettings
 from hearth.http.app import assemble
 from hearth.http.key_usage import KeyAccounts, KeyUsageCollector
+from hearth.observability.ledger import LedgerCollector
 from hearth.observability.tracing import Tracing, configured_endpoint, otlp_processor
 
 log = logging.getLogger("hearth.gateway")
@@ -77,6 +78,8 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     proxy.after.accounts = accounts
     proxy.ledger, proxy.tracing = ledger, tracing
     metrics.registry.register(KeyUsageCollector(accounts))
+    if ledger is not None:  # the same families as a node's: written, dropped, queue depth
+        metrics.registry.register(LedgerCollector(ledger))
     background = RelayedBackground(proxy, store, settings.heartbeat)
     batches = GatewayBatches(BatchTables(store), settings.batch_concurrency, settings.lease_ttl,
                              key_names=frozenset(k.name for k in settings.keyring))

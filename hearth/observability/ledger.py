@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -212,10 +212,21 @@ class Ledger:
         return list(out.values())
 
 
+class LedgerCounts(Protocol):
+    """What a ledger's writer shows on /metrics: the node's (`Ledger`) and the gateway's."""
+
+    @property
+    def written(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def depth(self) -> int: ...
+
+
 class LedgerCollector(Collector):
     """The ledger's writer on /metrics: rows written, rows dropped, rows waiting."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: LedgerCounts) -> None:
         self.ledger = ledger
 
     def collect(self) -> Iterator[Metric]:

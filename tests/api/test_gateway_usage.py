@@ -120,6 +120,12 @@ async def test_completed_failed_over_and_failed_turns(tmp_path: Path) -> None:
         by_node = (await gw.get("/admin/usage", params={"group": "node"})).json()["data"]
         assert sum(s["requests"] for s in by_node) == 3 and {s["node"] for s in by_node} <= {"a", "b"}
 
+        # the writer on /metrics, in the node's families: the three rows committed, none waiting
+        metrics = (await gw.get("/metrics")).text
+        assert "hearth_usage_ledger_written_total 3.0" in metrics
+        assert "hearth_usage_ledger_dropped_total 0.0" in metrics
+        assert "hearth_usage_ledger_queue_depth 0.0" in metrics
+
 
 async def test_a_stream_the_client_left_counts_its_nodes_exact_tokens(tmp_path: Path) -> None:
     fleet = Fleet()
