@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.fairness                         # 16 A streams, 12 B requests per phase
     .venv/bin/python -m bench.fairness --b-requests 4 --quick  # smoke
+    .venv/bin/python -m bench.fairness --b-requests 8 --no-preemption  # the noisy neighbour only
 
 One node, started once with a key file of four tenants (`a`, `b`, `batch` whose key defaults
 to `flex`, `ops` whose key may ask for `priority`), on --parallel slots. Phases, in one run:
@@ -174,6 +175,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 async with background(c, url, KEYS["a"], args.a_streams, args.a_tokens, "fair"):
                     fair = await probe(c, url, KEYS["b"], tag="fair", **b)
                 out["noisy_neighbour"] = {"alone": summary(alone), "fcfs": summary(fcfs), "fair": summary(fair)}
+                if args.no_preemption:
+                    return finish(out)
                 p = {"count": args.b_requests, "gap": args.gap, "max_tokens": args.b_tokens,
                      "service_tier": "priority"}
                 log("preemption: priority on an idle node")
@@ -194,14 +197,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                      "flex_checked": len(checked), "flex_identical": same}
         finally:
             node.stop()
-    nn, pr = out["noisy_neighbour"], out["preemption"]
+    return finish(out)
+
+
+def finish(out: dict[str, Any]) -> dict[str, Any]:
+    """The targets' ratios added to the phases measured."""
+    nn, pr = out["noisy_neighbour"], out.get("preemption")
 
     def ratio(x: dict[str, Any], y: dict[str, Any]) -> float | None:
         return round(x["p99"] / y["p99"], 3) if x["p99"] and y["p99"] else None
 
     out["targets"] = {"fair_p99_over_alone": ratio(nn["fair"], nn["alone"]),
                       "fcfs_p99_over_alone": ratio(nn["fcfs"], nn["alone"]),
-                      "priority_busy_p99_over_idle": ratio(pr["busy"], pr["idle"]), "target": 1.5}
+                      "priority_busy_p99_over_idle": ratio(pr["busy"], pr["idle"]) if pr else None, "target": 1.5}
     return out
 
 
@@ -213,10 +221,11 @@ def plot(result: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, (title, group, phases) in zip(axes, (
-            ("Noisy neighbour: B's TTFT", "noisy_neighbour", ("alone", "fcfs", "fair")),
-            ("Preemption: priority TTFT", "preemption", ("idle", "busy"))), strict=True):
+    groups = [("Noisy neighbour: B's TTFT", "noisy_neighbour", ("alone", "fcfs", "fair")),
+              ("Preemption: priority TTFT", "preemption", ("idle", "busy"))]
+    groups = [g for g in groups if g[1] in result]
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
+    for ax, (title, group, phases) in zip(axes[0], groups, strict=True):
         data = [result[group][p]["all"] for p in phases]
         ax.boxplot(data, tick_labels=list(phases), whis=(0, 100))
         ax.set_title(title)
@@ -244,6 +253,7 @@ def main() -> None:
     ap.add_argument("--flex-tokens", type=int, default=96)
     ap.add_argument("--check", type=int, default=4, help="paused flex answers compared with a run alone")
     ap.add_argument("--quick", action="store_true", help="smoke: fewer, shorter requests")
+    ap.add_argument("--no-preemption", action="store_true", help="the noisy neighbour phases only")
     args = ap.parse_args()
     if args.quick:
         args.a_streams, args.b_requests, args.gap, args.a_tokens, args.flex_tokens, args.check = 8, 4, 1.0, 16, 48, 2

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
@@ -46,7 +47,7 @@ from hearth.engine.prefix_cache import PrefixCache
 from hearth.engine.request_queue import RequestQueue, Taken, fail_calls, outputs, run_calls
 from hearth.engine.residency import Residency
 from hearth.engine.runner import BatchEntry, DecodeAborted, Runner
-from hearth.engine.scheduler import FLEX, Admission, Scheduler, Work
+from hearth.engine.scheduler import Admission, Scheduler, Work
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence, Sink
 from hearth.engine.spec_cost import StepCost
 from hearth.engine.speculate import Drafter, SpecConfig
@@ -247,20 +248,30 @@ class Engine:
         self._end(ar, FinishReason.ERROR, out, error=error)
 
     def _decode(self, work: list[Work]) -> list[int]:
-        """One llama_decode. A batch holding a prompt chunk is long enough to be worth
-        stopping midway: while it runs, `abort` of any request in it interrupts it, and so does
-        the arrival of a request of a higher class than all of its work, when that work holds
-        a `flex` prompt chunk (request_queue.py)."""
+        """One llama_decode, stopped midway (request_queue.py) by the arrival of a request of a
+        higher class than all of its work, or of a newcomer's (scheduler.py, "Tenants within a
+        class"), whose prompt then runs first. A batch holding a prompt chunk is long enough to
+        be worth stopping for an abort too: `abort` of any request in it interrupts it."""
         entries = [w.entry for w in work]
-        if not any(w.seq is None for w in work):
-            return self.runner.decode(entries)
-        flex_chunk = any(w.seq is None and w.ar.req.priority <= FLEX for w in work)
-        top = max(w.ar.req.priority for w in work) if flex_chunk else None
-        self.queue.decode_begins(frozenset(w.ar.request_id for w in work), top)
+        chunk = any(w.seq is None for w in work)
+        top = max(w.ar.req.priority for w in work)
+        self.queue.decode_begins(frozenset(w.ar.request_id for w in work) if chunk else frozenset(), top,
+                                 self._tenants_in_flight(top))
         try:
             return self.runner.decode(entries)
         finally:
             self.queue.decode_ends()
+
+    def _tenants_in_flight(self, top: int) -> frozenset[str] | None:
+        """The tenants with work in the engine (running, paused or waiting for a slot), if one
+        runs several requests of class `top` or below (an arrival of another tenant is then a
+        newcomer); else None."""
+        running = Counter(ar.req.tenant for ar in self.scheduler.running if ar.req.priority <= top)
+        if not any(n >= 2 for n in running.values()):
+            return None
+        return frozenset((*(ar.req.tenant for ar in self.scheduler.running),
+                          *(ar.req.tenant for ar in self.scheduler.waiting),
+                          *(p.ar.req.tenant for p in self.preempt.paused)))
 
     def _run_batch(self, work: list[Work], out: StepOutputs) -> None:
         cost = self.step_cost if all(w.seq is not None for w in work) else None  # decode-only steps

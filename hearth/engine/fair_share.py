@@ -14,7 +14,10 @@ Policy (docs/api.md, "Fair shares and priority classes"):
   robin with a quantum of one token. FCFS within a tenant;
 - a tenant that had nothing waiting or running starts at the least normalised work of the
   tenants that are busy (never below what it had): idle time earns no credit, so a tenant
-  back from a pause cannot take the server for as long as it was away;
+  back from a pause cannot take the server for as long as it was away. With nobody busy, it
+  starts at the least normalised work of the last busy tenants (`floor`, a virtual time): a
+  tenant that used the idle node alone carries no debt for it into the next contention, and
+  one that starts while the node is idle gets no credit for the others' past work;
 - work-conserving: `pick` always names a waiting request when there is one; a tenant alone
   gets every slot.
 
@@ -100,6 +103,9 @@ class FairShare:
         self._lock = threading.Lock()
         self._tenants: dict[str, TenantTally] = {}
         self._weights: dict[str, float] = {}
+        # the least normalised work of the busy tenants when some last were: where a tenant
+        # that turns busy while nobody is starts (the policy's virtual time)
+        self.floor = 0.0
 
     def _tally(self, tenant: str) -> TenantTally:
         t = self._tenants.get(tenant)
@@ -113,16 +119,19 @@ class FairShare:
             t = self._tally(tenant)
             t.served += tokens
             t.normalised += tokens / self._weights.get(tenant, 1.0)
+            self._advance()
 
     def enter(self, ticket: Ticket) -> None:
         """A request joins the queue."""
         with self._lock:
             self._weights[ticket.tenant] = ticket.weight
             t = self._tally(ticket.tenant)
-            if not t.busy:  # back from idle: catch up with the busy tenants (no credit for idling)
+            if not t.busy:  # back from idle: level with the busy tenants (no credit for idling)
                 busy = [o.normalised for name, o in self._tenants.items() if o.busy and name != ticket.tenant]
                 if busy:
                     t.normalised = max(t.normalised, min(busy))
+                else:  # nobody busy: the work done while a tenant was alone is neither credit nor debt
+                    t.normalised = self.floor
             t.waiting += 1
             t.by_class[ticket.priority] = t.by_class.get(ticket.priority, 0) + 1
 
@@ -141,6 +150,12 @@ class FairShare:
         """An admitted request ended."""
         with self._lock:
             self._tally(tenant).running -= 1
+
+    def _advance(self) -> None:
+        """Lock held: the floor follows the least normalised work of the busy tenants."""
+        busy = [t.normalised for t in self._tenants.values() if t.busy]
+        if busy:
+            self.floor = min(busy)
 
     def preempted(self, tenant: str) -> None:
         with self._lock:

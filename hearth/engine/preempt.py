@@ -81,13 +81,22 @@ class Preemptor:
     # ---- what the engine asks each step ----------------------------------------------------
 
     def make_room(self) -> None:
-        """Before admission: order the waiting requests by class (stable: FCFS within one),
-        then pause running ones of a lower class until the first waiting request fits."""
+        """Before admission: order the waiting requests by class, then the requests of tenants
+        with nothing running or paused first (stable: FCFS otherwise, and within a tenant), then
+        pause running ones until the first waiting request fits (`victim`). A newcomer taken in
+        the same step as requests of a tenant running several thus gets the free slot first,
+        instead of waiting a step for a fairness pause while they fill it."""
         sched = self.scheduler
         if not sched.waiting:
             return
-        if any(ar.req.priority != sched.waiting[0].req.priority for ar in sched.waiting):
-            sched.waiting = deque(sorted(sched.waiting, key=lambda ar: -ar.req.priority))
+        busy = {ar.req.tenant for ar in sched.running} | {p.ar.req.tenant for p in self.paused}
+
+        def order(ar: ActiveRequest) -> tuple[int, bool]:
+            return -ar.req.priority, ar.req.tenant in busy
+
+        first = order(sched.waiting[0])
+        if any(order(ar) != first for ar in sched.waiting):
+            sched.waiting = deque(sorted(sched.waiting, key=order))
         head = sched.waiting[0]
         while head.req.n > self.slots.n_free:
             victim = self.victim(head)

@@ -13,11 +13,15 @@ a request whose prompt chunk is being decoded now also interrupts that decode: t
 the requests of an interruptible decode (`decode_begins`, `decode_ends`) and the runner's
 interrupt flag is set and cleared under the same lock as the abort is recorded, so an abort
 either interrupts the decode or is seen by the next step, never lost between them. A new
-request of a higher class than every request of such a decode interrupts it too (`put`): a
-`flex` batch's prompt chunk running when an interactive request arrives is rolled back and
-runs again after that request's prompt (scheduler.py, "Classes within a step"), so the
-interactive request does not wait for it. Each arrival interrupts at most the one decode
-running when it is put.
+request of a higher class than every request of the decode running interrupts it too (`put`):
+a `flex` batch's step (prompt chunks or decodes) running when an interactive request arrives
+is rolled back and runs again after that request's prompt (scheduler.py, "Classes within a
+step"), so the
+interactive request does not wait for it. So does a newcomer (scheduler.py, "Tenants within a
+class"): a request of a tenant with nothing in flight, of the decode's highest class or above,
+while some tenant runs several requests; its prompt then runs alone in the next step instead
+of after a neighbour's step. Each arrival interrupts at most the one decode running when it is
+put; decode-only steps are interrupted only by such arrivals, never by an abort.
 
 Which waiting request gets a slot next is not decided here: the scheduler admits FCFS
 (scheduler.py), and the node's admission queue decides the order requests reach `put` in
@@ -68,6 +72,9 @@ class RequestQueue:
         self._known: set[str] = set()  # request ids submitted and not yet ended
         self._in_decode: frozenset[str] = frozenset()  # requests of the interruptible decode running now
         self._decode_class: int | None = None  # the highest class in it: a higher arrival interrupts it
+        # tenants with work in flight, while one runs several: an arrival of another tenant (of
+        # at least `_decode_class`) interrupts the decode too; None: no such interrupt
+        self._decode_tenants: frozenset[str] | None = None
         self._stopping = False
         self._taken = Taken()
 
@@ -92,10 +99,20 @@ class RequestQueue:
                 raise ValueError(f"request id {ar.request_id!r} is already in flight")
             self._known.add(ar.request_id)
             self._inbox.append(ar)
-            if self._decode_class is not None and ar.req.priority > self._decode_class:
+            if self._interrupts(ar):
                 self._interrupt()
                 self._decode_class = None  # interrupted once: the next arrival waits for the next step
             self._cv.notify()
+
+    def _interrupts(self, ar: ActiveRequest) -> bool:
+        """Whether `ar`'s arrival interrupts the decode running now (under the lock)."""
+        top = self._decode_class
+        if top is None:
+            return False
+        if ar.req.priority > top:
+            return True
+        tenants = self._decode_tenants
+        return tenants is not None and ar.req.priority == top and ar.req.tenant not in tenants
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
         """Record an abort for the next step (the first reason wins), and interrupt the decode
@@ -159,13 +176,17 @@ class RequestQueue:
             t.calls, self._calls = self._calls, []
         return t
 
-    def decode_begins(self, request_ids: frozenset[str], top_class: int | None = None) -> None:
-        """An interruptible decode of these requests starts: an abort of one of them from now
-        on interrupts it, and so does one that arrived since the step took its aborts. With
-        `top_class` (the highest class in it), so does a new request of a higher class."""
+    def decode_begins(self, request_ids: frozenset[str], top_class: int | None = None,
+                      tenants: frozenset[str] | None = None) -> None:
+        """An interruptible decode starts: an abort of one of `request_ids` from now on
+        interrupts it, and so does one that arrived since the step took its aborts. With
+        `top_class` (the highest class in it), so does a new request of a higher class, and,
+        with `tenants` (those with work in flight, while one runs several), a new request of
+        `top_class` from any other tenant."""
         with self._cv:
             self._in_decode = request_ids
             self._decode_class = top_class
+            self._decode_tenants = tenants
             if not request_ids.isdisjoint(self._aborts):
                 self._interrupt()
 
@@ -173,6 +194,7 @@ class RequestQueue:
         with self._cv:
             self._in_decode = frozenset()
             self._decode_class = None
+            self._decode_tenants = None
             self._clear_interrupt()
 
     def deliver(self, out: StepOutputs) -> None:

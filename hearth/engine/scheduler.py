@@ -28,20 +28,34 @@ Both are kept short of lower-class work:
 - *short lower-class chunks*: prompt chunks of `flex` requests (the lowest class) take at
   most `flex_chunk` tokens per step in all, so the step in flight when an interactive request
   arrives is never a full budget of batch prefill. A flex prompt takes more steps; each runs
-  beside the decodes anyway. And a step holding a flex prompt chunk is interrupted when a
-  request of a higher class than all its work arrives (request_queue.py `put`, the engine's
-  `_decode`): rolled back, it runs again after that request's prompt;
+  beside the decodes anyway. And the step running when a request of a higher class than all
+  its work arrives is interrupted (request_queue.py `put`, the engine's `_decode`): rolled
+  back, it runs again after that request's prompt;
 - *work-conserving*: nothing sits out unless a request of a higher class is prefilling; a
   class alone on the node (a batch with no interactive traffic) gets every step and all of
   the budget except the `flex_chunk` bound on its own prompt chunks.
+
+Tenants within a class (issue 40, the noisy neighbour: tenant B's time to first token while
+tenant A keeps many streams). Admission already lets B's first request in at once (a fairness
+pause, preempt.py). Its prompt then runs alone as a higher class's does:
+- *a newcomer's prefill runs alone*: a *newcomer* is a tenant whose one running request is
+  still prefilling (it has no first token yet), of the highest class prefilling, while another
+  tenant runs several requests of that class or below (a tenant below its fair share of the
+  slots beside one above it). The work of every other request of that class or below sits out
+  the step; higher classes' work runs. A tenant running several requests is never a newcomer,
+  so A's own new prompts never make A's decodes sit out, and each newcomer request gets this for
+  its own prefill only (a few steps);
+- the same `patience` bounds it (no starvation), and it is work-conserving: a tenant alone on
+  the node, or tenants running one request each, never sit out.
 Invariants: a step never schedules a lower-class token while a higher-class request prefills,
-except on a patience step; `sat_out` counts the steps in a row that left lower-class work out
-and is reset by any step that did not.
+nor another tenant's token of the newcomer's class or below while a newcomer prefills, except
+on a patience step; `sat_out` counts the steps in a row that left work out and is reset by any
+step that did not.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -155,17 +169,44 @@ class Scheduler:
         top = max(prefilling)
         return top if any(ar.req.priority < top for ar in self.running) else None
 
+    def newcomers(self) -> tuple[int, frozenset[str]] | None:
+        """The newcomers whose prefill runs alone this step, and their class (see "Tenants
+        within a class"); None if there are none."""
+        prefilling = [ar for ar in self.running if ar.phase is Phase.PREFILL]
+        if not prefilling:
+            return None
+        top = max(ar.req.priority for ar in prefilling)
+        counts = Counter(ar.req.tenant for ar in self.running)
+        new = frozenset(ar.req.tenant for ar in prefilling if ar.req.priority == top and counts[ar.req.tenant] == 1)
+        if not new:
+            return None
+        below = Counter(ar.req.tenant for ar in self.running if ar.req.priority <= top)
+        if not any(n >= 2 and t not in new for t, n in below.items()):
+            return None
+        return top, new
+
+    def sits_out(self) -> Callable[[ActiveRequest], bool] | None:
+        """Whose work sits out this step (a higher class prefilling, else newcomers
+        prefilling), or None if everyone runs (nobody to yield to, or a patience step)."""
+        if self.sat_out >= self.patience:
+            return None  # patience: everyone runs this step
+        lead, found = self.lead(), self.newcomers()
+        if found is not None:
+            top, new = found  # top >= lead: both are the highest class prefilling
+            return lambda ar: ar.req.priority <= top and ar.req.tenant not in new
+        if lead is not None:
+            return lambda ar: ar.req.priority < lead
+        return None
+
     def schedule(self) -> list[Work]:
         work: list[Work] = []
         budget = self.token_budget
-        lead = self.lead()
-        if lead is not None and self.sat_out >= self.patience:
-            lead = None  # patience: lower-class work runs this step
+        out = self.sits_out()
         left_out = False
         for ar in self.running:
             if ar.phase is not Phase.DECODE:
                 continue
-            if lead is not None and ar.req.priority < lead:
+            if out is not None and out(ar):
                 for seq in ar.live_seqs():
                     seq.draft = []
                 left_out = True
@@ -183,7 +224,7 @@ class Scheduler:
                 break
             if ar.phase is not Phase.PREFILL:
                 continue
-            if lead is not None and ar.req.priority < lead:
+            if out is not None and out(ar):
                 left_out = True
                 continue
             room = budget

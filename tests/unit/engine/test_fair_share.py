@@ -169,6 +169,30 @@ def test_idle_time_earns_no_credit() -> None:
     assert abs(gained_a - gained_b) <= 2 * 8 * 2  # level again, no catch-up burst for b
 
 
+def test_work_done_alone_is_no_debt_when_a_neighbour_arrives() -> None:
+    """B used the idle node alone, then went quiet; A starts a backlog while nobody else is busy.
+    B's next request is level with A (A started at the policy's virtual time, not at zero) and
+    takes the next free slot, ahead of A's backlog."""
+    sim = Sim(slots=4)
+    for _ in range(100):
+        keep_backlogged(sim, "b", 4)
+        sim.step()
+    for r in [r for r in sim.waiting if r.tenant == "b"]:  # b goes quiet
+        sim.waiting.remove(r)
+        sim.fair.leave(r, False, r.since)
+    while sim.running:
+        sim.step()
+    for _ in range(20):
+        keep_backlogged(sim, "a", 16)
+        sim.step()
+    before = len(sim.admitted)
+    b = sim.submit("b")
+    while b not in sim.admitted:
+        keep_backlogged(sim, "a", 16)
+        sim.step()
+    assert sim.admitted[before] is b
+
+
 def test_a_higher_class_goes_first_whatever_the_shares() -> None:
     sim = Sim(slots=1)
     flex = sim.submit("batch", priority=Priority.FLEX)
