@@ -186,7 +186,7 @@ class EngineStats:
     swap_ins: int = 0  # session KV restored into a slot
     drafted_tokens: int = 0  # speculative draft tokens verified
     accepted_tokens: int = 0  # of those, the ones the sampler agreed with (emitted without a step of their own)
-    interrupted_decodes: int = 0  # decodes stopped midway by an abort (their work re-run)
+    interrupted_decodes: int = 0  # decodes stopped midway by an abort or a more urgent arrival (re-run)
     kv_reprefills: int = 0  # session KV that could not be restored or failed a decode: prefilled again
 
 

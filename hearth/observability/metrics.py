@@ -49,7 +49,8 @@ COUNTERS = (("hearth_prompt_tokens", "Prompt tokens prefilled", "prompt_tokens")
             ("hearth_spec_drafted_tokens", "Speculative (prompt-lookup) draft tokens verified", "drafted_tokens"),
             ("hearth_spec_accepted_tokens", "Draft tokens accepted (emitted without a step of their own)",
              "accepted_tokens"),
-            ("hearth_interrupted_decodes", "Decodes stopped midway by an abort (neighbours re-run)",
+            ("hearth_interrupted_decodes",
+             "Decodes stopped midway by an abort or a more urgent arrival (their work re-run)",
              "interrupted_decodes"),
             ("hearth_session_kv_reprefills", "Session KV that could not be restored or failed a decode, "
              "dropped and prefilled again from the transcript", "kv_reprefills"),
