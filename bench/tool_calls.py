@@ -3,6 +3,7 @@ structured calls with `lenient_tool_calls` off and on, and what holding a stream
 
     .venv/bin/python -m bench.tool_calls                    # qwen2.5-coder-0.5b, 40 prompts, ~5-10 min
     .venv/bin/python -m bench.tool_calls --limit 8          # smoke
+    .venv/bin/python -m bench.tool_calls --prompts 23,25,27,32,33,35,37,38,39,0   # the text answers (and a call)
 
 Starts this checkout's Hearth (`python -c 'from hearth.cli.main import app; app()' serve`, so the
 code measured is the code here) on `--model` (default the catalog's qwen2.5-coder-0.5b, the
@@ -17,8 +18,10 @@ first byte (first content character or first tool-call delta) and the text. Repo
 of structured calls off vs on; the median extra time to first byte on (on - off, per prompt) for
 answers that became calls (held until the output ended) and for those that stayed text (held
 until ruled out); for those, also the characters held before the first byte (replayed through
-the parser, so independent of the machine's load); and whether every answer that stayed text
-on came out identical to off.
+the parser, so independent of the machine's load), the tokens that are (the chunks of the
+off stream that carry them), the time the model took to write them (off: first chunk to the
+chunk that completes them) and what lenient on's extra time has beyond that (the rest of the
+path); and whether every answer that stayed text on came out identical to off.
 Writes bench/results/tool-calls-<stamp>.json (+ latest-tool-calls.json) after every prompt
 (`"complete": false` until the last) and, at the end, a plot (.png). Prompts go round-robin
 over the four tools, so a `--limit` covers all of them.
@@ -36,7 +39,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +107,9 @@ class Answer:
     finish_reason: str | None
     ttfb_s: float | None  # first content character or first tool-call delta
     total_s: float
+    # Each content chunk as it came: (seconds after the request, characters received by then).
+    # Off, this is the time the model took to write the characters lenient mode holds.
+    marks: list[tuple[float, int]] = field(default_factory=list)
 
 
 def log(msg: str) -> None:
@@ -116,6 +122,7 @@ async def ask(client: httpx.AsyncClient, url: str, i: int, lenient: bool, max_to
             "lenient_tool_calls": lenient}
     t0 = time.perf_counter()
     ttfb, text, calls, finish = None, "", {}, None
+    marks: list[tuple[float, int]] = []
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -129,13 +136,15 @@ async def ask(client: httpx.AsyncClient, url: str, i: int, lenient: bool, max_to
             if (delta.get("content") or delta.get("tool_calls")) and ttfb is None:
                 ttfb = time.perf_counter() - t0
             text += delta.get("content") or ""
+            if delta.get("content"):
+                marks.append((round(time.perf_counter() - t0, 4), len(text)))
             for tc in delta.get("tool_calls") or []:
                 c = calls.setdefault(tc["index"], {"name": None, "arguments": ""})
                 fn = tc.get("function") or {}
                 c["name"] = fn.get("name") or c["name"]
                 c["arguments"] += fn.get("arguments") or ""
             finish = choice.get("finish_reason") or finish
-    return Answer(i, lenient, [calls[k] for k in sorted(calls)], text, finish, ttfb, time.perf_counter() - t0)
+    return Answer(i, lenient, [calls[k] for k in sorted(calls)], text, finish, ttfb, time.perf_counter() - t0, marks)
 
 
 def summarize(answers: list[Answer]) -> dict[str, Any]:
@@ -156,6 +165,16 @@ def summarize(answers: list[Answer]) -> dict[str, Any]:
     # Load-independent: how many characters of each text answer the lenient parser holds before
     # its first byte goes out (replayed here one character at a time, as a stream feeds it).
     held = [held_chars(off.text) for off, _ in text_pairs]
+    # Where the extra first-byte time goes: the chunks (tokens) the model took to write the held
+    # characters with lenient off, and the time they took there (the same prompt, the same
+    # tokens); what lenient on's extra time has beyond that is the rest of the path.
+    held_tokens = [next((k for k, (_, n) in enumerate(off.marks) if n >= h), len(off.marks)) + 1
+                   for (off, _), h in zip(text_pairs, held, strict=True)]
+    writing = [off.marks[k - 1][0] - off.marks[0][0] for (off, _), k in zip(text_pairs, held_tokens, strict=True)
+               if off.marks and k <= len(off.marks)]
+    rest = [(on.ttfb_s - off.ttfb_s) - (off.marks[k - 1][0] - off.marks[0][0])
+            for (off, on), k in zip(text_pairs, held_tokens, strict=True)
+            if off.marks and k <= len(off.marks) and on.ttfb_s is not None and off.ttfb_s is not None]
     ttfb_off = [off.ttfb_s for off, _ in pairs if off.ttfb_s is not None]
     ttfb_on = [on.ttfb_s for _, on in pairs if on.ttfb_s is not None]
     return {
@@ -168,6 +187,11 @@ def summarize(answers: list[Answer]) -> dict[str, Any]:
         "extra_ttfb_stayed_text": extra(False),  # held until ruled out (or not at all)
         "held_chars_stayed_text": {"n": len(held), "median": median(held) if held else None,
                                    "max": max(held) if held else None},
+        "held_tokens_stayed_text": {"median": median(held_tokens) if held_tokens else None,
+                                    "max": max(held_tokens) if held_tokens else None},
+        # off: from the first chunk to the one that completes the held characters
+        "writing_held_s": round(median(writing), 3) if writing else None,
+        "extra_beyond_writing_s": round(median(rest), 3) if rest else None,
         "text_unchanged": all(off.text == on.text for off, on in text_pairs),
         "text_answers": len(text_pairs),
         "tools_called_on": {t["function"]["name"]: sum(1 for _, on in pairs if on.finish_reason == "tool_calls"
@@ -206,6 +230,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     # Round-robin over the tools (prompt 0, 10, 20, 30, 1, 11, ...), so --limit (or an interrupted
     # run, whose results so far are written after every prompt) still covers all four.
     order = [k * 10 + j for j in range(10) for k in range(4)][:args.limit]
+    if args.prompts:
+        order = [i for i in order if i in args.prompts]
     async with RunningServer("hearth", Launch(argv, supports_ignore_eos=True), port, settings) as srv, \
             httpx.AsyncClient(timeout=300) as client:
         log(f"server ready in {srv.startup_s:.1f}s")
@@ -269,6 +295,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--limit", type=int, default=len(PROMPTS), help="only the first N prompts")
+    p.add_argument("--prompts", type=lambda s: {int(x) for x in s.split(",")}, default=None,
+                   help="only these prompts (indices, comma-separated), e.g. the ones that stay text")
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = p.parse_args()
     signal.signal(signal.SIGTERM, _interrupt)  # unwinds through the block that stops the server

@@ -58,6 +58,9 @@ class FakeRunner:
     def token_text(self, token: int) -> bytes:
         return b"</s>" if token == EOS else bytes([token])
 
+    def cuts_text(self, token: int) -> bool:
+        return token != EOS  # one token per byte: the text after any byte tokenizes on its own
+
     def is_eog(self, token: int) -> bool:
         return token == EOS
 

@@ -61,6 +61,12 @@ class Runner(Protocol):
         """The token as it would be written in a prompt (special tokens spelled out)."""
         ...
 
+    def cuts_text(self, token: int) -> bool:
+        """Whether the tokenizer finds this token's text in a prompt before anything else (a
+        control or user-defined token, spelled out): the text after it tokenizes on its own,
+        whatever came before (hearth.backends.local.prefix_tokens relies on it)."""
+        ...
+
     def is_eog(self, token: int) -> bool: ...
 
     def decode(self, entries: list[BatchEntry]) -> list[int]:

@@ -39,6 +39,9 @@ log = logging.getLogger("hearth.llamacpp")
 GGML_TYPE_NAMES: dict[int, str] = {int(getattr(L, n)): n.removeprefix("GGML_TYPE_").lower()
                                    for n in dir(L) if n.startswith("GGML_TYPE_") and n != "GGML_TYPE_COUNT"}
 
+# Token attributes llama.cpp's tokenizer matches in text before anything else (`cuts_text`).
+_PARTITIONED = L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_USER_DEFINED | L.LLAMA_TOKEN_ATTR_UNKNOWN
+
 _backend_lock = threading.Lock()
 _backend_ready = False
 
@@ -148,6 +151,11 @@ class LlamaCppRunner:
     def token_text(self, token: int) -> bytes:
         """The token as written in a prompt (special tokens included)."""
         return self._render(token, special=True)
+
+    def cuts_text(self, token: int) -> bool:
+        # llama.cpp's tokenizer first cuts the text at every control, user-defined or unknown
+        # token spelled in it (tokenizer_st_partition), then tokenizes each piece alone.
+        return bool(L.llama_vocab_get_attr(self.vocab, token) & _PARTITIONED)
 
     def _render(self, token: int, *, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(256)

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from hearth.backends.local.model import LocalModel
+from hearth.backends.local.prefix_tokens import split_at_special
 from hearth.chat import continuation
 from hearth.chat.output import OutputParser
 from hearth.chat.reasoning import ReasoningParser, opens_thinking, template_kwargs
@@ -88,25 +89,31 @@ def prepare(m: LocalModel, req: ChatRequest) -> Prepared:
                for i in range(req.n)]
     if prefill:
         continuation.prefill_parsers(parsers, prefill)
-    return Prepared(tokens, params, think, parsers, keep_tokens(m, req, plan, tokens), prefilled)
+    return Prepared(tokens, params, think, parsers, keep_tokens(m, req, plan, text + prefill, tokens), prefilled)
 
 
-def keep_tokens(m: LocalModel, req: ChatRequest, plan: OutputPlan, tokens: list[int]) -> int:
-    """How many of the prompt's `tokens` end with message `req.cache_through` (the client's
-    last cache_control breakpoint): the prompt rendered up to that message, with the same
-    tools and no generation prompt, compared token by token with the whole one. Comparing
-    rather than trusting the render keeps it a true prefix whatever the template does to
-    a conversation's last message. 0 when nothing is asked, or for a session (its KV is
-    its own, never offered to the prompt cache)."""
+def keep_tokens(m: LocalModel, req: ChatRequest, plan: OutputPlan, text: str, tokens: list[int]) -> int:
+    """How many of the prompt's `tokens` (the tokens of `text`) end with message
+    `req.cache_through` (the client's last cache_control breakpoint): the prompt rendered up
+    to that message, with the same tools and no generation prompt, compared token by token
+    with the whole one. Comparing rather than trusting the render keeps it a true prefix
+    whatever the template does to a conversation's last message. Only the text from the last
+    special token before the breakpoint is tokenized again where that gives the same number
+    (hearth.backends.local.prefix_tokens), else the whole prefix. 0 when nothing is asked, or
+    for a session (its KV is its own, never offered to the prompt cache)."""
     through = req.cache_through
     if through is None or req.session is not None or not req.cache_prompt:
         return 0
     try:
-        text = render(m, replace(req, messages=req.messages[:through + 1]), plan, generation_prompt=False)
+        prefix = render(m, replace(req, messages=req.messages[:through + 1]), plan, generation_prompt=False)
     except BadRequest as e:  # a template that refuses a conversation cut short: keep nothing
         log.debug("%s: no cache breakpoint: the template refused the prefix: %s", req.request_id, e)
         return 0
-    return common_prefix_len(m.tokenize_text(text, False), tokens)
+    split = split_at_special(m.runner, tokens, text, prefix)
+    if split is None:
+        return common_prefix_len(m.tokenize_text(prefix, False), tokens)
+    i, rest = split
+    return i + common_prefix_len(m.tokenize_text(rest, False), tokens[i:])
 
 
 def constrain(m: LocalModel, sampling: SamplingParams, grammar: str | None, source: str) -> SamplingParams:
