@@ -53,7 +53,7 @@ from bench.stats import median
 from hearth.chat.tool_parsers import make_parser
 from hearth.chat.types import Tool
 
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "Current weather for a city.",
         "parameters": {"type": "object", "properties": {
@@ -121,7 +121,8 @@ async def ask(client: httpx.AsyncClient, url: str, i: int, lenient: bool, max_to
             "tool_choice": "auto", "temperature": 0, "max_tokens": max_tokens, "stream": True,
             "lenient_tool_calls": lenient}
     t0 = time.perf_counter()
-    ttfb, text, calls, finish = None, "", {}, None
+    ttfb, text, finish = None, "", None
+    calls: dict[int, dict[str, Any]] = {}
     marks: list[tuple[float, int]] = []
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
@@ -158,7 +159,7 @@ def summarize(answers: list[Answer]) -> dict[str, Any]:
     def extra(became_call: bool) -> dict[str, Any]:
         d = [on.ttfb_s - off.ttfb_s for off, on in pairs if on.ttfb_s is not None and off.ttfb_s is not None
              and (on.finish_reason == "tool_calls") == became_call and off.finish_reason != "tool_calls"]
-        return {"n": len(d), "median_s": round(median(d), 3) if d else None,
+        return {"n": len(d), "median_s": r3(d),
                 "max_s": round(max(d), 3) if d else None}
 
     text_pairs = [(off, on) for off, on in pairs if "tool_calls" not in (off.finish_reason, on.finish_reason)]
@@ -181,8 +182,8 @@ def summarize(answers: list[Answer]) -> dict[str, Any]:
         "prompts": n,
         "structured_share_off": round(share(False), 3),
         "structured_share_on": round(share(True), 3),
-        "ttfb_median_off_s": round(median(ttfb_off), 3) if ttfb_off else None,
-        "ttfb_median_on_s": round(median(ttfb_on), 3) if ttfb_on else None,
+        "ttfb_median_off_s": r3(ttfb_off),
+        "ttfb_median_on_s": r3(ttfb_on),
         "extra_ttfb_became_calls": extra(True),  # held until the output ended
         "extra_ttfb_stayed_text": extra(False),  # held until ruled out (or not at all)
         "held_chars_stayed_text": {"n": len(held), "median": median(held) if held else None,
@@ -190,14 +191,19 @@ def summarize(answers: list[Answer]) -> dict[str, Any]:
         "held_tokens_stayed_text": {"median": median(held_tokens) if held_tokens else None,
                                     "max": max(held_tokens) if held_tokens else None},
         # off: from the first chunk to the one that completes the held characters
-        "writing_held_s": round(median(writing), 3) if writing else None,
-        "extra_beyond_writing_s": round(median(rest), 3) if rest else None,
+        "writing_held_s": r3(writing),
+        "extra_beyond_writing_s": r3(rest),
         "text_unchanged": all(off.text == on.text for off, on in text_pairs),
         "text_answers": len(text_pairs),
         "tools_called_on": {t["function"]["name"]: sum(1 for _, on in pairs if on.finish_reason == "tool_calls"
                                                        and any(c["name"] == t["function"]["name"] for c in on.calls))
                             for t in TOOLS},
     }
+
+
+def r3(values: list[float]) -> float | None:
+    m = median(values)
+    return None if m is None else round(m, 3)
 
 
 def held_chars(text: str) -> int:
