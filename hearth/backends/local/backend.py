@@ -36,7 +36,7 @@ from hearth.backends.local.kv import LocalSessionKV
 from hearth.backends.local.loader import LoadPolicy, ModelLoader
 from hearth.backends.local.model import EngineSettings, LocalModel, RunnerFactory, llamacpp_factory
 from hearth.backends.local.model_set import AnyModel, ModelSet
-from hearth.backends.local.prepare import checked, prepare, render_chat, validate
+from hearth.backends.local.prepare import Prepared, checked, prepare, render_chat, validate
 from hearth.backends.local.prompt_cache import LocalPromptCache
 from hearth.chat.output import OutputParser
 from hearth.chat.system_turns import place_system_turns
@@ -282,10 +282,13 @@ class LocalBackend:
 
     async def chat(self, req: ChatRequest) -> EventStream:
         async def run(m: LocalModel) -> EventStream:
-            prep = await self._off_loop(lambda: prepare(m, req))
-            return await self._generate(m, prep.tokens, req, params=prep.params, think=prep.think,
-                                        parsers=prep.parsers, keep_tokens=prep.keep_tokens,
-                                        prefilled=prep.prefilled)
+            def off_loop() -> tuple[Prepared, EngineRequest]:
+                prep = prepare(m, req)
+                return prep, self._checked(m, prep.tokens, req, params=prep.params, think=prep.think,
+                                           keep_tokens=prep.keep_tokens)
+
+            prep, ereq = await self._off_loop(off_loop)
+            return await self._generate(m, ereq, req, parsers=prep.parsers, prefilled=prep.prefilled)
 
         return await self._holding(req, run)
 
@@ -312,38 +315,47 @@ class LocalBackend:
             prompt = req.prompt
             if isinstance(prompt, str):
                 m.check_fits(prompt)
-                tokens = await self._off_loop(lambda: m.tokenize_text(prompt, True))
-            else:
-                tokens = await self._off_loop(lambda: list(checked(m, prompt, "prompt")))
-            return await self._generate(m, tokens, req)
+
+            def off_loop() -> EngineRequest:
+                tokens = m.tokenize_text(prompt, True) if isinstance(prompt, str) else \
+                    list(checked(m, prompt, "prompt"))
+                return self._checked(m, tokens, req)
+
+            return await self._generate(m, await self._off_loop(off_loop), req)
 
         return await self._holding(req, run)
 
-    async def _generate(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest, *,
-                        params: SamplingParams | None = None, think: ThinkBudget | None = None,
-                        parsers: list[OutputParser] | None = None, keep_tokens: int = 0,
-                        prefilled: int = 0) -> EventStream:
-        """Validate (4xx now), wait for a slot (429 if none comes), then hand back the stream.
-        The time cap counts from the first generated token (llama-server's t_max_predict_ms):
-        the queue has its own bound (--max-wait), and a long prompt's prefill is never cut."""
-        n, cancel = req.n, req.cancel
+    def _checked(self, m: LocalModel, tokens: list[int], req: ChatRequest | CompletionRequest, *,
+                 params: SamplingParams | None = None, think: ThinkBudget | None = None,
+                 keep_tokens: int = 0) -> EngineRequest:
+        """The engine request, validated (a 4xx raised here), its prompt's cached blocks read
+        from the disk. Runs in the tokenizer pool, in the same hop as the prompt's tokenizing:
+        each hop between the event loop and a thread is a wake-up on both sides, which a busy
+        loop (a batch beside) makes slow."""
         # Only the session manager passes a request with `session` on to the backend, with the
         # whole transcript in it: the session owns the KV the engine request builds.
         owner = req.session.session_id if isinstance(req, ChatRequest) and req.session else None
         max_len = req.max_len if isinstance(req, ChatRequest) else None
-        ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=n, max_time=req.timeout or None,
+        ereq = EngineRequest(req.request_id, tokens, params or req.sampling, n=req.n, max_time=req.timeout or None,
                              cache_prompt=req.cache_prompt, think=think, owner=owner, max_len=max_len,
                              repetition=req.repetition,
                              cache_key=req.cache_key if isinstance(req, ChatRequest) else None,
                              keep_tokens=keep_tokens, cache_ns=req.cache_ns, tenant=req.tenant,
                              priority=int(parse_class(req.priority or "default")))
-        param = "messages" if isinstance(req, ChatRequest) else "prompt"
-        await self._off_loop(lambda: validate(m, ereq, param, self.settings.strict_max_tokens))
+        validate(m, ereq, "messages" if isinstance(req, ChatRequest) else "prompt", self.settings.strict_max_tokens)
         cache = m.engine.cache
         if cache is not None and owner is None and req.cache_prompt:
             # The prompt's cached blocks come off the disk here, in the pool: the engine thread
             # only joins blocks already in RAM.
-            await self._off_loop(lambda: cache.prefetch(tokens[:-1], req.cache_ns))
+            cache.prefetch(tokens[:-1], req.cache_ns)
+        return ereq
+
+    async def _generate(self, m: LocalModel, ereq: EngineRequest, req: ChatRequest | CompletionRequest, *,
+                        parsers: list[OutputParser] | None = None, prefilled: int = 0) -> EventStream:
+        """Wait for a slot (429 if none comes), then hand back the stream. The time cap counts
+        from the first generated token (llama-server's t_max_predict_ms): the queue has its own
+        bound (--max-wait), and a long prompt's prefill is never cut."""
+        n, cancel, tokens = req.n, req.cancel, ereq.prompt_tokens
         claim = Claim(req.tenant, req.weight, parse_class(req.priority or "default"))
         if not await admit(m.admission, n, cancel, None, claim):
             return EventStream(cancelled_while_queued(len(tokens), n))
