@@ -72,17 +72,18 @@ def find_draft(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int, n_conte
     return find_match(hist, n, n_min, n_max, k, n_context)[0]
 
 
+CONTEXT_CANDIDATES = 64  # full matches whose context is compared (the most recent)
+
+
 def find_match(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int,
                n_context: int | None = None) -> tuple[list[int], int]:
     """`find_draft`'s draft and the length of the suffix it matched (0: none)."""
     if n < n_min + 1 or k <= 0:
         return [], 0
-    cap = max(n_max, n_context or n_max)
-    # `ends`: positions e (e < n) such that hist[e - m:e] equals the last m tokens, m growing;
-    # past n_max only while several candidates remain (the extra context only breaks ties).
+    # `ends`: positions e (e < n) such that hist[e - m:e] equals the last m tokens, m growing.
     ends = np.flatnonzero(hist[: n - 1] == hist[n - 1]) + 1
     m = 1
-    while m < cap and ends.size and (m < n_max or ends.size > 1):
+    while m < n_max and ends.size:
         ok = ends[ends > m]
         ok = ok[hist[ok - 1 - m] == hist[n - 1 - m]]
         if not ok.size:
@@ -90,8 +91,18 @@ def find_match(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int,
         ends, m = ok, m + 1
     if m < n_min or not ends.size:
         return [], 0
+    if m == n_max and ends.size > 1 and n_context is not None and n_context > m:
+        # Several full matches: the one whose context agrees further back (up to n_context),
+        # among the most recent CONTEXT_CANDIDATES; all at once, not token by token (a text
+        # that loops has many candidates agreeing far back).
+        ends = ends[-CONTEXT_CANDIDATES:]
+        back = np.arange(m, min(n_context, n))  # hist[e - 1 - j] against hist[n - 1 - j]
+        idx = ends[:, None] - 1 - back[None, :]
+        agree = (idx >= 0) & (hist[np.maximum(idx, 0)] == hist[n - 1 - back][None, :])
+        run = np.where(agree.all(axis=1), back.size, np.argmin(agree, axis=1))
+        ends = ends[run == run.max()]
     e = int(ends[-1])
-    return [int(t) for t in hist[e: min(e + k, n)]], min(m, n_max)
+    return [int(t) for t in hist[e: min(e + k, n)]], m
 
 
 @dataclass(slots=True)
