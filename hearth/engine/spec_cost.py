@@ -5,18 +5,18 @@ Speculation pays when the tokens a draft is expected to add beat what its rows c
 `speculate.plan`). That cost is a property of the machine, the model and the llama.cpp build,
 and it is not a line: on 2 AVX2 cores with Qwen2.5-Coder-0.5B Q4_K_M (at ~1,500 tokens of
 context) one token takes 21.6 ms, two 50.5 ms, three 74 ms, four 66 ms, eight 94 ms and sixteen
-175 ms (llama.cpp takes another matrix path past one row, and its repacked kernels work in
-blocks of four rows). A line fitted through such points says a one-token draft pays when it
-costs 2.3 steps. So each batch size keeps its own estimate, learnt from the decode-only steps
+175 ms (measured idle; why two rows cost more than four was not traced: llama.cpp's CPU matrix
+kernels favour some row counts). A line fitted through such points says a one-token draft pays
+when it costs 2.3 steps. So each batch size keeps its own estimate, learnt from the decode-only steps
 that had that size (a step holding a prompt chunk is not a point).
 
 A size never measured is estimated from the measured ones: between two measured sizes, on the
 straight line joining them; past the largest, on from it with the smaller of the prior line's
 slope (t(b) ∝ ratio + b through the smallest measured size; `ratio`: the decode step's fixed
-cost over one more token's, the configured prior) and the slope measured into the largest. With nothing measured, the prior line itself in units
-of a one-token step. A guess that is wrong is corrected the first time the planner tries that
-size, and the planner tries a size only when the guess says it pays: exploration costs a few
-steps per engine, not per request.
+cost over one more token's, the configured prior) and the slope measured into the largest.
+With nothing measured, the prior line itself in units of a one-token step. A wrong guess is
+corrected the first time the planner tries that size, and the planner tries a size only when
+the guess says it pays: exploration costs a few steps per engine, not per request.
 
 Invariants: the estimates are for relative use (the planner compares sizes), never a deadline;
 a point far slower than its size's estimate (the machine was busy elsewhere) is skipped, unless

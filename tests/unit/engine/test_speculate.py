@@ -70,7 +70,7 @@ def test_guesses_are_scored_against_what_is_emitted_drafted_or_not() -> None:
     assert d.p == p and d.n == 11 and list(d.hist[: d.n]) == [1, 2, 3, 4, 5, 1, 2, 3, 4, 7, 9]
     assert d.lookup() == []  # (7, 9) never occurred
     # a copy: every guess right, p tends to 1 within a few tokens
-    copy = Drafter.start(SPEC, list(range(40)) + [0, 1])
+    copy = Drafter.start(SPEC, [*range(40), 0, 1])
     for t in range(2, 12):
         copy.lookup()
         copy.push(t)
