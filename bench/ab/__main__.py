@@ -42,6 +42,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--spec-rounds", type=int, default=3)
     p.add_argument("--spec-max-tokens", type=int, default=384)
     p.add_argument("--spec-workloads", default="rewrite_file,echo_json,continue_code,chat")
+    p.add_argument("--spec-servers", default=None,
+                   help="spec: the servers beside hearth (e.g. hearth-nospec); all of them by default")
     p.add_argument("--kv-rounds", type=int, default=3)
     p.add_argument("--kv-prompts", type=int, default=16)
     p.add_argument("--compile-runs", type=int, default=50, help="structured: grammar compiles timed per kind")
@@ -67,6 +69,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         kv_rounds=a.kv_rounds,
         kv_prompts=a.kv_prompts,
         spec_workloads=[w.strip() for w in a.spec_workloads.split(",") if w.strip()],
+        spec_servers=[x.strip() for x in a.spec_servers.split(",") if x.strip()] if a.spec_servers else None,
     )
     out: dict[str, Any] = {
         "schema": 1,
@@ -136,15 +139,24 @@ def table(r: dict[str, Any]) -> str:
         for w, info in sp["workloads"].items():
             best = info["best_llama_ngram"]
             acc, up = info["acceptance"], info["speedup"]
-            rows.append(
-                f"| spec {w}: hearth / llama-server default | **{_f(up['hearth/llama-server']['median'])}×**"
-                f" | hearth acceptance {_f(acc['hearth'])}; / hearth-nospec "
-                f"{_f(up['hearth/hearth-nospec']['median'])}× |"
-            )
-            rows.append(
-                f"| spec {w}: hearth / {best} (best n-gram mode) | **{_f(up[f'hearth/{best}']['median'])}×**"
-                f" | its acceptance {_f(acc.get(best))} |"
-            )
+            drafted, generated = info.get("drafted", {}), info.get("generated", {})
+            counts = f"drafted {drafted.get('hearth', '–')} for {generated.get('hearth', '–')} generated"
+            if "hearth/hearth-nospec" in up:
+                sm = up["hearth/hearth-nospec"]
+                rows.append(
+                    f"| spec {w}: hearth / hearth-nospec | **{_f(sm['median'])}×** | p10 {_f(sm['p10'])}, "
+                    f"p90 {_f(sm['p90'])}, n {sm['n']}; hearth acceptance {_f(acc['hearth'])}, {counts} |"
+                )
+            if "hearth/llama-server" in up:
+                rows.append(
+                    f"| spec {w}: hearth / llama-server default | **{_f(up['hearth/llama-server']['median'])}×**"
+                    f" | hearth acceptance {_f(acc['hearth'])} |"
+                )
+            if best is not None:
+                rows.append(
+                    f"| spec {w}: hearth / {best} (best n-gram mode) | **{_f(up[f'hearth/{best}']['median'])}×**"
+                    f" | its acceptance {_f(acc.get(best))} |"
+                )
     kv = r.get("kv")
     if kv:
         for t, info in kv["types"].items():
@@ -182,7 +194,8 @@ def plot(r: dict[str, Any], path: Path) -> None:
             (f"{d['multi']['streams']} streams", d["multi"]["hearth/llama-server"]["samples"]),
         ]
     for w, info in (r.get("spec") or {}).get("workloads", {}).items():
-        series.append((f"spec {w}", info["speedup"]["hearth/llama-server"]["samples"]))
+        if "hearth/llama-server" in info["speedup"]:
+            series.append((f"spec {w}", info["speedup"]["hearth/llama-server"]["samples"]))
     if not series:
         return
     fig, ax = plt.subplots(figsize=(9, 4))

@@ -35,6 +35,8 @@ class AbConfig:
     kv_max_tokens: int = 48
     session_tokens: int = 2048  # "sessions per GiB" counts sessions of this many tokens
     spec_workloads: list[str] | None = None  # None: all of bench.ab.texts.agent_workloads
+    # None: every server of the section; else these names (`hearth` always runs: ratios are to it)
+    spec_servers: list[str] | None = None
 
 
 def _client(s: Settings) -> httpx.AsyncClient:
@@ -121,6 +123,11 @@ async def speculative(s: Settings, cfg: AbConfig, log: Any) -> dict[str, Any]:
         LLAMA,
         *(Variant(f"llama-server-{mode}", "llama-server", ("--spec-type", mode)) for mode in NGRAM_MODES),
     ]
+    if cfg.spec_servers is not None:
+        unknown = set(cfg.spec_servers) - {v.name for v in variants}
+        if unknown:
+            raise SystemExit(f"unknown spec server(s): {', '.join(sorted(unknown))}")
+        variants = [v for v in variants if v.name == "hearth" or v.name in cfg.spec_servers]
     names = [v.name for v in variants]
     out: dict[str, Any] = {"servers": names, "workloads": {}}
     async with started(variants, s, log) as members, _client(s) as client:
@@ -149,11 +156,12 @@ async def speculative(s: Settings, cfg: AbConfig, log: Any) -> dict[str, Any]:
                 w["acceptance"][name] = accepted / drafted if drafted else None
                 if name != "hearth":
                     w["speedup"][f"hearth/{name}"] = summary(ratios(rounds, "hearth", name, _key("decode_tps")))
-            best = max(
-                (n for n in names if n.startswith("llama-server-")),
-                key=lambda n: summary([r[n]["value"]["decode_tps"] or 0 for r in rounds])["median"] or 0,
-            )
-            w["best_llama_ngram"] = best
+            w["drafted"] = {n: sum(r[n]["value"].get("drafted") or 0 for r in rounds) for n in names}
+            w["generated"] = {n: sum(r[n]["value"].get("n_tokens") or 0 for r in rounds) for n in names}
+            ngram = [n for n in names if n.startswith("llama-server-")]
+            w["best_llama_ngram"] = max(
+                ngram, key=lambda n: summary([r[n]["value"]["decode_tps"] or 0 for r in rounds])["median"] or 0,
+            ) if ngram else None
             out["workloads"][workload] = w
     return out
 

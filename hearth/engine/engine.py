@@ -63,8 +63,9 @@ class Engine:
                  prefix_cache: PrefixCache | None = None, name: str = "hearth-engine") -> None:
         self.runner = runner
         self.spec = spec  # None: no speculative decoding
-        # decode time against batch size, for the drafts' cost (None: the configured prior only)
-        self.step_cost = StepCost() if spec is not None and spec.measure_cost else None
+        # decode time by batch size, for the drafts' cost (measured unless the config says the
+        # prior is the model: then nothing is observed)
+        self.step_cost = StepCost(ratio=spec.fixed_over_token) if spec is not None else None
         self.seq_ctx = seq_ctx
         self.stats = EngineStats()
         self.slots = SlotTable(runner.n_seq_max)  # who uses a slot: the scheduler; what it holds: the residency
@@ -192,8 +193,8 @@ class Engine:
         self.preempt.make_room()
         self._admit(out)
         self.preempt.resume()
-        if self.spec is not None:
-            self.scheduler.draft(self.step_cost.fixed_over_token() if self.step_cost is not None else None)
+        if self.spec is not None and self.step_cost is not None:
+            self.scheduler.draft(self.step_cost.seconds, self.spec.margin)
         work = self.scheduler.schedule()
         if work:
             self._run_batch(work, out)
@@ -274,7 +275,8 @@ class Engine:
                           *(p.ar.req.tenant for p in self.preempt.paused)))
 
     def _run_batch(self, work: list[Work], out: StepOutputs) -> None:
-        cost = self.step_cost if all(w.seq is not None for w in work) else None  # decode-only steps
+        measure = self.spec is not None and self.spec.measure_cost and all(w.seq is not None for w in work)
+        cost = self.step_cost if measure else None  # decode-only steps
         try:
             t0 = cost.clock() if cost is not None else 0.0
             logit_idx = self._decode(work)

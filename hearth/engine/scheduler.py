@@ -63,6 +63,8 @@ from hearth.engine.fair_share import Priority
 from hearth.engine.kv import Placement, SlotTable
 from hearth.engine.runner import BatchEntry
 from hearth.engine.sequence import ActiveRequest, Phase, Sequence
+from hearth.engine.spec_cost import StepCost
+from hearth.engine.speculate import plan
 
 
 @dataclass(slots=True)
@@ -140,25 +142,34 @@ class Scheduler:
             admitted.append(Admission(ar, placement))
         return admitted
 
-    def draft(self, fixed_over_token: float | None = None) -> None:
+    def draft(self, step_time: Callable[[int], float] | None = None, margin: float = 0.0) -> None:
         """Give each decoding sequence this step's speculative draft, within the token budget
         (one decode token per sequence comes first) and what the sequence may still grow.
-        Called before `schedule` when speculation is on; drafting asks no runner.
-        `fixed_over_token`: the measured decode cost ratio (None: each drafter's prior)."""
+        Called before `schedule` when speculation is on; drafting asks no runner. Every
+        drafter looks up its guess (scored against what it emits next, drafted or not); how
+        much of each guess is drafted is `speculate.plan`'s choice by `step_time(b)`, a decode
+        step's time with b tokens (None: the prior line of a default `StepCost`)."""
         decoding = [(ar, seq) for ar in self.running if ar.phase is Phase.DECODE
                     for seq in ar.live_seqs()]
         room = self.token_budget - len(decoding)
+        offers: list[tuple[Sequence, list[int], float, int]] = []
         for ar, seq in decoding:
             seq.draft = []
-            if seq.drafter is None or room <= 0:
+            if seq.drafter is None:
                 continue
             mt = ar.req.params.max_tokens
             # the pending token and a draft of k are positions len(tokens) .. len(tokens) + k
-            limit = min(room, ar.max_len - len(seq.slot.tokens) - 1,
+            limit = min(ar.max_len - len(seq.slot.tokens) - 1,
                         (mt - seq.n_generated - 1) if mt is not None else room)
-            if limit > 0:
-                seq.draft = seq.drafter.propose(limit, len(decoding), fixed_over_token)
-                room -= len(seq.draft)
+            guess = seq.drafter.lookup()
+            if guess and limit > 0:
+                offers.append((seq, guess, seq.drafter.p, min(len(guess), limit)))
+        if not offers or room <= 0:
+            return
+        lengths = plan([(p, cap) for _, _, p, cap in offers], len(decoding), room,
+                       step_time or StepCost().seconds, margin)
+        for (seq, guess, _, _), k in zip(offers, lengths, strict=True):
+            seq.draft = guess[:k]
 
     def lead(self) -> int | None:
         """The class whose prefill runs alone this step: the highest class of a running request

@@ -1,19 +1,28 @@
-"""What a drafted row costs, measured: the decode step's time against the tokens in its batch.
+"""What a decode step costs, measured: seconds in `llama_decode` by the number of tokens in the
+batch, one running estimate per batch size.
 
-Speculation pays when a drafted token's chance of acceptance beats its cost relative to the
-step it may save (see `speculate`). That cost is a property of the machine and the model (a
-CPU decode is mostly compute-bound, one token costs about as much as the next; a small model
-on a wide CPU or a GPU reads its weights once per step and extra rows are nearly free), so it
-is measured instead of assumed: every decode-only step (no prompt chunk in the batch) adds a
-point (tokens in the batch, seconds in `llama_decode`), and a decayed least-squares line
-t = fixed + per_token * tokens over those points gives the ratio fixed / per_token that
-`Drafter.length` needs.
+Speculation pays when the tokens a draft is expected to add beat what its rows cost (see
+`speculate.plan`). That cost is a property of the machine, the model and the llama.cpp build,
+and it is not a line: on 2 AVX2 cores with Qwen2.5-Coder-0.5B Q4_K_M (at ~1,500 tokens of
+context) one token takes 21.6 ms, two 50.5 ms, three 74 ms, four 66 ms, eight 94 ms and sixteen
+175 ms (measured idle; why two rows cost more than four was not traced: llama.cpp's CPU matrix
+kernels favour some row counts). A line fitted through such points says a one-token draft pays
+when it costs 2.3 steps. So each batch size keeps its own estimate, learnt from the decode-only steps
+that had that size (a step holding a prompt chunk is not a point).
 
-Invariants: the estimate only exists once the points spread over batch sizes (drafts of
-different lengths, or different numbers of decoding sequences), so plain decoding never moves
-it and the configured prior is used until then; a step far slower than the line predicts (the
-machine was busy elsewhere) is not a point, unless three come in a row (then the line was wrong
-and must learn); the ratio is clamped to [0, max_ratio].
+A size never measured is estimated from the measured ones: between two measured sizes, on the
+straight line joining them; past the largest, on from it with the smaller of the prior line's
+slope (t(b) ∝ ratio + b through the smallest measured size; `ratio`: the decode step's fixed
+cost over one more token's, the configured prior) and the slope measured into the largest.
+With nothing measured, the prior line itself in units of a one-token step. A wrong guess is
+corrected the first time the planner tries that size, and the planner tries a size only when
+the guess says it pays: exploration costs a few steps per engine, not per request.
+
+Invariants: the estimates are for relative use (the planner compares sizes), never a deadline;
+a point far slower than its size's estimate (the machine was busy elsewhere) is skipped, unless
+three come in a row (then the estimate was wrong and must learn); an estimate falls quickly and
+rises slowly, so load spikes do not make a size look dear for long, while a growing context
+still raises it.
 """
 
 from __future__ import annotations
@@ -26,51 +35,59 @@ from dataclasses import dataclass, field
 @dataclass(slots=True)
 class StepCost:
     clock: Callable[[], float] = field(default=time.perf_counter)
-    decay: float = 0.98  # weight of the past per step: the estimate follows context growth and load
-    min_weight: float = 8.0  # decayed number of points before the line is trusted
-    min_spread: float = 0.05  # decayed variance of the batch size (tokens²) before the slope counts
-    max_ratio: float = 64.0
-    outlier: float = 4.0  # a point this many times slower than the line predicts is skipped
-    w: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
-    skipped: int = 0  # outliers skipped in a row
+    ratio: float = 1.0  # the prior line's fixed / per-token cost, for sizes never measured
+    fall: float = 0.5  # weight of a point below its size's estimate
+    rise: float = 0.1  # weight of a point above it
+    outlier: float = 3.0  # a point this many times its size's estimate is skipped (twice in a row at most)
+    means: dict[int, float] = field(default_factory=dict)
+    skipped: dict[int, int] = field(default_factory=dict)  # outliers skipped in a row, per size
 
     def observe(self, tokens: int, seconds: float) -> None:
         """One decode-only step: `tokens` rows in the batch took `seconds`."""
         if tokens <= 0 or seconds <= 0:
             return
-        line = self.line()
-        if line is not None and self.skipped < 2 and seconds > self.outlier * (line[0] + line[1] * tokens):
-            self.skipped += 1  # three such steps in a row are not a hiccup: the line was wrong
+        est = self.means.get(tokens)
+        if est is None:
+            guess = self.seconds(tokens) if self.means else None
+            if guess is not None and seconds > self.outlier * guess and self.skipped.get(tokens, 0) < 2:
+                self.skipped[tokens] = self.skipped.get(tokens, 0) + 1
+                return
+            self.means[tokens] = seconds
+        elif seconds > self.outlier * est and self.skipped.get(tokens, 0) < 2:
+            self.skipped[tokens] = self.skipped.get(tokens, 0) + 1
             return
-        self.skipped = 0
-        d = self.decay
-        self.w = d * self.w + 1.0
-        self.sx = d * self.sx + tokens
-        self.sy = d * self.sy + seconds
-        self.sxx = d * self.sxx + tokens * tokens
-        self.sxy = d * self.sxy + tokens * seconds
+        else:
+            w = self.fall if seconds < est else self.rise
+            self.means[tokens] = est + w * (seconds - est)
+        self.skipped[tokens] = 0
 
-    def line(self) -> tuple[float, float] | None:
-        """(fixed, per_token) seconds, or None while the points do not yet tell them apart."""
-        if self.w < self.min_weight:
-            return None
-        mx, my = self.sx / self.w, self.sy / self.w
-        var = self.sxx / self.w - mx * mx
-        if var < self.min_spread:
-            return None
-        slope = (self.sxy / self.w - mx * my) / var
-        return my - slope * mx, slope
+    def seconds(self, tokens: int) -> float:
+        """The estimated time of a decode-only step of `tokens` rows (units of a one-token step
+        while nothing is measured)."""
+        got = self.means.get(tokens)
+        if got is not None:
+            return got
+        if not self.means:
+            return (self.ratio + tokens) / (self.ratio + 1)
+        sizes = sorted(self.means)
+        low, high = sizes[0], sizes[-1]
+        if tokens < low:
+            return self.means[low] * (self.ratio + tokens) / (self.ratio + low)
+        if tokens < high:
+            above = next(b for b in sizes if b > tokens)
+            below = max(b for b in sizes if b < tokens)
+            lo, hi = self.means[below], self.means[above]
+            return lo + (hi - lo) * (tokens - below) / (above - below)
+        # Past the largest measured size: on from it with the smaller of two slopes, the prior
+        # line's through the smallest measured size (the one measured most: plain steps) and
+        # the measured one into the largest. Optimistic on purpose: a size that looks cheap is
+        # tried, and then known; a pessimistic guess would never be corrected.
+        slope = self.means[low] / (self.ratio + low)
+        if len(sizes) > 1:
+            prev = sizes[-2]
+            slope = min(slope, (self.means[high] - self.means[prev]) / (high - prev))
+        return self.means[high] + max(0.0, slope) * (tokens - high)
 
-    def fixed_over_token(self) -> float | None:
-        """The measured fixed / per-token cost of a decode step, or None (use the prior)."""
-        line = self.line()
-        if line is None:
-            return None
-        fixed, per_token = line
-        if per_token <= 0:  # extra rows cost nothing measurable
-            return self.max_ratio
-        return min(self.max_ratio, max(0.0, fixed / per_token))
+    def measured(self) -> dict[int, float]:
+        """The measured estimates by batch size (for metrics and tests)."""
+        return dict(sorted(self.means.items()))

@@ -2,10 +2,11 @@
 
 Draft source: a sequence's own tokens, i.e. everything in its KV (the prompt, which for a
 session is its whole history) plus what it has generated. The longest suffix of those tokens
-(at most `n_max`, at least `n_min` tokens) that also occurred earlier is found, most recent
-occurrence first, and the tokens that followed it there are the draft. Agents re-emit what
-they have seen (a file they read, the JSON they were sent, the code they are editing), so
-those tokens are often exactly what comes next.
+(at least `n_min` tokens) that also occurred earlier is found, and the tokens that followed it
+there are the guess; among several occurrences of a suffix of `n_max` tokens the one whose
+context agrees further back wins (in a file of look-alike functions, the function being
+copied), then the most recent. Agents re-emit what they have seen (a file they read, the JSON
+they were sent, the code they are editing), so those tokens are often exactly what comes next.
 
 Verification is the engine's (`Engine._accept`): the draft rides in the sequence's batch entry
 after its pending token, with logits for every position, all in the one llama_decode of the
@@ -15,23 +16,24 @@ would have produced one step at a time: the same sampler calls in the same order
 random draws for seeded sampling, the same penalties and grammar state. What differs is only
 how the logits were computed (several rows in one batch instead of one), see docs/api.md.
 
-Cost control. On a CPU a decode is compute-bound: each token in the batch costs about as much
-as the next (measured here, SmolLM2-135M Q4_1 on 2 AVX2 cores: ~4.5 ms of a one-token step is
-fixed, ~10 ms more per token, single-threaded CPU time), so a drafted token only pays if it is
-likely to be accepted. A drafted token at depth i is accepted with probability p**i (p: the
-sequence's recent per-token acceptance, a decayed count with a prior of 0.8); it is worth its
-cost while p**i exceeds what it costs relative to the step it may save, c / (c + f / n) with
-n sequences decoding (the fixed part f is shared by all of them, so with more streams a draft
-must be surer). f / c is measured while the engine runs (spec_cost.StepCost: decode time against
-batch size), the configured value is only the prior until the measurement exists.
-The draft length is the deepest such i, at most `k_max` and what the sequence
-may still grow; a sequence whose drafts keep missing at their first token looks up less and
-less often. With nothing to draft a step is exactly the plain decode step.
+Cost control: speculation must never cost. Two numbers decide, per sequence and per step:
+- *acceptance*, measured without paying for it: every step each sequence looks up its guess,
+  drafted or not, and every token it then emits is scored against the guess (`Drafter.push`).
+  p = the decayed share of guessed tokens that were right, per token (a geometric model: the
+  i-th drafted token is accepted with probability p**i). A sequence whose text repeats nothing
+  (chat) learns a low p from its own guesses and never drafts; a copy learns p near 1 within a
+  few tokens, before its first draft;
+- *cost*: the measured seconds of a decode step by batch size (`spec_cost.StepCost`; the
+  prior until measured).
+`plan` then picks the drafted tokens that maximise the step's expected tokens per second: with
+n sequences decoding and m drafted tokens, (n + the sum of the m best p_s**i) / t(n + m), against
+n / t(n) with no draft, and drafts only when that beats no draft by `margin`. With nothing
+drafted a step is exactly the plain decode step.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,43 +44,39 @@ class SpecConfig:
     """Prompt-lookup speculation settings (`--spec-draft` sets k_max; 0 turns it off)."""
 
     k_max: int = 8  # most drafted tokens per sequence per step
-    n_max: int = 12  # longest suffix matched
+    n_max: int = 12  # suffix length that counts as a full match (longer context only breaks ties)
     n_min: int = 2  # shortest suffix whose earlier occurrence counts as a match
-    max_backoff: int = 16  # a missing sequence looks up at least every this many steps
-    # While drafting does not pay (p below the bar), only a match this long is probed (one
-    # token): short matches ("of the") are common in any text and usually wrong.
-    probe_match: int = 6
-    # A decode step's fixed cost over one more token's (f / c above). Large (a GPU, where extra
-    # tokens are nearly free): always draft k_max; 0 (every token costs the same): never pays.
-    # The prior: with `measure_cost` the engine's measured ratio (spec_cost.StepCost) replaces it
-    # as soon as it exists.
-    fixed_over_token: float = 0.45
-    measure_cost: bool = True
-    prior_accept: tuple[float, float] = (4.0, 1.0)  # pseudo-counts (accepted, rejected): p = 0.8
-    decay: float = 0.9  # weight of the past per verified draft
+    n_context: int = 256  # how far back context is compared to choose between full matches
+    # The prior of a decode step's fixed cost over one more token's (spec_cost.StepCost.ratio),
+    # for batch sizes not yet measured. Large (a GPU: extra rows nearly free): drafts from the
+    # start; 0 (every row costs a step): never, until a measurement says otherwise.
+    fixed_over_token: float = 1.0
+    measure_cost: bool = True  # False: the prior is the cost model (tests)
+    prior_accept: tuple[float, float] = (1.0, 1.0)  # pseudo-counts (right, wrong): p = 0.5
+    decay: float = 0.95  # weight of the past per scored guess token
+    margin: float = 0.05  # a draft must promise this much more tokens per second than none
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
             raise ValueError("speculation needs k_max >= 1")
-        if not 1 <= self.n_min <= self.n_max:
-            raise ValueError("speculation needs 1 <= n_min <= n_max")
-        if self.fixed_over_token < 0 or not 0 < self.decay <= 1:
-            raise ValueError("speculation needs fixed_over_token >= 0 and 0 < decay <= 1")
-
-    def worth(self, n_decoding: int, fixed_over_token: float | None = None) -> float:
-        """The acceptance probability a drafted token needs to pay for itself (with the
-        measured cost ratio if given, else the configured one)."""
-        ratio = self.fixed_over_token if fixed_over_token is None else fixed_over_token
-        return 1.0 / (1.0 + ratio / max(1, n_decoding))
+        if not 1 <= self.n_min <= self.n_max <= self.n_context:
+            raise ValueError("speculation needs 1 <= n_min <= n_max <= n_context")
+        if self.fixed_over_token < 0 or not 0 < self.decay <= 1 or self.margin < 0:
+            raise ValueError("speculation needs fixed_over_token >= 0, 0 < decay <= 1 and margin >= 0")
 
 
-def find_draft(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int) -> list[int]:
-    """Up to `k` tokens that followed the most recent earlier occurrence of the longest suffix
-    of hist[:n] (between n_min and n_max tokens long); [] if there is none."""
-    return find_match(hist, n, n_min, n_max, k)[0]
+def find_draft(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int, n_context: int | None = None) -> list[int]:
+    """Up to `k` tokens that followed the earlier occurrence of the longest suffix of hist[:n]
+    (at least n_min tokens; among those of n_max or more, the longest agreement up to
+    n_context, then the most recent); [] if there is none."""
+    return find_match(hist, n, n_min, n_max, k, n_context)[0]
 
 
-def find_match(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int) -> tuple[list[int], int]:
+CONTEXT_CANDIDATES = 64  # full matches whose context is compared (the most recent)
+
+
+def find_match(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int,
+               n_context: int | None = None) -> tuple[list[int], int]:
     """`find_draft`'s draft and the length of the suffix it matched (0: none)."""
     if n < n_min + 1 or k <= 0:
         return [], 0
@@ -93,21 +91,30 @@ def find_match(hist: np.ndarray, n: int, n_min: int, n_max: int, k: int) -> tupl
         ends, m = ok, m + 1
     if m < n_min or not ends.size:
         return [], 0
+    if m == n_max and ends.size > 1 and n_context is not None and n_context > m:
+        # Several full matches: the one whose context agrees further back (up to n_context),
+        # among the most recent CONTEXT_CANDIDATES; all at once, not token by token (a text
+        # that loops has many candidates agreeing far back).
+        ends = ends[-CONTEXT_CANDIDATES:]
+        back = np.arange(m, min(n_context, n))  # hist[e - 1 - j] against hist[n - 1 - j]
+        idx = ends[:, None] - 1 - back[None, :]
+        agree = (idx >= 0) & (hist[np.maximum(idx, 0)] == hist[n - 1 - back][None, :])
+        run = np.where(agree.all(axis=1), back.size, np.argmin(agree, axis=1))
+        ends = ends[run == run.max()]
     e = int(ends[-1])
     return [int(t) for t in hist[e: min(e + k, n)]], m
 
 
 @dataclass(slots=True)
 class Drafter:
-    """One sequence's lookup history and its estimate of how often its drafts are right."""
+    """One sequence's lookup history, its latest guess and how often its guesses are right."""
 
     config: SpecConfig
     hist: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     n: int = 0
-    hits: float = 0.0  # decayed counts of drafted tokens accepted / drafts cut short
+    hits: float = 0.0  # decayed counts of guessed tokens that were right / wrong
     misses: float = 0.0
-    first_misses: int = 0  # drafts rejected at their first token, in a row
-    wait: int = 0  # steps to skip before looking up again
+    guess: list[int] = field(default_factory=list)  # what the last lookup expects next, not yet scored
     drafted: int = 0
     accepted: int = 0
 
@@ -119,7 +126,26 @@ class Drafter:
         d.n = len(tokens)
         return d
 
+    @property
+    def p(self) -> float:
+        """The chance that a guessed token is right, given the ones before it were."""
+        return self.hits / (self.hits + self.misses)
+
+    def lookup(self) -> list[int]:
+        """The guess for what follows the history (at most k_max tokens, [] if nothing
+        matches); kept, so the tokens emitted next are scored against it."""
+        c = self.config
+        self.guess = find_match(self.hist, self.n, c.n_min, c.n_max, c.k_max, c.n_context)[0]
+        return self.guess
+
     def push(self, token: int) -> None:
+        """An emitted token: scored against the guess, then added to the history."""
+        if self.guess:
+            d = self.config.decay
+            right = token == self.guess[0]
+            self.hits = d * self.hits + right
+            self.misses = d * self.misses + (not right)
+            self.guess = self.guess[1:] if right else []
         if self.n == len(self.hist):
             grown = np.zeros(2 * len(self.hist), dtype=np.int32)
             grown[: self.n] = self.hist[: self.n]
@@ -127,46 +153,31 @@ class Drafter:
         self.hist[self.n] = token
         self.n += 1
 
-    @property
-    def p(self) -> float:
-        return self.hits / (self.hits + self.misses)
-
-    def length(self, n_decoding: int, fixed_over_token: float | None = None) -> int:
-        """How many tokens are worth drafting now: the deepest i with p**i above the bar, or 0
-        when not even the first is (then only a long match is probed, one token)."""
-        p, bar = self.p, self.config.worth(n_decoding, fixed_over_token)
-        if p <= bar:
-            return 0
-        if p >= 1.0:
-            return self.config.k_max
-        return max(1, min(self.config.k_max, int(math.log(bar) / math.log(p))))
-
-    def propose(self, limit: int, n_decoding: int = 1, fixed_over_token: float | None = None) -> list[int]:
-        """A draft of at most min(length, limit) tokens to follow the history, or []."""
-        if self.wait > 0:
-            self.wait -= 1
-            return []
-        c = self.config
-        k = self.length(n_decoding, fixed_over_token)
-        draft, matched = find_match(self.hist, self.n, c.n_min, c.n_max, min(max(k, 1), limit))
-        # A probe explores (p may recover), unless a drafted row costs nearly a whole step: then
-        # no acceptance rate pays for it.
-        if k == 0 and (matched < c.probe_match or c.worth(n_decoding, fixed_over_token) > 0.95):
-            return []
-        return draft
-
     def observe(self, n_drafted: int, n_accepted: int) -> None:
-        """How the last draft fared: per-token acceptance, and rarer lookups while drafts
-        miss at their first token."""
-        if n_drafted == 0:
-            return
+        """How the last draft fared (counters only: `push` has scored its tokens)."""
         self.drafted += n_drafted
         self.accepted += n_accepted
-        d = self.config.decay
-        self.hits = d * self.hits + n_accepted
-        self.misses = d * self.misses + (n_accepted < n_drafted)
-        if n_accepted == 0:
-            self.first_misses += 1
-            self.wait = min(1 << (self.first_misses - 1), self.config.max_backoff) if self.first_misses > 1 else 0
-        else:
-            self.first_misses = 0
+
+
+def plan(offers: list[tuple[float, int]], n_decoding: int, room: int,
+         step_time: Callable[[int], float], margin: float = 0.0) -> list[int]:
+    """Draft lengths for one step. `offers`: per drafting sequence, its acceptance p and the
+    most tokens it may draft (its guess, its limits); `n_decoding`: the sequences decoding this
+    step (one token each, drafting or not); `room`: drafted tokens the step's budget allows;
+    `step_time(b)`: a decode step's time with b tokens. The i-th drafted token of a sequence
+    adds p**i tokens in expectation, so for each total m the best m tokens are the m largest
+    such values (each sequence's a prefix of its draft); the m with the most tokens per second
+    wins, if it beats no draft by `margin`."""
+    values = sorted(((p ** i, s) for s, (p, cap) in enumerate(offers) for i in range(1, cap + 1)),
+                    key=lambda v: -v[0])[: max(0, room)]
+    best_m, best_rate = 0, n_decoding / step_time(n_decoding) * (1 + margin)
+    gain = 0.0
+    for m, (value, _) in enumerate(values, 1):
+        gain += value
+        rate = (n_decoding + gain) / step_time(n_decoding + m)
+        if rate > best_rate:
+            best_m, best_rate = m, rate
+    lengths = [0] * len(offers)
+    for _, s in values[:best_m]:
+        lengths[s] += 1
+    return lengths

@@ -94,9 +94,9 @@ def test_cancel_inside_a_shared_prefill_keeps_the_neighbour_exact(server: Server
     wait_idle(server)
 
 
-COPY = ("Repeat this list exactly, then continue it:\n"
-        + "\n".join(f"- item {i}: the {w} fox jumps over the lazy dog" for i, w in
-                    enumerate(["quick", "brown", "red", "sly", "old", "young"])))
+# A text the default model repeats (its guesses prove right, so drafts are sent: speculation
+# drafts only where the sequence's own guesses were right, and SmolLM2 does not copy a list).
+COPY = "Repeat this line ten times: the quick brown fox jumps over the lazy dog"
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.7, "seed": 42, "top_p": 0.9}])

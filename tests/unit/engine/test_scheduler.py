@@ -68,14 +68,21 @@ def ran(work: list[Work]) -> None:
 
 
 class ListDrafter:
-    """A drafter that always proposes as much as it is allowed."""
+    """A drafter whose guesses are long and always right (p = 1)."""
+
+    p = 1.0
 
     def __init__(self) -> None:
-        self.calls: list[tuple[int, int]] = []
+        self.lookups = 0
 
-    def propose(self, limit: int, n_decoding: int, fixed_over_token: float | None = None) -> list[int]:
-        self.calls.append((limit, n_decoding))
-        return [50 + i for i in range(limit)]
+    def lookup(self) -> list[int]:
+        self.lookups += 1
+        return [50 + i for i in range(16)]
+
+
+def free_rows(b: int) -> float:
+    """A decode step's time when extra rows cost nothing: every draft pays."""
+    return 1.0
 
 
 def test_the_budget_must_cover_one_decode_token_per_slot() -> None:
@@ -231,10 +238,11 @@ def test_drafts_fill_what_the_budget_leaves_after_one_token_per_decoding_sequenc
         drafters.append(ListDrafter())
         ar.seqs[0].drafter = cast(Drafter, drafters[-1])
     ars[1].seqs[0].drafter = None  # speculation off for this one: no draft, room left to others
-    sched.draft()
-    # 8 - 3 decode tokens = 5 of room; the first sequence is offered all of it.
+    sched.draft(free_rows)
+    # 8 - 3 decode tokens = 5 of room; equally sure, the first sequence takes all of it. Both
+    # drafters looked up their guess (scored whether drafted or not).
     assert [len(ar.seqs[0].draft) for ar in ars] == [5, 0, 0]
-    assert drafters[0].calls == [(5, 3)] and drafters[2].calls == []
+    assert drafters[0].lookups == 1 and drafters[2].lookups == 1
     assert sum(len(w.entry.tokens) for w in sched.schedule()) == 8
 
 
@@ -247,7 +255,7 @@ def test_a_draft_never_passes_max_tokens_or_the_sequence_length() -> None:
         start_decoding(ar)
         ar.seqs[0].drafter = cast(Drafter, ListDrafter())
     capped.seqs[0].n_generated = 1  # the pending token was the first; 2 more may follow, 1 of them drafted
-    sched.draft()
+    sched.draft(free_rows)
     assert len(capped.seqs[0].draft) == 1
     assert len(short.seqs[0].draft) == 8 - 4 - 1  # the pending token's position and the draft fit in max_len
 
@@ -258,5 +266,5 @@ def test_a_new_step_forgets_the_last_steps_draft() -> None:
     start_decoding(ar)
     ar.seqs[0].draft = [3, 4]
     ar.seqs[0].drafter = cast(Drafter, ListDrafter())
-    sched.draft()  # no room past the decode token itself
+    sched.draft(free_rows)  # no room past the decode token itself
     assert ar.seqs[0].draft == []
