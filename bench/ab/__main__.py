@@ -33,6 +33,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=10, help="decode: rounds (every server once per round)")
+    p.add_argument("--instances", type=int, default=1,
+                   help="decode: fresh sets of server processes (start order rotated), --rounds each")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--streams", type=int, default=8, help="decode: concurrent streams (also the slots)")
     p.add_argument("--ctx", type=int, default=2048, help="decode: tokens per slot")
@@ -62,6 +64,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"unknown section(s): {', '.join(bad)}")
     cfg = AbConfig(
         rounds=a.rounds,
+        instances=a.instances,
         max_tokens=a.max_tokens,
         streams=a.streams,
         spec_rounds=a.spec_rounds,

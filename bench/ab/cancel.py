@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from bench.ab.client import chat_body, metrics, stream_chat
+from bench.ab.client import Stream, chat_body, metrics, stream_chat
 from bench.ab.group import Member, Variant, started
 from bench.ab.texts import STORY
 from bench.config import Settings
@@ -80,9 +80,12 @@ async def _one(
     n_task = None
     if neighbour is not None:  # a running stream that shares the batch with the prefill
         started_ev = asyncio.Event()
-        n_task = asyncio.ensure_future(
-            stream_chat(client, m.url, neighbour["body"], lambda st: len(st.token_times) >= 3 and started_ev.set())
-        )
+
+        def on_chunk(st: Stream) -> None:
+            if len(st.token_times) >= 3:
+                started_ev.set()
+
+        n_task = asyncio.ensure_future(stream_chat(client, m.url, neighbour["body"], on_chunk))
         await asyncio.wait_for(started_ev.wait(), 120)
     cancel_id = f"ab-cancel-{i}-{time.monotonic_ns()}"
     body = chat_body([{"role": "user", "content": f"[c{i}] {prompt}"}], 32, ignore_eos=True, cancel_id=cancel_id)

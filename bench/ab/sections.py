@@ -25,7 +25,11 @@ NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 
 @dataclass
 class AbConfig:
-    rounds: int = 10  # decode rounds (each: every server once, alternating)
+    rounds: int = 10  # decode rounds (each: every server once, alternating), per set of instances
+    # decode: fresh sets of server processes, each started in a rotated order. Two identical
+    # servers differ by a few per cent for as long as they live (bench.observability's A/A run),
+    # so one instance per server cannot resolve a few per cent; over sets that bias averages out.
+    instances: int = 1
     max_tokens: int = 128
     streams: int = 8
     spec_rounds: int = 3
@@ -61,8 +65,30 @@ def _key(field: str) -> Any:
 async def decode(s: Settings, cfg: AbConfig, log: Any) -> dict[str, Any]:
     """Single-stream and N-stream decode, story prompt, ignore_eos, same token count everywhere."""
     variants = [HEARTH, LLAMA, HEARTH_NOSPEC]
+    names = [v.name for v in variants]
+    one: list[dict[str, Any]] = []
+    many: list[dict[str, Any]] = []
+    for instance in range(cfg.instances):
+        k = instance % len(variants)
+        await _decode_rounds(variants[k:] + variants[:k], names, s, cfg, log, one, many, instance)
+    out: dict[str, Any] = {
+        "servers": names,
+        "instances": cfg.instances,
+        "single": {"rounds": one},
+        "multi": {"rounds": many, "streams": cfg.streams},
+    }
+    for name in ("hearth", "hearth-nospec"):
+        out["single"][f"{name}/llama-server decode"] = summary(ratios(one, name, "llama-server", _key("decode_tps")))
+        out["single"][f"{name}/llama-server e2e"] = summary(ratios(one, name, "llama-server", _key("e2e_tps")))
+        out["multi"][f"{name}/llama-server"] = summary(ratios(many, name, "llama-server", _key("aggregate_tps")))
+    return out
+
+
+async def _decode_rounds(variants: list[Variant], names: list[str], s: Settings, cfg: AbConfig, log: Any,
+                         one: list[dict[str, Any]], many: list[dict[str, Any]], instance: int) -> None:
+    """One set of fresh servers: `cfg.rounds` single-stream rounds into `one`, as many rounds of
+    `cfg.streams` streams into `many` (each round tagged with its instance set)."""
     async with started(variants, s, log) as members, _client(s) as client:
-        names = [v.name for v in variants]
 
         async def single(name: str, r: int) -> dict[str, Any]:
             body = chat_body([{"role": "user", "content": f"[d1-{r}] {STORY}"}], cfg.max_tokens, ignore_eos=True)
@@ -93,20 +119,10 @@ async def decode(s: Settings, cfg: AbConfig, log: Any) -> dict[str, Any]:
                 "errors": [st.error for st in sts if st.error],
             }
 
-        log(f"decode: {cfg.rounds} single-stream rounds")
-        one = await alternate(names, cfg.rounds, single, members)
+        log(f"decode: instance set {instance + 1}/{cfg.instances}, {cfg.rounds} single-stream rounds")
+        one += [{**r, "instance": instance} for r in await alternate(names, cfg.rounds, single, members)]
         log(f"decode: {cfg.rounds} rounds of {cfg.streams} streams")
-        many = await alternate(names, cfg.rounds, multi, members)
-    out: dict[str, Any] = {
-        "servers": names,
-        "single": {"rounds": one},
-        "multi": {"rounds": many, "streams": cfg.streams},
-    }
-    for name in ("hearth", "hearth-nospec"):
-        out["single"][f"{name}/llama-server decode"] = summary(ratios(one, name, "llama-server", _key("decode_tps")))
-        out["single"][f"{name}/llama-server e2e"] = summary(ratios(one, name, "llama-server", _key("e2e_tps")))
-        out["multi"][f"{name}/llama-server"] = summary(ratios(many, name, "llama-server", _key("aggregate_tps")))
-    return out
+        many += [{**r, "instance": instance} for r in await alternate(names, cfg.rounds, multi, members)]
 
 
 async def _hearth_spec_counts(client: httpx.AsyncClient, m: Member) -> tuple[float, float]:

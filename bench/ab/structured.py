@@ -83,8 +83,11 @@ async def structured(s: Settings, cfg: AbConfig, log: Any, compile_runs: int = 5
         for name in names:
             res[f"{name} {kind}/plain"] = summary([v for rec in rounds
                                                    if (v := rec[name]["value"][f"{kind}/plain"]) is not None])
-        res[f"hearth/llama-server {kind}"] = summary(ratios(
-            rounds, "hearth", "llama-server", lambda v, k=kind: v[k]["decode_tps"]))
+        def tps(v: Any, k: str = kind) -> float | None:
+            value: float | None = v[k]["decode_tps"]
+            return value
+
+        res[f"hearth/llama-server {kind}"] = summary(ratios(rounds, "hearth", "llama-server", tps))
         res[f"tokens {kind}"] = {n: [rec[n]["value"][kind]["n_tokens"] for rec in rounds] for n in names}
     res["hearth/llama-server plain"] = summary(ratios(rounds, "hearth", "llama-server",
                                                       lambda v: _key("decode_tps")(v["plain"])))

@@ -21,10 +21,11 @@ resume by a cap it never had the time to use.
 Who may be paused (`victim`): a stateless request (no session: a session's slot is its
 warm KV, which the session manager tracks), with one candidate, decoding (not prefilling:
 its prompt chunks would have to be re-scheduled), of a class strictly below the waiting
-one; the lowest class first, then the one admitted last. Or, for the first request of a
-tenant with nothing running, one of its own class from the tenant that runs the most, if
-that tenant runs several (fair shares: a tenant's one request does not wait behind another
-tenant's many for a slot to free). Who resumes: the highest class
+one; the lowest class first, then the one admitted last. Or, for a request of a tenant
+running `mine` (paused ones counted), one of its own class from the tenant that runs the most,
+if that tenant runs at least mine + 2 (fair shares of the slots: a tenant's requests do not
+wait behind another tenant's many for a slot to free; each pause leaves the other tenant at
+least as many as this one, so two tenants never pause each other back and forth). Who resumes: the highest class
 first, then the one paused first, into slots no admitted request waits for (admission
 (backends/local/admission.py) overcommits the slots only for a higher class and counts the
 paused requests as running, so resumes never crowd out what it admitted).
@@ -106,19 +107,20 @@ class Preemptor:
 
     def victim(self, head: ActiveRequest) -> ActiveRequest | None:
         """The running request to pause for `head`; None if none may be. A lower class first
-        (the lowest, then the one admitted last: the least far along); else, for a tenant with
-        nothing running, one of its class of the tenant running the most, if that one runs
-        several (fair shares: a tenant's first request does not wait for another's many)."""
+        (the lowest, then the one admitted last: the least far along); else one of its class of
+        the tenant running the most, if that one runs at least two more than `head`'s tenant
+        (fair shares of the slots; the admission queue lets `head` in by the same rule)."""
         running = self.scheduler.running
         pausable = [ar for ar in running if ar.req.owner is None and ar.req.n == 1 and ar.phase is Phase.DECODE
                     and len(ar.live_seqs()) == 1 and ar.req.priority <= head.req.priority]
         lower = [ar for ar in pausable if ar.req.priority < head.req.priority]
         if lower:
             return min(lower, key=lambda ar: (ar.req.priority, -running.index(ar)))
-        counts = Counter(ar.req.tenant for ar in running)
-        if counts[head.req.tenant] or head.req.n != 1:
+        if head.req.n != 1:
             return None
-        hogs = [ar for ar in pausable if counts[ar.req.tenant] >= 2]
+        counts = Counter(ar.req.tenant for ar in running)
+        mine = counts[head.req.tenant] + sum(1 for p in self.paused if p.ar.req.tenant == head.req.tenant)
+        hogs = [ar for ar in pausable if ar.req.tenant != head.req.tenant and counts[ar.req.tenant] >= mine + 2]
         if not hogs:
             return None
         return max(hogs, key=lambda ar: (counts[ar.req.tenant], running.index(ar)))

@@ -6,8 +6,10 @@ tenant. A request that does not fit the free slots (n > 1) holds the line, as be
 is never starved by smaller ones behind it.
 
 Preemption: a waiting request is let through with no slot free when it would fit the slots
-beside the admitted sequences of its class and above; the engine pauses lower ones at its
-next step boundary (hearth/engine/preempt.py) and resumes them when slots free again. A
+beside the admitted sequences of its class and above, or when another tenant of its class or
+below has at least two more admitted than its own tenant (fair shares of the slots); the
+engine pauses one of those at its next step boundary (hearth/engine/preempt.py) and resumes
+it when slots free again. A
 paused request keeps its place here (it still counts in `in_use`), so nothing admitted later
 of its class or below takes its slot back before it resumes.
 
@@ -144,15 +146,19 @@ class AdmissionQueue:
             return True
         if sum(n for c, n in self._running.items() if c >= w.priority) + w.n <= self.slots:
             return True
-        # A tenant with nothing admitted, beside tenants of its class or below admitted several
-        # times: the engine pauses one of theirs (hearth/engine/preempt.py, `victim`).
-        if w.n != 1 or any(n > 0 for (t, _), n in self._tenants.items() if t == w.tenant):
+        # Fair shares of the slots within a class: a tenant with `mine` admitted, beside tenants
+        # of its class or below admitted at least mine + 2 times, is let through; the engine
+        # pauses one of theirs (hearth/engine/preempt.py, `victim`, the same rule). Each pause
+        # leaves the other tenant at least as many as this one then has, so the split moves
+        # toward even and never back (no tenant pauses one that has no more than it).
+        if w.n != 1:
             return False
+        mine = sum(n for (t, _), n in self._tenants.items() if t == w.tenant)
         per: dict[str, int] = {}
         for (t, c), n in self._tenants.items():
-            if c <= w.priority:
+            if c <= w.priority and t != w.tenant:
                 per[t] = per.get(t, 0) + n
-        return self.in_use + w.n - self.slots <= sum(max(0, n - 1) for n in per.values())
+        return self.in_use + w.n - self.slots <= sum(max(0, n - mine - 1) for n in per.values())
 
     def _take(self, w: _Waiter) -> None:
         self.fair.leave(w, True, w.since)

@@ -152,6 +152,27 @@ async def test_no_fairness_pause_when_nobody_runs_several_or_the_tenant_runs_alr
     assert eng.preempt.pauses == 0 and more_a.finish == "length"
 
 
+async def test_a_tenant_below_its_share_of_the_slots_pauses_one_of_a_tenant_two_above() -> None:
+    """B runs one request and A three of the four slots: B's second request pauses one of A's
+    (A keeps two, B gets two: an even split); A's paused request resumes and answers as if
+    never paused."""
+    a = [tenant_request(f"a{i}", "a", f"prompt {i} of a") for i in range(1, 4)]
+    sinks, b_sink, eng = await paused_run([*a, tenant_request("b1", "b", "b's first")],
+                                          tenant_request("b2", "b", "b's second", tokens=4), slots=4)
+    assert eng.preempt.pauses == 1 and b_sink.finish == "length"
+    for r, sink in zip(a, sinks[:3], strict=True):
+        assert sink.ids == alone(r).ids
+
+
+async def test_no_fairness_pause_when_it_would_not_make_the_split_more_even() -> None:
+    """A runs two, B and C one each (four slots): B's second request would leave A with one and
+    B with two, so nothing pauses and it waits for a slot."""
+    running = [tenant_request("a1", "a", "first of a"), tenant_request("a2", "a", "second one of a"),
+               tenant_request("b1", "b", "b's first"), tenant_request("c1", "c", "one of c")]
+    _, b_sink, eng = await paused_run(running, tenant_request("b2", "b", "b's second", tokens=4), slots=4)
+    assert eng.preempt.pauses == 0 and b_sink.finish == "length"
+
+
 async def test_a_paused_requests_time_cap_does_not_run_while_it_is_paused() -> None:
     """The victim has a time cap of 600 s (of the engine's clock). While it is paused (the
     urgent request's first output, when it certainly waits in RAM), the clock jumps an hour:

@@ -168,3 +168,23 @@ async def test_a_tenant_with_nothing_admitted_is_let_through_beside_one_admitted
         assert not task.done()
         task.cancel()
         await settle()
+
+
+async def test_a_tenant_is_let_through_while_another_has_two_more_slots_than_it() -> None:
+    """Fair shares of the slots: with A holding all four, B is let through twice (A pauses two,
+    leaving two each), not a third time; A's own next request waits (it has no fewer than B)."""
+    from hearth.backends.local.admission import Claim
+
+    q = AdmissionQueue(4, max_waiting=8, max_wait=5)
+    a, b = Claim("a"), Claim("b")
+    for _ in range(4):
+        await q.acquire(1, None, a)
+    await asyncio.wait_for(q.acquire(1, None, b), 1)
+    await asyncio.wait_for(q.acquire(1, None, b), 1)
+    assert q.in_use == 6
+    for claim in (b, a):
+        task = asyncio.create_task(q.acquire(1, None, claim))
+        await settle()
+        assert not task.done()
+        task.cancel()
+        await settle()
