@@ -131,15 +131,16 @@ async def background(client: httpx.AsyncClient, url: str, key: str, n: int, max_
 
 
 async def probe(client: httpx.AsyncClient, url: str, key: str, count: int, gap: float, max_tokens: int,
-                tag: str, **extra: Any) -> list[float]:
-    """`count` requests, one every `gap` seconds (each on its own: they overlap if slow)."""
+                tag: str, at_once: int = 1, **extra: Any) -> list[float]:
+    """`count` times, one every `gap` seconds, `at_once` requests sent together (each on its
+    own: they overlap if slow); every request's TTFT."""
     async def one(i: int) -> float | None:
         ttft, _ = await stream(client, url, key, f"{tag} question {i}: name three colours.", max_tokens, **extra)
         return ttft
 
     tasks = []
     for i in range(count):
-        tasks.append(asyncio.create_task(one(i)))
+        tasks += [asyncio.create_task(one(i * at_once + k)) for k in range(at_once)]
         await asyncio.sleep(gap)
     return [t for t in await asyncio.gather(*tasks) if t is not None]
 
@@ -175,6 +176,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 async with background(c, url, KEYS["a"], args.a_streams, args.a_tokens, "fair"):
                     fair = await probe(c, url, KEYS["b"], tag="fair", **b)
                 out["noisy_neighbour"] = {"alone": summary(alone), "fcfs": summary(fcfs), "fair": summary(fair)}
+                if args.b_at_once > 1:  # B sends several at once: its share of the slots, not one
+                    log(f"noisy neighbour: B alone, {args.b_at_once} at once")
+                    out["noisy_neighbour"]["alone_at_once"] = summary(
+                        await probe(c, url, KEYS["b"], tag="alone-n", at_once=args.b_at_once, **b))
+                    log(f"noisy neighbour: A x{args.a_streams} and B, {args.b_at_once} at once (fair share)")
+                    async with background(c, url, KEYS["a"], args.a_streams, args.a_tokens, "fair-n"):
+                        out["noisy_neighbour"]["fair_at_once"] = summary(
+                            await probe(c, url, KEYS["b"], tag="fair-n", at_once=args.b_at_once, **b))
                 if args.no_preemption:
                     return finish(out)
                 p = {"count": args.b_requests, "gap": args.gap, "max_tokens": args.b_tokens,
@@ -208,6 +217,8 @@ def finish(out: dict[str, Any]) -> dict[str, Any]:
         return round(x["p99"] / y["p99"], 3) if x["p99"] and y["p99"] else None
 
     out["targets"] = {"fair_p99_over_alone": ratio(nn["fair"], nn["alone"]),
+                      "fair_at_once_p99_over_alone": ratio(nn["fair_at_once"], nn["alone_at_once"])
+                      if "fair_at_once" in nn else None,
                       "fcfs_p99_over_alone": ratio(nn["fcfs"], nn["alone"]),
                       "priority_busy_p99_over_idle": ratio(pr["busy"], pr["idle"]) if pr else None, "target": 1.5}
     return out
@@ -249,6 +260,8 @@ def main() -> None:
     ap.add_argument("--a-tokens", type=int, default=32, help="tokens per A answer")
     ap.add_argument("--b-requests", type=int, default=12)
     ap.add_argument("--b-tokens", type=int, default=8)
+    ap.add_argument("--b-at-once", type=int, default=1,
+                    help="also a phase where B sends this many requests together (alone, then beside A)")
     ap.add_argument("--gap", type=float, default=2.0, help="seconds between B's (and the priority) requests")
     ap.add_argument("--flex-tokens", type=int, default=96)
     ap.add_argument("--check", type=int, default=4, help="paused flex answers compared with a run alone")

@@ -186,7 +186,8 @@ async def multiturn_run(gw: Proc, args: argparse.Namespace) -> dict[str, Any]:
                 async with client.stream("POST", gw.url + "/v1/chat/completions",
                                          json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
                     node = r.headers.get("x-hearth-upstream", "?")
-                    ttft, parts, usage = None, [], {}
+                    ttft, parts = None, []
+                    usage: dict[str, Any] = {}
                     async for line in r.aiter_lines():
                         if not line.startswith("data: {"):
                             continue

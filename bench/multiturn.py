@@ -89,7 +89,8 @@ def log(msg: str) -> None:
     print(f"[multiturn {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-async def stream_turn(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[float, float, str, dict]:
+async def stream_turn(client: httpx.AsyncClient, url: str,
+                      body: dict[str, Any]) -> tuple[float, float, str, dict[str, Any]]:
     """(ttft, total, reply text, usage) of one streamed chat completion."""
     t0 = time.perf_counter()
     ttft: float | None = None
