@@ -69,8 +69,11 @@ async def decode(s: Settings, cfg: AbConfig, log: Any) -> dict[str, Any]:
     one: list[dict[str, Any]] = []
     many: list[dict[str, Any]] = []
     for instance in range(cfg.instances):
+        log(f"decode: server set {instance + 1} of {cfg.instances}")
         k = instance % len(variants)
-        await _decode_rounds(variants[k:] + variants[:k], names, s, cfg, log, one, many, instance)
+        single, multi = await _decode_rounds(variants[k:] + variants[:k], names, s, cfg, log)
+        one += [{**r, "instance": instance} for r in single]
+        many += [{**r, "instance": instance} for r in multi]
     out: dict[str, Any] = {
         "servers": names,
         "instances": cfg.instances,
@@ -84,10 +87,10 @@ async def decode(s: Settings, cfg: AbConfig, log: Any) -> dict[str, Any]:
     return out
 
 
-async def _decode_rounds(variants: list[Variant], names: list[str], s: Settings, cfg: AbConfig, log: Any,
-                         one: list[dict[str, Any]], many: list[dict[str, Any]], instance: int) -> None:
-    """One set of fresh servers: `cfg.rounds` single-stream rounds into `one`, as many rounds of
-    `cfg.streams` streams into `many` (each round tagged with its instance set)."""
+async def _decode_rounds(variants: list[Variant], names: list[str], s: Settings, cfg: AbConfig,
+                         log: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One set of fresh servers (started in `variants`' order): `cfg.rounds` single-stream
+    rounds, then as many rounds of `cfg.streams` streams."""
     async with started(variants, s, log) as members, _client(s) as client:
 
         async def single(name: str, r: int) -> dict[str, Any]:
@@ -119,10 +122,10 @@ async def _decode_rounds(variants: list[Variant], names: list[str], s: Settings,
                 "errors": [st.error for st in sts if st.error],
             }
 
-        log(f"decode: instance set {instance + 1}/{cfg.instances}, {cfg.rounds} single-stream rounds")
-        one += [{**r, "instance": instance} for r in await alternate(names, cfg.rounds, single, members)]
+        log(f"decode: {cfg.rounds} single-stream rounds")
+        one = await alternate(names, cfg.rounds, single, members)
         log(f"decode: {cfg.rounds} rounds of {cfg.streams} streams")
-        many += [{**r, "instance": instance} for r in await alternate(names, cfg.rounds, multi, members)]
+        return one, await alternate(names, cfg.rounds, multi, members)
 
 
 async def _hearth_spec_counts(client: httpx.AsyncClient, m: Member) -> tuple[float, float]:

@@ -67,6 +67,16 @@ def resolve_class(asked: Priority | None, default: Priority, ceiling: Priority) 
     return min(asked if asked is not None else default, ceiling)
 
 
+def slot_share_room(mine: int, theirs: int) -> int:
+    """How many of another tenant's `theirs` admitted requests (of a class at most the asking
+    one's) may be paused for a tenant that has `mine`: fair shares of the slots, the one rule
+    the admission queue (backends/local/admission.py) lets a request in by and the engine
+    pauses by (preempt.py `victim`). Each pause leaves the other tenant at least as many as the
+    asking one then has, so the split moves toward even and two tenants never pause each other
+    back and forth."""
+    return max(0, theirs - mine - 1)
+
+
 class Ticket(Protocol):
     """A waiting request as the policy sees it (the admission queue's waiter)."""
 

@@ -23,9 +23,8 @@ warm KV, which the session manager tracks), with one candidate, decoding (not pr
 its prompt chunks would have to be re-scheduled), of a class strictly below the waiting
 one; the lowest class first, then the one admitted last. Or, for a request of a tenant
 running `mine` (paused ones counted), one of its own class from the tenant that runs the most,
-if that tenant runs at least mine + 2 (fair shares of the slots: a tenant's requests do not
-wait behind another tenant's many for a slot to free; each pause leaves the other tenant at
-least as many as this one, so two tenants never pause each other back and forth). Who resumes: the highest class
+if that tenant runs at least mine + 2 (fair shares of the slots, `fair_share.slot_share_room`:
+a tenant's requests do not wait behind another tenant's many for a slot to free). Who resumes: the highest class
 first, then the one paused first, into slots no admitted request waits for (admission
 (backends/local/admission.py) overcommits the slots only for a higher class and counts the
 paused requests as running, so resumes never crowd out what it admitted).
@@ -39,7 +38,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hearth.engine.fair_share import Priority
+from hearth.engine.fair_share import Priority, slot_share_room
 from hearth.engine.kv import Slot, SlotTable
 from hearth.engine.residency import Residency
 from hearth.engine.runner import Runner
@@ -120,7 +119,8 @@ class Preemptor:
             return None
         counts = Counter(ar.req.tenant for ar in running)
         mine = counts[head.req.tenant] + sum(1 for p in self.paused if p.ar.req.tenant == head.req.tenant)
-        hogs = [ar for ar in pausable if ar.req.tenant != head.req.tenant and counts[ar.req.tenant] >= mine + 2]
+        hogs = [ar for ar in pausable
+                if ar.req.tenant != head.req.tenant and slot_share_room(mine, counts[ar.req.tenant]) > 0]
         if not hogs:
             return None
         return max(hogs, key=lambda ar: (counts[ar.req.tenant], running.index(ar)))

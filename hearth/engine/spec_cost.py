@@ -89,5 +89,5 @@ class StepCost:
         return self.means[high] + max(0.0, slope) * (tokens - high)
 
     def measured(self) -> dict[int, float]:
-        """The measured estimates by batch size (for metrics and tests)."""
+        """The measured estimates by batch size (for tests)."""
         return dict(sorted(self.means.items()))

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from hearth.engine.fair_share import FairShare, Priority
+from hearth.engine.fair_share import FairShare, Priority, slot_share_room
 from hearth.errors import TooManyRequests, Unavailable
 
 
@@ -146,11 +146,8 @@ class AdmissionQueue:
             return True
         if sum(n for c, n in self._running.items() if c >= w.priority) + w.n <= self.slots:
             return True
-        # Fair shares of the slots within a class: a tenant with `mine` admitted, beside tenants
-        # of its class or below admitted at least mine + 2 times, is let through; the engine
-        # pauses one of theirs (hearth/engine/preempt.py, `victim`, the same rule). Each pause
-        # leaves the other tenant at least as many as this one then has, so the split moves
-        # toward even and never back (no tenant pauses one that has no more than it).
+        # Fair shares of the slots within a class (fair_share.slot_share_room): the engine
+        # pauses one of the other tenant's (hearth/engine/preempt.py, `victim`).
         if w.n != 1:
             return False
         mine = sum(n for (t, _), n in self._tenants.items() if t == w.tenant)
@@ -158,7 +155,7 @@ class AdmissionQueue:
         for (t, c), n in self._tenants.items():
             if c <= w.priority and t != w.tenant:
                 per[t] = per.get(t, 0) + n
-        return self.in_use + w.n - self.slots <= sum(max(0, n - mine - 1) for n in per.values())
+        return self.in_use + w.n - self.slots <= sum(slot_share_room(mine, n) for n in per.values())
 
     def _take(self, w: _Waiter) -> None:
         self.fair.leave(w, True, w.since)

@@ -122,9 +122,9 @@ def test_a_tenant_alone_gets_every_slot_work_conserving() -> None:
     assert sim.busy_steps == 50 and served(sim, "only") == 200
 
 
-def test_a_newcomer_goes_before_the_backlog_of_a_busy_tenant() -> None:
-    """The noisy neighbour: A keeps 16 requests waiting; B's one request takes the next free slot."""
-    sim = Sim(slots=4)
+def b_first_beside_as_backlog(sim: Sim) -> bool:
+    """A keeps 16 requests waiting for 20 steps, then B sends one: whether the first slot that
+    frees goes to B, ahead of A's backlog."""
     for _ in range(20):
         keep_backlogged(sim, "a", 16)
         sim.step()
@@ -133,7 +133,19 @@ def test_a_newcomer_goes_before_the_backlog_of_a_busy_tenant() -> None:
     while b not in sim.admitted:
         keep_backlogged(sim, "a", 16)
         sim.step()
-    assert sim.admitted[before] is b  # the first slot that freed went to B, ahead of A's 16
+    return sim.admitted[before] is b
+
+
+def goes_quiet(sim: Sim, tenant: str) -> None:
+    """`tenant`'s waiting requests give up."""
+    for r in [r for r in sim.waiting if r.tenant == tenant]:
+        sim.waiting.remove(r)
+        sim.fair.leave(r, False, r.since)
+
+
+def test_a_newcomer_goes_before_the_backlog_of_a_busy_tenant() -> None:
+    """The noisy neighbour: A keeps 16 requests waiting; B's one request takes the next free slot."""
+    assert b_first_beside_as_backlog(Sim(slots=4))
 
 
 def test_fcfs_within_a_tenant() -> None:
@@ -152,9 +164,7 @@ def test_idle_time_earns_no_credit() -> None:
         keep_backlogged(sim, "a", 4)
         keep_backlogged(sim, "b", 4)
         sim.step()
-    for r in [r for r in sim.waiting if r.tenant == "b"]:  # b goes quiet: its waiting requests give up
-        sim.waiting.remove(r)
-        sim.fair.leave(r, False, r.since)
+    goes_quiet(sim, "b")
     tally = sim.fair.snapshot()["b"]
     for _ in range(400):  # a alone: it gets everything
         keep_backlogged(sim, "a", 4)
@@ -177,20 +187,10 @@ def test_work_done_alone_is_no_debt_when_a_neighbour_arrives() -> None:
     for _ in range(100):
         keep_backlogged(sim, "b", 4)
         sim.step()
-    for r in [r for r in sim.waiting if r.tenant == "b"]:  # b goes quiet
-        sim.waiting.remove(r)
-        sim.fair.leave(r, False, r.since)
+    goes_quiet(sim, "b")
     while sim.running:
         sim.step()
-    for _ in range(20):
-        keep_backlogged(sim, "a", 16)
-        sim.step()
-    before = len(sim.admitted)
-    b = sim.submit("b")
-    while b not in sim.admitted:
-        keep_backlogged(sim, "a", 16)
-        sim.step()
-    assert sim.admitted[before] is b
+    assert b_first_beside_as_backlog(sim)
 
 
 def test_a_higher_class_goes_first_whatever_the_shares() -> None:

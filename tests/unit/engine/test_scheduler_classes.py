@@ -26,9 +26,10 @@ from tests.unit.engine.test_scheduler import ran, start_decoding
 FLEX, DEFAULT, PRIORITY = int(Priority.FLEX), int(Priority.DEFAULT), int(Priority.PRIORITY)
 
 
-def make(rid: str, priority: int, prompt_len: int = 4) -> ActiveRequest:
+def make(rid: str, priority: int, prompt_len: int = 4, tenant: str | None = None) -> ActiveRequest:
+    """A request of its own tenant (`rid`) unless `tenant` is given."""
     prompt = [1000 + sum(map(ord, rid)), *range(1, prompt_len)]
-    req = EngineRequest(rid, prompt, SamplingParams(), priority=priority, tenant=rid)
+    req = EngineRequest(rid, prompt, SamplingParams(), priority=priority, tenant=rid if tenant is None else tenant)
     return ActiveRequest(req, lambda out: None, max_len=4096)
 
 
@@ -44,11 +45,16 @@ def who(work: list[Work]) -> list[tuple[str, str]]:
     return [(w.ar.request_id, "decode" if w.seq is not None else "prefill") for w in work]
 
 
-def decoding(sched: Scheduler, *rids_classes: tuple[str, int]) -> list[ActiveRequest]:
-    ars = [make(rid, c) for rid, c in rids_classes]
+def decode_all(sched: Scheduler, *ars: ActiveRequest) -> None:
+    """Admit `ars` and bring each to its decode phase."""
     admit(sched, *ars)
     for ar in ars:
         start_decoding(ar)
+
+
+def decoding(sched: Scheduler, *rids_classes: tuple[str, int]) -> list[ActiveRequest]:
+    ars = [make(rid, c) for rid, c in rids_classes]
+    decode_all(sched, *ars)
     return ars
 
 

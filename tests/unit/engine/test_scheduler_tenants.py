@@ -19,25 +19,19 @@ from hearth.engine.fake_runner import FakeRunner
 from hearth.engine.kv import SlotTable
 from hearth.engine.scheduler import Scheduler
 from hearth.engine.sequence import ActiveRequest
-from hearth.engine.types import EngineRequest, SamplingParams
+from hearth.engine.types import EngineRequest
 from tests.helpers import until
+from tests.unit.engine import test_scheduler_classes as classes
 from tests.unit.engine.test_preempt import Collect, alone, request, tenant_request
 from tests.unit.engine.test_scheduler import ran, start_decoding
 from tests.unit.engine.test_scheduler_classes import admit, who
+from tests.unit.engine.test_scheduler_classes import decode_all as decoding
 
 FLEX, DEFAULT, PRIORITY = int(Priority.FLEX), int(Priority.DEFAULT), int(Priority.PRIORITY)
 
 
 def make(rid: str, tenant: str, prompt_len: int = 4, priority: int = DEFAULT) -> ActiveRequest:
-    prompt = [1000 + sum(map(ord, rid)), *range(1, prompt_len)]
-    req = EngineRequest(rid, prompt, SamplingParams(), priority=priority, tenant=tenant)
-    return ActiveRequest(req, lambda out: None, max_len=4096)
-
-
-def decoding(sched: Scheduler, *ars: ActiveRequest) -> None:
-    admit(sched, *ars)
-    for ar in ars:
-        start_decoding(ar)
+    return classes.make(rid, priority, prompt_len, tenant)
 
 
 def test_a_newcomers_prefill_runs_alone_beside_a_tenant_running_several() -> None:

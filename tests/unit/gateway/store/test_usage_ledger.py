@@ -98,7 +98,7 @@ async def test_the_writer_lingers_then_writes_a_busy_spell_in_one_transaction(st
     try:
         for n in range(20):  # rows that come one wakeup apart, as requests end
             ledger.record(row(n))
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # a yield to the loop, no time: the writer wakes between rows
         assert (ledger.batches, ledger.written, ledger.depth) == (0, 0, 20)  # none written per wakeup
         assert await ledger.flush()  # cuts the linger short
         assert (ledger.batches, ledger.written, ledger.depth) == (1, 20, 0)
