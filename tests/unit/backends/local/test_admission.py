@@ -188,3 +188,55 @@ async def test_a_tenant_is_let_through_while_another_has_two_more_slots_than_it(
         assert not task.done()
         task.cancel()
         await settle()
+
+
+async def test_a_spare_slot_takes_a_higher_class_beside_lower_work_and_never_lower_work() -> None:
+    """Spare slots: with both slots running flex work, a default request goes into the spare
+    one (it runs beside them; nothing needs a pause); a flex request never does, and once the
+    default one is done the spare stays free while only flex work waits. A default request
+    beside default work only does not get one either."""
+    from hearth.backends.local.admission import Claim
+    from hearth.engine.fair_share import Priority
+
+    q = AdmissionQueue(2, max_waiting=8, max_wait=5, spare=1)
+    flex, default = Claim("b", priority=Priority.FLEX), Claim("a")
+    await q.acquire(1, None, flex)
+    await q.acquire(1, None, flex)
+    flex3 = asyncio.create_task(q.acquire(1, None, flex))
+    await settle()
+    assert not flex3.done()
+    await asyncio.wait_for(q.acquire(1, None, default), 1)
+    assert q.in_use == 3
+    q.release(1, default)
+    await settle()
+    assert not flex3.done() and q.in_use == 2  # the spare slot is not flex work's
+    q.release(1, flex)
+    await settle()
+    assert flex3.done()
+    flex3.result()
+
+    only = AdmissionQueue(1, max_waiting=8, max_wait=5, spare=1)
+    await only.acquire(1, None, default)
+    same = asyncio.create_task(only.acquire(1, None, Claim("c")))
+    await settle()
+    assert not same.done()  # nothing of a lower class runs: the spare slot is not for it
+    same.cancel()
+    await settle()
+
+
+async def test_past_the_spare_slots_a_higher_class_still_preempts() -> None:
+    """The spare slot taken, the next higher-class request is let through as before: the
+    engine pauses a flex sequence for it."""
+    from hearth.backends.local.admission import Claim
+    from hearth.engine.fair_share import Priority
+
+    q = AdmissionQueue(2, max_waiting=8, max_wait=5, spare=1)
+    flex, default = Claim("b", priority=Priority.FLEX), Claim("a")
+    for claim in (flex, flex, default, default):
+        await asyncio.wait_for(q.acquire(1, None, claim), 1)
+    assert q.in_use == 4
+    third = asyncio.create_task(q.acquire(1, None, default))
+    await settle()
+    assert not third.done()  # two default sequences fill the two slots
+    third.cancel()
+    await settle()
