@@ -18,8 +18,7 @@ to `flex`, `ops` whose key may ask for `priority`), on --parallel slots. Phases,
 - preemption: a `priority` request (tenant ops, `service_tier: priority`) every --gap seconds
   - `idle`: nothing else runs;
   - `busy`: --parallel + 2 `flex` streams (tenant batch, long answers) keep every slot busy and
-    more waiting, so each priority request starts in the node's spare slot beside them
-    (--spare-slots, default 1) or, with --spare-slots 0 or the spare taken, pauses one (KV to RAM).
+    more waiting, so each priority request pauses one (KV to RAM) to start.
   Target: busy p99 <= 1.5 x idle p99. Also reported: the node's preemption count, and whether
   each paused stream's text equals the same request run alone (temperature 0; a real model's
   kernels are not batch-invariant, so this compares with an unpaused run in the same batch
@@ -158,7 +157,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         port = free_port()
         argv = [sys.executable, "-m", "hearth.cli.main", "serve", "--port", str(port), "--threads", str(args.threads),
                 "--parallel", str(args.parallel), "--ctx", str(args.ctx), "--api-key-file", str(tmp / "keys"),
-                "--max-waiting", "256", "--spare-slots", str(args.spare_slots)]
+                "--max-waiting", "256"]
         if args.model:
             argv += ["--model", args.model]
         node = await Proc(argv, port, {**os.environ, "HEARTH_HOME": str(tmp / "node")}, tmp / "node.log").ready()
@@ -265,8 +264,6 @@ def main() -> None:
                     help="also a phase where B sends this many requests together (alone, then beside A)")
     ap.add_argument("--gap", type=float, default=2.0, help="seconds between B's (and the priority) requests")
     ap.add_argument("--flex-tokens", type=int, default=96)
-    ap.add_argument("--spare-slots", type=int, default=1,
-                    help="the server's --spare-slots (0: every priority request of the busy phase pauses a flex one)")
     ap.add_argument("--check", type=int, default=4, help="paused flex answers compared with a run alone")
     ap.add_argument("--quick", action="store_true", help="smoke: fewer, shorter requests")
     ap.add_argument("--no-preemption", action="store_true", help="the noisy neighbour phases only")

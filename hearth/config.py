@@ -105,7 +105,6 @@ class Settings:
     port: int = 8000
     ctx: int | None = None  # tokens per sequence; None: the model's training context
     parallel: int = 4
-    spare_slots: int = 1  # KV slots beyond --parallel for higher-class requests (backends/local/admission.py)
     threads: int | None = None
     batch: int = 512
     kv_unified: bool = False
@@ -150,10 +149,8 @@ class Settings:
             raise ValueError("--parallel must be between 1 and 256")
         if self.ctx is not None and self.ctx < 16:
             raise ValueError("--ctx must be at least 16")
-        if not 0 <= self.spare_slots <= 16:
-            raise ValueError("--spare-slots must be between 0 and 16")
-        if self.batch < self.parallel + self.spare_slots:
-            raise ValueError("--batch must be at least --parallel plus --spare-slots")
+        if self.batch < self.parallel:
+            raise ValueError("--batch must be at least --parallel")
         if self.kv_type not in KV_TYPES:
             raise ValueError(f"--kv-type must be one of {', '.join(KV_TYPES)}")
         if not 0 <= self.spec_draft <= 64:

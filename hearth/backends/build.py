@@ -26,8 +26,7 @@ def build_backend(settings: Settings, specs: list[ModelSpec]) -> Backend:
     policy = LoadPolicy(max_loaded=settings.models_max, keep_alive=settings.keep_alive,
                         ram_budget=settings.models_ram_mb << 20)
     return LocalBackend(specs, available=available, policy=policy, preload=preload, settings=EngineSettings(
-        ctx=settings.ctx, parallel=settings.parallel, spare_slots=settings.spare_slots, threads=settings.threads,
-        batch=settings.batch,
+        ctx=settings.ctx, parallel=settings.parallel, threads=settings.threads, batch=settings.batch,
         kv_unified=settings.kv_unified, kv_type=settings.kv_type, spec_draft=settings.spec_draft,
         max_waiting=settings.max_waiting, max_wait=settings.max_wait,
         tool_parser=settings.tool_parser, kv_dir=settings.data_dir / "kv", session_ram_mb=settings.session_ram_mb,

@@ -85,10 +85,6 @@ def serve(
         envvar="HEARTH_CTX", help="Tokens per sequence (prompt + completion). Default: the model's.")] = None,
     parallel: Annotated[int, typer.Option(
         envvar="HEARTH_PARALLEL", help="Sequences decoded together (KV slots).")] = 4,
-    spare_slots: Annotated[int, typer.Option(
-        envvar="HEARTH_SPARE_SLOTS",
-        help="KV slots beyond --parallel for a request of a higher class than running work (an "
-             "interactive one beside batch lines): it starts at once instead of pausing that work.")] = 1,
     threads: Annotated[int | None, typer.Option(envvar="HEARTH_THREADS", help="CPU threads.")] = None,
     batch: Annotated[int, typer.Option(
         envvar="HEARTH_BATCH", help="Tokens per engine step (prefill chunk budget).")] = 512,
@@ -208,7 +204,7 @@ def serve(
         settings = Settings(models=model or [], models_dir=Path(models_dir).expanduser() if models_dir else None,
                             models_max=models_max, models_ram_mb=models_ram_mb,
                             keep_alive=parse_duration(keep_alive), host=host, port=port,
-                            ctx=ctx, parallel=parallel, spare_slots=spare_slots,
+                            ctx=ctx, parallel=parallel,
                             threads=threads, batch=batch, kv_unified=kv_unified, kv_type=kv_type,
                             spec_draft=spec_draft, tool_parser=tool_parser, log_level=log_level,
                             log_format=log_format, max_waiting=max_waiting, max_wait=max_wait,

@@ -5,13 +5,6 @@ its class first, then the tenant with the least work served per weight, FCFS wit
 tenant. A request that does not fit the free slots (n > 1) holds the line, as before, so it
 is never starved by smaller ones behind it.
 
-Spare slots: the engine has `spare` KV slots beyond `slots` (--spare-slots), for requests of a
-class above some admitted request's: such a request is let through into one at once, and runs
-beside the lower-class work instead of pausing it (no `state_get`, no pause of a batch line).
-Everything else counts against `slots` alone, so a class never holds more than `slots` by
-itself, and a spare slot freed by the higher-class request stays free (its prompt stays in it,
-warm for that conversation's next turn) while only lower-class work waits.
-
 Preemption: a waiting request is let through with no slot free when it would fit the slots
 beside the admitted sequences of its class and above, or when another tenant of its class or
 below has at least two more admitted than its own tenant (fair shares of the slots); the
@@ -61,9 +54,8 @@ class _Waiter:
 
 class AdmissionQueue:
     def __init__(self, slots: int, max_waiting: int = 64, max_wait: float = 60.0,
-                 fair: FairShare | None = None, spare: int = 0) -> None:
+                 fair: FairShare | None = None) -> None:
         self.slots = slots
-        self.spare = spare
         self.max_waiting = max_waiting
         self.max_wait = max_wait
         self.in_use = 0
@@ -148,13 +140,10 @@ class AdmissionQueue:
             w.future.set_result(None)
 
     def _fits(self, w: _Waiter) -> bool:
-        """Free slots for it, or a spare slot beside lower-class work, or room for it among
-        the slots once every admitted sequence of a lower class is paused."""
+        """Free slots for it, or room for it among the slots once every admitted sequence of a
+        lower class is paused."""
         if self.in_use + w.n <= self.slots:
             return True
-        if self.in_use + w.n <= self.slots + self.spare and any(
-                n > 0 for c, n in self._running.items() if c < w.priority):
-            return True  # a spare slot, beside lower-class work (module docstring)
         if sum(n for c, n in self._running.items() if c >= w.priority) + w.n <= self.slots:
             return True
         # Fair shares of the slots within a class (fair_share.slot_share_room): the engine

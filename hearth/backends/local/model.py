@@ -31,9 +31,6 @@ from hearth.test_gate import wait_at_gate
 class EngineSettings:
     ctx: int | None = None  # tokens per sequence (prompt + completion); None: the model's own
     parallel: int = 4  # sequence slots decoded together
-    # KV slots beyond `parallel` for a request of a class above running work's: it starts at
-    # once beside that work instead of pausing it (backends/local/admission.py, "Spare slots")
-    spare_slots: int = 1
     threads: int | None = None
     batch: int = 512  # tokens per engine step (decode tokens + prefill chunks)
     # One KV stream per sequence (not one buffer shared by all): each sequence attends only to
@@ -58,8 +55,6 @@ class EngineSettings:
     strict_max_tokens: bool = False  # a max_tokens past the context is a 400 (else lowered to what is left)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.spare_slots <= 16:
-            raise ValueError("--spare-slots must be between 0 and 16")
         if self.tool_parser != "auto" and self.tool_parser not in PARSERS:
             raise ValueError(f"--tool-parser must be auto or one of {', '.join(PARSERS)}")
 
@@ -91,7 +86,7 @@ class LocalModel:
 
     @property
     def limits(self) -> ModelLimits:
-        return ModelLimits(self.engine.seq_ctx, self.admission.slots)
+        return ModelLimits(self.engine.seq_ctx, self.runner.n_seq_max)
 
 
 RunnerFactory = Callable[[ModelSpec, EngineSettings], tuple[Runner, ModelCard, ChatTemplate]]
@@ -100,7 +95,7 @@ RunnerFactory = Callable[[ModelSpec, EngineSettings], tuple[Runner, ModelCard, C
 def llamacpp_factory(spec: ModelSpec, settings: EngineSettings) -> tuple[Runner, ModelCard, ChatTemplate]:
     from hearth.backends.llamacpp.runner import LlamaCppRunner
 
-    runner = LlamaCppRunner(spec.path, seq_ctx=settings.ctx, n_seq_max=settings.parallel + settings.spare_slots,
+    runner = LlamaCppRunner(spec.path, seq_ctx=settings.ctx, n_seq_max=settings.parallel,
                             n_batch=settings.batch, n_threads=settings.threads,
                             kv_unified=settings.kv_unified, kv_type=settings.kv_type)
     info = runner.info
@@ -138,10 +133,7 @@ def load_model(spec: ModelSpec, settings: EngineSettings, factory: RunnerFactory
                                     ram_budget=settings.prompt_cache_mb << 20,
                                     disk_budget=settings.prompt_cache_disk_mb << 20))
     aliases = {spec.id, spec.path.name, spec.path.stem, str(spec.path), *spec.aliases}
-    # The spare slots are what the runner has beyond --parallel (a test's runner may have none).
-    parallel = min(settings.parallel, runner.n_seq_max)
-    admission = AdmissionQueue(parallel, settings.max_waiting, settings.max_wait,
-                               spare=min(settings.spare_slots, runner.n_seq_max - parallel))
+    admission = AdmissionQueue(runner.n_seq_max, settings.max_waiting, settings.max_wait)
     engine.scheduler.charge = admission.fair.charge  # the engine's work is what fair shares count
     engine.preempt.on_pause = admission.fair.preempted
     return LocalModel(spec, runner, engine, template, card, admission, longest_token(runner), aliases,
