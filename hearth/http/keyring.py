@@ -107,15 +107,17 @@ class LiveKeys:
             check_keyring(keys)  # a flag's key in the file too
             file_keys = len(self.ring.keys) - len(self._fixed)
             if file_keys > 0 and not named:
-                raise ValueError("it has no keys: a reload does not turn key checks off (every request would be "
-                                 "served without a key); restart the server to serve it open")
+                raise ValueError("it has no keys, and the server started with some: a reload does not turn key "
+                                 "checks (or a gateway's tenants) off; restart the server for that")
             if file_keys == 0 and named:
                 raise ValueError("the server started with no keys in it, so it checks none: restart it to turn "
                                  "key checks on")
         except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
-            # OSError's text names the path; ValueError's the file and line: neither holds a key
-            log.error("API keys not reloaded, the keys in force are unchanged: %s", e)
-            raise BadRequest(f"key file not reloaded, the keys in force are unchanged: {e}",
+            # what is wrong and where (the file, the line when it is one), never a key
+            why = f"{e.strerror or e}: {self.path}" if isinstance(e, OSError) else str(e)
+            why = why if why.startswith(str(self.path)) else f"{self.path}: {why}"
+            log.error("API keys not reloaded, the keys in force are unchanged: %s", why)
+            raise BadRequest(f"key file not reloaded, the keys in force are unchanged: {why}",
                              code="invalid_key_file") from e
         return self.swap(keys)
 
