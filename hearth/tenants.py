@@ -10,6 +10,7 @@ key runs `priority` work only when its line says so; hearth/engine/fair_share.py
 key's tenant defaults to its name, so several keys share a tenant only when they say so; a
 bare line (and `--api-key`) is a tenant of its own, named `key-` and the first 8 hex digits
 of the key's SHA-256 (stable across restarts, and it does not reveal the key).
+The key file is read again on SIGHUP and `POST /admin/keys/reload` (hearth/http/keyring.py).
 
 Every session, snapshot and stored response records its owner (a tenant name) when created.
 A caller sees an object when it owns it, or when it is the admin: the admin key, or anyone on a

@@ -45,7 +45,8 @@ def serve(
     api_key: RequireKeyOpt = None,
     api_key_file: Annotated[str | None, typer.Option(
         envvar="HEARTH_API_KEY_FILE", help="File with one client key per line, a node's format: KEY [name=NAME] "
-        "[tenant=TENANT] [cache=...] [concurrent=N] [rpm=N] [tpm=N] (docs/gateway.md, \"Tenants\").")] = None,
+        "[tenant=TENANT] [cache=...] [concurrent=N] [rpm=N] [tpm=N] (docs/gateway.md, \"Tenants\"); read again on "
+        "SIGHUP or `hearth keys reload` (POST /admin/keys/reload).")] = None,
     admin_key: Annotated[str | None, typer.Option(
         envvar="HEARTH_ADMIN_KEY", help="Key needed for drain/move and to delete sessions and snapshots.")] = None,
     join_key: Annotated[str | None, typer.Option(
