@@ -63,16 +63,16 @@ def test_a_reload_logs_counts_never_keys(tmp_path: Path, caplog: pytest.LogCaptu
 
 
 @pytest.mark.parametrize(("text", "where", "why"), [
-    ("ka name=alice\nkb name=bob rpm=zero\n", ":2:", "rpm must be a whole number"),
-    ("ka name=alice\n\nka name=bob\n", ":3:", "same API key is on line 1"),
-    ("ka name=alice\nkb name=alice\n", ":2:", "'alice' is on line 1 too"),
-    ("ka name=alice colour=red\n", ":1:", "unknown, empty or repeated key attribute"),
+    ("sk-a1 name=alice\nsk-b1 name=bob rpm=zero\n", ":2:", "rpm must be a whole number"),
+    ("sk-a1 name=alice\n\nsk-a1 name=bob\n", ":3:", "same API key is on line 1"),
+    ("sk-a1 name=alice\nsk-b1 name=alice\n", ":2:", "'alice' is on line 1 too"),
+    ("sk-a1 name=alice colour=red\n", ":1:", "unknown, empty or repeated key attribute"),
     ("# every key removed\n", "", "does not turn key checks (or a gateway's tenants) off"),
     ("flag-key name=x\n", "", "twice"),  # a --api-key flag's key in the file too
 ])
 def test_an_invalid_file_changes_nothing(tmp_path: Path, text: str, where: str, why: str,
                                          caplog: pytest.LogCaptureFixture) -> None:
-    path = keyfile(tmp_path, "ka name=alice rpm=2\n")
+    path = keyfile(tmp_path, "sk-a0 name=alice rpm=2\n")
     live = live_of(path, fixed=("flag-key",))
     before, told = live.ring, []
     live.on_swap(told.append)
@@ -80,7 +80,7 @@ def test_an_invalid_file_changes_nothing(tmp_path: Path, text: str, where: str, 
     with caplog.at_level(logging.ERROR, logger="hearth.keys"), pytest.raises(BadRequest) as e:
         live.reload()
     assert e.value.code == "invalid_key_file" and f"{path}{where}" in e.value.message and why in e.value.message
-    assert "unchanged" in e.value.message and "ka" not in e.value.message.replace(str(path), "")
+    assert "unchanged" in e.value.message and "sk-" not in e.value.message.replace(str(path), "")  # never a key
     assert live.ring is before and told == []
     assert any(why in r.getMessage() for r in caplog.records)  # logged too (SIGHUP has no one to answer)
 
