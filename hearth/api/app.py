@@ -39,7 +39,7 @@ from hearth.config import Settings
 from hearth.http.access import AccessSettings
 from hearth.http.app import assemble
 from hearth.http.key_usage import WINDOW, KeyAccounts, KeyUsageCollector
-from hearth.http.keyring import LiveKeys, Ring, off_sighup, on_sighup, reload_logged
+from hearth.http.keyring import KeyReloadCollector, LiveKeys, Ring, off_sighup, on_sighup, reload_logged
 from hearth.observability.journal import Journal
 from hearth.observability.ledger import Ledger, LedgerCollector
 from hearth.observability.metrics import Metrics
@@ -90,6 +90,7 @@ def create_app(backend: Backend, settings: Settings | None = None, tracing: Trac
         context.batches.key_names = ring.names  # checked before each batch line
 
     live.on_swap(follow)
+    metrics.registry.register(KeyReloadCollector(live))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -41,7 +41,7 @@ from hearth.gateway.upstream.node_client import NodeClient
 from hearth.http.access import AccessSettings
 from hearth.http.app import assemble
 from hearth.http.key_usage import KeyAccounts, KeyUsageCollector
-from hearth.http.keyring import LiveKeys, Ring, off_sighup, on_sighup, reload_logged
+from hearth.http.keyring import KeyReloadCollector, LiveKeys, Ring, off_sighup, on_sighup, reload_logged
 from hearth.observability.ledger import LedgerCollector
 from hearth.observability.tracing import Tracing, configured_endpoint, otlp_processor
 
@@ -99,6 +99,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         batches.key_names = ring.names  # checked before each batch line (key_gone)
 
     live.on_swap(follow)
+    metrics.registry.register(KeyReloadCollector(live))
 
     async def metrics_endpoint(request: Request) -> Response:
         await batch_metrics.refresh()

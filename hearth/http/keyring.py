@@ -31,10 +31,13 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from hearth.errors import BadRequest
 from hearth.tenants import ApiKey, bare_key, check_keyring, read_key_file
@@ -89,6 +92,7 @@ class LiveKeys:
         self._fixed = [bare_key(k) for k in dict.fromkeys(fixed) if k.strip()]
         self.ring = Ring.of(keyring)
         self._listeners: list[Callable[[Ring], None]] = []
+        self.reloads = {"ok": 0, "refused": 0}  # /metrics (KeyReloadCollector)
 
     def on_swap(self, listener: Callable[[Ring], None]) -> None:
         """Call `listener(new_ring)` right after each swap (synchronously: it must not await)."""
@@ -117,6 +121,7 @@ class LiveKeys:
             why = f"{e.strerror or e}: {self.path}" if isinstance(e, OSError) else str(e)
             why = why if why.startswith(str(self.path)) else f"{self.path}: {why}"
             log.error("API keys not reloaded, the keys in force are unchanged: %s", why)
+            self.reloads["refused"] += 1
             raise BadRequest(f"key file not reloaded, the keys in force are unchanged: {why}",
                              code="invalid_key_file") from e
         return self.swap(keys)
@@ -126,6 +131,7 @@ class LiveKeys:
         change = diff(self.ring.keys, keys)
         ring = Ring.of(keys)
         self.ring = ring
+        self.reloads["ok"] += 1
         for listener in self._listeners:
             listener(ring)
         out = change.as_json()
@@ -165,3 +171,21 @@ def on_sighup(actions: Sequence[Callable[[], None]]) -> bool:
 def off_sighup() -> None:
     with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
         asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+
+
+class KeyReloadCollector(Collector):
+    """On /metrics: the keys in force (a count) and the reloads, applied or refused."""
+
+    def __init__(self, live: LiveKeys) -> None:
+        self.live = live
+
+    def collect(self) -> Iterator[Metric]:
+        keys = GaugeMetricFamily("hearth_api_keys", "API keys in force (the key file's and the flags')")
+        keys.add_metric([], len(self.live.ring.keys))
+        yield keys
+        reloads = CounterMetricFamily("hearth_key_reloads", "Reloads of the key file (SIGHUP, POST "
+                                      "/admin/keys/reload): ok, or refused (the keys in force unchanged)",
+                                      labels=["result"])
+        for result, n in self.live.reloads.items():
+            reloads.add_metric([result], n)
+        yield reloads

@@ -22,7 +22,7 @@ from tests.api.test_gateway_batches import (
     stopped_for_its_key,
     world,
 )
-from tests.helpers import until
+from tests.helpers import sample, until
 
 CAROL = {"Authorization": "Bearer kc"}
 ADMIN = {"Authorization": "Bearer gw-adm"}
@@ -54,6 +54,9 @@ async def test_the_gateways_keys_reload(tmp_path: Path) -> None:
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_key_file", r.text
         assert f"{path}:2:" in r.json()["error"]["message"]
         assert (await w.gw.post(CHAT, json=BODY, headers=CAROL)).status_code == 200  # unchanged
+        text = (await w.gw.get("/metrics", headers=ADMIN)).text
+        assert sample(text, "hearth_key_reloads_total", result="ok") == 1
+        assert sample(text, "hearth_key_reloads_total", result="refused") == 1 and sample(text, "hearth_api_keys") == 2
 
 
 async def test_a_gateway_without_a_key_file_has_none_to_reload(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from hearth.api.wire import usage as usage_wire
 from hearth.tenants import OPEN, read_key_file
 from tests.api.conftest import serve
 from tests.api.test_batches import batches_of, gate, line, submit
-from tests.helpers import until
+from tests.helpers import sample, until
 
 ALICE = {"Authorization": "Bearer ka"}
 BOB = {"Authorization": "Bearer kb"}
@@ -65,6 +65,9 @@ async def test_reload_is_the_admins_and_answers_what_changed(tmp_path: Path) -> 
         assert set(rows) == {"alice", "carol"} and rows["alice"]["limits"]["rpm"] == 3
         r = await h.post("/admin/keys/reload", headers=ADMIN)  # the same file again: nothing changes
         assert r.json() == {"object": "keys.reload", "added": 0, "removed": 0, "changed": 0, "unchanged": 2}
+        text = (await h.client.get("/metrics", headers=ADMIN)).text
+        assert sample(text, "hearth_key_reloads_total", result="ok") == 2 and sample(text, "hearth_api_keys") == 2
+        assert sample(text, "hearth_key_reloads_total", result="refused") == 0
 
 
 async def test_limits_follow_a_reload_and_windows_are_kept(tmp_path: Path) -> None:
@@ -108,6 +111,9 @@ async def test_an_invalid_file_is_a_400_and_changes_nothing(tmp_path: Path, text
         assert f"{path}{where}" in err["message"] and "unchanged" in err["message"]
         for who in (ALICE, BOB):  # the old keys are in force
             assert (await h.post("/v1/chat/completions", CHAT, headers=who)).status_code == 200
+        text = (await h.client.get("/metrics", headers=ADMIN)).text
+        assert sample(text, "hearth_key_reloads_total", result="refused") == 1
+        assert sample(text, "hearth_key_reloads_total", result="ok") == 0 and sample(text, "hearth_api_keys") == 2
     path.unlink()
     async with serve(tmp_path, named_keys=read_key_file(keyfile(tmp_path)), api_key_file=path,
                      admin_key="adm") as h:
