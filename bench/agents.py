@@ -86,7 +86,7 @@ def load_fixture(name: str) -> dict[str, Any]:
 def prepare(captured: dict[str, Any], tag: str, max_tokens: int, model: str | None) -> dict[str, Any]:
     """The captured body with the benchmark's changes (see the module docstring), for `model`
     (the id the server lists: each names the same GGUF its own way)."""
-    body = copy.deepcopy(captured["body"])
+    body: dict[str, Any] = copy.deepcopy(captured["body"])
     body["temperature"] = 0
     if model:
         body["model"] = model

@@ -10,7 +10,9 @@ so a batch alone can use the whole machine). Phases, in one run:
   --line-tokens each) runs with nothing else: its generated tokens over its wall time is the
   decode throughput the machine has when nobody else is there (`idle_tok_s`);
 - `interactive alone`: --requests streamed chat requests, one every --gap seconds; their time to
-  first token (TTFT);
+  first token (TTFT). With --conversation they are the turns of one chat (a ~400-token system
+  prompt and the whole history each turn, as a stateless app sends them), so a turn's TTFT
+  also says whether its conversation's KV was still warm;
 - `beside`: a second batch like the first (other prompts) is submitted, and once its first line
   is done the same interactive requests are sent while it runs; their TTFT, and the batch's
   generated tokens over its wall time (`beside_tok_s`).
@@ -82,7 +84,35 @@ async def generated(c: httpx.AsyncClient, b: dict[str, Any]) -> int:
     return sum(int(json.loads(x)["response"]["body"]["usage"]["completion_tokens"]) for x in out)
 
 
-async def probes(c: httpx.AsyncClient, url: str, count: int, gap: float, tokens: int, tag: str) -> list[float]:
+# An app's instructions, ~400 tokens: what a conversation's turns share before their history.
+SYSTEM = " ".join(f"Rule {i}: answer briefly, name sources when asked, keep a friendly tone, and never invent "
+                  "facts about the harbour, its boats or its people." for i in range(1, 17))
+
+
+async def conversation(c: httpx.AsyncClient, url: str, count: int, gap: float, tokens: int, tag: str) -> list[float]:
+    """`count` turns of one chat, one every `gap` seconds (each after the previous answer):
+    each sends the whole conversation so far, as a stateless app does. The TTFTs of turns 2 to
+    `count` + 1: the first turn's is the system prompt's cold start (the beside phase's would
+    find it cached by the alone phase's), not a turn of a running conversation."""
+    history: list[dict[str, str]] = []
+    out: list[float] = []
+    for i in range(count + 1):
+        t0 = time.monotonic()
+        user = {"role": "user", "content": f"{tag} turn {i}: name three colours."}
+        ttft, text = await stream(c, url, "none", "", tokens,
+                                  messages=[{"role": "system", "content": SYSTEM}, *history, user])
+        if ttft is not None and i > 0:
+            out.append(ttft)
+        history += [user, {"role": "assistant", "content": text}]
+        await asyncio.sleep(max(0.0, gap - (time.monotonic() - t0)))
+    return out
+
+
+async def probes(c: httpx.AsyncClient, url: str, count: int, gap: float, tokens: int, tag: str,
+                 chat: bool = False) -> list[float]:
+    if chat:
+        return await conversation(c, url, count, gap, tokens, tag)
+
     async def one(i: int) -> float | None:
         ttft, _ = await stream(c, url, "none", f"{tag} question {i}: name three colours.", tokens)
         return ttft
@@ -118,11 +148,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 idle_tok_s = await generated(c, alone_b) / alone_wall
                 log(f"  {idle_tok_s:.1f} tok/s over {alone_wall:.1f} s")
                 log(f"interactive alone: {args.requests} requests, one every {args.gap} s")
-                alone = await probes(c, url, args.requests, args.gap, args.tokens, "alone")
+                alone = await probes(c, url, args.requests, args.gap, args.tokens, "alone", args.conversation)
                 log("beside: the same interactive requests while a second batch runs")
                 bid, t0 = await timed_batch(c, args, "beside")
                 await wait_batch(c, bid, args.poll, until_done=1)  # the batch is running
-                beside = await probes(c, url, args.requests, args.gap, args.tokens, "beside")
+                beside = await probes(c, url, args.requests, args.gap, args.tokens, "beside", args.conversation)
                 still_running = (await c.get(f"/v1/batches/{bid}")).json()["status"] not in FINAL
                 beside_b = await wait_batch(c, bid, args.poll)
                 beside_wall = time.monotonic() - t0
@@ -153,6 +183,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--batch-concurrency", type=int, default=0, help="default: --parallel")
+    ap.add_argument("--conversation", action="store_true",
+                    help="the interactive requests are the turns of one chat (a ~400-token system prompt, then "
+                         "the whole history each turn, as a stateless app sends it), not independent questions")
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--poll", type=float, default=0.05)
     args = ap.parse_args()

@@ -307,7 +307,9 @@ def measure_switch(server: Server, runs: int) -> dict[str, Any]:
 def run_server(name: str, argv_for: Callable[[int], list[str]], env: dict[str, str], work: Path,
                files: dict[str, Path], runs: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    for models_max, measure in ((2, lambda s: measure_loads(s, files, runs)), (1, lambda s: measure_switch(s, runs))):
+    phases: tuple[tuple[int, Callable[[Server], dict[str, Any]]], ...] = (
+        (2, lambda s: measure_loads(s, files, runs)), (1, lambda s: measure_switch(s, runs)))
+    for models_max, measure in phases:
         server = start(name, argv_for(models_max), env, work, files, models_max)
         try:
             result.update(measure(server))

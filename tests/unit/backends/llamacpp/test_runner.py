@@ -20,3 +20,43 @@ def test_the_fingerprint_carries_the_contexts_kv_type() -> None:
         assert fp["n_vocab"] == runner.n_vocab and fp["kv_unified"] is False
     finally:
         runner.close()
+
+
+def test_a_gap_between_running_sequences_is_filled_and_changes_nothing() -> None:
+    """Decode tokens of sequences 0, 1, 2 and 4 (3 idle, holding a prompt): the runner gives 3 a
+    throwaway token so llama.cpp runs one graph pass (`_gap_fills`), and removes it: the
+    logits are bit for bit those of the call without it, and sequence 3's KV is unchanged."""
+    import numpy as np
+
+    from hearth.engine.runner import BatchEntry
+
+    runner = LlamaCppRunner(embedded_model_path(), seq_ctx=128, n_seq_max=5, n_batch=64, n_threads=1)
+    try:
+        for s in range(5):
+            runner.decode([BatchEntry(s, [100 + (i * 7 + s) % 900 for i in range(20 + s)], 0, 1)])
+        idle = runner._state_bytes(3)
+
+        def step(fill: bool) -> list[np.ndarray]:
+            entries = [BatchEntry(s, [500 + s], 20 + s, 1) for s in (0, 1, 2, 4)]
+            assert runner._gap_fills(entries) == [(3, 23)]
+            if not fill:
+                runner._gap_fills = lambda entries: []  # type: ignore[method-assign]
+            try:
+                rows = runner.decode(entries)
+            finally:
+                if not fill:
+                    del runner._gap_fills
+            out = [runner.logits(i).copy() for i in rows]
+            for e in entries:
+                runner.kv_remove(e.seq_id, e.pos0, -1)
+            return out
+
+        filled, split = step(True), step(False)
+        assert all(np.array_equal(a, b) for a, b in zip(filled, split, strict=True))
+        assert runner._state_bytes(3) == idle
+        # no fill where it would not pay: two gaps, or two sequences only, or a draft's tokens
+        assert runner._gap_fills([BatchEntry(s, [1], 20, 1) for s in (0, 2, 4)]) == []
+        assert runner._gap_fills([BatchEntry(s, [1], 20, 1) for s in (0, 2)]) == []
+        assert runner._gap_fills([BatchEntry(0, [1, 2], 20, 2), *(BatchEntry(s, [1], 20, 1) for s in (1, 3))]) == []
+    finally:
+        runner.close()
