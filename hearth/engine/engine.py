@@ -255,13 +255,20 @@ class Engine:
 
     def _decode(self, work: list[Work]) -> list[int]:
         """One llama_decode, stopped midway (request_queue.py) by the arrival of a request of a
-        higher class than all of its work, or of a newcomer's (scheduler.py, "Tenants within a
-        class"), whose prompt then runs first. A batch holding a prompt chunk is long enough to
-        be worth stopping for an abort too: `abort` of any request in it interrupts it."""
+        higher class than all of its prompt chunks (of all of its work, if it holds none), or of
+        a newcomer's (scheduler.py, "Tenants within a class"), whose prompt then runs first. A
+        batch holding a prompt chunk is long enough to be worth stopping for an abort too:
+        `abort` of any request in it interrupts it.
+
+        Why the chunks' class and not the decodes': a step's length is its prompt chunks' (a
+        128-token flex chunk is many times a decode's time), and the decodes it holds lose one
+        step at most: those of the arrival's class and above run again in the very next step,
+        beside its prompt. So a `priority` request arriving while another one decodes beside a
+        `flex` prompt chunk no longer waits for that chunk."""
         entries = [w.entry for w in work]
-        chunk = any(w.seq is None for w in work)
-        top = max(w.ar.req.priority for w in work)
-        self.queue.decode_begins(frozenset(w.ar.request_id for w in work) if chunk else frozenset(), top,
+        chunks = [w.ar.req.priority for w in work if w.seq is None]
+        top = max(chunks) if chunks else max(w.ar.req.priority for w in work)
+        self.queue.decode_begins(frozenset(w.ar.request_id for w in work) if chunks else frozenset(), top,
                                  self._tenants_in_flight(top))
         try:
             return self.runner.decode(entries)
