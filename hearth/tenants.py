@@ -10,6 +10,7 @@ key runs `priority` work only when its line says so; hearth/engine/fair_share.py
 key's tenant defaults to its name, so several keys share a tenant only when they say so; a
 bare line (and `--api-key`) is a tenant of its own, named `key-` and the first 8 hex digits
 of the key's SHA-256 (stable across restarts, and it does not reveal the key).
+The key file is read again on SIGHUP and `POST /admin/keys/reload` (hearth/http/keyring.py).
 
 Every session, snapshot and stored response records its owner (a tenant name) when created.
 A caller sees an object when it owns it, or when it is the admin: the admin key, or anyone on a
@@ -163,15 +164,25 @@ def run_class(asked: str | None, default: str, ceiling: str) -> str:
 
 
 def read_key_file(path: str | Path) -> list[ApiKey]:
-    """The keys of a key file: one per line; blank lines and lines starting with # are skipped."""
-    out = []
+    """The keys of a key file: one per line; blank lines and lines starting with # are skipped.
+    ValueError naming the file and the line that is wrong (a line that cannot be parsed, a key
+    or a name given on an earlier line too), never the line itself: it holds a key."""
+    out: list[ApiKey] = []
+    seen_keys: dict[str, int] = {}
+    seen_names: dict[str, int] = {}
     for n, raw in enumerate(Path(path).read_text().splitlines(), 1):
         line = raw.strip()
         if line and not line.startswith("#"):
             try:
-                out.append(parse_key_line(line))
+                k = parse_key_line(line)
             except ValueError as e:
                 raise ValueError(f"{path}:{n}: {e}") from None  # never echo the line: it holds a key
+            if k.key in seen_keys:
+                raise ValueError(f"{path}:{n}: the same API key is on line {seen_keys[k.key]}")
+            if k.name in seen_names:
+                raise ValueError(f"{path}:{n}: the key name {k.name!r} is on line {seen_names[k.name]} too")
+            seen_keys[k.key], seen_names[k.name] = n, n
+            out.append(k)
     return out
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.ab.cancel import cancel_section
-from bench.ab.sections import AbConfig, decode, kv_types, speculative
+from bench.ab.sections import AbConfig, churn, decode, kv_types, speculative
 from bench.ab.structured import structured
 from bench.config import RESULTS_DIR, Settings, default_model
 from bench.machine import machine_info
 
-SECTIONS = ("decode", "cancel", "spec", "kv", "structured")
+SECTIONS = ("decode", "churn", "cancel", "spec", "kv", "structured")
 
 
 def _log(msg: str) -> None:
@@ -37,6 +37,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="decode: fresh sets of server processes (start order rotated), --rounds each")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--streams", type=int, default=8, help="decode: concurrent streams (also the slots)")
+    p.add_argument("--churn-clients", type=int, default=0,
+                   help="churn: clients sending back to back on --streams slots (default: --streams - 1)")
+    p.add_argument("--churn-seconds", type=float, default=20.0, help="churn: seconds per server per round")
     p.add_argument("--ctx", type=int, default=2048, help="decode: tokens per slot")
     p.add_argument("--cancel-runs", type=int, default=30)
     p.add_argument("--cancel-peer-runs", type=int, default=3, help="llama-server disconnects (each ~ a full prefill)")
@@ -67,6 +70,8 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         instances=a.instances,
         max_tokens=a.max_tokens,
         streams=a.streams,
+        churn_clients=a.churn_clients or max(1, a.streams - 1),
+        churn_seconds=a.churn_seconds,
         spec_rounds=a.spec_rounds,
         spec_max_tokens=a.spec_max_tokens,
         kv_rounds=a.kv_rounds,
@@ -83,6 +88,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
     }
     runs = {
         "decode": lambda: decode(_settings(a, a.streams, a.ctx), cfg, _log),
+        "churn": lambda: churn(_settings(a, a.streams, a.ctx), cfg, _log),
         "cancel": lambda: cancel_section(
             _settings(a, 2, max(a.ctx, a.cancel_prompt_tokens + 512)),
             a.cancel_runs,
@@ -127,6 +133,13 @@ def table(r: dict[str, Any]) -> str:
                     f"| {label}, {name} / llama-server (median of per-round ratios) | "
                     f"**{_f(sm['median'])}×** | p10 {_f(sm['p10'])}, p90 {_f(sm['p90'])}, n {sm['n']} |"
                 )
+    ch = r.get("churn")
+    if ch:
+        sm = ch["hearth-nospec/llama-server"]
+        rows.append(
+            f"| decode under churn, {ch['clients']} clients on {ch['slots']} slots, hearth-nospec / llama-server | "
+            f"**{_f(sm['median'])}×** | p10 {_f(sm['p10'])}, p90 {_f(sm['p90'])}, n {sm['n']} |"
+        )
     c = r.get("cancel")
     if c:
         for key, row in c["rows"].items():
@@ -196,6 +209,9 @@ def plot(r: dict[str, Any], path: Path) -> None:
             ("1 stream", d["single"]["hearth/llama-server decode"]["samples"]),
             (f"{d['multi']['streams']} streams", d["multi"]["hearth/llama-server"]["samples"]),
         ]
+    if "churn" in r:
+        series.append((f"churn {r['churn']['clients']}/{r['churn']['slots']}",
+                       r["churn"]["hearth-nospec/llama-server"]["samples"]))
     for w, info in (r.get("spec") or {}).get("workloads", {}).items():
         if "hearth/llama-server" in info["speedup"]:
             series.append((f"spec {w}", info["speedup"]["hearth/llama-server"]["samples"]))

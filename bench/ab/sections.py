@@ -32,6 +32,8 @@ class AbConfig:
     instances: int = 1
     max_tokens: int = 128
     streams: int = 8
+    churn_clients: int = 7
+    churn_seconds: float = 20.0
     spec_rounds: int = 3
     spec_max_tokens: int = 384
     kv_rounds: int = 3
@@ -126,6 +128,49 @@ async def _decode_rounds(variants: list[Variant], names: list[str], s: Settings,
         one = await alternate(names, cfg.rounds, single, members)
         log(f"decode: {cfg.rounds} rounds of {cfg.streams} streams")
         return one, await alternate(names, cfg.rounds, multi, members)
+
+
+# Answer lengths the churn clients cycle through (fixed, so every server gets the same requests).
+CHURN_LENGTHS = (37, 90, 23, 64, 120, 45, 15, 80, 30, 100, 55, 70)
+
+
+async def churn(s: Settings, cfg: AbConfig, log: Any) -> dict[str, Any]:
+    """Decode under churn: `cfg.churn_clients` clients (one fewer than the slots by default),
+    each sending non-streamed chats back to back whose answers end at different lengths
+    (CHURN_LENGTHS, ignore_eos), for `cfg.churn_seconds` per round; aggregate generated tok/s.
+    Requests end at different times, so which slots run changes every few steps, and an idle
+    slot between running ones is common: the shape of a busy server with real traffic, where
+    the fixed-length `decode` section has every stream start and end together. Speculation off
+    on both (it drafts little on this text; its own section measures it)."""
+    variants = [HEARTH_NOSPEC, LLAMA]
+    names = [v.name for v in variants]
+    async with started(variants, s, log) as members, _client(s) as client:
+
+        async def one_client(url: str, k: int, r: int, until: float, counts: list[int]) -> None:
+            i = k
+            while time.monotonic() < until:
+                n = CHURN_LENGTHS[i % len(CHURN_LENGTHS)]
+                body = chat_body([{"role": "user", "content": f"[c{r}-{k}-{i}] {STORY}"}], n, ignore_eos=True)
+                body["stream"] = False
+                resp = await client.post(url + "/v1/chat/completions", json=body)
+                resp.raise_for_status()
+                counts.append(int(resp.json()["usage"]["completion_tokens"]))
+                i += cfg.churn_clients
+
+        async def measure(name: str, r: int) -> dict[str, Any]:
+            counts: list[int] = []
+            t0 = time.monotonic()
+            await asyncio.gather(*(one_client(members[name].url, k, r, t0 + cfg.churn_seconds, counts)
+                                   for k in range(cfg.churn_clients)))
+            wall = time.monotonic() - t0
+            return {"aggregate_tps": sum(counts) / wall, "requests": len(counts), "wall_s": round(wall, 2)}
+
+        log(f"churn: {cfg.rounds} rounds of {cfg.churn_clients} clients x {cfg.churn_seconds:g} s")
+        rounds = await alternate(names, cfg.rounds, measure, members)
+    return {"servers": names, "clients": cfg.churn_clients, "slots": s.parallel, "seconds": cfg.churn_seconds,
+            "rounds": rounds,
+            "hearth-nospec/llama-server": summary(ratios(rounds, "hearth-nospec", "llama-server",
+                                                         _key("aggregate_tps")))}
 
 
 async def _hearth_spec_counts(client: httpx.AsyncClient, m: Member) -> tuple[float, float]:

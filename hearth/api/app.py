@@ -39,6 +39,7 @@ from hearth.config import Settings
 from hearth.http.access import AccessSettings
 from hearth.http.app import assemble
 from hearth.http.key_usage import WINDOW, KeyAccounts, KeyUsageCollector
+from hearth.http.keyring import KeyReloadCollector, LiveKeys, Ring, off_sighup, on_sighup, reload_logged
 from hearth.observability.journal import Journal
 from hearth.observability.ledger import Ledger, LedgerCollector
 from hearth.observability.metrics import Metrics
@@ -80,15 +81,28 @@ def create_app(backend: Backend, settings: Settings | None = None, tracing: Trac
                           batches=Batches(settings.data_dir, settings.batch_concurrency,
                                           key_names=frozenset(k.name for k in settings.keyring)))
     metrics.registry.register(BatchCollector(context.batches.store))
+    # The keys in force, reloaded from --api-key-file on SIGHUP or POST /admin/keys/reload: the
+    # key check, each key's accounts and the batch runner follow each reload (http/keyring.py).
+    live = LiveKeys(settings.keyring, settings.api_key_file, settings.api_keys)
+
+    def follow(ring: Ring) -> None:
+        accounts.rekey(ring.keys)
+        context.batches.key_names = ring.names  # checked before each batch line
+
+    live.on_swap(follow)
+    metrics.registry.register(KeyReloadCollector(live))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Load in the background: the port opens at once and /health says 503 until ready.
         loading = asyncio.create_task(backend.start())
+        hup = on_sighup([lambda: reload_logged(live)] if live.path is not None else [])
         context.batches.start(app)  # resumes unfinished batches; their lines retry while the model loads
         try:
             yield
         finally:
+            if hup:
+                off_sighup()
             await context.batches.shutdown()  # first: a line stopped now runs again on the next start
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
@@ -151,6 +165,7 @@ def create_app(backend: Backend, settings: Settings | None = None, tracing: Trac
         Route("/admin/prompt-cache", prompt_cache.clear, methods=["DELETE"]),
         Route("/admin/prompt-cache/entries", prompt_cache.entries, methods=["GET"]),
         Route("/admin/keys/usage", keys.usage, methods=["GET"]),
+        Route("/admin/keys/reload", keys.reload_of(live), methods=["POST"]),
         Route("/admin/usage", usage.usage, methods=["GET"]),
         Route("/admin/journal/{request_id}", usage.journal_record, methods=["GET"]),
         Route("/v1/cancel", control.cancel, methods=["POST"]),
@@ -171,6 +186,6 @@ def create_app(backend: Backend, settings: Settings | None = None, tracing: Trac
         Route("/", web.index, methods=["GET"]),
         Route("/web/{name:path}", web.static_file, methods=["GET"]),
     ]
-    app = assemble(routes, lifespan, metrics.requests, AccessSettings.of(settings), accounts)
+    app = assemble(routes, lifespan, metrics.requests, AccessSettings.of(settings, live=live), accounts)
     app.state.node = context
     return app

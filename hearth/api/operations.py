@@ -182,6 +182,8 @@ def _prompt_cache_and_accounting() -> list[Operation]:
                   query={**model_q, "limit": "At most this many blocks (1 to 100000; default 1000)"}),
         Operation("GET", "/admin/keys/usage", "Usage and limits per API key", "control", usage_wire.KeyUsageList,
                   errors=(401, 403)),
+        Operation("POST", "/admin/keys/reload", "Read the key file again and put it in force (counts of what "
+                  "changed)", "control", usage_wire.KeysReloaded, errors=(400, 401, 403)),
         Operation("GET", "/admin/usage", "The usage ledger: rows or sums (a tenant key: its own)", "control",
                   usage_wire.UsageList, errors=(400, 401, 404),
                   query={"tenant": "Only this tenant (the admin's choice)", "key": "Only this key (its name)",

@@ -45,7 +45,8 @@ def serve(
     api_key: RequireKeyOpt = None,
     api_key_file: Annotated[str | None, typer.Option(
         envvar="HEARTH_API_KEY_FILE", help="File with one client key per line, a node's format: KEY [name=NAME] "
-        "[tenant=TENANT] [cache=...] [concurrent=N] [rpm=N] [tpm=N] (docs/gateway.md, \"Tenants\").")] = None,
+        "[tenant=TENANT] [cache=...] [concurrent=N] [rpm=N] [tpm=N] (docs/gateway.md, \"Tenants\"); read again on "
+        "SIGHUP or `hearth keys reload` (POST /admin/keys/reload).")] = None,
     admin_key: Annotated[str | None, typer.Option(
         envvar="HEARTH_ADMIN_KEY", help="Key needed for drain/move and to delete sessions and snapshots.")] = None,
     join_key: Annotated[str | None, typer.Option(
@@ -136,7 +137,7 @@ def serve(
         settings = GatewaySettings(
             upstreams=load_upstreams(upstreams) if upstreams else [], upstreams_file=upstreams, join_key=join_key,
             member_ttl=member_ttl, member_grace=member_grace, host=host, port=port, default_model=default_model,
-            api_keys=keys, named_keys=named,
+            api_keys=keys, named_keys=named, api_key_file=Path(api_key_file) if api_key_file else None,
             admin_key=admin_key, metrics_token=metrics_token, metrics_public=metrics_public, insecure=insecure,
             cors_origins=parse_origins(cors_origins),
             max_waiting=max_waiting, max_wait=max_wait, probe_interval=probe_interval, probe_timeout=probe_timeout,

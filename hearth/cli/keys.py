@@ -1,5 +1,6 @@
 """`hearth keys usage`: a running server's usage and limits per API key (docs/api.md, "Usage
-and limits per key"). The route lives under /admin: send the admin key when the server has one."""
+and limits per key"); `hearth keys reload`: its key file read again (POST /admin/keys/reload).
+The routes live under /admin: send the admin key when the server has one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from hearth.cli.cache import AdminKeyOpt
 from hearth.cli.client import Client
 from hearth.cli.common import JsonOpt, UrlOpt, cli_errors, print_result
 
-app = typer.Typer(help="The server's API keys: usage and limits per key.", no_args_is_help=True)
+app = typer.Typer(help="The server's API keys: usage and limits per key; the key file reloaded.",
+                  no_args_is_help=True)
 
 
 def usage_table(rows: list[dict[str, Any]]) -> Table:
@@ -42,3 +44,19 @@ def usage(url: UrlOpt = None, api_key: AdminKeyOpt = None, as_json: JsonOpt = Fa
     with Client(url, api_key) as client:
         data = client.get("/admin/keys/usage")
     print_result(data["data"], as_json, lambda c, rows: c.print(usage_table(rows)))
+
+
+@app.command()
+@cli_errors
+def reload(url: UrlOpt = None, api_key: AdminKeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Read the server's --api-key-file again and put it in force without a restart (as SIGHUP
+    does): a removed key gets 401 on its next request, a changed one's limits apply to new
+    requests. A bad file is an error and the keys in force stay as they were.
+
+    Example: hearth keys reload --url http://gateway:8080
+    """
+    with Client(url, api_key) as client:
+        data = client.post("/admin/keys/reload", {})
+    print_result(data, as_json, lambda c, d: c.print(
+        f"keys reloaded: {d['added']} added, {d['removed']} removed, {d['changed']} changed, "
+        f"{d['unchanged']} unchanged"))

@@ -134,7 +134,8 @@ def serve(
     api_key: RequireKeyOpt = None,
     api_key_file: Annotated[str | None, typer.Option(
         envvar="HEARTH_API_KEY_FILE",
-        help="File with one API key per line: KEY [name=NAME] [tenant=TENANT] (docs/api.md).")] = None,
+        help="File with one API key per line: KEY [name=NAME] [tenant=TENANT] (docs/api.md); read again "
+             "on SIGHUP or `hearth keys reload` (POST /admin/keys/reload).")] = None,
     admin_key: Annotated[str | None, typer.Option(
         envvar="HEARTH_ADMIN_KEY", help="Key needed to delete sessions and snapshots.")] = None,
     metrics_token: Annotated[str | None, typer.Option(
@@ -213,7 +214,9 @@ def serve(
                             strict_max_tokens=strict_max_tokens or clamp_max_tokens is False,
                             sse_heartbeat=sse_heartbeat,
                             repetition_detection=repetition_detection, lenient_tool_calls=lenient_tool_calls,
-                            api_keys=keys, named_keys=named, admin_key=admin_key, metrics_token=metrics_token,
+                            api_keys=keys, named_keys=named,
+                            api_key_file=Path(api_key_file) if api_key_file else None,
+                            admin_key=admin_key, metrics_token=metrics_token,
                             metrics_public=metrics_public, insecure=insecure, session_ram_mb=session_ram_mb,
                             prompt_cache_mb=prompt_cache_mb,
                             prompt_cache_disk_mb=prompt_cache_disk_mb, cors_origins=parse_origins(cors_origins),

@@ -3,10 +3,8 @@ in each protocol's envelope) over the gateway's routes."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -43,6 +41,7 @@ from hearth.gateway.upstream.node_client import NodeClient
 from hearth.http.access import AccessSettings
 from hearth.http.app import assemble
 from hearth.http.key_usage import KeyAccounts, KeyUsageCollector
+from hearth.http.keyring import KeyReloadCollector, LiveKeys, Ring, off_sighup, on_sighup, reload_logged
 from hearth.observability.ledger import LedgerCollector
 from hearth.observability.tracing import Tracing, configured_endpoint, otlp_processor
 
@@ -91,6 +90,16 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
     metrics.watch_nodes(lambda: list(pool.nodes.values()), lambda: pool.waiting)
     prober = Prober(settings, nodes, metrics, lambda: list(pool.nodes.values()), pool.wake)
     membership = Membership(settings, pool, store, mover, prober)
+    # The client keys in force, reloaded from --api-key-file on SIGHUP or POST /admin/keys/reload
+    # (http/keyring.py): the key check, each key's accounts and the batch runner follow.
+    live = LiveKeys(settings.keyring, settings.api_key_file, settings.api_keys)
+
+    def follow(ring: Ring) -> None:
+        accounts.rekey(ring.keys)
+        batches.key_names = ring.names  # checked before each batch line (key_gone)
+
+    live.on_swap(follow)
+    metrics.registry.register(KeyReloadCollector(live))
 
     async def metrics_endpoint(request: Request) -> Response:
         await batch_metrics.refresh()
@@ -106,7 +115,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
         await pool.start()
         await leases.beat()  # the drains in force, and what a gateway that is gone left, before serving
         leases.start()
-        hup = _on_sighup(membership, translated_aliases)
+        hup = _on_sighup(membership, translated_aliases, live)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if translator is not None:
@@ -117,7 +126,7 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
             await batches.shutdown()  # before the pool stops: its lines in flight run again later
             await leases.stop()
             if hup:
-                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+                off_sighup()
             await background.shutdown()  # its runs end as failed, recorded before the store closes
             await membership.stop()
             await pool.stop()
@@ -131,8 +140,9 @@ def create_gateway_app(settings: GatewaySettings, transport: httpx.AsyncBaseTran
                 owned.shutdown()  # flushes the spans it holds
             await store.close()
 
-    route_list = _routes(metrics_endpoint, accounts)
-    app = assemble(route_list, lifespan, metrics.requests, AccessSettings.of(settings, settings.join_key), accounts)
+    route_list = _routes(metrics_endpoint, accounts, live)
+    app = assemble(route_list, lifespan, metrics.requests, AccessSettings.of(settings, settings.join_key, live),
+                   accounts)
     attach(app, Gateway(settings=settings, pool=pool, store=store, proxy=proxy, client=client, nodes=nodes, mover=mover,
                         started=int(time.time()), translator=translator, translated=translated_aliases,
                         background=background, membership=membership, batches=batches))
@@ -152,7 +162,8 @@ def _translator(settings: GatewaySettings, pool: Pool, client: httpx.AsyncClient
     return (create_app(translated, inner, traced=False) if aliases else None), aliases
 
 
-def _routes(metrics_endpoint: Callable[[Request], Awaitable[Response]], accounts: KeyAccounts) -> list[Route]:
+def _routes(metrics_endpoint: Callable[[Request], Awaitable[Response]], accounts: KeyAccounts,
+            live: LiveKeys) -> list[Route]:
     """The route table: every endpoint and the edge module that answers it."""
     route_list = [Route(p, generate.generate, methods=["POST"]) for p in GENERATION]
     route_list += [
@@ -180,6 +191,7 @@ def _routes(metrics_endpoint: Callable[[Request], Awaitable[Response]], accounts
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/admin/status", admin.status, methods=["GET"]),
         Route("/admin/keys/usage", keys.usage_of(accounts), methods=["GET"]),
+        Route("/admin/keys/reload", keys.reload_of(live), methods=["POST"]),
         Route("/admin/usage", usage.usage, methods=["GET"]),
         Route("/admin/nodes/{node}/drain", admin.drain, methods=["POST"]),
         Route("/admin/nodes/{node}/undrain", admin.undrain, methods=["POST"]),
@@ -194,21 +206,19 @@ def _routes(metrics_endpoint: Callable[[Request], Awaitable[Response]], accounts
     return route_list
 
 
-def _on_sighup(membership: Membership, translated: frozenset[str]) -> bool:
-    """SIGHUP reloads the fleet file (a bad one is logged and changes nothing). False where
-    signals cannot be handled here (not the main thread: a test's in-process server)."""
-    if membership.settings.upstreams_file is None:
-        return False
-    loop = asyncio.get_running_loop()
+def _on_sighup(membership: Membership, translated: frozenset[str], live: LiveKeys) -> bool:
+    """SIGHUP reloads the fleet file and the key file, each that the gateway was started with,
+    each on its own: a bad one is logged and changes nothing, and does not stop the other. False
+    where signals cannot be handled here (not the main thread: a test's in-process server)."""
+    actions: list[Callable[[], None]] = []
+    if membership.settings.upstreams_file is not None:
+        async def reload() -> None:
+            try:
+                await membership.reload(translated)
+            except Exception as e:
+                log.error("SIGHUP: %s", e)
 
-    async def reload() -> None:
-        try:
-            await membership.reload(translated)
-        except Exception as e:
-            log.error("SIGHUP: %s", e)
-
-    try:
-        loop.add_signal_handler(signal.SIGHUP, lambda: membership.spawn(reload()))
-    except (ValueError, RuntimeError, NotImplementedError):
-        return False
-    return True
+        actions.append(lambda: membership.spawn(reload()))
+    if live.path is not None:
+        actions.append(lambda: reload_logged(live))
+    return on_sighup(actions)

@@ -86,6 +86,7 @@ class GatewaySettings:
     default_model: str | None = None  # an alias: what unknown model names are served by
     api_keys: list[str] = field(default_factory=list)  # bare keys (--api-key): each a tenant of its own
     named_keys: list[ApiKey] = field(default_factory=list)  # --api-key-file, a node's format (hearth.tenants)
+    api_key_file: Path | None = None  # where named_keys came from: reloaded on SIGHUP (hearth/http/keyring.py)
     admin_key: str | None = None
     metrics_token: str | None = None
     metrics_public: bool = False

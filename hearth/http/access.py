@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from hearth.http.keyring import LiveKeys
 from hearth.tenants import ApiKey
 
 
@@ -33,8 +34,14 @@ class AccessSettings:
     metrics_public: bool = False  # /metrics without a token
     cors_origins: tuple[str, ...] = ()
     join_key: str | None = None  # a gateway's fleet join key (None on a node)
+    # The keys in force when they can be reloaded (hearth/http/keyring.py); None: `keyring`, fixed.
+    live: LiveKeys | None = None
 
     @classmethod
-    def of(cls, settings: HasAccess, join_key: str | None = None) -> AccessSettings:
+    def of(cls, settings: HasAccess, join_key: str | None = None, live: LiveKeys | None = None) -> AccessSettings:
         return cls(tuple(settings.keyring), settings.admin_key, settings.metrics_token, settings.metrics_public,
-                   tuple(settings.cors_origins), join_key)
+                   tuple(settings.cors_origins), join_key, live)
+
+    def keys(self) -> LiveKeys:
+        """The keys the key check reads: `live`, else a ring of `keyring` nothing reloads."""
+        return self.live if self.live is not None else LiveKeys(self.keyring)

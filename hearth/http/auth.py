@@ -21,11 +21,15 @@ the header from any other key, or not a tenant name, is refused with 403 / 400 b
 runs (a node without keys ignores them: nothing is scoped there).
 The middleware records it in the ASGI scope; handlers read it with `caller(request)`. A node
 without keys makes every request the admin's (`OPEN`): nothing is scoped.
+
+The keys are reloadable (hearth/http/keyring.py): each request reads the ring in force once and
+decides everything (which key, its caller, its class) from that one ring.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Sequence
 from dataclasses import replace
 
 from starlette.requests import Request
@@ -34,6 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from hearth.errors import BadRequest, Forbidden, HearthError, Unauthorized
 from hearth.http.access import AccessSettings
 from hearth.http.errors import ApiError, respond
+from hearth.http.keyring import Ring
 from hearth.tenants import (
     ADMIN_CALLER,
     NAME,
@@ -89,7 +94,7 @@ def matches(key: str | None, allowed: list[str]) -> bool:
     return found
 
 
-def which(key: str | None, keyring: list[ApiKey]) -> ApiKey | None:
+def which(key: str | None, keyring: Sequence[ApiKey]) -> ApiKey | None:
     """The entry of `keyring` that `key` is; every entry is compared, so the time taken says
     nothing about which matched (or whether one did)."""
     if key is None:
@@ -118,25 +123,25 @@ class AuthMiddleware:
     def __init__(self, app: ASGIApp, access: AccessSettings) -> None:
         self.app = app
         self.join_key = access.join_key
-        self.keyring = list(access.keyring)
-        self.keys = [k.key for k in self.keyring]
+        self.live = access.keys()  # its `ring` may be replaced at any time: read it once per request
         self.admin_key = access.admin_key
         self.metrics_token = access.metrics_token
         self.metrics_public = access.metrics_public
 
-    def _verdict(self, method: str, path: str, key: str | None) -> HearthError | None:
+    def _verdict(self, method: str, path: str, key: str | None, ring: Ring | None = None) -> HearthError | None:
+        keys = list((ring or self.live.ring).values)
         if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or method == "OPTIONS":
             return None
         if path == "/metrics":
             if self.metrics_public:
                 return None
-            allowed = self.keys + [k for k in (self.metrics_token, self.admin_key) if k]
+            allowed = keys + [k for k in (self.metrics_token, self.admin_key) if k]
             if allowed and not matches(key, allowed):
                 return Unauthorized("a valid metrics token or API key is required for /metrics")
             return None
         if self.join_key and join_path(method, path) and matches(key, [self.join_key]):
             return None
-        if self.keys and not matches(key, self.keys + ([self.admin_key] if self.admin_key else [])):
+        if keys and not matches(key, keys + ([self.admin_key] if self.admin_key else [])):
             return Unauthorized("missing API key: send Authorization: Bearer KEY or x-api-key: KEY" if key is None
                                 else "invalid API key")
         # every DELETE is destructive; /admin/ shows other clients' state (docs/api.md)
@@ -147,14 +152,15 @@ class AuthMiddleware:
         return None
 
     def _caller(self, key: str | None, headers: dict[bytes, bytes] | None = None,
-                given: object = None) -> Caller | HearthError:
-        if not self.keys:
+                given: object = None, ring: Ring | None = None) -> Caller | HearthError:
+        ring = ring or self.live.ring
+        if not ring.keys:
             # An app without keys inside the gateway (its translating layer, gateway/edge/delegate.py)
             # acts for the caller the gateway found; a server's scope never holds one.
             return given if isinstance(given, Caller) else OPEN
         headers = headers or {}
         claimed = headers.get(TENANT_HEADER.encode())
-        found = which(key, self.keyring)
+        found = which(key, ring.keys)
         if claimed is not None or TENANT_CLASS_HEADER.encode() in headers:
             if found is None or found.role != "gateway":  # the admin key included: it is no gateway's
                 return Forbidden(f"{TENANT_HEADER} and {TENANT_CLASS_HEADER} are accepted only from a gateway's key "
@@ -193,9 +199,10 @@ class AuthMiddleware:
             return
         headers = dict(scope["headers"])
         key = presented_key(headers)
-        verdict = self._verdict(scope["method"], scope["path"], key)
+        ring = self.live.ring  # one ring for the whole check: the old one or a reload's, never a mix
+        verdict = self._verdict(scope["method"], scope["path"], key, ring)
         if verdict is None:
-            who = self._caller(key, headers, scope.get(CALLER))
+            who = self._caller(key, headers, scope.get(CALLER), ring)
             if isinstance(who, Caller):
                 scope[CALLER] = who
                 await self.app(scope, receive, send)

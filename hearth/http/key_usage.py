@@ -20,6 +20,13 @@ key and, on a row of its own (`via`: the gateway key's name), to the tenant it s
 gateway keeps the same accounts for its own keys (`spend`: the usage it reads from the answers
 it relays).
 
+A reload of the keys (hearth/http/keyring.py) calls `rekey`: a key whose name stays keeps its
+account (requests, in flight, its rpm and tpm windows) and takes its new line's limits for the
+requests that come next, so a reload never resets a key's limits; a removed key's account is
+set aside with its windows (its requests in flight still release and spend into it) and comes
+back as it was if a later reload brings the name back, so removing and re-adding a key does not
+reset its limits either.
+
 Everything runs on the event loop (the middleware and the stream observers): no lock.
 """
 
@@ -28,7 +35,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,15 +77,33 @@ class Account:
 class KeyAccounts:
     def __init__(self, keys: list[ApiKey], clock: Callable[[], float] = time.monotonic) -> None:
         self._accounts = {k.name: Account(k) for k in keys}
+        self._retired: dict[str, Account] = {}  # keys a reload removed (rekey), by name
         self._via: dict[tuple[str, str], Account] = {}  # (gateway key name, tenant) -> its row
         self._clock = clock
 
     def __iter__(self) -> Iterator[Account]:
         return iter([*self._accounts.values(), *self._via.values()])
 
+    def rekey(self, keys: Sequence[ApiKey]) -> None:
+        """The keys after a reload: accounts kept by name with their state, limits from `keys`."""
+        now = {k.name: k for k in keys}
+        for name in [n for n in self._accounts if n not in now]:
+            self._retired[name] = self._accounts.pop(name)
+        for name, key in now.items():
+            a = self._accounts.get(name) or self._retired.pop(name, None)
+            if a is None:
+                self._accounts[name] = Account(key)
+            else:
+                a.key = key
+                self._accounts[name] = a
+
+    def _own(self, name: str) -> Account | None:
+        """The account of key `name`, a removed key's too (its requests still in flight end)."""
+        return self._accounts.get(name) or self._retired.get(name)
+
     def _on_behalf(self, name: str, tenant: str | None) -> Account | None:
         """The row of `tenant` as gateway key `name` spoke for it (made on first use)."""
-        if tenant is None or name not in self._accounts:
+        if tenant is None or self._own(name) is None:
             return None
         a = self._via.get((name, tenant))
         if a is None:
@@ -124,7 +149,7 @@ class KeyAccounts:
             b.in_flight += 1
 
     def release(self, name: str, tenant: str | None = None) -> None:
-        for a in (self._accounts.get(name), self._on_behalf(name, tenant)):
+        for a in (self._own(name), self._on_behalf(name, tenant)):
             if a is not None:
                 a.in_flight -= 1
 
@@ -132,7 +157,7 @@ class KeyAccounts:
         """A generation of key `name` (for `tenant`, a gateway key's) ended having used these tokens."""
         if name is None:
             return
-        for a in (self._accounts.get(name), self._on_behalf(name, tenant)):
+        for a in (self._own(name), self._on_behalf(name, tenant)):
             if a is not None:
                 a.prompt_tokens += prompt
                 a.completion_tokens += completion

@@ -413,8 +413,9 @@ async def test_answers_have_the_documented_shapes(h: Harness) -> None:
 
 async def test_a_batch_whose_key_was_removed_runs_no_more_lines(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The key file changed between two starts of the node: alice's key is gone, so her batch's
-    remaining lines are 401s in its error file, not run as her."""
+    """The key file changed between two starts of the node: alice's key is gone, so her batch
+    runs no more lines: it ends failed with invalid_api_key (the gateway's rule), its finished
+    line kept in the output, the others in its error file with that error, not run as her."""
     hold, waiting = gate(tmp_path, monkeypatch, "batch-line-1")
     async with serve(tmp_path, named_keys=KEYS, admin_key="adm") as t:
         first = batches_of(t)
@@ -428,9 +429,11 @@ async def test_a_batch_whose_key_was_removed_runs_no_more_lines(tmp_path: Path,
         second.start(t.app)
         await second.idle()
         done = second.store.get(b["id"], OPEN).public()
-    assert done["status"] == "completed" and done["request_counts"] == {"total": 3, "completed": 1, "failed": 2}
-    errors = (second.files.root / f"{done['error_file_id']}.jsonl").read_text().splitlines()
-    assert [json.loads(e)["response"]["status_code"] for e in errors] == [401, 401]
+    assert done["status"] == "failed" and done["request_counts"] == {"total": 3, "completed": 1, "failed": 2}
+    assert done["errors"]["data"][0]["code"] == "invalid_api_key" and done["output_file_id"]
+    errors = [json.loads(e) for e in (second.files.root / f"{done['error_file_id']}.jsonl").read_text().splitlines()]
+    assert [(e["custom_id"], e["response"], e["error"]["code"]) for e in errors] == \
+        [("b", None, "invalid_api_key"), ("c", None, "invalid_api_key")]
 
 
 async def test_lines_cut_short_by_a_stopping_node_are_not_recorded(tmp_path: Path) -> None:

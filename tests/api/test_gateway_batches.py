@@ -110,7 +110,8 @@ def held_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: int) -> 
 
 @contextlib.asynccontextmanager
 async def world(tmp_path: Path, concurrency: int = 4, database: str | None = None, keys: list[ApiKey] = GW_KEYS,
-                gw_dir: Path | None = None) -> AsyncIterator[World]:
+                gw_dir: Path | None = None, **gateway: Any) -> AsyncIterator[World]:
+    """`gateway`: more GatewaySettings (a key file to reload, an admin key)."""
     (tmp_path / "a").mkdir(parents=True)
     (tmp_path / "b").mkdir()
     async with serve(tmp_path / "a", named_keys=NODE_KEYS) as a, serve(tmp_path / "b", named_keys=NODE_KEYS) as b:
@@ -119,7 +120,7 @@ async def world(tmp_path: Path, concurrency: int = 4, database: str | None = Non
                         max_in_flight=4) for n, port in PORTS.items()]
         settings = GatewaySettings(upstreams=ups, data_dir=gw_dir or tmp_path / "gw", named_keys=keys,
                                    probe_interval=60, digest_interval=0, heartbeat=0.05, batch_concurrency=concurrency,
-                                   database=database)
+                                   database=database, **gateway)
         app = create_gateway_app(settings, transport=fleet)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)

@@ -8,6 +8,14 @@ finish, and it ends `cancelled` with the partial results in its files. Past its 
 window (`expires_at`) no new line starts and the batch ends `expired`, its unstarted lines in the
 error file as `batch_expired`. A batch whose saved input cannot be read ends `failed`.
 
+A batch whose key is gone (removed from the key file: by a reload, hearth/http/keyring.py, or
+between two starts) runs no more lines, as on the gateway (hearth/gateway/batches/runner.py):
+its name is looked up before each line starts (and before a refused line is sent again); once
+it is missing the batch ends `failed` with an `errors` entry `invalid_api_key`, each line not
+yet run is in its error file with that error, and the lines that finished keep their output.
+Lines already running finish. The admin's batches, and any on a node without keys, are never
+stopped this way.
+
 Durability: a line is done when its record is in `results.jsonl` (fsynced). On start the node
 resumes every batch not in a final status, skipping the custom_ids already recorded, so a
 restart or a `kill -9` neither loses a line nor writes one twice (a line that was in flight when
@@ -55,8 +63,8 @@ class Batches:
 
     def __init__(self, data_dir: Path, concurrency: int = 2, clock: Callable[[], float] = time.time,
                  key_names: frozenset[str] = frozenset()) -> None:
-        # The node's key names: a batch created with a key the node no longer has (removed from
-        # the key file, then restarted) runs no more lines: each is a 401 in its error file.
+        # The node's key names (replaced by a reload of the keys): a batch created with a key the
+        # node no longer has runs no more lines (`_key_gone`).
         self.key_names = key_names
         self.files = FileStore(data_dir / "batches" / "files")
         self.store = BatchStore(data_dir / "batches" / "jobs")
@@ -152,7 +160,9 @@ class Batches:
             expired = await self._send_all(b, lines)
         if self.stopping:
             return  # lines may be missing: the next start resumes the batch
-        if b.status == "cancelling":
+        if b.status == "in_progress" and (gone := self._key_gone(b)) is not None:
+            await self._stop_for_key(b, lines, gone)
+        elif b.status == "cancelling":
             await self._finish(b, "cancelled")
         elif expired:
             for line in lines:
@@ -171,22 +181,33 @@ class Batches:
         slots = self._slots
 
         async def stopped() -> bool:
-            return b.status == "cancelling" or self.stopping
+            return b.status == "cancelling" or self.stopping or self._key_gone(b) is not None
 
         expired = await run_lines([ln for ln in lines if ln.custom_id not in b.done], slots, stopped,
                                   lambda: self._expired(b), lambda line: self._one(b, line), "batch-line",
                                   f"batch {b.id}")
         return expired or (self._expired(b) and any(ln.custom_id not in b.done for ln in lines))
 
+    def _key_gone(self, b: Batch) -> dict[str, Any] | None:
+        """The error of a batch whose creating key the node no longer has (None while it has it,
+        when it has no keys at all, or for the admin): the gateway's rule (key_gone there)."""
+        who = b.caller
+        if not self.key_names or who.admin or who.key_name is None or who.key_name in self.key_names:
+            return None
+        return {"code": "invalid_api_key",
+                "message": f"the API key {who.key_name!r} that created this batch is no longer configured: the batch "
+                           "was stopped, and its lines not yet run were not run"}
+
+    async def _stop_for_key(self, b: Batch, lines: list[Line], gone: dict[str, Any]) -> None:
+        """Every line not yet run goes to the error file with `gone`; the batch ends `failed`."""
+        for line in lines:
+            if line.custom_id not in b.done:
+                await self._record(b, line.custom_id, False, line_out(line, None, gone))
+        b.obj["errors"] = {"object": "list", "data": [{**gone, "param": None, "line": None}]}
+        await self._finish(b, "failed")
+
     async def _one(self, b: Batch, line: Line) -> None:
         if self.app is None:
-            return
-        who = b.caller
-        if self.key_names and not who.admin and who.key_name is not None and who.key_name not in self.key_names:
-            await self._record(b, line.custom_id, False, line_out(line, {
-                "status_code": 401, "request_id": None, "body": {"error": {
-                    "message": f"the API key {who.key_name!r} that created this batch is no longer configured",
-                    "type": "authentication_error", "param": None, "code": "invalid_api_key"}}}, None))
             return
         body = {**line.body, "service_tier": SERVICE_TIER}
         delay = RETRY_FIRST
@@ -202,8 +223,8 @@ class Batches:
                 return  # the node's shutdown may have cut this answer short: it runs again
             if answer.status not in (429, 503):
                 break
-            if b.status == "cancelling" or self._expired(b):
-                return  # not answered: a cancelled batch leaves it out, an expired one marks it
+            if b.status == "cancelling" or self._expired(b) or self._key_gone(b) is not None:
+                return  # not answered: a cancelled batch leaves it out, an expired or stopped one marks it
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
         ok = 200 <= answer.status < 300

@@ -32,6 +32,16 @@ class KeyUsageList(HearthModel):
     data: list[KeyUsage]
 
 
+class KeysReloaded(HearthModel):
+    """POST /admin/keys/reload: what the key file's reload changed, by key name, in counts."""
+
+    object: Literal["keys.reload"]
+    added: int
+    removed: int
+    changed: int
+    unchanged: int
+
+
 class UsageRow(HearthModel):
     """One request in the usage ledger (hearth.observability.ledger.UsageRecord)."""
 

@@ -14,7 +14,6 @@ Used only from the engine thread (a llama.cpp context is not thread-safe); `toke
 from __future__ import annotations
 
 import ctypes
-import itertools
 import logging
 import threading
 from collections.abc import Sequence
@@ -236,28 +235,33 @@ class LlamaCppRunner:
         return [first_row[i] for i, e in enumerate(entries) if e.n_logits]
 
     def _gap_fills(self, entries: list[BatchEntry]) -> list[tuple[int, int]]:
-        """Idle sequences to give one throwaway token this call, so the call is one graph pass.
+        """Idle sequences to give one throwaway token this call, so it takes fewer graph passes.
 
         With one KV stream per sequence, llama.cpp puts only a run of consecutive sequence ids
         in one ubatch (split_equal): decode tokens of sequences 0, 1, 2 and 4 take two graph
         passes (0-2, then 4), ~30 % more than one pass over five rows (SmolLM2, 2 threads:
-        28.4 against 25.7 ms; four rows 21.3 ms). A gap opens whenever a sequence between
-        running ones is idle (its request ended; fewer requests run than there are slots). One
-        idle sequence inside the run gets a token at its next position (no
-        logits), removed again right after the call, so its KV and every other sequence's
-        output are as without it. Only where it pays on the measured curve (a two-token pass
-        costs two one-token passes): every entry one token, exactly one gap of one sequence,
-        and at least three sequences running; not with a shared KV buffer (one pass anyway) or a
-        sliding-window model (a new position there can drop the window's oldest cells)."""
-        if self.kv_unified or self._swa or len(entries) < 3 or any(len(e.tokens) != 1 for e in entries):
+        28.4 against 25.7 ms; four rows 21.3 ms), and a prompt chunk beside them a third. A
+        gap opens whenever a sequence between running ones is idle (its request ended; fewer
+        requests run than there are slots). Each idle sequence inside the run gets a token at
+        its next position (no logits), removed again right after the call, so its KV and every
+        other sequence's output are as without it (test_runner.py). Only where it pays on the
+        measured curve: a pass costs about two rows (a two-row pass costs two one-row passes),
+        so the `d` idle sequences are filled when at least 2d + 1 sequences run; not with a
+        shared KV buffer (one pass anyway) or a sliding-window model (a new position there can
+        drop the window's oldest cells)."""
+        if self.kv_unified or self._swa or len(entries) < 3:
             return []
-        ids = sorted(e.seq_id for e in entries)
-        gaps = [(a, b) for a, b in itertools.pairwise(ids) if b != a + 1]
-        if len(gaps) != 1 or gaps[0][1] != gaps[0][0] + 2:
+        running = {e.seq_id for e in entries}
+        idle = [sid for sid in range(min(running), max(running)) if sid not in running]
+        if not idle or len(running) < 2 * len(idle) + 1:
             return []
-        sid = gaps[0][0] + 1
-        pos = int(L.llama_memory_seq_pos_max(self.mem, sid)) + 1
-        return [(sid, pos)] if pos < self.seq_ctx else []
+        fills = []
+        for sid in idle:
+            pos = int(L.llama_memory_seq_pos_max(self.mem, sid)) + 1
+            if pos >= self.seq_ctx:
+                return []
+            fills.append((sid, pos))
+        return fills
 
     def interrupt(self) -> None:
         self._abort.set()

@@ -22,9 +22,10 @@ gateway before a restart) is adopted at start and every `adopt_interval` seconds
 where the records say. A cancel on any gateway writes `cancelling` to the store; the running
 gateway reads the status before each line.
 
-A batch whose key is gone (removed from the key file the gateway that runs it started with:
-`--api-key-file`, `--api-key`) runs no more lines: when a gateway takes it up (its own at start,
-or one adopted) and before each line, the key's name is looked up; once it is missing the batch
+A batch whose key is gone (removed from the key file of the gateway that runs it: by a reload,
+hearth/http/keyring.py, which replaces `key_names`, or between two starts) runs no more lines:
+when a gateway takes it up (its own at start, or one adopted), before each line and before a
+refused line is sent again, the key's name is looked up; once it is missing the batch
 ends `failed` with an `errors` entry `invalid_api_key`, each line not yet run is in its error
 file with that error, and the lines that finished keep their output. Its status is in the store,
 so every gateway on the database answers it failed. The admin's batches, and any on a gateway
@@ -283,8 +284,9 @@ class GatewayBatches:
                 return  # the gateway's shutdown may have cut this answer short: it runs again
             if answer.status not in RETRY_STATUSES:
                 break
-            if self._expired(obj) or await self._status(str(obj["id"])) != "in_progress":
-                return  # not answered: a cancelled batch leaves it out, an expired one marks it
+            if self._expired(obj) or key_gone(who, self.key_names) is not None \
+                    or await self._status(str(obj["id"])) != "in_progress":
+                return  # not answered: a cancelled batch leaves it out, an expired or stopped one marks it
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
         ok = 200 <= answer.status < 300

@@ -54,9 +54,12 @@ def test_a_gap_between_running_sequences_is_filled_and_changes_nothing() -> None
         filled, split = step(True), step(False)
         assert all(np.array_equal(a, b) for a, b in zip(filled, split, strict=True))
         assert runner._state_bytes(3) == idle
-        # no fill where it would not pay: two gaps, or two sequences only, or a draft's tokens
+        # a prompt chunk beside them: filled too (it would take a third pass after the gap)
+        assert runner._gap_fills([*(BatchEntry(s, [1], 20, 1) for s in (0, 1, 3)), BatchEntry(4, [1, 2, 3], 24, 1)]) \
+            == [(2, 22)]
+        # not where it would not pay: d idle sequences need 2d + 1 running
         assert runner._gap_fills([BatchEntry(s, [1], 20, 1) for s in (0, 2, 4)]) == []
         assert runner._gap_fills([BatchEntry(s, [1], 20, 1) for s in (0, 2)]) == []
-        assert runner._gap_fills([BatchEntry(0, [1, 2], 20, 2), *(BatchEntry(s, [1], 20, 1) for s in (1, 3))]) == []
+        assert runner._gap_fills([BatchEntry(s, [1], 20, 1) for s in (0, 3, 4)]) == []
     finally:
         runner.close()
