@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.fairness                         # 16 A streams, 12 B requests per phase
     .venv/bin/python -m bench.fairness --b-requests 4 --quick  # smoke
     .venv/bin/python -m bench.fairness --b-requests 8 --no-preemption  # the noisy neighbour only
+    .venv/bin/python -m bench.fairness --b-requests 8 --only-prefill   # priority beside flex prefills only
 
 One node, started once with a key file of four tenants (`a`, `b`, `batch` whose key defaults
 to `flex`, `ops` whose key may ask for `priority`), on --parallel slots. Phases, in one run:
@@ -19,11 +20,15 @@ to `flex`, `ops` whose key may ask for `priority`), on --parallel slots. Phases,
   - `idle`: nothing else runs;
   - `busy`: --parallel + 2 `flex` streams (tenant batch, long answers) keep every slot busy and
     more waiting, so each priority request pauses one (KV to RAM) to start.
-  Target: busy p99 <= 1.5 x idle p99. Also reported: the node's preemption count, and whether
-  each paused stream's text equals the same request run alone (temperature 0; a real model's
-  kernels are not batch-invariant, so this compares with an unpaused run in the same batch
-  shape only approximately: it is reported, not a target; the exact check is
-  tests/unit/engine/test_preempt.py on the fake runner).
+  - `busy_prefill`: --parallel + 2 `flex` streams with long prompts (about --flex-prompt tokens
+    each, distinct from their first words, recomputed every time: `cache_prompt` false) and
+    short answers (--flex-prefill-tokens), so every slot is nearly always in a long prefill when
+    a priority request arrives: it pauses one half way through its prompt (0 skips this).
+  Target: busy p99 <= 1.5 x idle p99 (both busy phases). Also reported: the node's preemption
+  count, and whether each paused stream's text equals the same request run alone (temperature
+  0; a real model's kernels are not batch-invariant, so this compares with an unpaused run in
+  the same batch shape only approximately: it is reported, not a target; the exact checks are
+  tests/unit/engine/test_preempt*.py on the fake runner and tests/e2e/test_preempt_prefill.py).
 
 All requests: temperature 0, ignore_eos, distinct prompts. Results: bench/results/fairness-<stamp>.json,
 latest-fairness.json and a plot (fairness-<stamp>.png, if matplotlib is installed). Run it under
@@ -55,6 +60,7 @@ from bench.machine import machine_info
 from bench.servers import free_port
 
 CHAT = "/v1/chat/completions"
+FILLER = "the keeper climbed the stairs of the old lighthouse at dusk"  # about 12 tokens
 KEYS = {"a": "sk-bench-a", "b": "sk-bench-b", "batch": "sk-bench-batch", "ops": "sk-bench-ops"}
 KEY_FILE = f"""{KEYS["a"]} name=a
 {KEYS["b"]} name=b
@@ -103,16 +109,25 @@ async def stream(client: httpx.AsyncClient, url: str, key: str, prompt: str, max
     return ttft, "".join(text)
 
 
+def long_prompt(head: str, tokens: int) -> str:
+    """About `tokens` tokens, starting with `head` (distinct heads share no cached prefix)."""
+    return f"{head}: {' '.join([FILLER] * max(1, tokens // 12))}\nSummarise the text above."
+
+
 @contextlib.asynccontextmanager
 async def background(client: httpx.AsyncClient, url: str, key: str, n: int, max_tokens: int, tag: str,
-                     record: list[tuple[str, str]] | None = None, **extra: Any) -> AsyncIterator[None]:
-    """`n` streams kept open (each starts again when it ends) until the block exits."""
+                     record: list[tuple[str, str]] | None = None, prompt_tokens: int = 0,
+                     **extra: Any) -> AsyncIterator[None]:
+    """`n` streams kept open (each starts again when it ends) until the block exits; with
+    `prompt_tokens`, each prompt is about that long."""
     stop = asyncio.Event()
 
     async def one(i: int) -> None:
         k = 0
         while not stop.is_set():
             prompt = f"{tag} stream {i} round {k}: write about the sea, the wind and the rocks."
+            if prompt_tokens:
+                prompt = long_prompt(f"{tag} stream {i} round {k}", prompt_tokens)
             with contextlib.suppress(httpx.HTTPError, RuntimeError):
                 _, text = await stream(client, url, key, prompt, max_tokens, **extra)
                 if record is not None and not stop.is_set():
@@ -166,61 +181,79 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             async with httpx.AsyncClient(timeout=600) as c:
                 await stream(c, url, KEYS["b"], "warm up", 4)
-                b = {"count": args.b_requests, "gap": args.gap, "max_tokens": args.b_tokens}
-                log("noisy neighbour: B alone")
-                alone = await probe(c, url, KEYS["b"], tag="alone", **b)
-                log(f"noisy neighbour: A x{args.a_streams} and B, one tenant (FCFS)")
-                async with background(c, url, KEYS["a"], args.a_streams, args.a_tokens, "fcfs"):
-                    fcfs = await probe(c, url, KEYS["a"], tag="fcfs", **b)
-                log(f"noisy neighbour: A x{args.a_streams} and B, two tenants (fair share)")
-                async with background(c, url, KEYS["a"], args.a_streams, args.a_tokens, "fair"):
-                    fair = await probe(c, url, KEYS["b"], tag="fair", **b)
-                out["noisy_neighbour"] = {"alone": summary(alone), "fcfs": summary(fcfs), "fair": summary(fair)}
-                if args.b_at_once > 1:  # B sends several at once: its share of the slots, not one
-                    log(f"noisy neighbour: B alone, {args.b_at_once} at once")
-                    out["noisy_neighbour"]["alone_at_once"] = summary(
-                        await probe(c, url, KEYS["b"], tag="alone-n", at_once=args.b_at_once, **b))
-                    log(f"noisy neighbour: A x{args.a_streams} and B, {args.b_at_once} at once (fair share)")
-                    async with background(c, url, KEYS["a"], args.a_streams, args.a_tokens, "fair-n"):
-                        out["noisy_neighbour"]["fair_at_once"] = summary(
-                            await probe(c, url, KEYS["b"], tag="fair-n", at_once=args.b_at_once, **b))
-                if args.no_preemption:
-                    return finish(out)
-                p = {"count": args.b_requests, "gap": args.gap, "max_tokens": args.b_tokens,
-                     "service_tier": "priority"}
-                log("preemption: priority on an idle node")
-                idle = await probe(c, url, KEYS["ops"], tag="idle", **p)
-                before = await metric(c, url, "hearth_preemptions_total")
-                flex_done: list[tuple[str, str]] = []
-                log(f"preemption: priority while {args.parallel + 2} flex streams fill every slot")
-                async with background(c, url, KEYS["batch"], args.parallel + 2, args.flex_tokens, "flex",
-                                      record=flex_done):
-                    busy = await probe(c, url, KEYS["ops"], tag="busy", **p)
-                preempted = await metric(c, url, "hearth_preemptions_total") - before
-                same = 0
-                checked = flex_done[: args.check]
-                for prompt, text in checked:  # the same request alone, one at a time
-                    _, ref = await stream(c, url, KEYS["batch"], prompt, args.flex_tokens)
-                    same += ref == text
-                out["preemption"] = {"idle": summary(idle), "busy": summary(busy), "preemptions": preempted,
-                                     "flex_checked": len(checked), "flex_identical": same}
+                if not args.only_prefill:
+                    out["noisy_neighbour"] = await noisy_neighbour(c, url, args)
+                if not args.no_preemption:
+                    out["preemption"] = await preemption(c, url, args)
         finally:
             node.stop()
     return finish(out)
 
 
+async def noisy_neighbour(c: httpx.AsyncClient, url: str, args: argparse.Namespace) -> dict[str, Any]:
+    b = {"count": args.b_requests, "gap": args.gap, "max_tokens": args.b_tokens}
+    log("noisy neighbour: B alone")
+    alone = await probe(c, url, KEYS["b"], tag="alone", **b)
+    log(f"noisy neighbour: A x{args.a_streams} and B, one tenant (FCFS)")
+    async with background(c, url, KEYS["a"], args.a_streams, args.a_tokens, "fcfs"):
+        fcfs = await probe(c, url, KEYS["a"], tag="fcfs", **b)
+    log(f"noisy neighbour: A x{args.a_streams} and B, two tenants (fair share)")
+    async with background(c, url, KEYS["a"], args.a_streams, args.a_tokens, "fair"):
+        fair = await probe(c, url, KEYS["b"], tag="fair", **b)
+    out = {"alone": summary(alone), "fcfs": summary(fcfs), "fair": summary(fair)}
+    if args.b_at_once > 1:  # B sends several at once: its share of the slots, not one
+        log(f"noisy neighbour: B alone, {args.b_at_once} at once")
+        out["alone_at_once"] = summary(await probe(c, url, KEYS["b"], tag="alone-n", at_once=args.b_at_once, **b))
+        log(f"noisy neighbour: A x{args.a_streams} and B, {args.b_at_once} at once (fair share)")
+        async with background(c, url, KEYS["a"], args.a_streams, args.a_tokens, "fair-n"):
+            out["fair_at_once"] = summary(
+                await probe(c, url, KEYS["b"], tag="fair-n", at_once=args.b_at_once, **b))
+    return out
+
+
+async def preemption(c: httpx.AsyncClient, url: str, args: argparse.Namespace) -> dict[str, Any]:
+    p = {"count": args.b_requests, "gap": args.gap, "max_tokens": args.b_tokens, "service_tier": "priority"}
+    log("preemption: priority on an idle node")
+    out: dict[str, Any] = {"idle": summary(await probe(c, url, KEYS["ops"], tag="idle", **p))}
+    n_flex = args.parallel + 2
+    phases: list[tuple[str, int, dict[str, Any]]] = []
+    if not args.only_prefill:
+        phases.append(("busy", args.flex_tokens, {}))
+    if args.flex_prompt:
+        phases.append(("busy_prefill", args.flex_prefill_tokens,
+                       {"prompt_tokens": args.flex_prompt, "cache_prompt": False}))
+    for name, tokens, extra in phases:
+        before = await metric(c, url, "hearth_preemptions_total")
+        flex_done: list[tuple[str, str]] = []
+        log(f"preemption: priority while {n_flex} flex streams fill every slot ({name})")
+        async with background(c, url, KEYS["batch"], n_flex, tokens, name, record=flex_done, **extra):
+            busy = await probe(c, url, KEYS["ops"], tag=name, **p)
+        preempted = await metric(c, url, "hearth_preemptions_total") - before
+        same = 0
+        checked = flex_done[: args.check]
+        for prompt, text in checked:  # the same request alone, one at a time
+            _, ref = await stream(c, url, KEYS["batch"], prompt, tokens, cache_prompt=False)
+            same += ref == text
+        out[name] = summary(busy)
+        out[f"{name}_preemptions"] = preempted
+        out[f"{name}_flex_checked"], out[f"{name}_flex_identical"] = len(checked), same
+    return out
+
+
 def finish(out: dict[str, Any]) -> dict[str, Any]:
     """The targets' ratios added to the phases measured."""
-    nn, pr = out["noisy_neighbour"], out.get("preemption")
+    nn, pr = out.get("noisy_neighbour", {}), out.get("preemption", {})
 
-    def ratio(x: dict[str, Any], y: dict[str, Any]) -> float | None:
-        return round(x["p99"] / y["p99"], 3) if x["p99"] and y["p99"] else None
+    def ratio(group: dict[str, Any], x: str, y: str) -> float | None:
+        if x not in group or y not in group:
+            return None
+        return round(group[x]["p99"] / group[y]["p99"], 3) if group[x]["p99"] and group[y]["p99"] else None
 
-    out["targets"] = {"fair_p99_over_alone": ratio(nn["fair"], nn["alone"]),
-                      "fair_at_once_p99_over_alone": ratio(nn["fair_at_once"], nn["alone_at_once"])
-                      if "fair_at_once" in nn else None,
-                      "fcfs_p99_over_alone": ratio(nn["fcfs"], nn["alone"]),
-                      "priority_busy_p99_over_idle": ratio(pr["busy"], pr["idle"]) if pr else None, "target": 1.5}
+    out["targets"] = {"fair_p99_over_alone": ratio(nn, "fair", "alone"),
+                      "fair_at_once_p99_over_alone": ratio(nn, "fair_at_once", "alone_at_once"),
+                      "fcfs_p99_over_alone": ratio(nn, "fcfs", "alone"),
+                      "priority_busy_p99_over_idle": ratio(pr, "busy", "idle"),
+                      "priority_busy_prefill_p99_over_idle": ratio(pr, "busy_prefill", "idle"), "target": 1.5}
     return out
 
 
@@ -232,9 +265,10 @@ def plot(result: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    groups = [("Noisy neighbour: B's TTFT", "noisy_neighbour", ("alone", "fcfs", "fair")),
-              ("Preemption: priority TTFT", "preemption", ("idle", "busy"))]
-    groups = [g for g in groups if g[1] in result]
+    every: list[tuple[str, str, tuple[str, ...]]] = [
+        ("Noisy neighbour: B's TTFT", "noisy_neighbour", ("alone", "fcfs", "fair")),
+        ("Preemption: priority TTFT", "preemption", ("idle", "busy", "busy_prefill"))]
+    groups = [(title, g, tuple(p for p in phases if p in result[g])) for title, g, phases in every if g in result]
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
     for ax, (title, group, phases) in zip(axes[0], groups, strict=True):
         data = [result[group][p]["all"] for p in phases]
@@ -264,10 +298,19 @@ def main() -> None:
                     help="also a phase where B sends this many requests together (alone, then beside A)")
     ap.add_argument("--gap", type=float, default=2.0, help="seconds between B's (and the priority) requests")
     ap.add_argument("--flex-tokens", type=int, default=96)
+    ap.add_argument("--flex-prompt", type=int, default=600,
+                    help="prompt tokens (about) of each flex stream in the busy_prefill phase (0: no such phase)")
+    ap.add_argument("--flex-prefill-tokens", type=int, default=8, help="tokens per flex answer in busy_prefill")
     ap.add_argument("--check", type=int, default=4, help="paused flex answers compared with a run alone")
     ap.add_argument("--quick", action="store_true", help="smoke: fewer, shorter requests")
     ap.add_argument("--no-preemption", action="store_true", help="the noisy neighbour phases only")
+    ap.add_argument("--only-prefill", action="store_true",
+                    help="the priority phases idle and busy_prefill only (no noisy neighbour, no busy)")
     args = ap.parse_args()
+    if args.no_preemption and args.only_prefill:
+        ap.error("--no-preemption and --only-prefill leave nothing to run")
+    if args.flex_prompt and args.flex_prompt + args.flex_prefill_tokens + 64 > args.ctx:
+        ap.error("--flex-prompt and --flex-prefill-tokens must fit --ctx (with 64 tokens of chat template)")
     if args.quick:
         args.a_streams, args.b_requests, args.gap, args.a_tokens, args.flex_tokens, args.check = 8, 4, 1.0, 16, 48, 2
     load_before = uptime()

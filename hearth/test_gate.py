@@ -9,7 +9,10 @@ decide when it goes on: no race with how long the real work takes.
 
 The points: a model's id (its load, `backends/local/model.py`); `snapshot-write` (a snapshot's
 files written to its temporary folder, before its manifest and rename, `sessions/snapshots.py`);
-`ollama-line-<i>` (before line i of an Ollama NDJSON stream, `api/ollama/replies.py`).
+`ollama-line-<i>` (before line i of an Ollama NDJSON stream, `api/ollama/replies.py`);
+`prefill-chunk-<k>` (the engine thread, after a step that ran some request's k-th prompt chunk
+with more of its prompt to go, `engine/engine.py`: what arrives meanwhile meets that prompt
+half done at the next step boundary).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -40,6 +41,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
 
+from hearth import test_gate
 from hearth.engine.kv import Slot, SlotTable
 from hearth.engine.output import StepOutputs, emit
 from hearth.engine.preempt import Preemptor
@@ -84,6 +86,9 @@ class Engine:
         self.preempt = Preemptor(runner, self.slots, self.scheduler, self.residency, lambda: self.clock())
         self.queue = RequestQueue(runner.interrupt, runner.clear_interrupt)
         self._busy = lambda: self.scheduler.has_work() or bool(self.preempt.paused)  # work beyond the queue's
+        # tests only (hearth/test_gate.py): `prefill-chunk-<k>` holds the engine thread after a
+        # step that ran some request's k-th prompt chunk, its prompt not yet done; read once here
+        self._gated = bool(os.environ.get(test_gate.ENV))
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # ---- public, thread-safe API ------------------------------------------------------
@@ -250,13 +255,20 @@ class Engine:
 
     def _decode(self, work: list[Work]) -> list[int]:
         """One llama_decode, stopped midway (request_queue.py) by the arrival of a request of a
-        higher class than all of its work, or of a newcomer's (scheduler.py, "Tenants within a
-        class"), whose prompt then runs first. A batch holding a prompt chunk is long enough to
-        be worth stopping for an abort too: `abort` of any request in it interrupts it."""
+        higher class than all of its prompt chunks (of all of its work, if it holds none), or of
+        a newcomer's (scheduler.py, "Tenants within a class"), whose prompt then runs first. A
+        batch holding a prompt chunk is long enough to be worth stopping for an abort too:
+        `abort` of any request in it interrupts it.
+
+        Why the chunks' class and not the decodes': a step's length is its prompt chunks' (a
+        128-token flex chunk is many times a decode's time), and the decodes it holds lose one
+        step at most: those of the arrival's class and above run again in the very next step,
+        beside its prompt. So a `priority` request arriving while another one decodes beside a
+        `flex` prompt chunk no longer waits for that chunk."""
         entries = [w.entry for w in work]
-        chunk = any(w.seq is None for w in work)
-        top = max(w.ar.req.priority for w in work)
-        self.queue.decode_begins(frozenset(w.ar.request_id for w in work) if chunk else frozenset(), top,
+        chunks = [w.ar.req.priority for w in work if w.seq is None]
+        top = max(chunks) if chunks else max(w.ar.req.priority for w in work)
+        self.queue.decode_begins(frozenset(w.ar.request_id for w in work) if chunks else frozenset(), top,
                                  self._tenants_in_flight(top))
         try:
             return self.runner.decode(entries)
@@ -317,6 +329,10 @@ class Engine:
                     self._start_decoding(w.ar, next(idx), out)
             else:
                 self._accept(w.ar, w.seq, w.entry, next(idx), out)
+        if self._gated:  # tests only: the step is whole, the prompt goes on at the next boundary
+            for w in work:
+                if w.seq is None and w.ar.phase is Phase.PREFILL:
+                    test_gate.wait_at_gate(f"prefill-chunk-{w.ar.prefill_chunks}")
 
     def _start_decoding(self, ar: ActiveRequest, logits_index: int, out: StepOutputs) -> None:
         self.residency.fork(ar.seqs[0].slot, [s.slot for s in ar.seqs[1:]])  # n > 1: they share the prompt's KV

@@ -1,33 +1,62 @@
 """Preemption: a running request of a lower class pauses for a waiting one of a higher class,
-and resumes later with zero re-prefill.
+and resumes later with zero re-prefill. It may be generating or still in its (chunked) prefill.
 
 Engine thread only, at the step boundary (`Engine._step` calls `make_room` before admission
 and `resume` after it), so a paused request's KV is exactly its slot's `tokens` (the module
-invariant of residency.py), its candidate has its pending token sampled and emitted but not
-yet decoded, and nothing of a half-done step is in flight.
+invariant of residency.py) and nothing of a half-done step is in flight (a step interrupted
+by the arrival was rolled back whole: its prompt chunk is not in `tokens`, nor in
+`prefill_pos`). A decoding candidate has its pending token sampled and emitted but not yet
+decoded; a prefilling one has the first `prefill_pos` prompt tokens in its KV (`tokens` is
+exactly `prompt[:prefill_pos]`) and the rest of its prompt still to go.
 
 Pause: the slot's KV is copied to host RAM with `Runner.state_get`, as an idle session's is
 when it leaves its slot (residency.py `_swap_out`), the slot is released (what it holds stays
 as a prefix for others, as any freed slot's does) and the request waits in `paused` with its
-sequence, sampler and pending token untouched; its stream stays open (the HTTP layer's
-heartbeats keep it alive), no token is emitted while it waits. Resume: a free slot gets the
-KV back with `Runner.state_set`, and decoding goes on from the pending token: the same
-sampler state, the same KV, so the output is the one an unpaused run gives (at temperature 0,
-and with a seed: the sampler's RNG is the sequence's own and was never touched). Its time cap
-(`max_time`, counted from its first token) does not run while it is paused: the deadline moves
-on by the time it spent paused, so a request paused for a long `priority` run is not ended on
-resume by a cap it never had the time to use.
+sequence, sampler, pending token, `prefill_pos`, `prefill_chunks`, `cached_tokens` and
+`cache_tier` untouched, and the phase it left (`Paused.phase`); its stream stays open (the HTTP
+layer's heartbeats keep it alive), no token is emitted while it waits. An empty KV (a prompt
+paused before any of it was decoded or reused) is not copied at all. Resume: a free slot gets
+the KV back with `Runner.state_set`, and the request goes on in the phase it left: decoding
+from the pending token, or prefilling from `prefill_pos` (the next chunk starts exactly where
+the saved KV ends: no prompt token is decoded twice). The same sampler state and the same KV,
+so the output is the one an unpaused run gives (at temperature 0, and with a seed: the
+sampler's RNG is the sequence's own and was never touched; a prefilling one has not sampled
+yet). Its time cap (`max_time`, counted from its first token) does not run while it is paused:
+the deadline moves on by the time it spent paused, so a request paused for a long `priority`
+run is not ended on resume by a cap it never had the time to use (a prefilling one has no
+deadline yet).
 
-Who may be paused (`victim`): a stateless request (no session: a session's slot is its
-warm KV, which the session manager tracks), with one candidate, decoding (not prefilling:
-its prompt chunks would have to be re-scheduled), of a class strictly below the waiting
-one; the lowest class first, then the one admitted last. Or, for a request of a tenant
-running `mine` (paused ones counted), one of its own class from the tenant that runs the most,
-if that tenant runs at least mine + 2 (fair shares of the slots, `fair_share.slot_share_room`:
-a tenant's requests do not wait behind another tenant's many for a slot to free). Who resumes: the highest class
-first, then the one paused first, into slots no admitted request waits for (admission
-(backends/local/admission.py) overcommits the slots only for a higher class and counts the
-paused requests as running, so resumes never crowd out what it admitted).
+A request paused with nothing of its own prefilled (its KV only the prefix its placement
+reused, `prefill_pos == cached_tokens`) is paused the same way, not sent back to `waiting`:
+going back would place it again (a second `Residency.place`: another reuse, maybe from another
+tier, so its reported `cached_tokens`/`cache_tier` and the engine's `cached_tokens` count would
+change or count twice, a second "placed" output, new sequences and samplers) and would put it
+among the admitted requests, ahead of requests paused before it. Saved, it resumes exactly as
+placed, in the resume order of every paused request; its KV copy is only the reused prefix.
+
+Who may be paused (`victim`): a stateless request (no session: a session's slot is its warm
+KV, which the session manager tracks), with one candidate (`n` > 1 shares the prompt's KV
+between slots), decoding or prefilling, of a class strictly below the waiting one; the lowest
+class first, then one still in its prefill before one generating, then the one admitted last.
+Or, for a request of a tenant running `mine` (paused ones counted), one of its own class from
+the tenant that runs the most, if that tenant runs at least mine + 2 (fair shares of the slots,
+`fair_share.slot_share_room`: a tenant's requests do not wait behind another tenant's many for
+a slot to free); of that tenant's, again one prefilling first, then the one admitted last.
+
+Why a prefilling victim first: it has produced no token, so pausing it delays its first token
+and stalls no stream a client is reading; and a prefill is the heaviest work a slot can hold
+(up to a chunk of the token budget each step, against one token for a decode), so pausing it
+frees the most of every following step for the request that pauses it: a decoding victim paused
+instead would leave the prompt chunks running beside that request's own decode steps, each of
+them several times a decode-only step's time. Its KV may be larger (a long prompt far along) or
+smaller than a decoding one's; the copy to RAM is a memory copy either way, short beside a step.
+
+Who resumes: the highest class first, then the one paused first, into slots no admitted
+request waits for (admission (backends/local/admission.py) overcommits the slots only for a
+higher class and counts the paused requests as running, so resumes never crowd out what it
+admitted). A resumed request joins the end of `running` (admitted last, for `victim`); a
+resumed prefill is prefilling as any other (scheduler.py: its class or its tenant may lead a
+step again, as before its pause).
 """
 
 from __future__ import annotations
@@ -56,6 +85,7 @@ class Paused:
     ns: str  # the slot's prompt-cache namespace
     order: int
     at: float  # when it was paused (the engine's clock): its deadline moves on by the pause
+    phase: Phase  # what it resumes to: DECODE (a pending token to decode) or PREFILL (from prefill_pos)
 
 
 def detached(seq_id: int) -> Slot:
@@ -106,15 +136,18 @@ class Preemptor:
 
     def victim(self, head: ActiveRequest) -> ActiveRequest | None:
         """The running request to pause for `head`; None if none may be. A lower class first
-        (the lowest, then the one admitted last: the least far along); else one of its class of
-        the tenant running the most, if that one runs at least two more than `head`'s tenant
-        (fair shares of the slots; the admission queue lets `head` in by the same rule)."""
+        (the lowest, then one prefilling before one decoding, then the one admitted last: the
+        least far along); else one of its class of the tenant running the most, if that one
+        runs at least two more than `head`'s tenant (fair shares of the slots; the admission
+        queue lets `head` in by the same rule), again one prefilling first. See the module
+        docstring for why a prefilling one goes first."""
         running = self.scheduler.running
-        pausable = [ar for ar in running if ar.req.owner is None and ar.req.n == 1 and ar.phase is Phase.DECODE
-                    and len(ar.live_seqs()) == 1 and ar.req.priority <= head.req.priority]
+        pausable = [ar for ar in running if ar.req.owner is None and ar.req.n == 1
+                    and ar.phase in (Phase.DECODE, Phase.PREFILL) and len(ar.live_seqs()) == 1
+                    and ar.req.priority <= head.req.priority]
         lower = [ar for ar in pausable if ar.req.priority < head.req.priority]
         if lower:
-            return min(lower, key=lambda ar: (ar.req.priority, -running.index(ar)))
+            return min(lower, key=lambda ar: (ar.req.priority, ar.phase is not Phase.PREFILL, -running.index(ar)))
         if head.req.n != 1:
             return None
         counts = Counter(ar.req.tenant for ar in running)
@@ -123,14 +156,16 @@ class Preemptor:
                 if ar.req.tenant != head.req.tenant and slot_share_room(mine, counts[ar.req.tenant]) > 0]
         if not hogs:
             return None
-        return max(hogs, key=lambda ar: (counts[ar.req.tenant], running.index(ar)))
+        return max(hogs, key=lambda ar: (counts[ar.req.tenant], ar.phase is Phase.PREFILL, running.index(ar)))
 
     def pause(self, ar: ActiveRequest) -> None:
         seq = ar.seqs[0]
         slot = seq.slot
-        data = self.runner.state_get(slot.seq_id)
+        # the step boundary: a prefilling request's KV is its prompt's first prefill_pos tokens
+        assert ar.phase is not Phase.PREFILL or len(slot.tokens) == ar.prefill_pos, "KV and prefill_pos disagree"
+        data = self.runner.state_get(slot.seq_id) if slot.tokens else b""  # nothing to save: none copied
         self._order += 1
-        self.paused.append(Paused(ar, list(slot.tokens), data, slot.ns, self._order, self.clock()))
+        self.paused.append(Paused(ar, list(slot.tokens), data, slot.ns, self._order, self.clock(), ar.phase))
         self.scheduler.running.remove(ar)
         self.slots.release(slot)
         seq.slot = detached(slot.seq_id)
@@ -139,7 +174,8 @@ class Preemptor:
         self.pauses += 1
         if self.on_pause is not None:
             self.on_pause(ar.req.tenant)
-        log.debug("paused %s (class %d) at %d tokens", ar.request_id, ar.req.priority, len(data))
+        log.debug("paused %s (class %d, %s) at %d tokens", ar.request_id, ar.req.priority,
+                  self.paused[-1].phase.value, len(self.paused[-1].tokens))
 
     def resume(self) -> None:
         """After admission: bring paused requests back into the free slots that the admitted
@@ -156,10 +192,11 @@ class Preemptor:
         slot = placement.slots[0]
         slot.owner, slot.key, slot.ns, slot.priority = None, None, p.ns, ar.req.priority
         self.runner.kv_remove(slot.seq_id, 0, -1)
-        self.runner.state_set(slot.seq_id, p.data)
+        if p.data:
+            self.runner.state_set(slot.seq_id, p.data)
         slot.tokens[:] = p.tokens
         seq.slot = slot
-        ar.phase = Phase.DECODE
+        ar.phase = p.phase  # a prefill goes on from prefill_pos: exactly where p.tokens end
         if ar.deadline is not None:  # the time cap does not run while paused
             ar.deadline += self.clock() - p.at
         self.scheduler.running.append(ar)

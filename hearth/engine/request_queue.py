@@ -13,15 +13,16 @@ a request whose prompt chunk is being decoded now also interrupts that decode: t
 the requests of an interruptible decode (`decode_begins`, `decode_ends`) and the runner's
 interrupt flag is set and cleared under the same lock as the abort is recorded, so an abort
 either interrupts the decode or is seen by the next step, never lost between them. A new
-request of a higher class than every request of the decode running interrupts it too (`put`):
-a `flex` batch's step (prompt chunks or decodes) running when an interactive request arrives
-is rolled back and runs again after that request's prompt (scheduler.py, "Classes within a
-step"), so the
-interactive request does not wait for it. So does a newcomer (scheduler.py, "Tenants within a
-class"): a request of a tenant with nothing in flight, of the decode's highest class or above,
-while some tenant runs several requests; its prompt then runs alone in the next step instead
-of after a neighbour's step. Each arrival interrupts at most the one decode running when it is
-put; decode-only steps are interrupted only by such arrivals, never by an abort.
+request of a higher class than the decode running interrupts it too (`put`; the decode's class
+is its prompt chunks' highest, or its work's in a decode-only step: `Engine._decode`): a `flex`
+batch's step (prompt chunks or decodes) running when an interactive request arrives is rolled
+back and runs again after that request's prompt (scheduler.py, "Classes within a step"), so the
+interactive request does not wait for it, nor for a flex chunk beside another one's decode.
+So does a newcomer (scheduler.py, "Tenants within a class"): a request of a tenant with nothing
+in flight, of the decode's class or above, while some tenant runs several requests; its
+prompt then runs alone in the next step instead of after a neighbour's step. Each arrival
+interrupts at most the one decode running when it is put; decode-only steps are interrupted
+only by such arrivals, never by an abort.
 
 Which waiting request gets a slot next is not decided here: the scheduler admits FCFS
 (scheduler.py), and the node's admission queue decides the order requests reach `put` in
@@ -71,7 +72,7 @@ class RequestQueue:
         self._calls: list[Call] = []
         self._known: set[str] = set()  # request ids submitted and not yet ended
         self._in_decode: frozenset[str] = frozenset()  # requests of the interruptible decode running now
-        self._decode_class: int | None = None  # the highest class in it: a higher arrival interrupts it
+        self._decode_class: int | None = None  # its class (Engine._decode): a higher arrival interrupts it
         # tenants with work in flight, while one runs several: an arrival of another tenant (of
         # at least `_decode_class`) interrupts the decode too; None: no such interrupt
         self._decode_tenants: frozenset[str] | None = None
@@ -180,7 +181,8 @@ class RequestQueue:
                       tenants: frozenset[str] | None = None) -> None:
         """An interruptible decode starts: an abort of one of `request_ids` from now on
         interrupts it, and so does one that arrived since the step took its aborts. With
-        `top_class` (the highest class in it), so does a new request of a higher class, and,
+        `top_class` (its class: the highest of its prompt chunks, or of its work if it holds
+        none, `Engine._decode`), so does a new request of a higher class, and,
         with `tenants` (those with work in flight, while one runs several), a new request of
         `top_class` from any other tenant."""
         with self._cv:

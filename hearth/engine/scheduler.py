@@ -29,8 +29,9 @@ Both are kept short of lower-class work:
   most `flex_chunk` tokens per step in all, so the step in flight when an interactive request
   arrives is never a full budget of batch prefill. A flex prompt takes more steps; each runs
   beside the decodes anyway. And the step running when a request of a higher class than all
-  its work arrives is interrupted (request_queue.py `put`, the engine's `_decode`): rolled
-  back, it runs again after that request's prompt;
+  its prompt chunks arrives (than all its work, in a decode-only step) is interrupted
+  (request_queue.py `put`, the engine's `_decode`): rolled back, it runs again after that
+  request's prompt (its decodes of that class and above beside that prompt);
 - *work-conserving*: nothing sits out unless a request of a higher class is prefilling; a
   class alone on the node (a batch with no interactive traffic) gets every step and all of
   the budget except the `flex_chunk` bound on its own prompt chunks.

@@ -218,3 +218,35 @@ async def test_a_flex_arrival_does_not_interrupt() -> None:
         hold.clear()
         eng.stop()
     assert runner.aborted == [] and eng.stats.interrupted_decodes == 0
+
+
+async def test_an_arrival_interrupts_a_flex_chunk_beside_a_decode_of_its_own_class() -> None:
+    """A `priority` request decodes beside a flex prompt chunk (held in the fake runner); a
+    second `priority` request arrives: the step's class is its chunk's (flex), so the arrival
+    stops it, and its prompt runs next beside the first one's decode, without the flex chunk."""
+    hold = threading.Event()
+    hold.set()
+    runner = FakeRunner(n_seq_max=3, n_batch=64, hold=hold, hold_min_tokens=33)  # a decode beside a 32-token chunk
+    eng = Engine(runner, seq_ctx=512)
+    p1, flex = request("p1", "now!", PRIORITY, tokens=6), request("flex", "x" * 100, FLEX, tokens=4)
+    p2 = request("p2", "me too", PRIORITY, tokens=4)
+    sinks = {"p1": Collect(), "flex": Collect(), "p2": Collect()}
+    eng.submit(p1, sinks["p1"])  # before the thread starts: p1's prompt runs first, alone
+    eng.submit(flex, sinks["flex"])
+    eng.start()
+    try:
+        assert await asyncio.to_thread(runner.held.wait, 10)  # p1's decode beside the first flex chunk
+        eng.submit(p2, sinks["p2"])
+        await until(lambda: len(runner.aborted) == 1, "the step with the flex chunk interrupted")
+        hold.clear()
+        for s in sinks.values():
+            assert await asyncio.to_thread(s.done.wait, 10)
+    finally:
+        hold.clear()
+        eng.stop()
+    assert sorted(len(e.tokens) for e in runner.aborted[0]) == [1, 32]
+    after = runner.calls[runner.calls.index(runner.aborted[0]) + 1]
+    assert sorted(len(e.tokens) for e in after) == [1, len(p2.prompt_tokens)]  # p1's token and p2's prompt
+    assert eng.preempt.pauses == 0  # a third slot was free
+    for r in (p1, flex, p2):
+        assert sinks[r.request_id].ids == alone(r).ids
