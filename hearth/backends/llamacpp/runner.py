@@ -246,14 +246,16 @@ class LlamaCppRunner:
         its next position (no logits), removed again right after the call, so its KV and every
         other sequence's output are as without it (test_runner.py). Only where it pays on the
         measured curve: a pass costs about two rows (a two-row pass costs two one-row passes),
-        so the `d` idle sequences are filled when at least 2d + 1 sequences run; not with a
+        so the `d` idle sequences are filled when at least 2d + 1 sequences run and the call has
+        room for d more tokens (a step may fill `n_batch` exactly); not with a
         shared KV buffer (one pass anyway) or a sliding-window model (a new position there can
         drop the window's oldest cells)."""
         if self.kv_unified or self._swa or len(entries) < 3:
             return []
         running = {e.seq_id for e in entries}
         idle = [sid for sid in range(min(running), max(running)) if sid not in running]
-        if not idle or len(running) < 2 * len(idle) + 1:
+        if not idle or len(running) < 2 * len(idle) + 1 \
+                or sum(len(e.tokens) for e in entries) + len(idle) > self.n_batch:  # the step's budget is full
             return []
         fills = []
         for sid in idle:

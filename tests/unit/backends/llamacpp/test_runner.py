@@ -61,5 +61,8 @@ def test_a_gap_between_running_sequences_is_filled_and_changes_nothing() -> None
         assert runner._gap_fills([BatchEntry(s, [1], 20, 1) for s in (0, 2, 4)]) == []
         assert runner._gap_fills([BatchEntry(s, [1], 20, 1) for s in (0, 2)]) == []
         assert runner._gap_fills([BatchEntry(s, [1], 20, 1) for s in (0, 3, 4)]) == []
+        # nor where the call has no room for it (a step may fill n_batch exactly)
+        full = [*(BatchEntry(s, [1], 20, 1) for s in (0, 1, 3)), BatchEntry(4, [1] * 61, 24, 1)]
+        assert sum(len(e.tokens) for e in full) == runner.n_batch and runner._gap_fills(full) == []
     finally:
         runner.close()
