@@ -27,6 +27,7 @@ from llama_cpp import _logger as llama_logger
 
 from hearth.backends.llamacpp import native, seq_state
 from hearth.backends.llamacpp.abort_flag import AbortFlag, callback_address
+from hearth.backends.llamacpp.gap_fill import gap_fills
 from hearth.backends.llamacpp.sampler import CompiledGrammar, NativeSampler
 from hearth.backends.llamacpp.token_mask import MaskCompiler
 from hearth.engine.grammar_cache import GrammarCache, GrammarCacheStats
@@ -198,15 +199,15 @@ class LlamaCppRunner:
         # (llama_batch_allocr::split_equal), and computes the whole graph once per ubatch. Laid
         # out by sequence id, the decode tokens of all running sequences share one ubatch;
         # in arrival order they could take several (one graph pass each).
-        order = sorted(range(len(entries)), key=lambda i: entries[i].seq_id)
+        # Idle sequences between running ones get a throwaway token (gap_fill.py), -1 here.
+        fills = [] if self.kv_unified or self._swa else gap_fills(
+            entries, self._next_pos, n_batch=self.n_batch, seq_ctx=self.seq_ctx)
+        laid = sorted([*((e.seq_id, i, e) for i, e in enumerate(entries)),
+                       *((sid, -1, BatchEntry(sid, [self._fill_token], pos, 0)) for sid, pos in fills)],
+                      key=lambda x: x[0])
         first_row = [0] * len(entries)
-        fills = self._gap_fills(entries)
-        laid = sorted([*(entries[i] for i in order),
-                       *(BatchEntry(sid, [self._fill_token], pos, 0) for sid, pos in fills)],
-                      key=lambda e: e.seq_id) if fills else [entries[i] for i in order]
-        index = {id(entries[i]): i for i in order}
         n = 0
-        for e in laid:
+        for _, i, e in laid:
             k = len(e.tokens)
             if n + k > self.n_batch:
                 raise RuntimeError(f"batch of {n + k} tokens exceeds n_batch {self.n_batch}")
@@ -216,7 +217,7 @@ class LlamaCppRunner:
             self._out[n:n + k] = 0
             if e.n_logits:
                 self._out[n + k - e.n_logits:n + k] = 1
-                first_row[index[id(e)]] = n + k - e.n_logits
+                first_row[i] = n + k - e.n_logits
             n += k
         self._batch.n_tokens = n
         try:
@@ -234,36 +235,8 @@ class LlamaCppRunner:
             raise RuntimeError(f"llama_decode returned {rc}")
         return [first_row[i] for i, e in enumerate(entries) if e.n_logits]
 
-    def _gap_fills(self, entries: list[BatchEntry]) -> list[tuple[int, int]]:
-        """Idle sequences to give one throwaway token this call, so it takes fewer graph passes.
-
-        With one KV stream per sequence, llama.cpp puts only a run of consecutive sequence ids
-        in one ubatch (split_equal): decode tokens of sequences 0, 1, 2 and 4 take two graph
-        passes (0-2, then 4), ~30 % more than one pass over five rows (SmolLM2, 2 threads:
-        28.4 against 25.7 ms; four rows 21.3 ms), and a prompt chunk beside them a third. A
-        gap opens whenever a sequence between running ones is idle (its request ended; fewer
-        requests run than there are slots). Each idle sequence inside the run gets a token at
-        its next position (no logits), removed again right after the call, so its KV and every
-        other sequence's output are as without it (test_runner.py). Only where it pays on the
-        measured curve: a pass costs about two rows (a two-row pass costs two one-row passes),
-        so the `d` idle sequences are filled when at least 2d + 1 sequences run and the call has
-        room for d more tokens (a step may fill `n_batch` exactly); not with a
-        shared KV buffer (one pass anyway) or a sliding-window model (a new position there can
-        drop the window's oldest cells)."""
-        if self.kv_unified or self._swa or len(entries) < 3:
-            return []
-        running = {e.seq_id for e in entries}
-        idle = [sid for sid in range(min(running), max(running)) if sid not in running]
-        if not idle or len(running) < 2 * len(idle) + 1 \
-                or sum(len(e.tokens) for e in entries) + len(idle) > self.n_batch:  # the step's budget is full
-            return []
-        fills = []
-        for sid in idle:
-            pos = int(L.llama_memory_seq_pos_max(self.mem, sid)) + 1
-            if pos >= self.seq_ctx:
-                return []
-            fills.append((sid, pos))
-        return fills
+    def _next_pos(self, seq_id: int) -> int:
+        return int(L.llama_memory_seq_pos_max(self.mem, seq_id)) + 1
 
     def interrupt(self) -> None:
         self._abort.set()

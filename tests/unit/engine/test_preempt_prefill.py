@@ -28,7 +28,7 @@ from hearth.engine.fake_runner import FakeRunner
 from hearth.engine.runner import BatchEntry
 from hearth.engine.sequence import Phase
 from hearth.engine.speculate import SpecConfig
-from tests.helpers import until
+from tests.unit.engine.held_step import arrive_during_held_step
 from tests.unit.engine.test_preempt import Collect, request, tenant_request
 from tests.unit.engine.test_scheduler import start_decoding
 from tests.unit.engine.test_scheduler_classes import admit, make
@@ -255,17 +255,8 @@ async def test_the_chunk_the_arrival_interrupts_is_not_saved_and_runs_after_the_
 
     flex_sink, urgent_sink = Outputs(), Outputs(hook=look)
     eng.start()
-    try:
-        eng.submit(flex, flex_sink)
-        assert await asyncio.to_thread(runner.held.wait, 10)
-        eng.submit(urgent, urgent_sink)
-        await until(lambda: len(runner.aborted) == 1, "the flex chunk interrupted")
-        hold.clear()
-        for s in (flex_sink, urgent_sink):
-            assert await asyncio.to_thread(s.done.wait, 10)
-    finally:
-        hold.clear()
-        eng.stop()
+    await arrive_during_held_step(eng, runner, hold, (flex, flex_sink), (urgent, urgent_sink),
+                                  "the flex chunk interrupted")
     (aborted,) = runner.aborted[0]
     assert (aborted.pos0, len(aborted.tokens)) == (2 * CHUNK, CHUNK)
     assert seen == [(Phase.PREFILL, 2 * CHUNK, flex.prompt_tokens[: 2 * CHUNK])]

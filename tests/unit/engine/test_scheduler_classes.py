@@ -20,6 +20,7 @@ from hearth.engine.scheduler import Scheduler, Work
 from hearth.engine.sequence import ActiveRequest, Sequence
 from hearth.engine.types import EngineRequest, SamplingParams
 from tests.helpers import until
+from tests.unit.engine.held_step import arrive_during_held_step
 from tests.unit.engine.test_preempt import Collect, alone, request
 from tests.unit.engine.test_scheduler import ran, start_decoding
 
@@ -177,18 +178,11 @@ async def test_an_interactive_arrival_interrupts_a_flex_prompt_chunk_and_goes_fi
     flex = request("flex", "x" * 100, FLEX, tokens=6)
     urgent = request("urgent", "hi", DEFAULT, tokens=4)
     flex_sink, urgent_sink = Collect(), Collect()
-    try:
-        eng.submit(flex, flex_sink)
-        assert await asyncio.to_thread(runner.held.wait, 10)  # its first prompt chunk is held
-        eng.submit(urgent, urgent_sink)
-        await until(lambda: len(runner.aborted) == 1, "the held flex chunk interrupted")
-        await until(lambda: len(urgent_sink.ids) >= 1, "the urgent request's first token")
-        hold.clear()
-        for s in (flex_sink, urgent_sink):
-            assert await asyncio.to_thread(s.done.wait, 10)
-    finally:
-        hold.clear()
-        eng.stop()
+    # its first prompt chunk is held; the urgent request's first token comes before it goes on
+    await arrive_during_held_step(eng, runner, hold, (flex, flex_sink), (urgent, urgent_sink),
+                                  "the held flex chunk interrupted",
+                                  before_release=lambda: until(lambda: len(urgent_sink.ids) >= 1,
+                                                               "the urgent request's first token"))
     assert [len(e.tokens) for e in runner.aborted[0]] == [32]  # the flex chunk, rolled back
     after = runner.calls[runner.calls.index(runner.aborted[0]) + 1]
     assert [e.tokens for e in after] == [urgent.prompt_tokens]  # then the urgent prompt, alone

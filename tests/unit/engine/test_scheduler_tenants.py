@@ -22,6 +22,7 @@ from hearth.engine.sequence import ActiveRequest
 from hearth.engine.types import EngineRequest
 from tests.helpers import until
 from tests.unit.engine import test_scheduler_classes as classes
+from tests.unit.engine.held_step import arrive_during_held_step
 from tests.unit.engine.test_preempt import Collect, alone, request, tenant_request
 from tests.unit.engine.test_scheduler import ran, start_decoding
 from tests.unit.engine.test_scheduler_classes import admit, who
@@ -158,18 +159,12 @@ async def test_an_interactive_arrival_interrupts_a_flex_decode_only_step() -> No
     urgent = request("urgent", "hi", DEFAULT, tokens=3)
     urgent_sink = Collect()
     flex_sink = Collect(after=2, hook=hold.set)  # from its second token on, its decodes are held
-    try:
-        eng.submit(flex, flex_sink)
-        assert await asyncio.to_thread(runner.held.wait, 10)
+
+    def decode_only() -> None:
         assert all(len(e.tokens) == 1 for e in runner.calls[-1])  # a decode-only step
-        eng.submit(urgent, urgent_sink)
-        await until(lambda: len(runner.aborted) == 1, "the flex decode interrupted")
-        hold.clear()
-        for s in (flex_sink, urgent_sink):
-            assert await asyncio.to_thread(s.done.wait, 10)
-    finally:
-        hold.clear()
-        eng.stop()
+
+    await arrive_during_held_step(eng, runner, hold, (flex, flex_sink), (urgent, urgent_sink),
+                                  "the flex decode interrupted", on_held=decode_only)
     after = runner.calls[runner.calls.index(runner.aborted[0]) + 1]
     assert [e.tokens for e in after] == [urgent.prompt_tokens]
     assert flex_sink.ids == alone(flex).ids and urgent_sink.ids == alone(urgent).ids

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from hearth.backends.llamacpp.gap_fill import gap_fills
 from hearth.backends.llamacpp.runner import LlamaCppRunner, _kv_type_name
 from hearth.models import embedded_model_path
 
@@ -22,12 +25,13 @@ def test_the_fingerprint_carries_the_contexts_kv_type() -> None:
         runner.close()
 
 
-def test_a_gap_between_running_sequences_is_filled_and_changes_nothing() -> None:
+def test_a_gap_between_running_sequences_is_filled_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Decode tokens of sequences 0, 1, 2 and 4 (3 idle, holding a prompt): the runner gives 3 a
-    throwaway token so llama.cpp runs one graph pass (`_gap_fills`), and removes it: the
-    logits are bit for bit those of the call without it, and sequence 3's KV is unchanged."""
+    throwaway token so llama.cpp runs one graph pass (gap_fill.py), and removes it: the logits
+    are bit for bit those of the call without it, and sequence 3's KV is unchanged."""
     import numpy as np
 
+    from hearth.backends.llamacpp import runner as runner_module
     from hearth.engine.runner import BatchEntry
 
     runner = LlamaCppRunner(embedded_model_path(), seq_ctx=128, n_seq_max=5, n_batch=64, n_threads=1)
@@ -38,14 +42,11 @@ def test_a_gap_between_running_sequences_is_filled_and_changes_nothing() -> None
 
         def step(fill: bool) -> list[np.ndarray]:
             entries = [BatchEntry(s, [500 + s], 20 + s, 1) for s in (0, 1, 2, 4)]
-            assert runner._gap_fills(entries) == [(3, 23)]
-            if not fill:
-                runner._gap_fills = lambda entries: []  # type: ignore[method-assign]
-            try:
-                rows = runner.decode(entries)
-            finally:
+            assert gap_fills(entries, runner._next_pos, n_batch=runner.n_batch, seq_ctx=runner.seq_ctx) == [(3, 23)]
+            with monkeypatch.context() as m:
                 if not fill:
-                    del runner._gap_fills
+                    m.setattr(runner_module, "gap_fills", lambda *a, **k: [])
+                rows = runner.decode(entries)
             out = [runner.logits(i).copy() for i in rows]
             for e in entries:
                 runner.kv_remove(e.seq_id, e.pos0, -1)
@@ -54,15 +55,5 @@ def test_a_gap_between_running_sequences_is_filled_and_changes_nothing() -> None
         filled, split = step(True), step(False)
         assert all(np.array_equal(a, b) for a, b in zip(filled, split, strict=True))
         assert runner._state_bytes(3) == idle
-        # a prompt chunk beside them: filled too (it would take a third pass after the gap)
-        assert runner._gap_fills([*(BatchEntry(s, [1], 20, 1) for s in (0, 1, 3)), BatchEntry(4, [1, 2, 3], 24, 1)]) \
-            == [(2, 22)]
-        # not where it would not pay: d idle sequences need 2d + 1 running
-        assert runner._gap_fills([BatchEntry(s, [1], 20, 1) for s in (0, 2, 4)]) == []
-        assert runner._gap_fills([BatchEntry(s, [1], 20, 1) for s in (0, 2)]) == []
-        assert runner._gap_fills([BatchEntry(s, [1], 20, 1) for s in (0, 3, 4)]) == []
-        # nor where the call has no room for it (a step may fill n_batch exactly)
-        full = [*(BatchEntry(s, [1], 20, 1) for s in (0, 1, 3)), BatchEntry(4, [1] * 61, 24, 1)]
-        assert sum(len(e.tokens) for e in full) == runner.n_batch and runner._gap_fills(full) == []
     finally:
         runner.close()
