@@ -26,6 +26,13 @@ class Slot:
     # default, 2 priority; set by residency.place): a free slot of a lower class is overwritten
     # before a higher one's
     priority: int = 1
+    # whether what it holds is offered to the prompt cache when a placement overwrites it
+    # (residency.place). False for a `cache_prompt: false` request's KV (never cached: the
+    # request's end does not offer it either) and for a paused request's (preempt.py: the
+    # request keeps its own copy and offers its whole KV when it ends, so an offer at the
+    # overwrite would be a second `state_get` of the same bytes on the engine thread, in the
+    # critical path of the request that paused it)
+    offer: bool = True
 
 
 @dataclass(slots=True)

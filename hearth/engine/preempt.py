@@ -167,6 +167,7 @@ class Preemptor:
         self._order += 1
         self.paused.append(Paused(ar, list(slot.tokens), data, slot.ns, self._order, self.clock(), ar.phase))
         self.scheduler.running.remove(ar)
+        slot.offer = False  # its KV is in `paused`, offered whole when the request ends (kv.Slot)
         self.slots.release(slot)
         seq.slot = detached(slot.seq_id)
         seq.draft = []
@@ -191,6 +192,7 @@ class Preemptor:
         self.residency.evict(placement)
         slot = placement.slots[0]
         slot.owner, slot.key, slot.ns, slot.priority = None, None, p.ns, ar.req.priority
+        slot.offer = ar.req.cache_prompt
         self.runner.kv_remove(slot.seq_id, 0, -1)
         if p.data:
             self.runner.state_set(slot.seq_id, p.data)

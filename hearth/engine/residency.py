@@ -182,13 +182,14 @@ class Residency:
         first = placement.slots[0]
         first.owner, first.key = owner, None
         held_class = first.priority  # the class of what it held (offered below), then the new one's
+        offer_held = first.offer  # whether what it held may be offered (below)
         for s in placement.slots:
-            s.priority = req.priority
+            s.priority, s.offer = req.priority, req.cache_prompt
         limit = len(prompt) - 1
         if placement.resident:  # the session's own KV, in the namespace it was made in
             return self._served("slot", placement.reuse)
         here = min(common_prefix_len(first.tokens, prompt), limit) if first.ns == ns else 0
-        if len(first.tokens) - here >= MIN_COPY and self.cache is not None:
+        if offer_held and len(first.tokens) - here >= MIN_COPY and self.cache is not None:
             seq_id = first.seq_id
             self.cache.offer(list(first.tokens), lambda: self.runner.state_get(seq_id), ns=first.ns,
                              priority=held_class)
