@@ -24,7 +24,9 @@ to `flex`, `ops` whose key may ask for `priority`), on --parallel slots. Phases,
     each, distinct from their first words, recomputed every time: `cache_prompt` false) and
     short answers (--flex-prefill-tokens), so every slot is nearly always in a long prefill when
     a priority request arrives: it pauses one half way through its prompt (0 skips this).
-  Target: busy p99 <= 1.5 x idle p99 (both busy phases). Also reported: the node's preemption
+  Target: busy p99 <= 1.5 x idle p99 (both busy phases). Also reported: each phase's priority
+  stream pace once started (`<phase>_tpot`: mean seconds per output chunk after the first,
+  p50/p99 over the requests; beside flex prefills it shows the flex chunk size), the node's preemption
   count, and whether each paused stream's text equals the same request run alone (temperature
   0; a real model's kernels are not batch-invariant, so this compares with an unpaused run in
   the same batch shape only approximately: it is reported, not a target; the exact checks are
@@ -87,8 +89,9 @@ def summary(ttfts: list[float]) -> dict[str, Any]:
 
 
 async def stream(client: httpx.AsyncClient, url: str, key: str, prompt: str, max_tokens: int,
-                 **extra: Any) -> tuple[float | None, str]:
-    """One streamed chat request: (TTFT in seconds or None, the text)."""
+                 times: list[float] | None = None, **extra: Any) -> tuple[float | None, str]:
+    """One streamed chat request: (TTFT in seconds or None, the text); with `times`, each
+    content chunk's arrival (seconds since the request) is appended to it."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, **extra}
     t0 = time.perf_counter()
@@ -103,8 +106,11 @@ async def stream(client: httpx.AsyncClient, url: str, key: str, prompt: str, max
             for choice in chunk.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
+                    now = time.perf_counter() - t0
                     if ttft is None:
-                        ttft = time.perf_counter() - t0
+                        ttft = now
+                    if times is not None:
+                        times.append(now)
                     text.append(piece)
     return ttft, "".join(text)
 
@@ -146,11 +152,16 @@ async def background(client: httpx.AsyncClient, url: str, key: str, n: int, max_
 
 
 async def probe(client: httpx.AsyncClient, url: str, key: str, count: int, gap: float, max_tokens: int,
-                tag: str, at_once: int = 1, **extra: Any) -> list[float]:
+                tag: str, at_once: int = 1, tpots: list[float] | None = None, **extra: Any) -> list[float]:
     """`count` times, one every `gap` seconds, `at_once` requests sent together (each on its
-    own: they overlap if slow); every request's TTFT."""
+    own: they overlap if slow); every request's TTFT. With `tpots`, each request's mean time
+    per output chunk after the first is appended to it (its stream's pace once started)."""
     async def one(i: int) -> float | None:
-        ttft, _ = await stream(client, url, key, f"{tag} question {i}: name three colours.", max_tokens, **extra)
+        times: list[float] = []
+        ttft, _ = await stream(client, url, key, f"{tag} question {i}: name three colours.", max_tokens,
+                               times=times, **extra)
+        if tpots is not None and len(times) >= 2:
+            tpots.append((times[-1] - times[0]) / (len(times) - 1))
         return ttft
 
     tasks = []
@@ -214,7 +225,9 @@ async def noisy_neighbour(c: httpx.AsyncClient, url: str, args: argparse.Namespa
 async def preemption(c: httpx.AsyncClient, url: str, args: argparse.Namespace) -> dict[str, Any]:
     p = {"count": args.b_requests, "gap": args.gap, "max_tokens": args.b_tokens, "service_tier": "priority"}
     log("preemption: priority on an idle node")
-    out: dict[str, Any] = {"idle": summary(await probe(c, url, KEYS["ops"], tag="idle", **p))}
+    idle_tpots: list[float] = []
+    out: dict[str, Any] = {"idle": summary(await probe(c, url, KEYS["ops"], tag="idle", tpots=idle_tpots, **p)),
+                           "idle_tpot": summary(idle_tpots)}
     n_flex = args.parallel + 2
     phases: list[tuple[str, int, dict[str, Any]]] = []
     if not args.only_prefill:
@@ -226,8 +239,9 @@ async def preemption(c: httpx.AsyncClient, url: str, args: argparse.Namespace) -
         before = await metric(c, url, "hearth_preemptions_total")
         flex_done: list[tuple[str, str]] = []
         log(f"preemption: priority while {n_flex} flex streams fill every slot ({name})")
+        tpots: list[float] = []
         async with background(c, url, KEYS["batch"], n_flex, tokens, name, record=flex_done, **extra):
-            busy = await probe(c, url, KEYS["ops"], tag=name, **p)
+            busy = await probe(c, url, KEYS["ops"], tag=name, tpots=tpots, **p)
         preempted = await metric(c, url, "hearth_preemptions_total") - before
         same = 0
         checked = flex_done[: args.check]
@@ -235,6 +249,8 @@ async def preemption(c: httpx.AsyncClient, url: str, args: argparse.Namespace) -
             _, ref = await stream(c, url, KEYS["batch"], prompt, tokens, cache_prompt=False)
             same += ref == text
         out[name] = summary(busy)
+        out[f"{name}_tpot"] = summary(tpots)  # the priority stream's pace beside the flex work
+        out[f"{name}_flex_done"] = len(flex_done)  # flex answers finished meanwhile (the phase's length is fixed)
         out[f"{name}_preemptions"] = preempted
         out[f"{name}_flex_checked"], out[f"{name}_flex_identical"] = len(checked), same
     return out

@@ -132,6 +132,23 @@ def test_flex_prompt_chunks_are_bounded_per_step_and_others_are_not() -> None:
     assert Scheduler(SlotTable(4), 512).flex_chunk == 128  # the default: a quarter of the budget
 
 
+def test_flex_prompt_chunks_shrink_while_a_higher_class_decodes_beside_them() -> None:
+    sched = Scheduler(SlotTable(4), 512)
+    assert (sched.flex_chunk, sched.flex_chunk_beside) == (128, 16)  # defaults: a quarter, a thirty-second
+    sched = Scheduler(SlotTable(4), 64, flex_chunk=32, flex_chunk_beside=8)
+    flex = make("f", FLEX, 100)
+    admit(sched, flex)
+    assert [len(w.entry.tokens) for w in sched.schedule()] == [32]  # alone: the whole flex chunk
+    flex.prefill_pos += 32
+    decoding(sched, ("u", DEFAULT))
+    work = sched.schedule()
+    assert [(w.ar.request_id, len(w.entry.tokens)) for w in work] == [("u", 1), ("f", 8)]
+    flex.prefill_pos += 8
+    sched.running.remove(sched.find("u"))  # the interactive stream ended: whole chunks again
+    decoding(sched, ("f2", FLEX))
+    assert sorted(len(w.entry.tokens) for w in sched.schedule()) == [1, 32]  # a flex decode is no reason
+
+
 def test_prompt_chunks_go_by_class_first() -> None:
     sched = Scheduler(SlotTable(4), 8, patience=0)  # patience 0: nothing ever sits out
     f, d = make("f", FLEX, 8), make("d", DEFAULT, 8)
@@ -220,7 +237,7 @@ async def test_an_arrival_interrupts_a_flex_chunk_beside_a_decode_of_its_own_cla
     stops it, and its prompt runs next beside the first one's decode, without the flex chunk."""
     hold = threading.Event()
     hold.set()
-    runner = FakeRunner(n_seq_max=3, n_batch=64, hold=hold, hold_min_tokens=33)  # a decode beside a 32-token chunk
+    runner = FakeRunner(n_seq_max=3, n_batch=64, hold=hold, hold_min_tokens=9)  # a decode beside an 8-token flex chunk
     eng = Engine(runner, seq_ctx=512)
     p1, flex = request("p1", "now!", PRIORITY, tokens=6), request("flex", "x" * 100, FLEX, tokens=4)
     p2 = request("p2", "me too", PRIORITY, tokens=4)
@@ -238,7 +255,7 @@ async def test_an_arrival_interrupts_a_flex_chunk_beside_a_decode_of_its_own_cla
     finally:
         hold.clear()
         eng.stop()
-    assert sorted(len(e.tokens) for e in runner.aborted[0]) == [1, 32]
+    assert sorted(len(e.tokens) for e in runner.aborted[0]) == [1, 8]
     after = runner.calls[runner.calls.index(runner.aborted[0]) + 1]
     assert sorted(len(e.tokens) for e in after) == [1, len(p2.prompt_tokens)]  # p1's token and p2's prompt
     assert eng.preempt.pauses == 0  # a third slot was free
