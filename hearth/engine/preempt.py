@@ -138,6 +138,7 @@ class Preemptor:
         self.on_pause: Callable[[str], None] | None = None  # (tenant): FairShare.preempted
         self.pauses = 0
         self.resumes = 0
+        self.refused = 0  # pauses not made: no room for the KV in a store without a directory
         self._order = 0
 
     # ---- what the engine asks each step ----------------------------------------------------
@@ -199,8 +200,10 @@ class Preemptor:
         key = None
         if slot.tokens:  # nothing to save: none copied
             if not self.swap.room_for_paused(self.runner.state_bytes_bound(len(slot.tokens))):
-                log.info("not pausing %s: its KV would put paused KV past --session-ram-mb and there is "
-                         "no swap directory", ar.request_id)
+                if not self.refused:  # asked again at every step while the head waits: said once
+                    log.warning("not pausing %s: its KV would put paused KV past the swap store's RAM budget "
+                                "and the store has no directory to spill it to", ar.request_id)
+                self.refused += 1
                 return False
             key = paused_owner(self._order + 1)
             self.swap.put(key, list(slot.tokens), self.runner.state_get(slot.seq_id), ar.req.priority)
