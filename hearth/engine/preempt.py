@@ -10,24 +10,23 @@ decoded; a prefilling one has the first `prefill_pos` prompt tokens in its KV (`
 exactly `prompt[:prefill_pos]`) and the rest of its prompt still to go.
 
 Pause: the slot's KV is copied to host RAM with `Runner.state_get`, as an idle session's is
-when it leaves its slot (residency.py `_swap_out`), into the same swap store (swap.py), under an
-owner of its own (`paused~<n>`: no session id can be one) and the request's class, the slot is
-released (what it holds stays as a prefix for others, as any freed slot's does) and the request
-waits in `paused` with its
-sequence, sampler, pending token, `prefill_pos`, `prefill_chunks`, `cached_tokens` and
-`cache_tier` untouched, and the phase it left (`Paused.phase`); its stream stays open (the HTTP
-layer's heartbeats keep it alive), no token is emitted while it waits. An empty KV (a prompt
-paused before any of it was decoded or reused) is not copied at all. Resume: a free slot gets
-the KV back (`SwapStore.take`, from RAM or read from disk) with `Runner.state_set`, and the
-request goes on in the phase it left: decoding
-from the pending token, or prefilling from `prefill_pos` (the next chunk starts exactly where
-the saved KV ends: no prompt token is decoded twice). The same sampler state and the same KV,
-so the output is the one an unpaused run gives (at temperature 0, and with a seed: the
-sampler's RNG is the sequence's own and was never touched; a prefilling one has not sampled
-yet). Its time cap (`max_time`, counted from its first token) does not run while it is paused:
-the deadline moves on by the time it spent paused, so a request paused for a long `priority`
-run is not ended on resume by a cap it never had the time to use (a prefilling one has no
-deadline yet).
+when it leaves its slot (residency.py `_swap_out`), into the same swap store (swap.py), under
+an owner of its own (`paused~<n>`: no session id can be one) and the request's class, the slot
+is released (what it holds stays as a prefix for others, as any freed slot's does) and the
+request waits in `paused` with its sequence, sampler, pending token, `prefill_pos`,
+`prefill_chunks`, `cached_tokens` and `cache_tier` untouched, and the phase it left
+(`Paused.phase`); its stream stays open (the HTTP layer's heartbeats keep it alive), no token
+is emitted while it waits. An empty KV (a prompt paused before any of it was decoded or reused)
+is not copied at all. Resume: a free slot gets the KV back (`SwapStore.take`, from RAM or read
+from disk) with `Runner.state_set`, and the request goes on in the phase it left: decoding from
+the pending token, or prefilling from `prefill_pos` (the next chunk starts exactly where the
+saved KV ends: no prompt token is decoded twice). The same sampler state and the same KV, so
+the output is the one an unpaused run gives (at temperature 0, and with a seed: the sampler's
+RNG is the sequence's own and was never touched; a prefilling one has not sampled yet). Its
+time cap (`max_time`, counted from its first token) does not run while it is paused: the
+deadline moves on by the time it spent paused, so a request paused for a long `priority` run is
+not ended on resume by a cap it never had the time to use (a prefilling one has no deadline
+yet).
 
 Bounded in RAM (issue 40): paused KV counts in the swap store's one RAM budget
 (`--session-ram-mb`) beside the swapped sessions'; past it, the store's writer thread puts it
@@ -38,9 +37,9 @@ the output stays exact). Its entry is dropped, RAM and file, when it resumes (`t
 request ends while paused however it ends (`forget`, through `Engine._end`: aborted or
 cancelled, a failed engine step, `Engine.stop`, which aborts everything first; `discard` after
 a stop that left any); a paused file left by a killed process is removed when the next one
-starts (swap.py). Without a swap directory a paused
-entry is never forgotten for the budget (it must resume exact): sessions' KV is forgotten to
-make room, and a pause that would put the paused KV alone past the budget is not made
+starts (swap.py). Without a swap directory a paused entry is never forgotten for the budget
+(it must resume exact): sessions' KV is forgotten to make room, and a pause that would put
+the paused KV alone past the budget is not made
 (`SwapStore.room_for_paused`, from `Runner.state_bytes_bound`, asked before anything is
 copied): the waiting request then waits for a slot as if nothing could be paused. An engine
 built without a store (tests, embedding) has an unbounded one. A KV that cannot be read back
