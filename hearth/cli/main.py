@@ -164,7 +164,8 @@ def serve(
         envvar="HEARTH_TRACE_CONTENT", help="Put prompts and answers in the spans (off: counts and times only).")
     ] = False,
     session_ram_mb: Annotated[int, typer.Option(
-        envvar="HEARTH_SESSION_RAM_MB", help="Host RAM for swapped-out session KV; more spills to disk.")] = 2048,
+        envvar="HEARTH_SESSION_RAM_MB",
+        help="Host RAM for swapped-out session KV and paused requests' KV; more spills to disk.")] = 2048,
     prompt_cache_mb: Annotated[int, typer.Option(
         envvar="HEARTH_PROMPT_CACHE_MB",
         help="Host RAM for the prompt cache: stateless prompts' KV in blocks, shared by every prompt "

@@ -175,6 +175,8 @@ def gather_status(daemon: Daemon, api_key: str | None) -> dict[str, Any]:
         out["waiting_requests"] = int(m.get("hearth_waiting_requests", 0))
         out["kv_tokens"] = int(m.get("hearth_kv_tokens", 0))
         out["swapped_kv_ram_bytes"] = int(m.get("hearth_swapped_kv_ram_bytes", 0))
+        out["paused_kv_ram_bytes"] = int(m.get("hearth_paused_kv_ram_bytes", 0))
+        out["paused_kv_disk_bytes"] = int(m.get("hearth_paused_kv_disk_bytes", 0))
         out["prompt_cache"] = cache_status(samples)
         work = work_by_class(samples)
         out["queued_by_class"], out["paused_by_class"] = work["queued"], work["paused"]
@@ -216,8 +218,12 @@ def status(data_dir: DataDirOpt = None, api_key: ApiKeyOpt = None, as_json: Json
             c.print(f"  work      {work_line({'queued': out['queued_by_class'], 'paused': out['paused_by_class']})}")
         c.print(f"  sessions  {'not supported by this server' if sessions is None else sessions}")
         if "kv_tokens" in out:
+            paused = ""
+            if out["paused_kv_ram_bytes"] or out["paused_kv_disk_bytes"]:
+                paused = (f"; paused requests' KV {human_bytes(out['paused_kv_ram_bytes'])} in RAM, "
+                          f"{human_bytes(out['paused_kv_disk_bytes'])} on disk")
             c.print(f"  kv        {out['kv_tokens']} tokens in slots, "
-                    f"{human_bytes(out['swapped_kv_ram_bytes'])} of swapped session KV in RAM")
+                    f"{human_bytes(out['swapped_kv_ram_bytes'])} of swapped session KV in RAM{paused}")
         if out.get("prompt_cache"):
             for line in cache_lines(out["prompt_cache"]):
                 c.print(line, markup=False)

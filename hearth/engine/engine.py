@@ -80,7 +80,7 @@ class Engine:
         # Session KV for the backend (`engine.residency.export_kv`, ...): engine thread only
         # (run them through `call`), except `kv_where`, a racy read from any thread.
         self.residency = Residency(runner, self.slots, self.swap, self.stats, prefix_cache)
-        # Lower classes pause for higher ones at step boundaries, KV to RAM (preempt.py).
+        # Lower classes pause for higher ones at step boundaries, KV to the swap store (preempt.py).
         # the clock of time caps (a test moves it); a paused request's cap stops meanwhile (preempt.py)
         self.clock: Callable[[], float] = time.monotonic
         self.preempt = Preemptor(runner, self.slots, self.scheduler, self.residency, lambda: self.clock())
@@ -106,8 +106,9 @@ class Engine:
         self.queue.abort_all()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel everything in flight, write sessions' KV to disk (when the swap store has a
-        directory: they survive a graceful restart), and stop the thread."""
+        """Cancel everything in flight (paused requests too: their saved KV is dropped, RAM and
+        file), write sessions' KV to disk (when the swap store has a directory: they survive a
+        graceful restart), and stop the thread."""
         self.abort_all()
         if self._thread.is_alive():
             self.queue.wait_drained(timeout)
@@ -122,6 +123,8 @@ class Engine:
         self.queue.close()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if not self._thread.is_alive():  # paused requests left (none after a drained stop): no orphan files
+            self.preempt.discard()
 
     @property
     def running(self) -> int:
@@ -197,7 +200,8 @@ class Engine:
         run_calls(taken.calls)  # after aborts, so a session whose turn was just aborted is idle for them
         self.preempt.make_room()
         self._admit(out)
-        self.preempt.resume()
+        for ar in self.preempt.resume():  # its saved KV could not be read back: nothing exact to resume
+            self._end(ar, FinishReason.ERROR, out, error="the KV of this paused request could not be read back")
         if self.spec is not None and self.step_cost is not None:
             self.scheduler.draft(self.step_cost.seconds, self.spec.margin)
         work = self.scheduler.schedule()

@@ -10,21 +10,50 @@ decoded; a prefilling one has the first `prefill_pos` prompt tokens in its KV (`
 exactly `prompt[:prefill_pos]`) and the rest of its prompt still to go.
 
 Pause: the slot's KV is copied to host RAM with `Runner.state_get`, as an idle session's is
-when it leaves its slot (residency.py `_swap_out`), the slot is released (what it holds stays
-as a prefix for others, as any freed slot's does) and the request waits in `paused` with its
-sequence, sampler, pending token, `prefill_pos`, `prefill_chunks`, `cached_tokens` and
-`cache_tier` untouched, and the phase it left (`Paused.phase`); its stream stays open (the HTTP
-layer's heartbeats keep it alive), no token is emitted while it waits. An empty KV (a prompt
-paused before any of it was decoded or reused) is not copied at all. Resume: a free slot gets
-the KV back with `Runner.state_set`, and the request goes on in the phase it left: decoding
-from the pending token, or prefilling from `prefill_pos` (the next chunk starts exactly where
-the saved KV ends: no prompt token is decoded twice). The same sampler state and the same KV,
-so the output is the one an unpaused run gives (at temperature 0, and with a seed: the
-sampler's RNG is the sequence's own and was never touched; a prefilling one has not sampled
-yet). Its time cap (`max_time`, counted from its first token) does not run while it is paused:
-the deadline moves on by the time it spent paused, so a request paused for a long `priority`
-run is not ended on resume by a cap it never had the time to use (a prefilling one has no
-deadline yet).
+when it leaves its slot (residency.py `_swap_out`), into the same swap store (swap.py), under
+an owner of its own (`paused~<n>`: no session id can be one) and the request's class, the slot
+is released (what it holds stays as a prefix for others, as any freed slot's does) and the
+request waits in `paused` with its sequence, sampler, pending token, `prefill_pos`,
+`prefill_chunks`, `cached_tokens` and `cache_tier` untouched, and the phase it left
+(`Paused.phase`); its stream stays open (the HTTP layer's heartbeats keep it alive), no token
+is emitted while it waits. An empty KV (a prompt paused before any of it was decoded or reused)
+is not copied at all. Resume: a free slot gets the KV back (`SwapStore.take`, from RAM or read
+from disk) with `Runner.state_set`, and the request goes on in the phase it left: decoding from
+the pending token, or prefilling from `prefill_pos` (the next chunk starts exactly where the
+saved KV ends: no prompt token is decoded twice). The same sampler state and the same KV, so
+the output is the one an unpaused run gives (at temperature 0, and with a seed: the sampler's
+RNG is the sequence's own and was never touched; a prefilling one has not sampled yet). Its
+time cap (`max_time`, counted from its first token) does not run while it is paused: the
+deadline moves on by the time it spent paused, so a request paused for a long `priority` run is
+not ended on resume by a cap it never had the time to use (a prefilling one has no deadline
+yet).
+
+Bounded in RAM (issue 40): paused KV counts in the swap store's one RAM budget
+(`--session-ram-mb`) beside the swapped sessions'; past it, the store's writer thread puts it
+on disk by its spill order (the lowest class first, then the least recently used: a paused
+`flex` request's KV leaves RAM before an interactive session's), and resume reads it back (a
+file checked by its checksum: the bytes `state_set` gets are the bytes `state_get` gave, so
+the output stays exact). Its entry is dropped, RAM and file, when it resumes (`take`) or its
+request ends while paused however it ends (`forget`, through `Engine._end`: aborted or
+cancelled, a failed engine step, `Engine.stop`, which aborts everything first; `discard` after
+a stop that left any); a paused file left by a killed process is removed when the next one
+starts (swap.py). Without a swap directory a paused entry is never forgotten for the budget
+(it must resume exact): sessions' KV is forgotten to make room, and a pause that would put
+the paused KV alone past the budget is not made
+(`SwapStore.room_for_paused`, from `Runner.state_bytes_bound`, asked before anything is
+copied): the waiting request then waits for a slot as if nothing could be paused. An engine
+built without a store (tests, embedding) has an unbounded one. A KV that cannot be read back
+(a file corrupted on disk) ends its request with an error: there is nothing exact to resume.
+
+The read from disk runs on the engine thread, inside the step that resumes the request: one
+file read and a memory-speed checksum (xxh3). Measured on the default model (12.3 KB of f16 KV
+per token): 2-9 ms for 2,048 tokens, ~25 ms for 4,096, ~190 ms for 32,768; the pause's own
+`state_get` on this thread costs as much (45 ms for 2,048 tokens). It comes once per resume,
+when a slot frees, and delays the other streams by that once. Kept on the thread: reading
+ahead in another one would hold the freed slot empty (or give it away) while the read runs and
+make the resume order depend on reads finishing, against the order above; worth it only for
+far larger KV (a big model at a long context), where a prefetch started when the paused
+request becomes next to resume would be the way.
 
 A request paused with nothing of its own prefilled (its KV only the prefix its placement
 reused, `prefill_pos == cached_tokens`) is paused the same way, not sent back to `waiting`:
@@ -73,6 +102,7 @@ from hearth.engine.residency import Residency
 from hearth.engine.runner import Runner
 from hearth.engine.scheduler import Scheduler
 from hearth.engine.sequence import ActiveRequest, Phase
+from hearth.engine.swap import SwapStore, paused_owner
 
 log = logging.getLogger("hearth.engine")
 
@@ -81,7 +111,7 @@ log = logging.getLogger("hearth.engine")
 class Paused:
     ar: ActiveRequest
     tokens: list[int]  # what its slot's KV held
-    data: bytes  # that KV (Runner.state_get)
+    key: str | None  # the swap store's owner of that KV (Runner.state_get); None: empty, not copied
     ns: str  # the slot's prompt-cache namespace
     order: int
     at: float  # when it was paused (the engine's clock): its deadline moves on by the pause
@@ -102,10 +132,12 @@ class Preemptor:
         self.slots = slots
         self.scheduler = scheduler
         self.residency = residency
+        self.swap: SwapStore = residency.swap  # where paused KV waits: RAM, past its budget disk
         self.paused: list[Paused] = []
         self.on_pause: Callable[[str], None] | None = None  # (tenant): FairShare.preempted
         self.pauses = 0
         self.resumes = 0
+        self.refused = 0  # pauses not made: no room for the KV in a store without a directory
         self._order = 0
 
     # ---- what the engine asks each step ----------------------------------------------------
@@ -130,9 +162,8 @@ class Preemptor:
         head = sched.waiting[0]
         while head.req.n > self.slots.n_free:
             victim = self.victim(head)
-            if victim is None:
+            if victim is None or not self.pause(victim):
                 return
-            self.pause(victim)
 
     def victim(self, head: ActiveRequest) -> ActiveRequest | None:
         """The running request to pause for `head`; None if none may be. A lower class first
@@ -158,14 +189,25 @@ class Preemptor:
             return None
         return max(hogs, key=lambda ar: (counts[ar.req.tenant], ar.phase is Phase.PREFILL, running.index(ar)))
 
-    def pause(self, ar: ActiveRequest) -> None:
+    def pause(self, ar: ActiveRequest) -> bool:
+        """Pause a running request (`victim`'s choice); False, and nothing changed, if its KV
+        may not be kept (no swap directory and the budget full of paused KV)."""
         seq = ar.seqs[0]
         slot = seq.slot
         # the step boundary: a prefilling request's KV is its prompt's first prefill_pos tokens
         assert ar.phase is not Phase.PREFILL or len(slot.tokens) == ar.prefill_pos, "KV and prefill_pos disagree"
-        data = self.runner.state_get(slot.seq_id) if slot.tokens else b""  # nothing to save: none copied
+        key = None
+        if slot.tokens:  # nothing to save: none copied
+            if not self.swap.room_for_paused(self.runner.state_bytes_bound(len(slot.tokens))):
+                if not self.refused:  # asked again at every step while the head waits: said once
+                    log.warning("not pausing %s: its KV would put paused KV past the swap store's RAM budget "
+                                "and the store has no directory to spill it to", ar.request_id)
+                self.refused += 1
+                return False
+            key = paused_owner(self._order + 1)
+            self.swap.put(key, list(slot.tokens), self.runner.state_get(slot.seq_id), ar.req.priority)
         self._order += 1
-        self.paused.append(Paused(ar, list(slot.tokens), data, slot.ns, self._order, self.clock(), ar.phase))
+        self.paused.append(Paused(ar, list(slot.tokens), key, slot.ns, self._order, self.clock(), ar.phase))
         self.scheduler.running.remove(ar)
         slot.offer = False  # its KV is in `paused`, offered whole when the request ends (kv.Slot)
         self.slots.release(slot)
@@ -177,16 +219,29 @@ class Preemptor:
             self.on_pause(ar.req.tenant)
         log.debug("paused %s (class %d, %s) at %d tokens", ar.request_id, ar.req.priority,
                   self.paused[-1].phase.value, len(self.paused[-1].tokens))
+        return True
 
-    def resume(self) -> None:
+    def resume(self) -> list[ActiveRequest]:
         """After admission: bring paused requests back into the free slots that the admitted
-        requests still waiting (a session turn behind its running one) leave, best class first."""
+        requests still waiting (a session turn behind its running one) leave, best class first.
+        Returns the requests whose saved KV could not be read back (a corrupt file): they are
+        no longer paused, and the engine ends them with an error."""
+        lost: list[ActiveRequest] = []
         while self.paused and self.slots.n_free > sum(ar.req.n for ar in self.scheduler.waiting):
             p = min(self.paused, key=lambda p: (-p.ar.req.priority, p.order))
             self.paused.remove(p)
-            self._restore(p)
+            data = b""
+            if p.key is not None:
+                got = self.swap.take(p.key)  # from RAM, or read from disk (checked); forgotten there
+                if got is None or got[0] != p.tokens:
+                    log.error("could not read back the KV of paused request %s", p.ar.request_id)
+                    lost.append(p.ar)
+                    continue
+                data = got[1]
+            self._restore(p, data)
+        return lost
 
-    def _restore(self, p: Paused) -> None:
+    def _restore(self, p: Paused, data: bytes) -> None:
         ar, seq = p.ar, p.ar.seqs[0]
         placement = self.slots.acquire(p.tokens, 1, False, None, None, p.ns)
         self.residency.evict(placement)
@@ -194,8 +249,8 @@ class Preemptor:
         slot.owner, slot.key, slot.ns, slot.priority = None, None, p.ns, ar.req.priority
         slot.offer = ar.req.cache_prompt
         self.runner.kv_remove(slot.seq_id, 0, -1)
-        if p.data:
-            self.runner.state_set(slot.seq_id, p.data)
+        if data:
+            self.runner.state_set(slot.seq_id, data)
         slot.tokens[:] = p.tokens
         seq.slot = slot
         ar.phase = p.phase  # a prefill goes on from prefill_pos: exactly where p.tokens end
@@ -205,6 +260,11 @@ class Preemptor:
         self.resumes += 1
 
     # ---- ends ---------------------------------------------------------------------------
+
+    def saved(self, p: Paused) -> bytes:
+        """A paused request's saved KV, left where it is (b"": none saved, or unreadable)."""
+        got = self.swap.peek(p.key) if p.key is not None else None
+        return got[1] if got is not None else b""
 
     def find(self, request_id: str) -> ActiveRequest | None:
         return next((p.ar for p in self.paused if p.ar.request_id == request_id), None)
@@ -222,9 +282,20 @@ class Preemptor:
         return [p.ar for p in self.paused]
 
     def forget(self, ar: ActiveRequest) -> bool:
-        """A paused request ended (aborted, or the engine failed): drop its saved KV."""
+        """A paused request ended (aborted, or the engine failed): drop its saved KV (RAM and
+        file)."""
         for p in self.paused:
             if p.ar is ar:
                 self.paused.remove(p)
+                if p.key is not None:
+                    self.swap.drop(p.key)
                 return True
         return False
+
+    def discard(self) -> None:
+        """Drop every paused request's saved KV (the engine thread has stopped without ending
+        them: nothing will resume them)."""
+        for p in self.paused:
+            if p.key is not None:
+                self.swap.drop(p.key)
+        self.paused.clear()

@@ -24,7 +24,11 @@ GAUGES = (("hearth_running_sequences", "Requests decoding or prefilling", "runni
           ("hearth_kv_tokens", "Tokens held in the KV cache (all slots)", "kv_tokens"),
           ("hearth_kv_slots_busy", "KV sequence slots in use", "slots_busy"),
           ("hearth_swapped_kv_ram_bytes", "Swapped-out session KV held in RAM", "swapped_ram_bytes"),
-          ("hearth_paused_requests", "Requests paused for a higher class (their KV in RAM)", "paused"))
+          ("hearth_paused_requests", "Requests paused for a higher class (their KV in RAM or on disk)", "paused"),
+          ("hearth_paused_kv_ram_bytes", "KV of paused requests held in RAM (in the --session-ram-mb budget "
+           "with the sessions')", "paused_kv_ram_bytes"),
+          ("hearth_paused_kv_disk_bytes", "KV of paused requests spilled to disk past that budget",
+           "paused_kv_disk_bytes"))
 
 # Fair shares, per model and tenant ("(admin)": the admin and a node without keys): (metric,
 # help, TenantTally field); gauges then counters. A tenant's share of the tokens served is its

@@ -105,6 +105,7 @@ async def test_metrics_show_each_tenants_share_queue_and_classes(tmp_path: Path)
     assert lines['hearth_tenant_preemptions_total{model="fake",tenant="batch"}'] == 0
     assert lines['hearth_queued_requests_by_class{class="flex",model="fake"}'] == 0
     assert lines['hearth_paused_requests_by_class{class="flex",model="fake"}'] == 0
+    assert lines['hearth_paused_kv_ram_bytes{model="fake"}'] == lines['hearth_paused_kv_disk_bytes{model="fake"}'] == 0
     assert 'hearth_tenant_wait_seconds_total{model="fake",tenant="team-a"}' in lines
 
 

@@ -39,6 +39,8 @@ class ModelStats:
     kv_tokens: int = 0  # tokens held in the KV cache, all slots
     slots_busy: int = 0  # KV sequence slots in use
     swapped_ram_bytes: int = 0  # swapped-out session KV held in host RAM
+    paused_kv_ram_bytes: int = 0  # paused requests' KV in host RAM (same budget as the sessions')
+    paused_kv_disk_bytes: int = 0  # paused requests' KV spilled to disk past that budget
     prompt_tokens: int = 0  # prefilled (reused prefixes not counted)
     cached_tokens: int = 0  # prompt tokens reused from the KV cache
     generated_tokens: int = 0

@@ -184,9 +184,12 @@ class LocalBackend:
         out = {}
         for mid, m in self._set.loaded().items():
             e, s, g = m.engine, m.engine.stats, m.runner.grammar_stats()
+            held = e.swap.bytes_held()
             out[mid] = ModelStats(
                 running=e.running, waiting=m.admission.waiting + e.waiting, kv_tokens=e.slots.kv_tokens,
-                slots_busy=e.slots.n_busy, swapped_ram_bytes=e.swap.ram_bytes(), prompt_tokens=s.prompt_tokens,
+                slots_busy=e.slots.n_busy, swapped_ram_bytes=held.session_ram,
+                paused_kv_ram_bytes=held.paused_ram, paused_kv_disk_bytes=held.paused_disk,
+                prompt_tokens=s.prompt_tokens,
                 cached_tokens=s.cached_tokens, generated_tokens=s.generated_tokens, steps=s.steps,
                 finished=s.finished, cancelled=s.cancelled, swap_outs=s.swap_outs, swap_ins=s.swap_ins,
                 drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,

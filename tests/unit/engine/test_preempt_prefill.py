@@ -129,7 +129,8 @@ async def pause_in_prefill(flex: EngineRequest, at_chunk: int, spec: SpecConfig 
 
     def look() -> None:
         (p,) = eng.preempt.paused
-        seen.append((p.phase, p.tokens, kv_tokens(p.data) if p.data else [], p.ar.prefill_pos, p.ar.prefill_chunks))
+        seen.append((p.phase, p.tokens, kv_tokens(eng.preempt.saved(p)) if p.key else [], p.ar.prefill_pos,
+                     p.ar.prefill_chunks))
 
     urgent_sink = Outputs(hook=look)
 
@@ -188,7 +189,7 @@ async def test_a_prompt_paused_before_its_first_chunk_keeps_its_reused_prefix_an
 
     def look() -> None:
         (p,) = eng.preempt.paused
-        seen.append((p.phase, p.tokens, kv_tokens(p.data), p.ar.cached_tokens, p.ar.prefill_chunks))
+        seen.append((p.phase, p.tokens, kv_tokens(eng.preempt.saved(p)), p.ar.cached_tokens, p.ar.prefill_chunks))
 
     sinks = {r.request_id: Outputs() for r in (warm, d1, f1)} | {"urgent": Outputs(hook=look)}
     eng.start()
@@ -251,7 +252,7 @@ async def test_the_chunk_the_arrival_interrupts_is_not_saved_and_runs_after_the_
 
     def look() -> None:
         (p,) = eng.preempt.paused
-        seen.append((p.phase, p.ar.prefill_pos, kv_tokens(p.data)))
+        seen.append((p.phase, p.ar.prefill_pos, kv_tokens(eng.preempt.saved(p))))
 
     flex_sink, urgent_sink = Outputs(), Outputs(hook=look)
     eng.start()
