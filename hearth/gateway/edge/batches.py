@@ -6,6 +6,7 @@ reads to its caller: another tenant's file or batch is a 404, exactly as a missi
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import IO, Any
@@ -72,9 +73,11 @@ async def upload_file(request: Request) -> JSONResponse:
     who = caller(request)
     async with opened_upload(request) as (upload, filename):
         spool = upload.file
-        _, size = await asyncio.to_thread(check_pieces, _pieces(spool, MAX_FILE_BYTES + 1))
+        size = spool.seek(0, os.SEEK_END)
         if size > MAX_FILE_BYTES:
             raise too_large()
+        spool.seek(0)
+        await asyncio.to_thread(check_pieces, _pieces(spool, size))
         spool.seek(0)
         obj = {"id": new_file_id(), "object": "file", "bytes": size, "created_at": int(time.time()),
                "expires_at": None, "filename": filename[:255], "purpose": "batch", "status": "processed",

@@ -21,6 +21,7 @@ Decisions:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 
@@ -81,6 +82,7 @@ async def read(begin: Callable[[], AbstractAsyncContextManager[Tx]], blob: str) 
             return
         yield bytes(row[0])
         idx += 1
+        await asyncio.sleep(0)  # SQLite's reads never suspend: let the loop run between chunks
 
 
 async def lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[int, bytes]]:
