@@ -50,7 +50,10 @@ async def write(tx: Tx, blob: str, pieces: Iterable[bytes], size: int | None = N
     await tx.execute("DELETE FROM batch_file_chunks WHERE file_id = ?", (blob,))
     total = 0
     for idx, chunk in enumerate(cut(pieces, size)):
-        await tx.execute("INSERT INTO batch_file_chunks (file_id, idx, data) VALUES (?, ?, ?)", (blob, idx, chunk))
+        # ON CONFLICT: two gateways writing one derived file at once (a batch adopted while its
+        # old gateway finalized it) write the same bytes; the second waits, then overwrites
+        await tx.execute("INSERT INTO batch_file_chunks (file_id, idx, data) VALUES (?, ?, ?) "
+                         "ON CONFLICT (file_id, idx) DO UPDATE SET data = excluded.data", (blob, idx, chunk))
         total += len(chunk)
     return total
 
