@@ -254,7 +254,8 @@ async def stopped_for_its_key(w: World, batch_id: str) -> tuple[dict[str, Any], 
     row = await batches.tables.batch(batch_id)
     assert row is not None
     done = await batches.public(row)
-    files = [await batches.tables.file_content(done[k]) for k in ("output_file_id", "error_file_id")]
+    files = [b"".join([c async for c in batches.tables.file_chunks(done[k])])
+             for k in ("output_file_id", "error_file_id")]
     out, err = ([json.loads(x) for x in (f or b"").splitlines()] for f in files)
     return done, out, err
 

@@ -42,7 +42,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.types import ASGIApp
@@ -85,16 +85,10 @@ def key_gone(who: Caller, key_names: frozenset[str]) -> dict[str, Any] | None:
                        "was stopped, and its lines not yet run were not run"}
 
 
-def read_lines(raw: bytes) -> list[Line]:
-    out = []
-    for i, line in enumerate(raw.splitlines()):
-        rec = json.loads(line)
-        out.append(Line(i, str(rec["custom_id"]), str(rec["url"]), dict(rec["body"])))
-    return out
-
-
-def input_jsonl(lines: list[Line]) -> bytes:
-    return b"".join(dumps({"custom_id": ln.custom_id, "url": ln.url, "body": ln.body}) for ln in lines)
+def read_line(index: int, raw: bytes) -> Line:
+    """Request `index` of a batch's input, as the upload checked it."""
+    rec = json.loads(raw)
+    return Line(index, str(rec["custom_id"]), str(rec["url"]), dict(rec["body"]))
 
 
 class GatewayBatches:
@@ -193,6 +187,20 @@ class GatewayBatches:
         row = await self.tables.batch(batch_id)
         return str(row.obj["status"]) if row is not None else "cancelled"
 
+    async def _lines(self, batch_id: str) -> AsyncIterator[Line]:
+        """The batch's requests in order, read from its copy of the input a chunk at a time
+        (blank lines skipped, as the upload's check counts them)."""
+        index = 0
+        async for _, raw in self.tables.input_lines(batch_id):
+            if raw.strip():
+                yield read_line(index, raw)
+                index += 1
+
+    async def _order(self, batch_id: str) -> dict[str, int]:
+        """Each request's position by custom_id (every line read once: the ids are kept, never
+        the requests)."""
+        return {line.custom_id: line.index async for line in self._lines(batch_id)}
+
     async def _run(self, batch_id: str) -> None:
         row = await self.tables.batch(batch_id)
         if row is None or row.obj["status"] not in LIVE:
@@ -201,7 +209,7 @@ class GatewayBatches:
         if obj["status"] == "validating":
             await self._set(obj, "in_progress")
         try:
-            lines = read_lines(await self.tables.input(batch_id))
+            order = await self._order(batch_id)
         except (ValueError, KeyError, TypeError) as e:
             obj["errors"] = {"object": "list", "data": [{"code": "invalid_input", "message": f"the batch's saved "
                                                          f"input cannot be read: {e}", "param": None, "line": None}]}
@@ -210,30 +218,34 @@ class GatewayBatches:
         who = caller_of(row.caller)
         expired = False
         if obj["status"] == "in_progress":
-            expired = await self._send_all(obj, who, lines)
+            expired = await self._send_all(obj, who, order)
         if self.stopping:
             return
         fresh = await self.tables.batch(batch_id)  # a cancel on any gateway is in the store
         obj = fresh.obj if fresh is not None else obj
         if obj["status"] == "in_progress" and (gone := key_gone(who, self.key_names)) is not None:
-            await self._stop_for_key(obj, row.owner, lines, gone)
+            await self._stop_for_key(obj, row.owner, order, gone)
         elif obj["status"] == "cancelling":
-            await self._finish(obj, row.owner, lines, "cancelled")
+            await self._finish(obj, row.owner, order, "cancelled")
         elif expired:
-            done = {r.custom_id for r in await self.tables.results(batch_id)}
-            for line in lines:
-                if line.custom_id not in done:
-                    await self._record(obj, row.owner, line.custom_id, False, line_out(line, None, EXPIRED))
-            await self._finish(obj, row.owner, lines, "expired")
+            await self._fail_unrun(obj, row.owner, EXPIRED)
+            await self._finish(obj, row.owner, order, "expired")
         else:
             if obj["status"] != "finalizing":
                 await self._set(obj, "finalizing")
-            await self._finish(obj, row.owner, lines, "completed")
+            await self._finish(obj, row.owner, order, "completed")
+
+    async def _fail_unrun(self, obj: dict[str, Any], owner: str, error: dict[str, Any]) -> None:
+        """Every line not yet recorded goes to the error file with `error`."""
+        done = {r.custom_id for r in await self.tables.results(obj["id"])}
+        async for line in self._lines(obj["id"]):
+            if line.custom_id not in done:
+                await self._record(obj, owner, line.custom_id, False, line_out(line, None, error))
 
     def _expired(self, obj: dict[str, Any]) -> bool:
         return self.now() >= int(obj["expires_at"])
 
-    async def _send_all(self, obj: dict[str, Any], who: Caller, lines: list[Line]) -> bool:
+    async def _send_all(self, obj: dict[str, Any], who: Caller, order: dict[str, int]) -> bool:
         """Run every line not yet recorded, at most `concurrency` at once over all batches; True
         when the window ran out first."""
         assert self._slots is not None
@@ -244,23 +256,22 @@ class GatewayBatches:
             return self.stopping or key_gone(who, self.key_names) is not None \
                 or await self._status(batch_id) != "in_progress"
 
-        await run_lines([ln for ln in lines if ln.custom_id not in done], slots, stopped,
+        pending = (ln async for ln in self._lines(batch_id) if ln.custom_id not in done)
+        await run_lines(pending, slots, stopped,
                         lambda: self._expired(obj), lambda line: self._one(obj, who, line),
                         "gateway-batch-line", f"batch {batch_id}")
         if not self._expired(obj):
             return False
         recorded = {r.custom_id for r in await self.tables.results(batch_id)}
-        return any(ln.custom_id not in recorded for ln in lines)
+        return any(cid not in recorded for cid in order)
 
-    async def _stop_for_key(self, obj: dict[str, Any], owner: str, lines: list[Line], gone: dict[str, Any]) -> None:
+    async def _stop_for_key(self, obj: dict[str, Any], owner: str, order: dict[str, int],
+                            gone: dict[str, Any]) -> None:
         """The batch's key is gone (key_gone): every line not yet run goes to the error file with
         `gone`, and the batch ends `failed` with it in `errors`."""
-        done = {r.custom_id for r in await self.tables.results(obj["id"])}
-        for line in lines:
-            if line.custom_id not in done:
-                await self._record(obj, owner, line.custom_id, False, line_out(line, None, gone))
+        await self._fail_unrun(obj, owner, gone)
         obj["errors"] = {"object": "list", "data": [{**gone, "param": None, "line": None}]}
-        await self._finish(obj, owner, lines, "failed")
+        await self._finish(obj, owner, order, "failed")
 
     async def _record(self, obj: dict[str, Any], tenant: str, custom_id: str, ok: bool, out: dict[str, Any]) -> None:
         """Record a line's answer; counted for /metrics when this write was the line's first."""
@@ -293,19 +304,17 @@ class GatewayBatches:
         response = {"status_code": answer.status, "request_id": answer.request_id, "body": answer.body}
         await self._record(obj, who.tenant, line.custom_id, ok, line_out(line, response, None))
 
-    async def _finish(self, obj: dict[str, Any], owner: str, lines: list[Line], status: str) -> None:
+    async def _finish(self, obj: dict[str, Any], owner: str, order: dict[str, int], status: str) -> None:
         """Write the output and error files from the recorded lines (in input order), then the
-        final status."""
-        order = {ln.custom_id: ln.index for ln in lines}
+        final status. Each file goes to the store a chunk at a time as its lines are encoded."""
         results = sorted(await self.tables.results(obj["id"]), key=lambda r: order.get(r.custom_id, len(order)))
         for kind, key, ok in (("output", "output_file_id", True), ("errors", "error_file_id", False)):
-            chosen = [r.line for r in results if r.ok == ok]
-            if chosen:
+            if any(r.ok == ok for r in results):
                 fid = derived_file_id(obj["id"], kind)
-                content = b"".join(dumps(x) for x in chosen)
                 await self.tables.put_file(
-                    {"id": fid, "object": "file", "bytes": len(content), "created_at": self.now(),
+                    {"id": fid, "object": "file", "bytes": 0, "created_at": self.now(),
                      "expires_at": None, "filename": f"{obj['id']}_{kind}.jsonl", "purpose": "batch_output",
-                     "status": "processed", "status_details": None}, owner, content)
+                     "status": "processed", "status_details": None}, owner,
+                    (dumps(r.line) for r in results if r.ok == ok))
                 obj[key] = fid
         await self._set(obj, status)

@@ -6,29 +6,33 @@ reads to its caller: another tenant's file or batch is a 404, exactly as a missi
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import IO, Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from hearth.errors import NotFound
-from hearth.gateway.batches.runner import caller_json, input_jsonl
+from hearth.errors import BadRequest, NotFound
+from hearth.gateway.batches.runner import caller_json
 from hearth.gateway.state import gateway_of
+from hearth.gateway.store import chunks
 from hearth.gateway.store.batches import BatchRow
 from hearth.gateway.tenancy import caller
-from hearth.http.batches.lines import parse_file
+from hearth.http.batches.lines import FileCheck, check_pieces
 from hearth.http.batches.requests import (
+    MAX_FILE_BYTES,
     check_create,
     check_purpose,
-    check_urls,
     limit_of,
     list_files_page,
     new_batch,
     new_file_id,
+    opened_upload,
     page,
-    read_upload,
+    too_large,
 )
 from hearth.http.body import parse_json, read_limited
 from hearth.tenants import Caller
@@ -62,15 +66,31 @@ async def _batch(request: Request, who: Caller) -> BatchRow:
 
 
 async def upload_file(request: Request) -> JSONResponse:
-    """POST /v1/files: multipart `file` and `purpose` ("batch"); the JSONL is checked line by line."""
+    """POST /v1/files: multipart `file` and `purpose` ("batch"); the JSONL is checked line by line.
+    Never whole in memory: the framework spools the file part (opened_upload), then it is read
+    in chunks twice, once to check every line (in a thread) and once into the store's chunks
+    (one transaction: a file is stored whole or not at all)."""
     who = caller(request)
-    content, filename = await read_upload(request)
-    await asyncio.to_thread(parse_file, content)  # every line, or the first error with its line number
-    obj = {"id": new_file_id(), "object": "file", "bytes": len(content), "created_at": int(time.time()),
-           "expires_at": None, "filename": filename[:255], "purpose": "batch", "status": "processed",
-           "status_details": None}
-    await gateway_of(request.app).batches.tables.put_file(obj, who.tenant, content)
+    async with opened_upload(request) as (upload, filename):
+        spool = upload.file
+        size = spool.seek(0, os.SEEK_END)
+        if size > MAX_FILE_BYTES:
+            raise too_large()
+        spool.seek(0)
+        await asyncio.to_thread(check_pieces, _pieces(spool, size))
+        spool.seek(0)
+        obj = {"id": new_file_id(), "object": "file", "bytes": size, "created_at": int(time.time()),
+               "expires_at": None, "filename": filename[:255], "purpose": "batch", "status": "processed",
+               "status_details": None}
+        obj = await gateway_of(request.app).batches.tables.put_file(obj, who.tenant, _pieces(spool, size))
     return JSONResponse(obj)
+
+
+def _pieces(f: IO[bytes], most: int) -> Iterator[bytes]:
+    """At most `most` bytes of `f` from where it is, a chunk at a time."""
+    while most > 0 and (piece := f.read(min(chunks.CHUNK_BYTES, most))):
+        most -= len(piece)
+        yield piece
 
 
 async def list_files(request: Request) -> JSONResponse:
@@ -90,11 +110,12 @@ async def delete_file(request: Request) -> JSONResponse:
 
 
 async def file_content(request: Request) -> Response:
+    """The file's bytes exactly, streamed a chunk at a time from the store."""
     obj = await _file(request, caller(request))
-    content = await gateway_of(request.app).batches.tables.file_content(obj["id"])
-    if content is None:
-        raise file_not_found(obj["id"])
-    return Response(content, media_type="application/jsonl")
+    tables = gateway_of(request.app).batches.tables
+    size = await tables.file_size(obj["id"])
+    return StreamingResponse(tables.file_chunks(obj["id"]), media_type="application/jsonl",
+                             headers={"content-length": str(size)})
 
 
 # batches
@@ -108,13 +129,36 @@ async def create_batch(request: Request) -> JSONResponse:
     if found is None or not who.sees(found[1]):
         raise file_not_found(ask.input_file_id)
     check_purpose(ask, found[0])
-    content = await runs.tables.file_content(ask.input_file_id) or b""
-    lines = await asyncio.to_thread(parse_file, content)
-    check_urls(ask, content, lines)
-    obj = new_batch(ask, len(lines), runs.now())
-    await runs.tables.create(obj, who.tenant, caller_json(who), input_jsonl(lines))
+    total = await _check_input(runs.tables.file_lines(ask.input_file_id), ask.endpoint)
+    obj = new_batch(ask, total, runs.now())
+    if not await runs.tables.create(obj, who.tenant, caller_json(who), ask.input_file_id):
+        raise file_not_found(ask.input_file_id)  # deleted meanwhile
     runs.launch(obj["id"])
     return JSONResponse(obj)
+
+
+async def _check_input(lines: AsyncIterator[tuple[int, bytes]], endpoint: str) -> int:
+    """Every line of an input file checked again (`FileCheck`, a chunk's lines at a time in a
+    thread), each for the batch's endpoint; the number of requests."""
+    check = FileCheck()
+    batch: list[tuple[int, bytes]] = []
+    held = 0
+
+    def run(numbered: list[tuple[int, bytes]]) -> None:
+        for n, raw in numbered:
+            line = check.line(n, raw)
+            if line is not None and line.url != endpoint:
+                raise BadRequest(f"line {n}: url {line.url} does not match the batch's endpoint {endpoint}",
+                                 param="endpoint", code="invalid_batch_line")
+
+    async for numbered in lines:
+        batch.append(numbered)
+        held += len(numbered[1])
+        if held >= chunks.CHUNK_BYTES:
+            await asyncio.to_thread(run, batch)
+            batch, held = [], 0
+    await asyncio.to_thread(run, batch)
+    return check.end()
 
 
 async def get_batch(request: Request) -> JSONResponse:

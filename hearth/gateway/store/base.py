@@ -31,12 +31,12 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hearth.gateway.routing.affinity import KeyKind, key_of
 from hearth.gateway.store.schema import MIGRATIONS
+from hearth.gateway.store.tx import Tx
 from hearth.protocols.responses_log import ORPHAN_ERROR
 
 RUNNING = ("queued", "in_progress")
@@ -63,21 +63,6 @@ class Move:
     snapshot: str | None
     state: str
     gateway: str
-
-
-class Tx:
-    """One transaction's statements (a backend's cursor behind it)."""
-
-    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        """Run a statement; the number of rows it changed."""
-        raise NotImplementedError
-
-    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
-
-    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
-        rows = await self.fetchall(sql, params)
-        return rows[0] if rows else None
 
 
 class GatewayStore:
@@ -111,7 +96,10 @@ class GatewayStore:
             for number, statements in MIGRATIONS:
                 if number > version:
                     for statement in statements:
-                        await tx.execute(statement)
+                        if isinstance(statement, str):
+                            await tx.execute(statement)
+                        else:
+                            await statement(tx)  # a data step (schema.py)
                     await tx.execute("INSERT INTO schema_version VALUES (?)", (number,))
                     version = number
         return version

@@ -1,12 +1,16 @@
 """The Batch API's tables in the gateway's database (schema.py, migration 3), so every gateway on
 one PostgreSQL sees the same files and batches (gateway/batches/ runs them):
 
-- `batch_files`: each file's object, owner (a tenant) and content (UTF-8 JSONL: an input file a
-  client uploaded, or a batch's output or error file, whose id is derived from the batch's);
+- `batch_files`: each file's object and owner (a tenant): an input file a client uploaded, or a
+  batch's output or error file, whose id is derived from the batch's. Its content (JSONL) is in
+  `batch_file_chunks` (chunks.py: bounded chunks, written in one transaction with the row, read
+  one chunk per transaction, deleted with the row); the old `content` column holds '';
 - `batches`: each batch's object (`status` copied out for queries), owner, the caller its lines
-  run as (tenant, key name and class, never a key), its own copy of the input lines, and the
-  gateway that runs it (`gateway`, one of `gateways`: a batch whose gateway is gone is adopted
-  by a live one);
+  run as (tenant, key name and class, never a key), and the gateway that runs it (`gateway`, one
+  of `gateways`: a batch whose gateway is gone is adopted by a live one). Its own copy of the
+  input file is in `batch_file_chunks` under the batch's id (copied inside the database when
+  the batch is created, so deleting the input file leaves the batch its lines); the old `input`
+  column holds '';
 - `batch_results`: one row per finished line, keyed by (batch, custom_id): a line is done once
   its row is in, and a second answer for it is never recorded (INSERT ... ON CONFLICT DO
   NOTHING), so a resumed batch neither loses a line nor writes one twice.
@@ -16,9 +20,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from hearth.gateway.store import chunks
 from hearth.gateway.store.base import GatewayStore
 
 LIVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -45,12 +51,18 @@ class BatchTables:
 
     # ---- files ---------------------------------------------------------------------------------
 
-    async def put_file(self, obj: dict[str, Any], owner: str, content: bytes) -> None:
-        """Store a file (a derived output file's id again: replaced, never a second one)."""
+    async def put_file(self, obj: dict[str, Any], owner: str, content: bytes | Iterable[bytes]) -> dict[str, Any]:
+        """Store a file, its row and its chunks in one transaction (a derived output file's id
+        again: replaced, never a second one). `content`: the bytes, or pieces of them read as
+        they are written (never joined). The object stored: `obj` with `bytes` counted."""
+        pieces = [content] if isinstance(content, bytes) else content
         async with self.store._tx() as tx:
-            await tx.execute("INSERT INTO batch_files VALUES (?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
-                             "owner = excluded.owner, obj = excluded.obj, content = excluded.content",
-                             (obj["id"], owner, json.dumps(obj), content.decode("utf-8"), time.time()))
+            total = await chunks.write(tx, obj["id"], pieces)
+            stored = {**obj, "bytes": total}
+            await tx.execute("INSERT INTO batch_files VALUES (?, ?, ?, '', ?) ON CONFLICT(id) DO UPDATE SET "
+                             "owner = excluded.owner, obj = excluded.obj, content = ''",
+                             (obj["id"], owner, json.dumps(stored), time.time()))
+        return stored
 
     async def file(self, file_id: str) -> tuple[dict[str, Any], str] | None:
         """A file's object and owner."""
@@ -58,14 +70,24 @@ class BatchTables:
             row = await tx.fetchone("SELECT obj, owner FROM batch_files WHERE id = ?", (file_id,))
         return (json.loads(row[0]), str(row[1])) if row else None
 
-    async def file_content(self, file_id: str) -> bytes | None:
+    async def file_size(self, file_id: str) -> int:
+        """The bytes its chunks hold."""
         async with self.store._tx() as tx:
-            row = await tx.fetchone("SELECT content FROM batch_files WHERE id = ?", (file_id,))
-        return str(row[0]).encode("utf-8") if row else None
+            return await chunks.size(tx, file_id)
+
+    def file_chunks(self, file_id: str) -> AsyncIterator[bytes]:
+        """A file's content, chunk by chunk (chunks.read: one transaction each)."""
+        return chunks.read(self.store._tx, file_id)
+
+    def file_lines(self, file_id: str) -> AsyncIterator[tuple[int, bytes]]:
+        """A file's lines (1-based number, bytes), split as `bytes.split(b"\\n")` would."""
+        return chunks.lines(self.file_chunks(file_id))
 
     async def delete_file(self, file_id: str) -> None:
+        """The file's row and every chunk, in one transaction."""
         async with self.store._tx() as tx:
             await tx.execute("DELETE FROM batch_files WHERE id = ?", (file_id,))
+            await chunks.drop(tx, file_id)
 
     async def files(self, owner: str | None) -> list[dict[str, Any]]:
         """The files of `owner` (None: every owner's), newest first."""
@@ -76,12 +98,17 @@ class BatchTables:
 
     # ---- batches -------------------------------------------------------------------------------
 
-    async def create(self, obj: dict[str, Any], owner: str, caller: dict[str, Any], lines: bytes) -> None:
-        """A new batch, run by this gateway."""
+    async def create(self, obj: dict[str, Any], owner: str, caller: dict[str, Any], input_file_id: str) -> bool:
+        """A new batch, run by this gateway, with its own copy of the input file's chunks (one
+        transaction); False, and nothing written, when that file is gone."""
         async with self.store._tx() as tx:
-            await tx.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            if await tx.fetchone("SELECT id FROM batch_files WHERE id = ?", (input_file_id,)) is None:
+                return False
+            await tx.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, '', ?, ?)",
                              (obj["id"], owner, json.dumps(caller), obj["status"], json.dumps(obj),
-                              lines.decode("utf-8"), self.store.instance, time.time()))
+                              self.store.instance, time.time()))
+            await chunks.copy(tx, input_file_id, obj["id"])
+        return True
 
     async def batch(self, batch_id: str) -> BatchRow | None:
         async with self.store._tx() as tx:
@@ -95,10 +122,10 @@ class BatchTables:
                                      "ORDER BY created DESC", params)
         return [BatchRow(json.loads(r[0]), str(r[1]), json.loads(r[2]), str(r[3])) for r in rows]
 
-    async def input(self, batch_id: str) -> bytes:
-        async with self.store._tx() as tx:
-            row = await tx.fetchone("SELECT input FROM batches WHERE id = ?", (batch_id,))
-        return str(row[0]).encode("utf-8") if row else b""
+    def input_lines(self, batch_id: str) -> AsyncIterator[tuple[int, bytes]]:
+        """The lines of the batch's copy of its input file (1-based number, bytes), read chunk
+        by chunk."""
+        return chunks.lines(chunks.read(self.store._tx, batch_id))
 
     async def save(self, obj: dict[str, Any], only_if: tuple[str, ...] | None = None) -> bool:
         """Write the batch's object (and status); with `only_if`, only while its status is one

@@ -22,7 +22,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from hearth.errors import Unavailable
-from hearth.gateway.store.base import GatewayStore, Tx
+from hearth.gateway.store.base import GatewayStore
+from hearth.gateway.store.tx import Tx
 
 POOL_TIMEOUT = 2.0  # seconds a request waits for a connection before its 503
 CONNECT_TIMEOUT = 2  # seconds (libpq's connect_timeout)

@@ -3,13 +3,22 @@ recording each in `schema_version`; on PostgreSQL under an advisory lock, so gat
 start together apply each once).
 
 One text for both databases: TEXT, DOUBLE PRECISION (SQLite gives it REAL affinity; PostgreSQL's
-REAL would be 4 bytes, too coarse for a timestamp), INTEGER, and JSON kept as TEXT. A migration
-is never edited once released: a change is a new one.
+REAL would be 4 bytes, too coarse for a timestamp), INTEGER, BYTEA (SQLite gives it NUMERIC
+affinity, which keeps a bytes value as a BLOB, untouched), and JSON kept as TEXT. A step may be
+a coroutine over the migration's transaction, for data SQL alone cannot move (migration 5). A
+migration is never edited once released: a change is a new one.
 """
 
 from __future__ import annotations
 
-MIGRATIONS: list[tuple[int, list[str]]] = [
+from collections.abc import Awaitable, Callable
+
+from hearth.gateway.store.chunks import move_legacy
+from hearth.gateway.store.tx import Tx
+
+Step = str | Callable[[Tx], Awaitable[None]]  # a statement, or a data step run in the migration's transaction
+
+MIGRATIONS: list[tuple[int, list[Step]]] = [
     # 1: the tables of the SQLite store before versions (IF NOT EXISTS: a file of then is at 1)
     (1, [
         "CREATE TABLE IF NOT EXISTS affinity (key TEXT PRIMARY KEY, node TEXT NOT NULL, "
@@ -58,6 +67,14 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "ttft_ms DOUBLE PRECISION, total_ms DOUBLE PRECISION NOT NULL)",
         "CREATE INDEX IF NOT EXISTS usage_at ON usage (at)",
         "CREATE INDEX IF NOT EXISTS usage_tenant_at ON usage (tenant, at)",
+    ]),
+    # 5: batch files in bounded chunks (store/chunks.py): a file's content, and a batch's copy of
+    # its input, as rows of at most 1 MiB each; the whole values of before moved there (their
+    # columns `batch_files.content` and `batches.input` hold '' from then on)
+    (5, [
+        "CREATE TABLE IF NOT EXISTS batch_file_chunks (file_id TEXT NOT NULL, idx INTEGER NOT NULL, "
+        "data BYTEA NOT NULL, PRIMARY KEY (file_id, idx))",
+        move_legacy,
     ]),
 ]
 

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hearth.gateway.store.base import GatewayStore, Tx
+from hearth.gateway.store.base import GatewayStore
+from hearth.gateway.store.tx import Tx
 
 
 class _SqliteTx(Tx):

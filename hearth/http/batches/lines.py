@@ -7,6 +7,7 @@ input by it, and the runner's resume record is keyed by it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,22 +63,78 @@ def parse_line(n: int, raw: bytes) -> Line:
     return Line(n - 1, cid, str(url), body)
 
 
-def parse_file(content: bytes) -> list[Line]:
-    """Every line of an input file (blank lines skipped), or the first error with its line number."""
-    out: list[Line] = []
-    seen: set[str] = set()
-    for n, raw in enumerate(content.split(b"\n"), start=1):
+class Splitter:
+    """A file's lines as its bytes come, piece by piece, split on b"\\n" as `bytes.split` would
+    (the text after the last newline is a line too, maybe empty), numbered from 1. Holds the
+    line being completed as its pieces (joined once: a line longer than many pieces is not
+    re-copied per piece)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._pending: list[bytes] = []
+
+    def feed(self, piece: bytes) -> Iterator[tuple[int, bytes]]:
+        start = 0
+        while (end := piece.find(b"\n", start)) >= 0:
+            self._pending.append(piece[start:end])
+            self.n += 1
+            yield self.n, b"".join(self._pending)
+            self._pending, start = [], end + 1
+        if start < len(piece):
+            self._pending.append(piece[start:])
+
+    def end(self) -> tuple[int, bytes]:
+        """The last line (after the last newline)."""
+        self.n += 1
+        last, self._pending = b"".join(self._pending), []
+        return self.n, last
+
+
+class FileCheck:
+    """`parse_file`'s checks over a file's lines as they come (`line` for each, then `end`):
+    the same errors with the same line numbers. Keeps the custom_ids seen, not the lines."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._seen: set[str] = set()
+
+    def line(self, n: int, raw: bytes) -> Line | None:
+        """Line `n` (1-based) checked; None for a blank one."""
         if not raw.strip():
-            continue
-        if len(out) >= MAX_LINES:
+            return None
+        if self.count >= MAX_LINES:
             raise line_error(n, f"a batch holds at most {MAX_LINES} requests")
         line = parse_line(n, raw)
-        if line.custom_id in seen:
+        if line.custom_id in self._seen:
             raise line_error(n, f"duplicate custom_id {line.custom_id!r}", "custom_id")
-        seen.add(line.custom_id)
-        out.append(Line(len(out), line.custom_id, line.url, line.body))
-    if not out:
-        raise BadRequest("the file holds no requests", param="file", code="invalid_batch_line")
+        self._seen.add(line.custom_id)
+        self.count += 1
+        return Line(self.count - 1, line.custom_id, line.url, line.body)
+
+    def end(self) -> int:
+        """The number of requests, or the error of a file without one."""
+        if not self.count:
+            raise BadRequest("the file holds no requests", param="file", code="invalid_batch_line")
+        return self.count
+
+
+def check_pieces(pieces: Iterable[bytes]) -> tuple[int, int]:
+    """Every line of a file given piece by piece checked as `parse_file` does; (requests,
+    bytes). Holds one piece and one line."""
+    check, split, size = FileCheck(), Splitter(), 0
+    for piece in pieces:
+        size += len(piece)
+        for n, raw in split.feed(piece):
+            check.line(n, raw)
+    check.line(*split.end())
+    return check.end(), size
+
+
+def parse_file(content: bytes) -> list[Line]:
+    """Every line of an input file (blank lines skipped), or the first error with its line number."""
+    check = FileCheck()
+    out = [line for n, raw in enumerate(content.split(b"\n"), start=1) if (line := check.line(n, raw)) is not None]
+    check.end()
     return out
 
 

@@ -10,19 +10,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 from hearth import test_gate
 from hearth.http.batches.lines import Line
 
 
-async def run_lines(pending: list[Line], slots: asyncio.Semaphore, stopped: Callable[[], Awaitable[bool]],
-                    expired: Callable[[], bool], run: Callable[[Line], Coroutine[Any, Any, None]],
+async def _each(lines: Iterable[Line] | AsyncIterable[Line]) -> AsyncIterator[Line]:
+    if isinstance(lines, AsyncIterable):
+        async for line in lines:
+            yield line
+    else:
+        for line in lines:
+            yield line
+
+
+async def run_lines(pending: Iterable[Line] | AsyncIterable[Line], slots: asyncio.Semaphore,
+                    stopped: Callable[[], Awaitable[bool]], expired: Callable[[], bool],
+                    run: Callable[[Line], Coroutine[Any, Any, None]],
                     gate: str, name: str) -> bool:
-    """Run `run(line)` for each of `pending` in order, as slots free, until `stopped()` (checked
-    before and after waiting for a slot); True if the loop ended because `expired()`. Waits for
-    the lines started. The test gate `{gate}-{index}` holds a line once it has its slot."""
+    """Run `run(line)` for each of `pending` in order (a list, or lines read as they are needed:
+    the gateway reads a batch's input from its store a chunk at a time), as slots free, until
+    `stopped()` (checked before and after waiting for a slot); True if the loop ended because
+    `expired()`. Waits for the lines started. The test gate `{gate}-{index}` holds a line once it has its slot."""
     running: set[asyncio.Task[None]] = set()
     ran_out = False
 
@@ -31,7 +42,7 @@ async def run_lines(pending: list[Line], slots: asyncio.Semaphore, stopped: Call
         slots.release()
 
     try:
-        for line in pending:
+        async for line in _each(pending):
             if await stopped():
                 break
             if expired():

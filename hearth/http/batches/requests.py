@@ -4,8 +4,10 @@ limits and cursor pages, and the ids of a batch's output files."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import secrets
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,9 +80,13 @@ def list_files_page(request: Request, files: list[dict[str, Any]]) -> dict[str, 
     return page(files, request.query_params.get("after"), limit)
 
 
-async def read_upload(request: Request) -> tuple[bytes, str]:
-    """POST /v1/files: multipart `file` and `purpose` ("batch"); the content and its filename
-    (the lines are not checked here: `lines.parse_file`)."""
+@contextlib.asynccontextmanager
+async def opened_upload(request: Request) -> AsyncIterator[tuple[UploadFile, str]]:
+    """POST /v1/files: multipart `file` and `purpose` ("batch"), checked; the file part and its
+    filename, until the block ends (the lines are not checked here: `lines.parse_file`). The
+    multipart parser (starlette's) reads the whole body first and spools the file part to a
+    temporary file (in memory up to 1 MiB, on disk beyond), so the part is bounded by the
+    Content-Length check, in memory by the spool; its size is the reader's to check (`MAX_FILE_BYTES`)."""
     check_length(request, MAX_FILE_BYTES + FORM_OVERHEAD, "upload")
     if declared_length(request) is None:  # the multipart parser spools a file part to disk, unbounded
         raise BadRequest("POST /v1/files needs a Content-Length (a chunked upload is not accepted)")
@@ -98,12 +104,21 @@ async def read_upload(request: Request) -> tuple[bytes, str]:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise BadRequest("the form needs a `file` part (the JSONL)", param="file")
-        content = await upload.read(MAX_FILE_BYTES + 1)
-        filename = upload.filename or "upload.jsonl"
+        yield upload, upload.filename or "upload.jsonl"
     finally:
         await form.close()
+
+
+def too_large() -> PayloadTooLarge:
+    return PayloadTooLarge(f"the file is larger than the limit of {MAX_FILE_BYTES} bytes", param="file")
+
+
+async def read_upload(request: Request) -> tuple[bytes, str]:
+    """POST /v1/files (`opened_upload`): the content, whole, and its filename."""
+    async with opened_upload(request) as (upload, filename):
+        content = await upload.read(MAX_FILE_BYTES + 1)
     if len(content) > MAX_FILE_BYTES:
-        raise PayloadTooLarge(f"the file is larger than the limit of {MAX_FILE_BYTES} bytes", param="file")
+        raise too_large()
     return content, filename
 
 
