@@ -46,16 +46,19 @@ def only_paused(eng: Engine) -> Paused:
     return p
 
 
-async def pause_one(swap: SwapStore | None, victim: EngineRequest, on_paused: Callable[[Engine, Paused], None],
-                    urgent_tokens: int = 5) -> tuple[Engine, HookedRunner, Collect, Collect]:
+async def pause_one(swap: SwapStore | None, victim: EngineRequest,
+                    on_paused: Callable[[Engine, Paused], None] | None,
+                    urgent_tokens: int = 5, runner: HookedRunner | None = None
+                    ) -> tuple[Engine, HookedRunner, Collect, Collect]:
     """One slot: `victim` runs, a `priority` request arrives after its first two tokens and
-    pauses it; `on_paused(engine, paused)` runs on the engine thread at the urgent request's
-    first output. Returns once both requests ended (the engine stopped)."""
-    runner = HookedRunner(n_seq_max=1)
+    pauses it (if it may); `on_paused(engine, paused)` runs on the engine thread at the urgent
+    request's first output. Returns once both requests ended (the engine stopped)."""
+    runner = runner or HookedRunner(n_seq_max=1)
     eng = Engine(runner, seq_ctx=256, swap=swap)
     eng.clock = lambda: 1000.0
     urgent = request("urgent", "urgent!", PRIORITY, tokens=urgent_tokens)
-    urgent_sink = Collect(after=1, hook=lambda: on_paused(eng, eng.preempt.paused[0]))
+    urgent_sink = (Collect() if on_paused is None else
+                   Collect(after=1, hook=lambda: on_paused(eng, eng.preempt.paused[0])))
     victim_sink = Collect(after=2, hook=lambda: eng.submit(urgent, urgent_sink))
     eng.start()
     try:
@@ -293,17 +296,7 @@ async def test_without_a_directory_a_pause_that_does_not_fit_is_not_made() -> No
     runner = HookedRunner(n_seq_max=1)
     victim = request("victim", "victim prompt", FLEX, tokens=30)
     swap = SwapStore(None, ram_budget=runner.state_bytes_bound(len(victim.prompt_tokens)), fingerprint={})
-    eng = Engine(runner, seq_ctx=256, swap=swap)
-    urgent = request("urgent", "urgent!", PRIORITY, tokens=5)
-    urgent_sink = Collect()
-    victim_sink = Collect(after=2, hook=lambda: eng.submit(urgent, urgent_sink))
-    eng.start()
-    try:
-        eng.submit(victim, victim_sink)
-        for s in (victim_sink, urgent_sink):
-            assert await asyncio.to_thread(s.done.wait, 30)
-    finally:
-        eng.stop()
+    eng, _, victim_sink, urgent_sink = await pause_one(swap, victim, None, runner=runner)
     assert eng.preempt.pauses == 0 and eng.preempt.refused >= 1
     assert len(victim_sink.ids) == 30 and urgent_sink.finish == "length"
 
