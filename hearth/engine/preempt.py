@@ -46,9 +46,9 @@ built without a store (tests, embedding) has an unbounded one. A KV that cannot 
 (a file corrupted on disk) ends its request with an error: there is nothing exact to resume.
 
 The read from disk runs on the engine thread, inside the step that resumes the request: one
-file read and a memory-speed checksum (xxh3). Measured on the default model (12.3 KB of f16 KV
-per token): 2-9 ms for 2,048 tokens, ~25 ms for 4,096, ~190 ms for 32,768; the pause's own
-`state_get` on this thread costs as much (45 ms for 2,048 tokens). It comes once per resume,
+file read and a memory-speed checksum (xxh3). Measured with qwen2.5-coder-0.5b's f16 KV (12.3
+KB a token): 2-9 ms for 2,048 tokens; synthetic KV of 50 and 400 MB ~25 and ~190 ms; the
+pause's own `state_get` on this thread costs more (45 ms for 2,048 tokens). It comes once per resume,
 when a slot frees, and delays the other streams by that once. Kept on the thread: reading
 ahead in another one would hold the freed slot empty (or give it away) while the read runs and
 make the resume order depend on reads finishing, against the order above; worth it only for

@@ -64,15 +64,16 @@ def start_server(tmp: Path, *args: str, ready_timeout: float = 120.0, port: int 
     return Server(url, proc, log)
 
 
-def wait_healthy(what: str, proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float) -> None:
-    """Until `url`/health answers 200; RuntimeError with the log if the process exits or time
+def wait_healthy(what: str, proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float,
+                 path: str = "/health", headers: dict[str, str] | None = None) -> None:
+    """Until `url` + `path` answers 200; RuntimeError with the log if the process exits or time
     runs out (then it is killed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log.read_text()}")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpx.get(url + path, headers=headers, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

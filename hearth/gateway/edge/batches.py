@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from hearth.errors import BadRequest, NotFound
+from hearth.errors import NotFound
 from hearth.gateway.batches.runner import caller_json
 from hearth.gateway.state import gateway_of
 from hearth.gateway.store import chunks
@@ -26,6 +26,7 @@ from hearth.http.batches.requests import (
     MAX_FILE_BYTES,
     check_create,
     check_purpose,
+    check_url,
     limit_of,
     list_files_page,
     new_batch,
@@ -146,10 +147,8 @@ async def _check_input(lines: AsyncIterator[tuple[int, bytes]], endpoint: str) -
 
     def run(numbered: list[tuple[int, bytes]]) -> None:
         for n, raw in numbered:
-            line = check.line(n, raw)
-            if line is not None and line.url != endpoint:
-                raise BadRequest(f"line {n}: url {line.url} does not match the batch's endpoint {endpoint}",
-                                 param="endpoint", code="invalid_batch_line")
+            if (line := check.line(n, raw)) is not None:
+                check_url(endpoint, n, line.url)
 
     async for numbered in lines:
         batch.append(numbered)

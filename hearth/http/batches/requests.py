@@ -165,13 +165,18 @@ def check_purpose(ask: BatchAsk, info: dict[str, Any]) -> None:
                          "purpose \"batch\"", param="input_file_id")
 
 
+def check_url(endpoint: str, n: int, url: str) -> None:
+    """Line `n` (1-based) of a batch's input is for the batch's endpoint."""
+    if url != endpoint:
+        raise BadRequest(f"line {n}: url {url} does not match the batch's endpoint {endpoint}",
+                         param="endpoint", code="invalid_batch_line")
+
+
 def check_urls(ask: BatchAsk, content: bytes, lines: list[Line]) -> None:
     """Every line of the input (`content`, parsed as `lines`) is for the batch's endpoint."""
     for ln in lines:
         if ln.url != ask.endpoint:
-            n = line_number(content, ln.index)
-            raise BadRequest(f"line {n}: url {ln.url} does not match the batch's endpoint {ask.endpoint}",
-                             param="endpoint", code="invalid_batch_line")
+            check_url(ask.endpoint, line_number(content, ln.index), ln.url)
 
 
 def new_batch(ask: BatchAsk, total: int, now: int) -> dict[str, Any]:

@@ -105,17 +105,20 @@ class Gateway(Server):
         wait_until(ok, what, timeout, interval=0.05)
 
 
-def start_gateway(tmp: Path, toml: str, *args: str) -> Gateway:
+def start_gateway(tmp: Path, toml: str, *args: str, home: Path | None = None, ready: str = "/health") -> Gateway:
+    """A gateway on a free port, once `ready` answers 200 (to a client's key: /health is 503
+    while no node is up); its store under `home` (default a new folder per start: give the same
+    one to restart the same gateway)."""
     port = free_port()
     (tmp / f"fleet-{port}.toml").write_text(toml)
     log = tmp / f"gateway-{port}.log"
-    env = {**os.environ, "HEARTH_GATEWAY_HOME": str(tmp / f"gw-{port}")}
+    env = {**os.environ, "HEARTH_GATEWAY_HOME": str(home or tmp / f"gw-{port}")}
     cmd = [sys.executable, "-m", "hearth.cli.main", "gateway", "--upstreams", str(tmp / f"fleet-{port}.toml"),
            "--port", str(port), "--api-key", GW_KEY, "--admin-key", GW_ADMIN, *args]
     with log.open("wb") as out:  # the child keeps its own descriptor; ours is closed at once
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    wait_healthy("gateway", proc, url, log, 60)
+    wait_healthy("gateway", proc, url, log, 60, ready, {"Authorization": f"Bearer {GW_KEY}"})
     return Gateway(url, proc, log)
 
 

@@ -10,13 +10,11 @@ boundary finds the flex request decoding."""
 
 from __future__ import annotations
 
-import asyncio
-
 from hearth.engine import Engine, EngineRequest, SamplingParams
 from hearth.engine.fair_share import Priority
 from hearth.engine.fake_runner import FakeRunner
 from hearth.engine.prefix_cache import PrefixCache
-from tests.unit.engine.test_preempt import Collect
+from tests.unit.engine.test_preempt import Collect, run_to_end
 
 FLEX, PRIORITY = int(Priority.FLEX), int(Priority.PRIORITY)
 
@@ -44,30 +42,20 @@ def request(rid: str, prompt: str, tokens: int, priority: int = int(Priority.DEF
 def engine(runner: FakeRunner) -> tuple[Engine, PrefixCache]:
     cache = PrefixCache(runner, runner.fingerprint, directory=None, ram_budget=1 << 20, disk_budget=0,
                         block_tokens=8, min_new=1)
-    eng = Engine(runner, seq_ctx=256, prefix_cache=cache)
-    eng.start()
-    return eng, cache
-
-
-async def run(eng: Engine, req: EngineRequest) -> Collect:
-    sink = Collect()
-    eng.submit(req, sink)
-    assert await asyncio.to_thread(sink.done.wait, 10)
-    return sink
+    return Engine(runner, seq_ctx=256, prefix_cache=cache), cache
 
 
 async def test_a_cache_prompt_false_requests_kv_is_not_offered_when_its_slot_is_overwritten() -> None:
     private = "a prompt that asked not to be cached, long enough to be worth a copy"
     for cache_prompt in (False, True):  # True: the same run offers it (the check can fail)
         eng, cache = engine(CountingRunner(n_seq_max=1))
-        try:
-            await run(eng, request("private", private, 4, cache_prompt=cache_prompt))
-            await run(eng, request("next", "something else entirely, in the same one slot", 4))
+        try:  # one after the other: the second waits for the one slot
+            await run_to_end(eng, [(request("private", private, 4, cache_prompt=cache_prompt), Collect()),
+                                   (request("next", "something else entirely, in the same one slot", 4), Collect())])
             assert cache.flush()
             found = cache.match([*private.encode(), 0])
             assert (found is not None) is cache_prompt, cache_prompt
         finally:
-            eng.stop()
             cache.close()
 
 
@@ -79,9 +67,7 @@ async def test_a_paused_requests_kv_is_copied_once_not_again_by_the_placement_th
         urgent = request("urgent", "an interactive question arriving meanwhile", 4, PRIORITY)
         urgent_sink = Collect()
         flex_sink = Collect(after=3, hook=lambda: eng.submit(urgent, urgent_sink))
-        eng.submit(flex, flex_sink)
-        for s in (flex_sink, urgent_sink):
-            assert await asyncio.to_thread(s.done.wait, 10)
+        await run_to_end(eng, [(flex, flex_sink)], (urgent_sink,))
         assert eng.preempt.pauses == 1
         # the pause copied the flex request's KV (its prompt and the tokens it had decoded);
         # the urgent request's placement in that slot did not copy the same KV again
@@ -93,5 +79,4 @@ async def test_a_paused_requests_kv_is_copied_once_not_again_by_the_placement_th
             m = cache.match([*r.prompt_tokens, *sink.ids, 0])
             assert m is not None and m.n_tokens >= len(r.prompt_tokens), r.request_id
     finally:
-        eng.stop()
         cache.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 from hearth.engine import Engine, EngineRequest, RequestOutput, SamplingParams
 from hearth.engine.fair_share import Priority
@@ -48,11 +48,13 @@ class Collect:
             self.done.set()
 
 
-def alone(req: EngineRequest, slots: int = 1) -> Collect:
-    eng = Engine(FakeRunner(n_seq_max=slots), seq_ctx=256)
+C = TypeVar("C", bound=Collect)
+
+
+def alone_on(eng: Engine, req: EngineRequest, sink: C) -> C:
+    """`req` alone on `eng` (started here, stopped once it ended, also on a failure)."""
     eng.start()
     try:
-        sink = Collect()
         eng.submit(req, sink)
         assert sink.done.wait(10)
         return sink
@@ -60,19 +62,31 @@ def alone(req: EngineRequest, slots: int = 1) -> Collect:
         eng.stop()
 
 
+async def run_to_end(eng: Engine, submits: list[tuple[EngineRequest, Collect]], more: tuple[Collect, ...] = (),
+                     timeout: float = 10) -> None:
+    """Start `eng`, submit `submits` in order, wait until their sinks and `more` (requests a
+    hook submits) are done, and stop it (also on a failure)."""
+    eng.start()
+    try:
+        for req, sink in submits:
+            eng.submit(req, sink)
+        for s in (*(sink for _, sink in submits), *more):
+            assert await asyncio.to_thread(s.done.wait, timeout)
+    finally:
+        eng.stop()
+
+
+def alone(req: EngineRequest, slots: int = 1) -> Collect:
+    return alone_on(Engine(FakeRunner(n_seq_max=slots), seq_ctx=256), req, Collect())
+
+
 async def paused_run(flex: list[EngineRequest], urgent: EngineRequest, slots: int
                      ) -> tuple[list[Collect], Collect, Engine]:
     eng = Engine(FakeRunner(n_seq_max=slots), seq_ctx=256)
-    eng.start()
     urgent_sink = Collect()
     sinks = [Collect() for _ in flex[1:]]
     first = Collect(after=3, hook=lambda: eng.submit(urgent, urgent_sink))
-    for r, s in zip(flex[1:], sinks, strict=True):
-        eng.submit(r, s)
-    eng.submit(flex[0], first)
-    for s in (first, *sinks, urgent_sink):
-        assert await asyncio.to_thread(s.done.wait, 10)
-    eng.stop()
+    await run_to_end(eng, [*zip(flex[1:], sinks, strict=True), (flex[0], first)], (urgent_sink,))
     return [first, *sinks], urgent_sink, eng
 
 

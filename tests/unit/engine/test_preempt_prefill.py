@@ -29,7 +29,7 @@ from hearth.engine.runner import BatchEntry
 from hearth.engine.sequence import Phase
 from hearth.engine.speculate import SpecConfig
 from tests.unit.engine.held_step import arrive_during_held_step
-from tests.unit.engine.test_preempt import Collect, request, tenant_request
+from tests.unit.engine.test_preempt import Collect, alone_on, request, run_to_end, tenant_request
 from tests.unit.engine.test_scheduler import start_decoding
 from tests.unit.engine.test_scheduler_classes import admit, make
 
@@ -97,15 +97,7 @@ def chunks_of(runner: FakeRunner, seq_ids: set[int], req: EngineRequest, start: 
 
 
 def run_alone(req: EngineRequest, spec: SpecConfig | None = None) -> Outputs:
-    eng = engine(FakeRunner(n_seq_max=1), spec)
-    eng.start()
-    try:
-        sink = Outputs()
-        eng.submit(req, sink)
-        assert sink.done.wait(10)
-        return sink
-    finally:
-        eng.stop()
+    return alone_on(engine(FakeRunner(n_seq_max=1), spec), req, Outputs())
 
 
 @dataclass
@@ -141,13 +133,7 @@ async def pause_in_prefill(flex: EngineRequest, at_chunk: int, spec: SpecConfig 
 
     runner.after = after
     flex_sink = Outputs()
-    eng.start()
-    try:
-        eng.submit(flex, flex_sink)
-        for s in (flex_sink, urgent_sink):
-            assert await asyncio.to_thread(s.done.wait, 10)
-    finally:
-        eng.stop()
+    await run_to_end(eng, [(flex, flex_sink)], (urgent_sink,))
     return PausedRun(eng, runner, flex_sink, urgent_sink, seen)
 
 

@@ -29,7 +29,7 @@ from hearth.engine.swap import SwapStore, check_owner, is_paused_owner, paused_o
 from hearth.ids import is_session_id
 from tests.helpers import wait_until
 from tests.unit.engine.test_engine_sessions import sreq
-from tests.unit.engine.test_preempt import Collect, alone, request
+from tests.unit.engine.test_preempt import Collect, alone, request, run_to_end
 from tests.unit.engine.test_preempt_prefill import HookedRunner, kv_tokens
 
 FLEX, DEFAULT, PRIORITY = int(Priority.FLEX), int(Priority.DEFAULT), int(Priority.PRIORITY)
@@ -60,13 +60,7 @@ async def pause_one(swap: SwapStore | None, victim: EngineRequest,
     urgent_sink = (Collect() if on_paused is None else
                    Collect(after=1, hook=lambda: on_paused(eng, eng.preempt.paused[0])))
     victim_sink = Collect(after=2, hook=lambda: eng.submit(urgent, urgent_sink))
-    eng.start()
-    try:
-        eng.submit(victim, victim_sink)
-        for s in (victim_sink, urgent_sink):
-            assert await asyncio.to_thread(s.done.wait, 30)
-    finally:
-        eng.stop()
+    await run_to_end(eng, [(victim, victim_sink)], (urgent_sink,), timeout=30)
     return eng, runner, victim_sink, urgent_sink
 
 
